@@ -1,0 +1,161 @@
+"""CustomResourceDefinitions generated from the pydantic models, so the models are the single source of truth.
+
+pydantic writes JSON Schema with `$ref`s, `anyOf [X, null]` for optionals and titles; Kubernetes wants a
+*structural* openAPIV3Schema: every node typed, refs inlined, no `anyOf` of types. `structural_schema` does that
+conversion, and `custom_resource_definitions` adds what only a CRD has (scope, subresources, printer columns).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from moelora.api.common import GROUP, VERSION
+from moelora.api.loraadapter import LoRAAdapter
+from moelora.api.modelserver import ModelServer
+
+# Keys of JSON Schema that a structural schema keeps; everything else pydantic writes (title, $defs...) goes.
+_KEPT = {
+    "type", "description", "default", "enum", "format", "pattern", "minimum", "maximum", "minLength", "maxLength",
+    "minItems", "maxItems", "properties", "required", "items", "additionalProperties", "nullable",
+    "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string",
+    "x-kubernetes-map-type", "x-kubernetes-list-type",
+}
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON Schema (camelCase, as serialised) converted into a structural openAPIV3Schema."""
+    schema = model.model_json_schema(by_alias=True, mode="serialization")
+    definitions = schema.pop("$defs", {})
+    return _convert(schema, definitions)
+
+
+def _convert(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    node = dict(node)
+    if "$ref" in node:  # inline the definition; sibling keys (description, default) override its own
+        target = definitions[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**target, **node}
+    if "allOf" in node and len(node["allOf"]) == 1:
+        node = {**node.pop("allOf")[0], **node}
+        return _convert(node, definitions)
+    if "anyOf" in node:  # Optional[X]: the API leaves the field out instead of sending null
+        options = [option for option in node.pop("anyOf") if option.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"a structural schema cannot express anyOf {options!r}")
+        node = {**_convert(options[0], definitions), **{k: v for k, v in node.items() if k != "default"}}
+        if node.get("default", ...) is None:
+            node.pop("default")
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if "properties" in node:
+        node["properties"] = {key: _convert(value, definitions) for key, value in node["properties"].items()}
+        node.setdefault("type", "object")
+    if isinstance(node.get("items"), dict):
+        node["items"] = _convert(node["items"], definitions)
+    if isinstance(node.get("additionalProperties"), dict):
+        node["additionalProperties"] = _convert(node["additionalProperties"], definitions)
+    elif node.get("additionalProperties") is True:
+        node.pop("additionalProperties")
+        node["x-kubernetes-preserve-unknown-fields"] = True
+    if node.get("default") is None:
+        node.pop("default", None)
+    if not node.get("required", True):
+        node.pop("required")
+    return {key: value for key, value in node.items() if key in _KEPT}
+
+
+def _root_schema(model: type[BaseModel], *, name_rule: dict[str, str] | None) -> dict[str, Any]:
+    body = structural_schema(model)
+    properties = body["properties"]
+    properties["status"].pop("required", None)
+    schema: dict[str, Any] = {
+        "type": "object",
+        "description": body.get("description", ""),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            **properties,
+        },
+    }
+    if name_rule:
+        schema["x-kubernetes-validations"] = [name_rule]
+    return schema
+
+
+def _crd(
+    *, kind: str, plural: str, short_names: list[str], schema: dict[str, Any],
+    columns: list[dict[str, str]], scale: bool,
+) -> dict[str, Any]:
+    subresources: dict[str, Any] = {"status": {}}
+    if scale:
+        subresources["scale"] = {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                "shortNames": short_names, "categories": ["moelora"],
+            },
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "schema": {"openAPIV3Schema": schema},
+                "subresources": subresources,
+                "additionalPrinterColumns": columns + [
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }
+
+
+def model_server_crd() -> dict[str, Any]:
+    # The Service and Deployment take the name; the Deployment's pods add up to 11 characters to it.
+    name_rule = {"rule": "self.metadata.name.size() <= 52 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                 "message": "name must be a DNS-1035 label of at most 52 characters (it names a Service and pods)"}
+    return _crd(
+        kind="ModelServer", plural="modelservers", short_names=["ms"], scale=True,
+        schema=_root_schema(ModelServer, name_rule=name_rule),
+        columns=[
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+            {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+            {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+            {"name": "Adapters", "type": "integer", "jsonPath": ".status.adapters.loaded"},
+            {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
+        ],
+    )
+
+
+def lora_adapter_crd() -> dict[str, Any]:
+    return _crd(
+        kind="LoRAAdapter", plural="loraadapters", short_names=["lora"], scale=False,
+        schema=_root_schema(LoRAAdapter, name_rule=None),
+        columns=[
+            {"name": "Server", "type": "string", "jsonPath": ".spec.modelServer"},
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
+            {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
+        ],
+    )
+
+
+def custom_resource_definitions() -> list[dict[str, Any]]:
+    return [model_server_crd(), lora_adapter_crd()]
+
+
+HEADER = "# Generated from the pydantic models in operator/moelora/api by `python -m moelora.api`. Do not edit.\n"
+
+
+def render_yaml(crd: dict[str, Any]) -> str:
+    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120)

@@ -1,0 +1,174 @@
+"""ModelServer: one base MoE model served by vLLM with multi-LoRA, on N replicas of M GPUs each."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from moelora.api.common import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, ApiModel, Condition, SecretRef
+
+# vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+# Lets the API server fill in the defaults inside an object the user left out.
+DEFAULT_EMPTY = {"default": {}}
+FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+class ModelSpec(ApiModel):
+    """The base model: what it is (for adapter checks) and where its weights come from."""
+
+    name: str = Field(
+        min_length=1, max_length=256,
+        description="The base model's canonical id, e.g. openai/gpt-oss-20b. Adapters whose "
+        "adapter_config.json names another base_model_name_or_path are refused.",
+    )
+    source: str | None = Field(
+        default=None, pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
+        description="Where the weights are: hf://org/name (Hugging Face), s3://bucket/prefix, or "
+        "pvc://claim/path (a PersistentVolumeClaim in the namespace). Default: hf://<name>.",
+    )
+    served_name: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        description="The `model` name clients use for the base model. Default: the ModelServer's name.",
+    )
+
+
+class LoRASpec(ApiModel):
+    """vLLM's multi-LoRA limits."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras",
+        "message": "maxCpuLoras must be at least maxLoras",
+        "fieldPath": ".maxCpuLoras",
+    }]})
+
+    max_loras: int = Field(default=8, ge=1, le=512, description="Adapters in one GPU batch (--max-loras).")
+    max_cpu_loras: int | None = Field(
+        default=None, ge=1, le=100000,
+        description="Adapters kept in CPU memory (--max-cpu-loras); at least maxLoras. Default: vLLM's (= maxLoras).",
+    )
+    max_lora_rank: MaxLoraRank = Field(default=16, description="Highest adapter rank served (--max-lora-rank).")
+    fully_sharded: bool = Field(default=False, description="Shard LoRA weights across tensor-parallel ranks.")
+    target_modules: list[str] | None = Field(
+        default=None, max_length=64,
+        description="Modules adapters may target. Default: any; adapters naming others are refused.",
+    )
+
+
+class KernelConfigMode(str, enum.Enum):
+    NONE = "none"
+    AUTO = "auto"
+    CONFIG_MAP = "configMap"
+
+
+class KernelImplementation(str, enum.Enum):
+    VLLM = "vllm"
+    MOELORA = "moelora"
+
+
+class KernelSpec(ApiModel):
+    """Tuned fused MoE-LoRA kernel configs, and which kernel runs them."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "self.configs == 'configMap' ? has(self.configMapName) : !has(self.configMapName)",
+        "message": "configMapName is required when configs is configMap, and only then",
+        "fieldPath": ".configMapName",
+    }]})
+
+    configs: KernelConfigMode = Field(
+        default=KernelConfigMode.NONE,
+        description="none: vLLM's defaults. auto: the bundled set for this model's shape and GPU. "
+        "configMap: the ConfigMap named in configMapName.",
+    )
+    config_map_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
+    implementation: KernelImplementation = Field(
+        default=KernelImplementation.VLLM,
+        description="vllm: vLLM's own fused MoE-LoRA kernel. moelora: ours, through the moelora vLLM plugin.",
+    )
+
+
+class ResourceSpec(ApiModel):
+    """Extra container resources for the vLLM container; GPUs come from `gpus`."""
+
+    requests: dict[str, str] = Field(default_factory=dict, json_schema_extra={
+        "additionalProperties": {"type": "string", "pattern": QUANTITY}})
+    limits: dict[str, str] = Field(default_factory=dict, json_schema_extra={
+        "additionalProperties": {"type": "string", "pattern": QUANTITY}})
+
+
+class S3Spec(ApiModel):
+    """How the server's pods reach S3 (model weights and adapters that name no credentials of their own)."""
+
+    credentials_secret: SecretRef | None = Field(
+        default=None, description="Secret with AWS_* keys. Absent: the pod's own identity (IRSA, pod identity).",
+    )
+    endpoint_url: str | None = Field(default=None, pattern=r"^https?://\S+$",
+                                     description="For S3-compatible stores (MinIO, Ceph...).")
+    region: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
+
+
+class AdapterCacheSpec(ApiModel):
+    size_limit: str = Field(default="20Gi", pattern=QUANTITY,
+                            description="Disk for downloaded adapters per replica; least recently used are evicted.")
+
+
+class EnvVar(ApiModel):
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str = ""
+
+
+class ModelServerSpec(ApiModel):
+    model: ModelSpec
+    image: str | None = Field(default=None, min_length=1,
+                              description="vLLM serving image. Default: the operator's pinned moelora server image.")
+    replicas: int = Field(default=1, ge=0, le=1000)
+    gpus: int = Field(default=1, ge=0, le=16,
+                      description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU.")
+    gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
+    resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": FREE_FORM})
+    affinity: dict[str, Any] | None = Field(default=None, json_schema_extra=FREE_FORM)
+    lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
+    kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
+    engine_args: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="Extra vLLM flags, e.g. ['--max-model-len=8192']. Flags moelora sets itself are refused.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=100)
+    s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
+    adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
+    service_account_name: str | None = Field(
+        default=None, pattern=DNS_SUBDOMAIN,
+        description="ServiceAccount of the pods (for IRSA / pod identity). Default: the chart's server account.",
+    )
+
+
+class AdapterCounts(ApiModel):
+    desired: int = 0
+    loaded: int = 0
+    failed: int = 0
+
+
+class ModelServerStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str | None = Field(default=None, description="Label selector of the pods (for the scale subresource).")
+    endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL inside the cluster.")
+    adapters: AdapterCounts = Field(default_factory=AdapterCounts)
+
+
+class ModelServer(ApiModel):
+    """A base MoE model served by vLLM with multi-LoRA enabled."""
+
+    spec: ModelServerSpec
+    status: ModelServerStatus = Field(default_factory=ModelServerStatus)
+
+
+MODEL_SERVER_NAME = DNS_LABEL  # its Service takes its name
