@@ -1,0 +1,20 @@
+# The two entry points of the README. Each makes its own environment first (scripts/bootstrap.sh).
+.PHONY: demo test test-fast crds bootstrap
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+# The whole stack on this machine, no cluster, no GPU: emulated API server, local S3, operator, vLLM on CPU.
+demo: bootstrap
+	.venv/bin/python -m moelora.local
+
+# Everything CI runs.
+test: bootstrap
+	.venv/bin/python -m pytest tests
+
+# Without the tests that start vLLM.
+test-fast: bootstrap
+	.venv/bin/python -m pytest tests -m "not slow"
+
+crds: bootstrap
+	.venv/bin/python -m moelora.api

