@@ -1,0 +1,17 @@
+"""Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference,
+the benchmark (`python -m moelora.kernels.bench`). Needs only torch and triton."""
+
+from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora
+from .reference import moe_lora_layer_reference, moe_lora_reference
+from .routing import MoeLoraRouting, moe_lora_routing
+
+__all__ = [
+    "KernelConfig",
+    "MoeLoraRouting",
+    "default_block_m",
+    "default_config",
+    "fused_moe_lora",
+    "moe_lora_layer_reference",
+    "moe_lora_reference",
+    "moe_lora_routing",
+]

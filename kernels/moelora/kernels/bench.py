@@ -1,0 +1,290 @@
+"""Benchmark of one MoE layer's LoRA work (routing + gate_up op + down op), bf16, on a CUDA GPU.
+
+    python -m moelora.kernels.bench                      # headline: both models, rank 32, 8 adapters, all M
+    python -m moelora.kernels.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
+    python -m moelora.kernels.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
+
+Time: CUDA-graph replay median, one graph holding one layer call per rotated input set, the sets together larger
+than 3x the L2 so every call reads its weights from HBM. Minimum bytes: each touched (adapter, expert) A and B of
+both ops once, the inputs once, both outputs read and written. Copy bandwidth: a device-to-device copy measured in
+the same run (bytes read + written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora
+from .routing import moe_lora_routing
+
+MODELS = {  # hidden, expert intermediate, experts, top-k
+    "gpt-oss": (2880, 2880, 32, 4),
+    "qwen3": (2048, 768, 128, 8),
+}
+# vLLM 0.33 on one H200, bf16, rank 32, 8 adapters, CUDA-graph medians (../shared/docs/vllm-moe-lora.md):
+# best of its default and two-kernel paths.
+VLLM_DOC_US = {
+    "gpt-oss": {16: 61, 64: 112, 256: 205, 1600: 329},
+    "qwen3": {16: 49, 64: 144, 256: 310, 1600: 629},
+}
+ALL_M = (1, 16, 64, 256, 1600)
+
+
+@dataclass
+class LayerInputs:
+    hidden: torch.Tensor  # (M, H)
+    down_in: torch.Tensor  # (M, top_k, I)
+    gate_up_out: torch.Tensor  # (M, top_k, 2I)
+    down_out: torch.Tensor  # (M, top_k, H)
+    w13_a: torch.Tensor
+    w13_b: torch.Tensor
+    w2_a: torch.Tensor
+    w2_b: torch.Tensor
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+    lora_map: torch.Tensor
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in asdict(self).values())
+
+
+def make_inputs(model: str, rank: int, adapters: int, m: int, *, device: str = "cuda",
+                dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> LayerInputs:
+    h, inter, e, top_k = MODELS[model]
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
+
+    scores = torch.rand(m, e, generator=g, device=device)
+    topk_w, topk_ids = scores.softmax(-1).topk(top_k, dim=-1)
+    lora_map = torch.randint(0, adapters, (m,), generator=g, device=device)
+    return LayerInputs(
+        hidden=rnd(m, h), down_in=rnd(m, top_k, inter),
+        gate_up_out=rnd(m, top_k, 2 * inter), down_out=rnd(m, top_k, h),
+        w13_a=rnd(adapters, e, rank, h, scale=h ** -0.5), w13_b=rnd(adapters, e, 2 * inter, rank, scale=0.05),
+        w2_a=rnd(adapters, e, rank, inter, scale=inter ** -0.5), w2_b=rnd(adapters, e, h, rank, scale=0.05),
+        topk_ids=topk_ids.to(device=device, dtype=torch.int32), topk_weights=topk_w.to(device),
+        lora_map=lora_map.to(device=device, dtype=torch.int32),
+    )
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    block_m: int
+    w13: KernelConfig
+    w2: KernelConfig
+
+
+def default_layer_config(inp: LayerInputs) -> LayerConfig:
+    m, top_k = inp.topk_ids.shape
+    adapters, e = inp.w13_a.shape[:2]
+    block_m = default_block_m(num_pairs=m * top_k, num_groups=adapters * e)
+    routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
+                               max_loras=adapters, block_m=block_m)
+    dev = inp.hidden.device
+    rank = inp.w13_a.shape[2]
+    w13 = default_config(routing=routing, k=inp.w13_a.shape[3], n=inp.w13_b.shape[2], rank=rank, device=dev)
+    w2 = default_config(routing=routing, k=inp.w2_a.shape[3], n=inp.w2_b.shape[2], rank=rank, device=dev)
+    return LayerConfig(block_m=block_m, w13=w13, w2=w2)
+
+
+def run_layer(inp: LayerInputs, cfg: LayerConfig) -> None:
+    """One MoE layer's LoRA work: routing once, then the gate_up and the down op."""
+    e = inp.w13_a.shape[1]
+    routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
+                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m)
+    fused_moe_lora(output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing,
+                   config=cfg.w13)
+    fused_moe_lora(output=inp.down_out, x=inp.down_in, lora_a=inp.w2_a, lora_b=inp.w2_b, routing=routing,
+                   topk_weights=inp.topk_weights, mul_routed_weight=True, config=cfg.w2)
+
+
+def min_bytes(inp: LayerInputs) -> int:
+    """Fewest bytes: touched (adapter, expert) A/B of both ops once, inputs once, outputs read + written."""
+    e = inp.w13_a.shape[1]
+    groups = (inp.lora_map[:, None].long() * e + inp.topk_ids.long()).unique().numel()
+    per_group = sum(t[0, 0].numel() * t.element_size() for t in (inp.w13_a, inp.w13_b, inp.w2_a, inp.w2_b))
+    acts = inp.hidden.numel() * inp.hidden.element_size() + inp.down_in.numel() * inp.down_in.element_size()
+    outs = 2 * (inp.gate_up_out.numel() + inp.down_out.numel()) * inp.down_out.element_size()
+    routing = inp.topk_ids.numel() * 4 + inp.topk_weights.numel() * 4 + inp.lora_map.numel() * 4
+    return groups * per_group + acts + outs + routing
+
+
+def l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(0)
+    return int(getattr(props, "L2_cache_size", 60 << 20) or (60 << 20))
+
+
+def time_graph(fn, *, replays: int = 25) -> float:
+    """Capture fn() in a CUDA graph and return the median replay time in microseconds."""
+    fn()  # warm up: compile and load kernels outside the capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    us = time_graph(lambda: dst.copy_(src), replays=20)
+    del src, dst
+    return 2 * nbytes / (us * 1e-6)
+
+
+class Case:
+    """One benchmark point with its rotated input sets."""
+
+    def __init__(self, model: str, rank: int, adapters: int, m: int):
+        self.model, self.rank, self.adapters, self.m = model, rank, adapters, m
+        first = make_inputs(model, rank, adapters, m, seed=0)
+        n_sets = max(2, min(64, math.ceil(3 * l2_bytes() / first.nbytes())))
+        self.sets = [first] + [make_inputs(model, rank, adapters, m, seed=i) for i in range(1, n_sets)]
+        self.bytes = statistics.mean(min_bytes(s) for s in self.sets)
+
+    def time(self, cfg: LayerConfig) -> float:
+        def calls() -> None:
+            for s in self.sets:
+                run_layer(s, cfg)
+        return time_graph(calls) / len(self.sets)
+
+
+def vllm_status() -> str:
+    try:
+        import vllm  # noqa: F401
+        from vllm.lora.ops.triton_ops import fused_moe_lora  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not available here"
+        return f"vllm not importable here ({type(exc).__name__}); vLLM column = vLLM 0.33 figures from the docs"
+    return "vllm importable, but its op needs vLLM's CUDA align op; vLLM column = vLLM 0.33 figures from the docs"
+
+
+def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
+    """Coordinate descent over the launch parameters, one at a time, on the whole layer's graph time."""
+    best, best_us = base, case.time(base)
+    log(f"    sweep start {best_us:.1f} us {best}")
+    choices = {
+        "split_k": (1, 2, 4, 8, 16),
+        "shrink_block_k": (64, 128, 256),
+        "shrink_stages": (2, 3, 4),
+        "shrink_warps": (2, 4, 8),
+        "expand_block_n": (64, 128, 256),
+        "expand_warps": (4, 8),
+    }
+    for bm in (16, 32, 64):
+        if bm == best.block_m:
+            continue
+        try:
+            us = case.time(replace(best, block_m=bm))
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile or fit is skipped
+            log(f"    block_m={bm} failed: {exc!s:.100}")
+            continue
+        if us < best_us:
+            best, best_us = replace(best, block_m=bm), us
+    for op, (field, values) in itertools.product(("w13", "w2"), choices.items()):
+        for v in values:
+            cand_op = replace(getattr(best, op), **{field: v})
+            cand = replace(best, **{op: cand_op})
+            if cand == best:
+                continue
+            try:
+                us = case.time(cand)
+            except Exception as exc:  # noqa: BLE001
+                log(f"    {op}.{field}={v} failed: {exc!s:.100}")
+                continue
+            if us < best_us * 0.99:
+                best, best_us = cand, us
+    log(f"    sweep best {best_us:.1f} us {best}")
+    return best, best_us
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=("headline", "full", "quick"), default="headline")
+    p.add_argument("--models", help="comma list of " + ",".join(MODELS))
+    p.add_argument("--ranks", help="comma list, e.g. 16,32,64")
+    p.add_argument("--adapters", help="comma list, e.g. 1,4,8,16")
+    p.add_argument("--m", help="comma list of token counts")
+    p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
+    p.add_argument("--json", help="write all rows here")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: the benchmark needs a GPU", file=sys.stderr)
+        return 2
+
+    def ints(s: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(int(v) for v in s.split(",")) if s else default
+
+    presets = {
+        "headline": ((32,), (8,), ALL_M),
+        "quick": ((16, 64), (1, 16), (16, 256)),
+        "full": ((16, 32, 64), (1, 4, 8, 16), ALL_M),
+    }
+    ranks, adapters, ms = presets[args.preset]
+    models = tuple(args.models.split(",")) if args.models else tuple(MODELS)
+    ranks, adapters, ms = ints(args.ranks, ranks), ints(args.adapters, adapters), ints(args.m, ms)
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    dev = torch.cuda.get_device_name(0)
+    bw = copy_bandwidth()
+    print(f"# {dev}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
+    header = "| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    rows = []
+    for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
+        case = Case(model, rank, n_ad, m)
+        cfg = default_layer_config(case.sets[0])
+        us = case.time(cfg)
+        if args.sweep:
+            cfg, us = sweep(case, cfg, log)
+        gbs = case.bytes / (us * 1e-6) / 1e9
+        vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
+        row = dict(model=model, rank=rank, adapters=n_ad, m=m, us=us, min_bytes=case.bytes, gbs=gbs,
+                   pct_copy=100 * case.bytes / (us * 1e-6) / bw, floor_us=case.bytes / bw * 1e6,
+                   vllm_doc_us=vllm, config=str(cfg))
+        rows.append(row)
+        print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
+              f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |", flush=True)
+        del case
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=dev, copy_bw=bw, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

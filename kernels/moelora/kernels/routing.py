@@ -1,0 +1,199 @@
+"""Group (token, slot) pairs by (adapter, expert) on the GPU, with no host synchronisation.
+
+A pair p = t * top_k + k belongs to group g = adapter * E + expert (adapter = token_lora_mapping[t], expert =
+topk_ids[t, k]); pairs without an adapter (-1) or with an expert outside [0, E) (expert parallelism's -1) are
+dropped. The result lists the pairs group by group (`sorted_pairs`) and cuts each group into blocks of at most
+`block_m` pairs; one block is one CTA row of the compute kernels, so each CTA reads one (adapter, expert) weight
+slice and every touched weight is read once per block (once in all when a group fits in one block, as it does at
+decode sizes).
+
+Counting sort in two or one launches:
+- count: each pair takes its rank inside its group from a relaxed atomic_add on the group's counter;
+- finish: every CTA recomputes the exclusive prefix sum of the counts in registers (G <= a few thousand groups,
+  cheaper than another launch), scatters its pairs to `start[g] + rank`, and CTA 0 writes the block table.
+When all pairs fit in one CTA (decode sizes) a single launch does both with the counters zeroed in-kernel, which
+saves the memset and one dependent launch (a few microseconds each inside a CUDA graph).
+
+Block capacity is static so the launch grids are known on the host: there are at most
+min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group plus full ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["MoeLoraRouting", "moe_lora_routing"]
+
+# Pairs handled by one CTA of the routing kernels; also the largest pair count the single-launch path takes
+# (M <= 256 tokens at top_k 4, M <= 128 at top_k 8).
+_ROUTE_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class MoeLoraRouting:
+    """Pairs grouped by (adapter, expert); all tensors live on the device, the ints on the host.
+
+    sorted_pairs: (P,) int32, pair ids t * top_k + k, group by group; entries past the valid ones are unused.
+    block_table: (3, max_blocks) int32, rows: group id, first and one-past-last position in sorted_pairs.
+    num_blocks: (1,) int32, the number of valid rows of block_table.
+    """
+
+    sorted_pairs: torch.Tensor
+    block_table: torch.Tensor
+    num_blocks: torch.Tensor
+    num_pairs: int
+    top_k: int
+    num_experts: int
+    max_loras: int
+    block_m: int
+    max_blocks: int
+
+
+@triton.jit
+def _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, max_loras):
+    """Group id of each pair in offs and whether it takes part."""
+    in_range = offs < num_pairs
+    expert = tl.load(topk_ids_ptr + offs, mask=in_range, other=-1).to(tl.int32)
+    adapter = tl.load(lora_ptr + offs // top_k, mask=in_range, other=-1).to(tl.int32)
+    valid = in_range & (expert >= 0) & (expert < num_experts) & (adapter >= 0) & (adapter < max_loras)
+    return adapter * num_experts + expert, valid
+
+
+@triton.jit
+def _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks,
+                       BLOCK_M: tl.constexpr):
+    """Cut each group's range [ends - counts, ends) into blocks of BLOCK_M; rows of table_ptr: group, start, end."""
+    nblk = tl.where(group_mask, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+    blk_end = tl.cumsum(nblk, 0)
+    blk_start = blk_end - nblk
+    starts = ends - counts
+    for j in range(0, tl.max(nblk, 0)):
+        has = j < nblk
+        idx = blk_start + j
+        first = starts + j * BLOCK_M
+        tl.store(table_ptr + idx, groups, mask=has)
+        tl.store(table_ptr + max_blocks + idx, first, mask=has)
+        tl.store(table_ptr + 2 * max_blocks + idx, tl.minimum(first + BLOCK_M, ends), mask=has)
+    tl.store(num_blocks_ptr, tl.sum(nblk, 0))
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def _route_count_kernel(
+    # pointers
+    topk_ids_ptr,  # (P,) int, flattened (M, top_k)
+    lora_ptr,  # (M,) int, -1 = no adapter
+    counts_ptr,  # (G,) int32, zero on entry
+    rank_ptr,  # (P,) int32, out: rank of each pair within its group
+    # sizes
+    num_pairs, top_k, num_experts, max_loras,
+    # meta
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    group, valid = _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, max_loras)
+    rank = tl.atomic_add(counts_ptr + group, tl.full([BLOCK], 1, tl.int32), mask=valid, sem="relaxed")
+    tl.store(rank_ptr + offs, rank, mask=valid)
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def _route_finish_kernel(
+    # pointers
+    topk_ids_ptr,  # (P,) int
+    lora_ptr,  # (M,) int
+    counts_ptr,  # (G,) int32; zeroed here when SINGLE, else filled by _route_count_kernel
+    rank_ptr,  # (P,) int32, from _route_count_kernel (unused when SINGLE)
+    group_end_ptr,  # (G,) int32 scratch: inclusive prefix sum of counts
+    sorted_ptr,  # (P,) int32, out
+    table_ptr,  # (3, max_blocks) int32, out
+    num_blocks_ptr,  # (1,) int32, out
+    # sizes
+    num_pairs, top_k, num_experts, max_loras, max_blocks,
+    # meta
+    BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SINGLE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_groups = num_experts * max_loras
+    groups = tl.arange(0, GROUPS_PAD)
+    group_mask = groups < num_groups
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    group, valid = _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, max_loras)
+    if SINGLE:
+        tl.store(counts_ptr + groups, tl.zeros([GROUPS_PAD], tl.int32), mask=group_mask)
+        tl.debug_barrier()
+        rank = tl.atomic_add(counts_ptr + group, tl.full([BLOCK], 1, tl.int32), mask=valid, sem="relaxed")
+        tl.debug_barrier()
+    else:
+        rank = tl.load(rank_ptr + offs, mask=valid, other=0)
+    counts = tl.load(counts_ptr + groups, mask=group_mask, other=0, volatile=True)
+    ends = tl.cumsum(counts, 0)
+    # Every CTA writes the same prefix sums, then reads back its pairs' group starts (a register tensor cannot be
+    # gathered from); the barrier makes this CTA's own stores visible to all of its threads.
+    tl.store(group_end_ptr + groups, ends, mask=group_mask)
+    tl.debug_barrier()
+    start = tl.load(group_end_ptr + group, mask=valid, other=0, volatile=True) - tl.load(
+        counts_ptr + group, mask=valid, other=0, volatile=True)
+    tl.store(sorted_ptr + start + rank, offs, mask=valid)
+    if pid == 0:
+        _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M)
+
+
+def max_blocks_for(num_pairs: int, num_groups: int, block_m: int) -> int:
+    """Static upper bound on the number of non-empty blocks (see the module docstring)."""
+    return max(1, min(num_pairs, num_groups) + num_pairs // block_m)
+
+
+def moe_lora_routing(
+    *,
+    topk_ids: torch.Tensor,
+    token_lora_mapping: torch.Tensor,
+    num_experts: int,
+    max_loras: int,
+    block_m: int,
+) -> MoeLoraRouting:
+    """Group the (token, slot) pairs by (adapter, expert), on the device and without host synchronisation.
+
+    topk_ids: (M, top_k) int32/int64 expert ids (entries outside [0, num_experts) are skipped);
+    token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
+    block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M).
+    The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
+    """
+    if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
+        raise ValueError(f"topk_ids (M, top_k) and token_lora_mapping (M,) expected, got {tuple(topk_ids.shape)} "
+                         f"and {tuple(token_lora_mapping.shape)}")
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
+    m, top_k = topk_ids.shape
+    num_pairs = m * top_k
+    num_groups = num_experts * max_loras
+    max_blocks = max_blocks_for(num_pairs, num_groups, block_m)
+    dev = topk_ids.device
+    topk_flat = topk_ids.contiguous().view(-1)
+    lora = token_lora_mapping.contiguous()
+    sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
+    block_table = torch.empty((3, max_blocks), dtype=torch.int32, device=dev)
+    num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
+    group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
+    groups_pad = triton.next_power_of_2(max(num_groups, 16))
+    single = num_pairs <= _ROUTE_BLOCK
+    if single:
+        counts = torch.empty(num_groups, dtype=torch.int32, device=dev)
+        rank = sorted_pairs  # not read when SINGLE
+        grid = (1,)
+    else:
+        counts = torch.zeros(num_groups, dtype=torch.int32, device=dev)
+        rank = torch.empty(num_pairs, dtype=torch.int32, device=dev)
+        grid = (triton.cdiv(num_pairs, _ROUTE_BLOCK),)
+        _route_count_kernel[grid](topk_flat, lora, counts, rank, num_pairs, top_k, num_experts, max_loras,
+                                  BLOCK=_ROUTE_BLOCK)
+    _route_finish_kernel[grid](
+        topk_flat, lora, counts, rank, group_end, sorted_pairs, block_table, num_blocks,
+        num_pairs, top_k, num_experts, max_loras, max_blocks,
+        BLOCK=_ROUTE_BLOCK, GROUPS_PAD=groups_pad, BLOCK_M=block_m, SINGLE=single, num_warps=8,
+    )
+    return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
+                          num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
+                          block_m=block_m, max_blocks=max_blocks)
