@@ -260,24 +260,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {dev}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
-    header = "| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
+    header = ("| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
+              + (" default-config µs |" if args.sweep else ""))
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     rows = []
     for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
         case = Case(model, rank, n_ad, m)
         cfg = default_layer_config(case.sets[0])
-        us = case.time(cfg)
+        us = default_us = case.time(cfg)
         if args.sweep:
             cfg, us = sweep(case, cfg, log)
         gbs = case.bytes / (us * 1e-6) / 1e9
         vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
         row = dict(model=model, rank=rank, adapters=n_ad, m=m, us=us, min_bytes=case.bytes, gbs=gbs,
                    pct_copy=100 * case.bytes / (us * 1e-6) / bw, floor_us=case.bytes / bw * 1e6,
-                   vllm_doc_us=vllm, config=str(cfg))
+                   vllm_doc_us=vllm, default_us=default_us, config=str(cfg))
         rows.append(row)
         print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
-              f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |", flush=True)
+              f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
+              + (f" {default_us:.1f} |" if args.sweep else ""), flush=True)
+        log(f"  {model} r{rank} L{n_ad} M{m}: {us:.1f} us, {cfg}")
         del case
         torch.cuda.empty_cache()
     if args.json:
