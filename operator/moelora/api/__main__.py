@@ -8,7 +8,8 @@ import sys
 
 from moelora.api.crd import custom_resource_definitions, render_yaml
 
-TARGETS = (pathlib.Path("crds"),)
+# The chart carries the same bytes (charts/moelora/files/crds/), so `helm install` needs no second step.
+TARGETS = (pathlib.Path("crds"), pathlib.Path("charts/moelora/files/crds"))
 
 
 def rendered_files() -> dict[str, str]:
@@ -21,13 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for name, text in rendered_files().items():
-        path = TARGETS[0] / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        for path in (target / name for target in TARGETS):
+            if args.check:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(str(path))
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
     if stale:
         print("stale, run `python -m moelora.api`: " + ", ".join(stale), file=sys.stderr)
         return 1
