@@ -1,0 +1,88 @@
+"""The adapter cache on disk: `<root>/<version>/` directories, least recently used evicted beyond a byte budget.
+
+Use is recorded as the directory's mtime (touched whenever an adapter is loaded or found in the cache), so the
+order survives an agent restart. Directories vLLM has loaded are never evicted: vLLM re-reads an adapter's files
+when it falls out of its own CPU cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import shutil
+import time
+from collections.abc import Iterable
+
+from moelora.agent.fetch import TEMP_PREFIX
+from moelora.agent.validate import directory_bytes
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    version: str
+    path: pathlib.Path
+    size: int
+    used: float  # mtime: last use
+
+
+class AdapterCache:
+    def __init__(self, *, root: pathlib.Path, limit_bytes: int) -> None:
+        self.root = root
+        self.limit_bytes = limit_bytes
+
+    def entries(self) -> list[Entry]:
+        """Complete adapter directories, least recently used first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            try:
+                found.append(Entry(version=path.name, path=path, size=directory_bytes(path),
+                                   used=path.stat().st_mtime))
+            except FileNotFoundError:  # evicted meanwhile
+                continue
+        return sorted(found, key=lambda e: (e.used, e.version))
+
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries())
+
+    def touch(self, version: str) -> None:
+        path = self.root / version
+        if path.is_dir():
+            now = time.time()
+            os.utime(path, (now, now))
+
+    def remove_temporaries(self) -> None:
+        """Partial downloads of a previous run (a crash mid-download) are garbage: nothing names them."""
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                if path.name.startswith(TEMP_PREFIX):
+                    shutil.rmtree(path, ignore_errors=True)
+
+    def evict(self, *, keep: Iterable[str], room_for: int = 0) -> list[str]:
+        """Remove least recently used entries not in `keep` until the cache plus `room_for` fits the limit.
+
+        Returns the evicted versions (oldest first). Stops short when only kept entries remain.
+        """
+        kept = set(keep)
+        entries = self.entries()
+        total = sum(e.size for e in entries)
+        evicted = []
+        for entry in entries:
+            if total + room_for <= self.limit_bytes:
+                break
+            if entry.version in kept:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            total -= entry.size
+            evicted.append(entry.version)
+        if total + room_for > self.limit_bytes:
+            logger.warning("adapter cache holds %d bytes of loaded adapters (+%d wanted), over its limit of %d",
+                           total, room_for, self.limit_bytes)
+        return evicted

@@ -1,0 +1,170 @@
+"""Download a listed adapter into the content-addressed cache: all or nothing, and only the pinned bytes.
+
+Files go into a temporary directory beside the cache entries through s3transfer (concurrent ranged GETs for large
+files, each part streamed to disk; every GET carries If-Match with the listed ETag, so an object replaced mid-way
+fails the download instead of mixing versions). Only a complete, verified directory is renamed to
+`<cache>/<version>/`: a directory with that name is complete by construction, and a crash leaves only a `.tmp-*`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from s3transfer.subscribers import BaseSubscriber
+
+from moelora.api import FailureReason, VersionPin
+from moelora.agent.errors import AdapterError
+from moelora.agent.source import WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
+
+TEMP_PREFIX = ".tmp-"
+MiB = 2**20
+
+# Files over 16 MiB are fetched as 8 MiB ranges, up to 8 at a time; small files go in one GET each, also in parallel.
+DEFAULT_TRANSFER = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=8 * MiB, max_concurrency=8,
+                                  use_threads=True, io_chunksize=256 * 1024)
+
+
+class _Known(BaseSubscriber):  # type: ignore[misc]
+    """Tells s3transfer the size and ETag from the listing, sparing a HEAD per file and pinning ranged GETs."""
+
+    def __init__(self, obj: RemoteObject, on_bytes: Callable[[int], None] | None) -> None:
+        self._obj = obj
+        self._on_bytes = on_bytes
+
+    def on_queued(self, future: Any, **kwargs: Any) -> None:
+        future.meta.provide_transfer_size(self._obj.size)
+        future.meta.provide_object_etag(self._obj.etag)
+
+    def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+        if self._on_bytes is not None:
+            self._on_bytes(bytes_transferred)
+
+
+def sha256_file(path: pathlib.Path, *, chunk: int = 1 * MiB) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_etag_pin(listing: Listing, pin: VersionPin | None) -> None:
+    """Before downloading: the pinned ETag must be the weights' listed ETag (quotes and case ignored)."""
+    if pin is None or pin.etag is None:
+        return
+    weights = listing.get(WEIGHTS_FILE)
+    found = weights.etag.strip('"').lower() if weights else None
+    if found != pin.etag.strip('"').lower():
+        raise AdapterError(FailureReason.VERSION_MISMATCH,
+                           f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}")
+
+
+def fetch(
+    *,
+    client: Any,
+    listing: Listing,
+    cache_dir: pathlib.Path,
+    pin: VersionPin | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    transfer_config: TransferConfig = DEFAULT_TRANSFER,
+) -> pathlib.Path:
+    """The adapter's directory `<cache_dir>/<listing.version>`, downloading it unless already complete.
+
+    Raises AdapterError (VersionMismatch, AccessDenied, SourceNotFound) or TransientError; leaves no partial
+    directory behind either way.
+    """
+    check_etag_pin(listing, pin)
+    final = cache_dir / listing.version
+    if final.is_dir():
+        _verify_sha256(final, pin)
+        return final
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    temp = pathlib.Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=cache_dir))
+    try:
+        _download_all(client=client, listing=listing, into=temp, on_bytes=on_bytes, transfer_config=transfer_config)
+        for obj in listing.objects:  # a short read must never pass for a complete file
+            size = (temp / obj.relpath).stat().st_size
+            if size != obj.size:
+                raise AdapterError(FailureReason.VERSION_MISMATCH,
+                                   f"{obj.relpath}: got {size} bytes, listed {obj.size}")
+        _verify_sha256(temp, pin)
+        os.chmod(temp, 0o755)  # mkdtemp makes it 0700; vLLM may run as another user
+        try:
+            os.rename(temp, final)
+        except OSError:
+            if not final.is_dir():  # another worker finishing the same version first is fine
+                raise
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return final
+
+
+def _verify_sha256(directory: pathlib.Path, pin: VersionPin | None) -> None:
+    if pin is None or pin.sha256 is None:
+        return
+    found = sha256_file(directory / WEIGHTS_FILE)
+    if found != pin.sha256:
+        raise AdapterError(FailureReason.VERSION_MISMATCH,
+                           f"{WEIGHTS_FILE} has sha256 {found}, the pin asks for {pin.sha256}")
+
+
+def _download_all(
+    *, client: Any, listing: Listing, into: pathlib.Path, on_bytes: Callable[[int], None] | None,
+    transfer_config: TransferConfig,
+) -> None:
+    # s3transfer pins ranged GETs to the ETag itself but not single GETs, and refuses IfMatch as an extra arg:
+    # so every GetObject of this listing gets its If-Match here, and a replaced object fails with 412.
+    expected = {(listing.location.bucket, obj.key): obj.etag for obj in listing.objects}
+
+    def pin_etag(params: dict[str, Any], **_: Any) -> None:
+        etag = expected.get((params.get("Bucket"), params.get("Key")))
+        if etag and "IfMatch" not in params:
+            params["IfMatch"] = etag
+
+    handler_id = f"moelora-if-match-{id(expected)}"
+    client.meta.events.register("before-parameter-build.s3.GetObject", pin_etag, unique_id=handler_id)
+    manager = create_transfer_manager(client, transfer_config)
+    futures = []
+    try:
+        for obj in listing.objects:
+            target = into / obj.relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            futures.append((obj, manager.download(listing.location.bucket, obj.key, str(target),
+                                                  subscribers=[_Known(obj, on_bytes)])))
+        for obj, future in futures:
+            try:
+                future.result()
+            except AdapterError:
+                raise
+            except Exception as error:  # noqa: BLE001 - classified, never swallowed
+                raise classify_client_error(error, what=f"downloading {obj.relpath}") from None
+    finally:
+        manager.shutdown(cancel=any(not f.done() for _, f in futures))
+        client.meta.events.unregister("before-parameter-build.s3.GetObject", unique_id=handler_id)
+
+
+def fetch_tree(*, client: Any, listing: Listing, dest: pathlib.Path,
+               transfer_config: TransferConfig = DEFAULT_TRANSFER) -> None:
+    """Download a whole prefix (a base model) into `dest`, which may be a mount point: files land in a temporary
+    directory inside it and are moved into place only once all arrived; `.moelora-complete` marks a finished copy."""
+    marker = dest / ".moelora-complete"
+    if marker.exists() and marker.read_text() == listing.version:
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    temp = pathlib.Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=dest))
+    try:
+        _download_all(client=client, listing=listing, into=temp, on_bytes=None, transfer_config=transfer_config)
+        for obj in listing.objects:
+            target = dest / obj.relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(temp / obj.relpath, target)
+        marker.write_text(listing.version)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,91 @@
+"""The agent's settings, read once from the environment the operator renders (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from collections.abc import Mapping
+
+
+class SettingsError(ValueError):
+    """The environment does not describe a usable agent; the message names the variable."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    namespace: str
+    pod_name: str
+    model_server: str
+    base_model: str
+    max_lora_rank: int
+    target_modules: frozenset[str]  # empty: any module
+    vllm_url: str
+    cache_dir: pathlib.Path
+    cache_bytes: int
+    port: int
+    # Not rendered by the operator; defaults fit production, tests shorten them.
+    max_adapter_bytes: int = 8 * 2**30
+    resync_seconds: float = 300.0
+    poll_seconds: float = 5.0
+    download_workers: int = 8
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise SettingsError(f"{name} is required and empty")
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, *, default: int | None = None, minimum: int = 0) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        if default is None:
+            raise SettingsError(f"{name} is required and empty")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _number(env: Mapping[str, str], name: str, *, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise SettingsError(f"{name} must be positive, got {value}")
+    return value
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from `env` (default: os.environ); SettingsError names the first bad variable."""
+    env = os.environ if env is None else env
+    vllm_url = env.get("MOELORA_VLLM_URL", "").strip() or "http://127.0.0.1:8000"
+    if not vllm_url.startswith(("http://", "https://")):
+        raise SettingsError(f"MOELORA_VLLM_URL must be an http(s) URL, got {vllm_url!r}")
+    modules = frozenset(m.strip() for m in env.get("MOELORA_TARGET_MODULES", "").split(",") if m.strip())
+    return Settings(
+        namespace=_required(env, "MOELORA_NAMESPACE"),
+        pod_name=_required(env, "MOELORA_POD_NAME"),
+        model_server=_required(env, "MOELORA_MODEL_SERVER"),
+        base_model=_required(env, "MOELORA_BASE_MODEL"),
+        max_lora_rank=_integer(env, "MOELORA_MAX_LORA_RANK", minimum=1),
+        target_modules=modules,
+        vllm_url=vllm_url.rstrip("/"),
+        cache_dir=pathlib.Path(env.get("MOELORA_CACHE_DIR", "").strip() or "/var/lib/moelora/adapters"),
+        cache_bytes=_integer(env, "MOELORA_CACHE_BYTES", default=20 * 2**30, minimum=1),
+        port=_integer(env, "MOELORA_PORT", default=8081),
+        max_adapter_bytes=_integer(env, "MOELORA_MAX_ADAPTER_BYTES", default=8 * 2**30, minimum=1),
+        resync_seconds=_number(env, "MOELORA_RESYNC_SECONDS", default=300.0),
+        poll_seconds=_number(env, "MOELORA_POLL_SECONDS", default=5.0),
+        download_workers=_integer(env, "MOELORA_DOWNLOAD_WORKERS", default=8, minimum=1),
+    )

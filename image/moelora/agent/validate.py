@@ -1,0 +1,135 @@
+"""Pre-flight checks of a downloaded adapter directory, before vLLM sees it. Pure: reads files, changes nothing.
+
+Each refusal is an AdapterError with its own FailureReason, so the LoRAAdapter's status says exactly what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from moelora.api import FailureReason
+from moelora.agent.errors import AdapterError
+from moelora.agent.source import CONFIG_FILE, UNSAFE_SUFFIXES, WEIGHTS_FILE
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Limits:
+    """What this ModelServer can serve."""
+
+    base_model: str
+    max_rank: int
+    target_modules: frozenset[str]  # empty: any
+    max_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdapterInfo:
+    """What the adapter's own files say; goes to status.rank/baseModel/targetModules/sizeBytes."""
+
+    rank: int
+    base_model: str
+    target_modules: tuple[str, ...]  # sorted; a single regex string stays one entry
+    size_bytes: int
+
+
+def normalize_model_id(name: str) -> str:
+    """A base model id compared leniently: case, surrounding space, a trailing slash and an hf:// scheme ignored."""
+    name = name.strip().rstrip("/")
+    if name.startswith("hf://"):
+        name = name[len("hf://"):]
+    return name.lower()
+
+
+def same_base_model(ours: str, theirs: str) -> bool:
+    return normalize_model_id(ours) == normalize_model_id(theirs)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def read_config(directory: pathlib.Path) -> dict[str, Any]:
+    path = directory / CONFIG_FILE
+    if not path.is_file():
+        raise AdapterError(FailureReason.CONFIG_MISSING, f"{CONFIG_FILE} is missing")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not a JSON object")
+    return config
+
+
+def adapter_rank(config: dict[str, Any]) -> int:
+    """The highest rank of any module: `r`, or a larger one from peft's per-module `rank_pattern`."""
+    rank = config.get("r")
+    if not _positive_int(rank):
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"'r' must be a positive integer, got {rank!r}")
+    pattern = config.get("rank_pattern") or {}
+    if not isinstance(pattern, dict) or not all(_positive_int(v) for v in pattern.values()):
+        raise AdapterError(FailureReason.CONFIG_INVALID, "'rank_pattern' must map module names to positive integers")
+    return max([rank, *pattern.values()])
+
+
+def adapter_target_modules(config: dict[str, Any]) -> tuple[str, ...]:
+    modules = config.get("target_modules")
+    if isinstance(modules, str) and modules:
+        return (modules,)
+    if isinstance(modules, list) and modules and all(isinstance(m, str) and m for m in modules):
+        return tuple(sorted(set(modules)))
+    raise AdapterError(FailureReason.CONFIG_INVALID,
+                       f"'target_modules' must be a non-empty list of module names, got {modules!r}")
+
+
+def directory_bytes(directory: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
+    """The adapter's facts if this server can serve it; else AdapterError with the first failing reason."""
+    unsafe = sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                    if p.name.lower().endswith(UNSAFE_SUFFIXES))
+    if unsafe:
+        raise AdapterError(FailureReason.UNSAFE_WEIGHTS_FORMAT,
+                           f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}")
+    links = [p for p in directory.rglob("*") if p.is_symlink()]
+    if links:
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {links[0].name}")
+    config = read_config(directory)
+    peft_type = config.get("peft_type", "LORA")
+    if str(peft_type).upper() != "LORA":
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"peft_type is {peft_type!r}, only LORA is served")
+    if config.get("use_dora"):
+        raise AdapterError(FailureReason.CONFIG_INVALID, "DoRA adapters (use_dora) are not supported by vLLM")
+    rank = adapter_rank(config)
+    modules = adapter_target_modules(config)
+    base = config.get("base_model_name_or_path")
+    if not isinstance(base, str) or not base.strip():
+        raise AdapterError(FailureReason.BASE_MODEL_MISMATCH,
+                           f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {limits.base_model!r}")
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file() or weights.stat().st_size == 0:
+        raise AdapterError(FailureReason.WEIGHTS_MISSING, f"{WEIGHTS_FILE} is missing or empty")
+    size = directory_bytes(directory)
+    if size > limits.max_bytes:
+        raise AdapterError(FailureReason.TOO_LARGE, f"{size} bytes, over the limit of {limits.max_bytes}")
+    if rank > limits.max_rank:
+        raise AdapterError(FailureReason.RANK_TOO_HIGH,
+                           f"rank {rank} is above this server's maxLoraRank {limits.max_rank}")
+    if not same_base_model(limits.base_model, base):
+        raise AdapterError(FailureReason.BASE_MODEL_MISMATCH,
+                           f"trained on {base!r}, this server serves {limits.base_model!r}")
+    if limits.target_modules:
+        if isinstance(config.get("target_modules"), str) and modules[0] not in limits.target_modules:
+            raise AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES,
+                               f"target_modules is the pattern {modules[0]!r}; this server allows only "
+                               f"{sorted(limits.target_modules)}: list the modules explicitly")
+        extra = sorted(set(modules) - limits.target_modules)
+        if extra:
+            raise AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES,
+                               f"targets {extra}, this server allows only {sorted(limits.target_modules)}")
+    return AdapterInfo(rank=rank, base_model=base, target_modules=modules, size_bytes=size)
