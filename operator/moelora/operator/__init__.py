@@ -1,0 +1,27 @@
+"""The moelora operator: kopf handlers (thin) around pure manifest builders.
+
+Modules, one concern each: `settings` (env -> Settings), `naming` (labels, names), `engine` (vLLM args/env,
+refused flags), `kernelconfigs` (the tuned-config volume), `deployment`, `service`, `status` (conditions and
+roll-ups), `apply` (the only module that writes to the Kubernetes API), `handlers` (kopf wiring).
+Run it with `python3 -m moelora.operator`.
+
+Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace):
+
+| API group | resources | verbs |
+|---|---|---|
+| moelora.io | modelservers, loraadapters | get, list, watch, patch |
+| moelora.io | modelservers/status, loraadapters/status | get, patch |
+| apps | deployments | get, list, watch, create, patch |
+| "" (core) | services, configmaps | get, list, watch, create, patch |
+| "" (core) | pods | get, list, watch |
+| "" (core) | secrets | get |
+| "" (core), events.k8s.io | events | create |
+| apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource discovery) |
+| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
+
+Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps; get Secrets (only to check that
+spec.s3.credentialsSecret exists) and ConfigMaps (kernels.configs=configMap); patch status of both kinds.
+
+It never deletes: owned objects carry ownerReferences to their ModelServer, and Kubernetes' garbage collector
+removes them with it.
+"""

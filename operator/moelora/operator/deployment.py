@@ -1,0 +1,191 @@
+"""The Deployment of a ModelServer: the pod exactly as docs/architecture.md "The pod" describes it.
+
+A pure function of the spec, the operator settings and the kernel-config plan; `SpecProblem` for what only the
+operator can refuse (engine flags, env).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+from moelora.api import ModelServerSpec
+from moelora.operator import engine, naming
+from moelora.operator.kernelconfigs import KernelConfigPlan
+from moelora.operator.service import AGENT_PORT
+from moelora.operator.settings import Settings
+
+ADAPTERS_DIR = "/var/lib/moelora/adapters"
+VLLM_CONTAINER = "vllm"
+AGENT_CONTAINER = "agent"
+FETCH_CONTAINER = "fetch-model"
+
+# vLLM loads the weights before /health answers: a big MoE takes many minutes, so the startup probe allows an hour.
+STARTUP_BUDGET_SECONDS = 3600
+_PROBE_PERIOD = 10
+
+_SUFFIXES = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001"),
+}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(e[0-9]+|[KMGTPE]i|[mkKMGTPE])?$")
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity as whole bytes: "20Gi" -> 21474836480."""
+    match = _QUANTITY.match(quantity)
+    if not match:
+        raise ValueError(f"not a quantity: {quantity!r}")
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    factor = Decimal(10) ** int(suffix[1:]) if suffix.startswith("e") else Decimal(_SUFFIXES.get(suffix, 1))
+    return int(number * factor)
+
+
+def _http_probe(*, path: str, port: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def _resources(spec: ModelServerSpec) -> dict[str, Any]:
+    requests = dict(spec.resources.requests)
+    limits = dict(spec.resources.limits)
+    if spec.gpus > 0:  # extended resources: request and limit must be equal
+        requests[spec.gpu_resource_name] = limits[spec.gpu_resource_name] = str(spec.gpus)
+    resources: dict[str, Any] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    """AWS_* for boto3: endpoint and region as values, credentials only as secretKeyRefs (never literals)."""
+    env: list[dict[str, Any]] = []
+    if spec.s3.endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": spec.s3.endpoint_url})
+    if spec.s3.region:
+        env.append({"name": "AWS_REGION", "value": spec.s3.region})
+    if spec.s3.credentials_secret:
+        secret = spec.s3.credentials_secret.name
+        # The key pair must be there; a session token only for temporary credentials.
+        for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
+                              ("AWS_SESSION_TOKEN", True)):
+            env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
+    return env
+
+
+def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
+    def field(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    return [
+        {"name": "MOELORA_NAMESPACE", **field("metadata.namespace")},
+        {"name": "MOELORA_POD_NAME", **field("metadata.name")},
+        {"name": "MOELORA_MODEL_SERVER", "value": name},
+        {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
+        {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
+        {"name": "MOELORA_TARGET_MODULES", "value": ",".join(spec.lora.target_modules or [])},
+        {"name": "MOELORA_VLLM_URL", "value": f"http://127.0.0.1:{engine.VLLM_PORT}"},
+        {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
+        {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
+        {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
+        *s3_env(spec),
+    ]
+
+
+def deployment(
+    spec: ModelServerSpec, *, name: str, namespace: str, settings: Settings,
+    kernel_configs: KernelConfigPlan | None = None,
+) -> dict[str, Any]:
+    """The Deployment for a ModelServer. Raises engine.SpecProblem for engineArgs/env the operator refuses."""
+    labels = naming.labels(name)
+    model = engine.model_ref(spec)
+
+    volumes: list[dict[str, Any]] = [
+        {"name": "adapters", "emptyDir": {"sizeLimit": spec.adapter_cache.size_limit}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    vllm_mounts = [{"name": "adapters", "mountPath": ADAPTERS_DIR}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    init_containers: list[dict[str, Any]] = []
+    if model.scheme == "pvc":
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": model.claim, "readOnly": True}})
+        vllm_mounts.append({"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True})
+    elif model.scheme == "s3":
+        volumes.append({"name": "models", "emptyDir": {}})
+        vllm_mounts.append({"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True})
+        init_containers.append({
+            "name": FETCH_CONTAINER,
+            "image": settings.agent_image,
+            "command": ["python3", "-m", "moelora.agent"],
+            "args": ["fetch-model", model.uri, engine.MODELS_DIR],
+            "env": s3_env(spec),
+            "volumeMounts": [{"name": "models", "mountPath": engine.MODELS_DIR}],
+        })
+    template_annotations: dict[str, str] = {}
+    if kernel_configs is not None:
+        config_map: dict[str, Any] = {"name": kernel_configs.config_map_name}
+        if kernel_configs.items is not None:
+            config_map["items"] = kernel_configs.items
+        volumes.append({"name": "kernel-configs", "configMap": config_map})
+        vllm_mounts.append({"name": "kernel-configs", "mountPath": engine.KERNEL_CONFIGS_DIR, "readOnly": True})
+        template_annotations[naming.ANNOTATION_KERNEL_CONFIGS] = kernel_configs.content_hash
+
+    vllm: dict[str, Any] = {
+        "name": VLLM_CONTAINER,
+        "image": spec.image or settings.server_image,
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": engine.vllm_args(spec, name=name),
+        "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None),
+        "ports": [{"name": "http", "containerPort": engine.VLLM_PORT, "protocol": "TCP"}],
+        "volumeMounts": vllm_mounts,
+        "startupProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD,
+                                    failures=STARTUP_BUDGET_SECONDS // _PROBE_PERIOD),
+        "readinessProbe": _http_probe(path="/health", port="http", period=5, failures=3),
+        "livenessProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD, failures=6),
+    }
+    if resources := _resources(spec):
+        vllm["resources"] = resources
+    agent = {
+        "name": AGENT_CONTAINER,
+        "image": settings.agent_image,
+        "command": ["python3", "-m", "moelora.agent"],
+        "env": _agent_env(spec, name=name),
+        "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "adapters", "mountPath": ADAPTERS_DIR}],
+        # Ready only once its adapters are loaded, so a new pod takes traffic with them (see the architecture doc).
+        "readinessProbe": _http_probe(path="/readyz", port="agent", period=2, failures=3),
+        "livenessProbe": _http_probe(path="/healthz", port="agent", period=_PROBE_PERIOD, failures=6),
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+    }
+
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": spec.service_account_name or settings.server_service_account,
+        "containers": [vllm, agent],
+        "volumes": volumes,
+        # vLLM drains in-flight requests on SIGTERM; give long generations time to finish.
+        "terminationGracePeriodSeconds": 120,
+    }
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(toleration) for toleration in spec.tolerations]
+    if spec.affinity:
+        pod_spec["affinity"] = dict(spec.affinity)
+
+    template_metadata: dict[str, Any] = {"labels": labels}
+    if template_annotations:
+        template_metadata["annotations"] = template_annotations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": naming.selector(name)},
+            "template": {"metadata": template_metadata, "spec": pod_spec},
+        },
+    }

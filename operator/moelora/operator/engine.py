@@ -1,0 +1,133 @@
+"""vLLM's command line and environment for a ModelServer: pure functions of the spec.
+
+Flags moelora sets itself (the model, the port, the LoRA limits...) are refused in `engineArgs`, so a user cannot
+silently fight the operator; flags vLLM does not know are refused too, before a pod crash-loops on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+from moelora.api import KernelImplementation, ModelServerSpec
+from moelora.operator.vllmflags import known_flags
+
+VLLM_PORT = 8000
+MODELS_DIR = "/models"
+KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
+
+# Flags whose value comes from the spec (or whose job is done by LoRAAdapter objects): the user sets those fields.
+MANAGED_FLAGS = frozenset({
+    "--model", "--served-model-name", "--host", "--port",
+    "--enable-lora", "--no-enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
+    "--fully-sharded-loras", "--no-fully-sharded-loras", "--tensor-parallel-size", "-tp",
+    "--lora-modules",
+})
+# Environment the operator sets on the vLLM container; a user's env entry of the same name is refused.
+MANAGED_ENV = frozenset({
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS", "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL",
+})
+
+
+class SpecProblem(Exception):
+    """Something in a spec the schema accepted but only the operator can judge. Becomes a condition and an Event."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelRef:
+    """Where the weights come from and what vLLM's --model becomes."""
+
+    scheme: str  # hf | s3 | pvc
+    vllm_model: str  # the --model argument
+    uri: str | None = None  # the s3:// URI for the fetch init container
+    claim: str | None = None  # the PersistentVolumeClaim for pvc://
+    sub_path: str = ""  # the path inside the claim
+
+
+def model_ref(spec: ModelServerSpec) -> ModelRef:
+    source = spec.model.source or f"hf://{spec.model.name}"
+    scheme, _, rest = source.partition("://")
+    if scheme == "hf":
+        return ModelRef(scheme="hf", vllm_model=rest)
+    if scheme == "s3":
+        return ModelRef(scheme="s3", vllm_model=MODELS_DIR, uri=source)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        path = path.strip("/")
+        return ModelRef(scheme="pvc", vllm_model=f"{MODELS_DIR}/{path}" if path else MODELS_DIR,
+                        claim=claim, sub_path=path)
+    raise SpecProblem("InvalidModelSource", f"unsupported model source {source!r}")  # the schema forbids it
+
+
+def flag_name(token: str) -> str:
+    """`--max_model_len=8` -> `--max-model-len`; `--compilation-config.mode` -> `--compilation-config`."""
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name
+
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d")
+
+
+def check_engine_args(engine_args: list[str]) -> None:
+    """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag) or one vLLM does not know (UnknownEngineFlag)."""
+    known = known_flags()
+    for token in engine_args:
+        if not token.startswith("-") or _NEGATIVE_NUMBER.match(token):
+            continue  # a value of the previous flag
+        name = flag_name(token)
+        if name in MANAGED_FLAGS:
+            raise SpecProblem("ManagedEngineFlag",
+                              f"engineArgs may not set {name}: moelora sets it from the ModelServer spec")
+        if name not in known:
+            raise SpecProblem("UnknownEngineFlag", f"engineArgs has {name}, which vLLM does not know")
+
+
+def check_env(spec: ModelServerSpec) -> None:
+    for var in spec.env:
+        if var.name in MANAGED_ENV:
+            raise SpecProblem("ManagedEnvVar", f"env may not set {var.name}: moelora sets it from the spec")
+
+
+def served_model_name(spec: ModelServerSpec, *, name: str) -> str:
+    return spec.model.served_name or name
+
+
+def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
+    """The vLLM OpenAI server's arguments. Checks engineArgs first (raises SpecProblem)."""
+    check_engine_args(spec.engine_args)
+    lora = spec.lora
+    args = [
+        "--model", model_ref(spec).vllm_model,
+        "--served-model-name", served_model_name(spec, name=name),
+        "--host", "0.0.0.0", "--port", str(VLLM_PORT),
+        "--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+    ]
+    if lora.max_cpu_loras is not None:
+        args += ["--max-cpu-loras", str(lora.max_cpu_loras)]
+    if lora.fully_sharded:
+        args.append("--fully-sharded-loras")
+    if spec.gpus > 1:
+        args += ["--tensor-parallel-size", str(spec.gpus)]
+    return args + list(spec.engine_args)
+
+
+def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, Any]]:
+    """The vLLM container's env: ours, then the user's (checked: none may override ours)."""
+    check_env(spec)
+    env: list[dict[str, Any]] = [
+        {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+    ]
+    if kernel_configs:
+        env.append({"name": "VLLM_TUNED_CONFIG_FOLDER", "value": KERNEL_CONFIGS_DIR})
+    if spec.kernels.implementation == KernelImplementation.MOELORA:
+        env.append({"name": "MOELORA_KERNEL", "value": "moelora"})
+    return env + [{"name": var.name, "value": var.value} for var in spec.env]

@@ -1,0 +1,120 @@
+"""The kernel-config volume: tuned fused MoE-LoRA configs mounted at VLLM_TUNED_CONFIG_FOLDER.
+
+`configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
+bundled in `moelora.kernels` (`configs/<GPU>/*.json`, <GPU> in vLLM's device-name form, e.g. NVIDIA_H200), picked
+by the GPU product in the node selector. Nothing is ever guessed: a missing set is a SpecProblem, not a silent
+fallback to vLLM's defaults. A hash of the content goes on the pod template, so new configs roll the pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import pathlib
+import re
+from collections.abc import Mapping
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from moelora.api import KernelConfigMode, ModelServerSpec
+from moelora.operator.engine import SpecProblem
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery, e.g. NVIDIA-H200
+MAX_CONFIG_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
+BUNDLE_PACKAGE = "moelora.kernels"
+_KEY_UNSAFE = re.compile(r"[^-._a-zA-Z0-9]")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KernelConfigPlan:
+    config_map_name: str  # what the volume mounts
+    items: list[dict[str, str]] | None  # key -> file name, when ConfigMap keys cannot be the file names
+    content_hash: str  # goes on the pod template: new content rolls the pods
+    owned_config_map: dict[str, Any] | None = None  # `auto` mode: the ConfigMap the operator creates
+
+
+def device_name(node_selector: Mapping[str, str]) -> str | None:
+    """vLLM's device-name form of the node selector's GPU product: NVIDIA-H200 -> NVIDIA_H200 (as vLLM does)."""
+    product = node_selector.get(GPU_PRODUCT_LABEL)
+    return product.replace(" ", "_").replace("-", "_") if product else None
+
+
+def bundle_root() -> Traversable | None:
+    """The bundled `configs/` folder of moelora.kernels, found without importing the package (it imports torch)."""
+    spec = importlib.util.find_spec(BUNDLE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "configs"
+
+
+def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
+    """{file name: JSON text} of the configs for one GPU; empty when there are none."""
+    folder = root.joinpath(gpu)
+    if not folder.is_dir():
+        return {}
+    return {entry.name: entry.read_text() for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+            if entry.is_file() and entry.name.endswith(".json")}
+
+
+def content_hash(files: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(files), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_map_key(file_name: str, taken: set[str]) -> str:
+    """A valid ConfigMap key for a file name (vLLM's names hold '=' and ','), unique among `taken`."""
+    key = _KEY_UNSAFE.sub("_", file_name)
+    candidate, n = key, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{n}-{key}"
+    taken.add(candidate)
+    return candidate
+
+
+def owned_config_map_name(name: str) -> str:
+    return f"{name}-kernel-configs"
+
+
+def plan(
+    spec: ModelServerSpec, *, name: str, namespace: str, labels: Mapping[str, str],
+    root: Traversable | None, user_config_map: Mapping[str, Any] | None = None,
+) -> KernelConfigPlan | None:
+    """The volume to mount, or None for `none`. `user_config_map` is the fetched ConfigMap (None if absent)."""
+    mode = spec.kernels.configs
+    if mode == KernelConfigMode.NONE:
+        return None
+    if mode == KernelConfigMode.CONFIG_MAP:
+        cm_name = spec.kernels.config_map_name or ""
+        if user_config_map is None:
+            raise SpecProblem("ConfigMapNotFound", f"kernel-config ConfigMap {cm_name!r} does not exist")
+        data = dict(user_config_map.get("data") or {})
+        return KernelConfigPlan(config_map_name=cm_name, items=None, content_hash=content_hash(data))
+
+    gpu = device_name(spec.node_selector)
+    if gpu is None:
+        raise SpecProblem("GPUUnknown", f"kernels.configs is auto, but nodeSelector has no {GPU_PRODUCT_LABEL} "
+                          "label to pick the tuned set by")
+    files = read_bundle(gpu, root=root) if root is not None else {}
+    if not files:
+        raise SpecProblem("KernelConfigsNotFound", f"no bundled kernel configs for GPU {gpu}; "
+                          "use kernels.configs=configMap with your own, or none")
+    size = sum(len(text.encode()) for text in files.values())
+    if size > MAX_CONFIG_BYTES:
+        raise SpecProblem("KernelConfigsTooLarge",
+                          f"bundled kernel configs for {gpu} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}")
+    taken: set[str] = set()
+    keyed = {config_map_key(file_name, taken): (file_name, text) for file_name, text in files.items()}
+    cm_name = owned_config_map_name(name)
+    config_map = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": cm_name, "namespace": namespace, "labels": dict(labels)},
+        "data": {key: text for key, (_, text) in keyed.items()},
+    }
+    return KernelConfigPlan(
+        config_map_name=cm_name,
+        items=[{"key": key, "path": file_name} for key, (file_name, _) in keyed.items()],
+        content_hash=content_hash(files),
+        owned_config_map=config_map,
+    )

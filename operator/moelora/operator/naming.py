@@ -1,0 +1,32 @@
+"""Names and labels of the objects a ModelServer owns; one place, so the pod, Service and indexes agree."""
+
+from __future__ import annotations
+
+from moelora.operator.engine import VLLM_PORT
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_SERVER = "moelora.io/model-server"  # the selector
+MANAGED_BY = "moelora"
+APP_NAME = "moelora-server"
+
+ANNOTATION_HASH = "moelora.io/desired-hash"  # on each owned object: the hash of what the operator last rendered
+ANNOTATION_KERNEL_CONFIGS = "moelora.io/kernel-configs-hash"  # on the pod template: new configs roll the pods
+
+
+def labels(name: str) -> dict[str, str]:
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: name, LABEL_MANAGED_BY: MANAGED_BY, LABEL_SERVER: name}
+
+
+def selector(name: str) -> dict[str, str]:
+    return {LABEL_SERVER: name}
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{key}={value}" for key, value in selector(name).items())
+
+
+def endpoint(name: str, namespace: str) -> str:
+    """The OpenAI-compatible base URL inside the cluster."""
+    return f"http://{name}.{namespace}.svc:{VLLM_PORT}/v1"

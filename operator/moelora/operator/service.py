@@ -1,0 +1,26 @@
+"""The Service in front of a ModelServer's pods: vLLM's OpenAI port, and the agent's metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moelora.operator import naming
+from moelora.operator.engine import VLLM_PORT
+
+AGENT_PORT = 8081
+
+
+def service(*, name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": naming.labels(name)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector(name),
+            "ports": [
+                {"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "agent-metrics", "port": AGENT_PORT, "targetPort": "agent", "protocol": "TCP"},
+            ],
+        },
+    }

@@ -1,0 +1,44 @@
+"""Operator settings, read once from the environment (the chart sets it) and passed to handlers via kopf's memo."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+DEFAULT_SERVER_IMAGE = "ghcr.io/moelora/moelora-server:0.1.0"
+DEFAULT_SERVICE_ACCOUNT = "moelora-server"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    server_image: str = DEFAULT_SERVER_IMAGE
+    # The agent ships in the server image (image/ adds it beside vLLM), so by default both containers share one.
+    agent_image: str = DEFAULT_SERVER_IMAGE
+    server_service_account: str = DEFAULT_SERVICE_ACCOUNT
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    peering: str | None = None  # None: standalone, a single operator replica
+    resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
+    kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from MOELORA_* variables; unset or empty ones keep their defaults."""
+        env = os.environ if env is None else env
+        server_image = env.get("MOELORA_SERVER_IMAGE") or DEFAULT_SERVER_IMAGE
+        resync = env.get("MOELORA_RESYNC_SECONDS") or ""
+        try:
+            resync_seconds = float(resync) if resync else 60.0
+        except ValueError:
+            raise ValueError(f"MOELORA_RESYNC_SECONDS must be a number of seconds, got {resync!r}") from None
+        if resync_seconds <= 0:
+            raise ValueError(f"MOELORA_RESYNC_SECONDS must be positive, got {resync!r}")
+        return cls(
+            server_image=server_image,
+            agent_image=env.get("MOELORA_AGENT_IMAGE") or server_image,
+            server_service_account=env.get("MOELORA_SERVER_SERVICE_ACCOUNT") or DEFAULT_SERVICE_ACCOUNT,
+            namespaces=tuple(ns.strip() for ns in (env.get("MOELORA_NAMESPACES") or "").split(",") if ns.strip()),
+            peering=(env.get("MOELORA_PEERING") or "").strip() or None,
+            resync_seconds=resync_seconds,
+            kubeconfig=env.get("KUBECONFIG") or None,
+        )

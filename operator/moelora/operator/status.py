@@ -1,0 +1,163 @@
+"""Status, judged from what exists: pure functions of the spec, the Deployment, the pods and the adapters.
+
+ModelServer: conditions Ready / Progressing / Degraded from the Deployment and its own conditions, plus the
+operator's verdict on the spec. LoRAAdapter: the phase roll-up of docs/architecture.md "Status ownership" from the
+per-pod states the agents write; entries of pods that no longer exist are pruned.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from moelora.api import (
+    AdapterCounts, AdapterPhase, Condition, FailureReason, LoRAAdapterStatus, ModelServerSpec, ModelServerStatus,
+)
+from moelora.api.common import set_condition
+from moelora.operator import naming
+from moelora.operator.engine import SpecProblem
+
+
+def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+def model_server_status(
+    spec: ModelServerSpec, *, name: str, namespace: str, generation: int | None,
+    deployment: Mapping[str, Any] | None, problem: SpecProblem | None, adapters: AdapterCounts,
+    previous: ModelServerStatus, now: datetime.datetime,
+) -> ModelServerStatus:
+    """The whole ModelServer status. `previous` keeps lastTransitionTime of conditions that did not flip."""
+    desired = spec.replicas
+    dep_status = (deployment or {}).get("status") or {}
+    ready = int(dep_status.get("readyReplicas") or 0)
+    current = int(dep_status.get("replicas") or 0)
+    updated = int(dep_status.get("updatedReplicas") or 0)
+    available = int(dep_status.get("availableReplicas") or 0)
+
+    def cond(kind: str, status: bool, reason: str, message: str) -> Condition:
+        return Condition(type=kind, status="True" if status else "False", reason=reason, message=message,
+                         observed_generation=generation)
+
+    # Ready: is anything serving?
+    if deployment is None:
+        ready_cond = cond("Ready", False, problem.reason if problem else "DeploymentNotFound",
+                          problem.message if problem else "the Deployment does not exist yet")
+    elif desired == 0:
+        ready_cond = cond("Ready", False, "ScaledToZero", "spec.replicas is 0")
+    elif ready >= desired:
+        ready_cond = cond("Ready", True, "AllReplicasReady", f"{ready}/{desired} replicas ready")
+    elif ready > 0:
+        ready_cond = cond("Ready", True, "SomeReplicasReady", f"{ready}/{desired} replicas ready")
+    else:
+        ready_cond = cond("Ready", False, "NoReplicasReady", f"0/{desired} replicas ready")
+
+    # Progressing: is the Deployment moving towards the current spec?
+    progress = _deployment_condition(deployment or {}, "Progressing")
+    deadline_exceeded = bool(progress and progress.get("reason") == "ProgressDeadlineExceeded")
+    dep_meta = (deployment or {}).get("metadata") or {}
+    rolled_out = (
+        int(dep_status.get("observedGeneration") or 0) >= int(dep_meta.get("generation") or 0)
+        and updated >= desired and current <= desired and available >= desired
+    )
+    if problem is not None:
+        progressing = cond("Progressing", False, problem.reason, "the spec is not applied: " + problem.message)
+    elif deployment is None:
+        progressing = cond("Progressing", True, "Creating", "creating the Deployment")
+    elif deadline_exceeded:
+        progressing = cond("Progressing", False, "ProgressDeadlineExceeded", str(progress.get("message") or ""))
+    elif not rolled_out:
+        progressing = cond("Progressing", True, "RollingOut",
+                           f"{updated}/{desired} replicas updated, {available} available")
+    else:
+        progressing = cond("Progressing", False, "RolledOut", "the Deployment runs the current spec")
+
+    # Degraded: does something need a person?
+    failure = _deployment_condition(deployment or {}, "ReplicaFailure")
+    if problem is not None:
+        degraded = cond("Degraded", True, problem.reason, problem.message)
+    elif deadline_exceeded:
+        degraded = cond("Degraded", True, "ProgressDeadlineExceeded", str(progress.get("message") or ""))
+    elif failure is not None and failure.get("status") == "True":
+        degraded = cond("Degraded", True, str(failure.get("reason") or "ReplicaFailure"),
+                        str(failure.get("message") or ""))
+    else:
+        degraded = cond("Degraded", False, "AsExpected", "")
+
+    conditions = list(previous.conditions)
+    for new in (ready_cond, progressing, degraded):
+        conditions = set_condition(conditions, new, now=now)
+    return ModelServerStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        replicas=current,
+        ready_replicas=ready,
+        selector=naming.selector_string(name),
+        endpoint=naming.endpoint(name, namespace),
+        adapters=adapters,
+    )
+
+
+def adapter_counts(phases: list[str]) -> AdapterCounts:
+    """desired/loaded/failed from the phases of a server's LoRAAdapters."""
+    return AdapterCounts(
+        desired=len(phases),
+        loaded=sum(phase == AdapterPhase.LOADED.value for phase in phases),
+        failed=sum(phase == AdapterPhase.FAILED.value for phase in phases),
+    )
+
+
+def adapter_status_patch(
+    raw_status: Mapping[str, Any], *, served_name: str, generation: int | None, server_exists: bool,
+    pods: Mapping[str, bool], now: datetime.datetime,
+) -> dict[str, Any]:
+    """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready.
+
+    `raw_status` is the object's status as stored. Empty when nothing changes (so nothing is written).
+    """
+    status = LoRAAdapterStatus.model_validate(raw_status or {})
+    gone = [pod for pod in status.replicas if pod not in pods]
+    replicas = {pod: state for pod, state in status.replicas.items() if pod in pods}
+    ready_pods = [pod for pod, is_ready in pods.items() if is_ready]
+
+    failed = [(pod, state) for pod, state in sorted(replicas.items()) if state.state == AdapterPhase.FAILED]
+    if not server_exists:
+        phase, reason, message = AdapterPhase.FAILED, FailureReason.MODEL_SERVER_NOT_FOUND.value, \
+            "spec.modelServer names a ModelServer that does not exist in this namespace"
+    elif failed:
+        pod, state = failed[0]
+        phase = AdapterPhase.FAILED
+        reason = state.reason or FailureReason.LOAD_FAILED.value
+        message = f"{pod}: {state.last_error or reason}"
+    elif ready_pods and all(replicas.get(pod) is not None and replicas[pod].loaded for pod in ready_pods):
+        phase, reason, message = AdapterPhase.LOADED, "Loaded", f"loaded on {len(ready_pods)} ready pod(s)"
+    elif any(state.state == AdapterPhase.DOWNLOADING or state.loaded for state in replicas.values()):
+        # Loaded on some pods and still to come on others counts as work in progress too.
+        loaded = sum(state.loaded for state in replicas.values())
+        phase, reason, message = AdapterPhase.DOWNLOADING, "Downloading", \
+            f"loaded on {loaded} of {len(ready_pods)} ready pod(s)"
+    else:
+        phase, reason = AdapterPhase.PENDING, "Pending"
+        message = "waiting for a ready pod of the server" if not ready_pods else "waiting for the agents"
+
+    def cond(kind: str, value: bool, why: str, text: str) -> Condition:
+        return Condition(type=kind, status="True" if value else "False", reason=why, message=text,
+                         observed_generation=generation)
+
+    conditions = list(status.conditions)
+    conditions = set_condition(conditions, cond("Ready", phase == AdapterPhase.LOADED, reason, message), now=now)
+    is_failed = phase == AdapterPhase.FAILED
+    conditions = set_condition(conditions, cond("Failed", is_failed, reason if is_failed else "AsExpected",
+                                                message if is_failed else ""), now=now)
+
+    old = raw_status or {}
+    new = {"observedGeneration": generation, "phase": phase.value, "servedName": served_name,
+           "conditions": [c.to_wire() for c in conditions]}
+    patch: dict[str, Any] = {key: value for key, value in new.items() if old.get(key) != value}
+    if gone:
+        patch["replicas"] = {pod: None for pod in gone}
+    return patch

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from moelora.operator import deployment as dep
+from moelora.operator import naming, service
+from moelora.operator.engine import SpecProblem
+from moelora.operator.kernelconfigs import KernelConfigPlan
+from moelora.operator.settings import Settings
+
+from .conftest import k8s_valid, make_spec
+
+
+def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in obj["spec"]["template"]["spec"]["containers"]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    assert obj["spec"]["selector"]["matchLabels"] == {"moelora.io/model-server": "srv"}
+    assert obj["spec"]["template"]["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "moelora-server", "app.kubernetes.io/instance": "srv",
+        "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "srv"}
+    pod = obj["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "moelora-server"
+    vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
+    assert vllm["image"] == "example.com/server:1" and agent["image"] == "example.com/agent:1"
+    assert vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert agent["command"] == ["python3", "-m", "moelora.agent"] and "args" not in agent
+    assert vllm["resources"] == {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert vllm[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert vllm["startupProbe"]["periodSeconds"] * vllm["startupProbe"]["failureThreshold"] >= 1800
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
+    assert mounts == {"adapters": "/var/lib/moelora/adapters", "dshm": "/dev/shm"}
+    assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]} == {"adapters": "/var/lib/moelora/adapters"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["adapters"]["emptyDir"] == {"sizeLimit": "20Gi"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    env = env_of(agent)
+    assert env["MOELORA_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["MOELORA_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["MOELORA_MODEL_SERVER"] == "srv" and env["MOELORA_BASE_MODEL"] == "org/tiny-moe"
+    assert env["MOELORA_MAX_LORA_RANK"] == "16" and env["MOELORA_TARGET_MODULES"] == ""
+    assert env["MOELORA_VLLM_URL"] == "http://127.0.0.1:8000" and env["MOELORA_PORT"] == "8081"
+    assert env["MOELORA_CACHE_DIR"] == "/var/lib/moelora/adapters"
+    assert env["MOELORA_CACHE_BYTES"] == str(20 * 2**30)
+    assert not any(name.startswith("AWS_") for name in env)
+
+
+def test_full_spec(settings: Settings) -> None:
+    spec = make_spec(
+        model={"name": "org/m", "source": "pvc://weights/llm/m"}, image="my/vllm:2", replicas=3, gpus=2,
+        gpuResourceName="amd.com/gpu", resources={"requests": {"cpu": "8", "memory": "64Gi"},
+                                                   "limits": {"memory": "64Gi"}},
+        nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H200"},
+        tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+        lora={"targetModules": ["q_proj", "v_proj"]}, adapterCache={"sizeLimit": "500M"},
+        serviceAccountName="irsa", s3={"credentialsSecret": {"name": "creds"}, "endpointUrl": "http://minio:9000",
+                                       "region": "eu-west-1"},
+    )
+    obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    pod = obj["spec"]["template"]["spec"]
+    assert obj["spec"]["replicas"] == 3
+    assert pod["serviceAccountName"] == "irsa"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["tolerations"][0]["key"] == "gpu"
+    assert pod["affinity"]["nodeAffinity"]
+    vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
+    assert vllm["image"] == "my/vllm:2"
+    assert vllm["resources"] == {"requests": {"cpu": "8", "memory": "64Gi", "amd.com/gpu": "2"},
+                                 "limits": {"memory": "64Gi", "amd.com/gpu": "2"}}
+    assert vllm["args"][vllm["args"].index("--model") + 1] == "/models/llm/m"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    env = env_of(agent)
+    assert env["MOELORA_TARGET_MODULES"] == "q_proj,v_proj"
+    assert env["MOELORA_CACHE_BYTES"] == "500000000"
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000" and env["AWS_REGION"] == "eu-west-1"
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "creds", "key": "AWS_ACCESS_KEY_ID",
+                                                         "optional": False}}
+    assert env["AWS_SESSION_TOKEN"]["secretKeyRef"]["optional"] is True
+    assert "AWS_ACCESS_KEY_ID" not in env_of(vllm)  # vLLM itself never sees the credentials
+
+
+def test_s3_model_is_fetched_by_an_init_container(settings: Settings) -> None:
+    spec = make_spec(model={"name": "org/m", "source": "s3://bucket/models/m"},
+                     s3={"credentialsSecret": {"name": "creds"}})
+    obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    pod = obj["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["command"] + init["args"] == ["python3", "-m", "moelora.agent", "fetch-model",
+                                              "s3://bucket/models/m", "/models"]
+    assert env_of(init)["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "creds"
+    assert {v["name"]: v for v in pod["volumes"]}["models"] == {"name": "models", "emptyDir": {}}
+    vllm = containers(obj)["vllm"]
+    assert vllm["args"][vllm["args"].index("--model") + 1] == "/models"
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in vllm["volumeMounts"]
+
+
+def test_cpu_server_has_no_gpu_resources(settings: Settings) -> None:
+    obj = dep.deployment(make_spec(gpus=0), name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    assert "resources" not in containers(obj)["vllm"]
+    assert "--tensor-parallel-size" not in containers(obj)["vllm"]["args"]
+
+
+def test_kernel_configs_are_mounted_and_hashed_into_the_template(settings: Settings) -> None:
+    plan = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="abc",
+                            items=[{"key": "E_8.json", "path": "E=8.json"}])
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=plan)
+    k8s_valid(obj)
+    volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["kernel-configs"]["configMap"] == {"name": "srv-kernel-configs",
+                                                      "items": [{"key": "E_8.json", "path": "E=8.json"}]}
+    vllm = containers(obj)["vllm"]
+    assert {"name": "kernel-configs", "mountPath": "/etc/moelora/kernel-configs", "readOnly": True} \
+        in vllm["volumeMounts"]
+    assert env_of(vllm)["VLLM_TUNED_CONFIG_FOLDER"] == "/etc/moelora/kernel-configs"
+    assert obj["spec"]["template"]["metadata"]["annotations"] == {naming.ANNOTATION_KERNEL_CONFIGS: "abc"}
+    other = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="def", items=None)
+    rolled = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=other)
+    assert rolled["spec"]["template"]["metadata"]["annotations"] != obj["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_refused_engine_args_raise(settings: Settings) -> None:
+    with pytest.raises(SpecProblem):
+        dep.deployment(make_spec(engineArgs=["--bogus"]), name="srv", namespace="ns", settings=settings)
+
+
+@pytest.mark.parametrize(("quantity", "expected"), [
+    ("20Gi", 20 * 2**30), ("500M", 500 * 10**6), ("1.5Ki", 1536), ("1e3", 1000), ("7", 7), ("1500m", 1)])
+def test_quantity_bytes(quantity: str, expected: int) -> None:
+    assert dep.quantity_bytes(quantity) == expected
+
+
+def test_service() -> None:
+    obj = service.service(name="srv", namespace="ns")
+    k8s_valid(obj)
+    assert obj["spec"]["selector"] == {"moelora.io/model-server": "srv"}
+    assert obj["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    assert naming.endpoint("srv", "ns") == "http://srv.ns.svc:8000/v1"

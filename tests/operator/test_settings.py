@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from moelora.operator.settings import DEFAULT_SERVER_IMAGE, Settings
+
+
+def test_defaults_from_an_empty_environment() -> None:
+    settings = Settings.from_env({})
+    assert settings.server_image == settings.agent_image == DEFAULT_SERVER_IMAGE
+    assert settings.server_service_account == "moelora-server"
+    assert settings.namespaces == () and settings.peering is None
+
+
+def test_every_variable() -> None:
+    settings = Settings.from_env({
+        "MOELORA_SERVER_IMAGE": "s:1", "MOELORA_AGENT_IMAGE": "a:1", "MOELORA_SERVER_SERVICE_ACCOUNT": "sa",
+        "MOELORA_NAMESPACES": " team-a, ,team-b ", "MOELORA_PEERING": "moelora", "MOELORA_RESYNC_SECONDS": "5",
+    })
+    assert (settings.server_image, settings.agent_image, settings.server_service_account) == ("s:1", "a:1", "sa")
+    assert settings.namespaces == ("team-a", "team-b")
+    assert settings.peering == "moelora" and settings.resync_seconds == 5.0
+
+
+def test_agent_image_follows_the_server_image() -> None:
+    assert Settings.from_env({"MOELORA_SERVER_IMAGE": "s:2"}).agent_image == "s:2"
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3"])
+def test_bad_resync_is_a_clear_error(value: str) -> None:
+    with pytest.raises(ValueError, match="MOELORA_RESYNC_SECONDS"):
+        Settings.from_env({"MOELORA_RESYNC_SECONDS": value})
