@@ -19,10 +19,11 @@ loses a trailing "-" the cut may leave.
 {{- end }}
 {{- end }}
 
-{{/* "<fullname>-<suffix>", truncated to 63. Call with (list $ "suffix"). */}}
+{{/* "<fullname>-<suffix>" in at most 63 characters: the prefix is cut, never the suffix. Call with (list $ "suffix"). */}}
 {{- define "moelora.componentName" -}}
 {{- $root := index . 0 }}
-{{- printf "%s-%s" (include "moelora.fullname" $root | trunc 50 | trimSuffix "-") (index . 1) | trunc 63 | trimSuffix "-" }}
+{{- $suffix := index . 1 }}
+{{- printf "%s-%s" (include "moelora.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix }}
 {{- end }}
 
 {{- define "moelora.chart" -}}

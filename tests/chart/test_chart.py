@@ -1,0 +1,441 @@
+"""The Helm chart, rendered offline by Helm's own engine (helm-python-sdk): what `helm install` would send.
+
+Every rendered built-in object is validated against the Kubernetes OpenAPI schemas (kubernetes-validate, strict,
+oldest supported and newest version); custom objects against the CRDs the chart ships. RBAC is compared rule by
+rule with what the operator and the agent need, for each way the chart scopes it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import pathlib
+import re
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from moelora.api.__main__ import rendered_files
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "moelora"
+NAMESPACE = "moelora-system"
+KUBE_VERSIONS = ("1.29.0", "1.37.0")  # Chart.yaml's kubeVersion floor, and the newest schemas we have
+
+LONG_RELEASE = "a-release-name-that-is-long-enough-to-need-truncation"  # 53: Helm's longest release name
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    # Several replicas watching two namespaces: namespaced peering, RBAC by RoleBindings.
+    "ha-namespaced": {"operator": {"replicas": 3}, "watchNamespaces": ["ml-a", "ml-b"]},
+    # Several replicas watching everything: cluster-wide peering.
+    "ha-clusterwide": {"operator": {"replicas": 2}},
+    # Bring-your-own everything, with a name long enough to truncate.
+    "custom": {
+        "fullnameOverride": LONG_RELEASE + "-and-then-some-more-characters",
+        "commonLabels": {"team": "ml-platform"},
+        "crds": {"enabled": False},
+        "operator": {
+            "image": {"repository": "registry.example.com/moelora/operator",
+                      "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
+            "imagePullSecrets": [{"name": "regcred"}],
+            "peering": {"enabled": True, "name": "moelora-peers"},
+            "serviceAccount": {"create": False, "name": "existing-operator"},
+            "env": [{"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"}],
+            "podAnnotations": {"example.com/audit": "on"},
+            "podLabels": {"example.com/tier": "control"},
+            "priorityClassName": "system-cluster-critical",
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+        },
+        "server": {
+            "image": {"repository": "registry.example.com/moelora/server", "tag": "0.1.0-vllm0.26.0"},
+            "agentImage": {"repository": "registry.example.com/moelora/agent"},
+            "serviceAccount": {"name": "llm", "annotations": {
+                "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/read-adapters"}},
+            "namespaces": ["serving", "serving-canary"],
+        },
+    },
+    "crds-not-kept": {"crds": {"keep": False}},
+}
+
+
+@functools.cache
+def chart() -> helm.Chart:
+    return helm.Chart.load(CHART)
+
+
+@functools.cache
+def _render(name: str, release: str) -> tuple[tuple[str, str], ...]:
+    manifests = chart().render(copy.deepcopy(VALUE_SETS[name]), name=release, namespace=NAMESPACE,
+                               is_install=True)
+    return tuple(sorted(manifests.items()))
+
+
+def render(name: str, *, release: str = "moelora") -> list[dict[str, Any]]:
+    """The objects the chart renders for a value set (NOTES.txt left out)."""
+    objects = []
+    for path, text in _render(name, release):
+        if path.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def notes(name: str) -> str:
+    return dict(_render(name, "moelora"))["moelora/templates/NOTES.txt"]
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [obj for obj in of_kind(objects, kind) if name is None or obj["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def chart_crds() -> dict[str, dict[str, Any]]:
+    """Every CRD the chart can install (its templates with defaults, and Helm's crds/ folder), by kind."""
+    crds = [obj for obj in render("defaults") if obj["kind"] == "CustomResourceDefinition"]
+    for entry in chart().crds:
+        crds.extend(doc for doc in yaml.safe_load_all(entry["data"]) if doc)
+    return {crd["spec"]["names"]["kind"]: crd for crd in crds}
+
+
+def operator_env(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return {env["name"]: env.get("value", env.get("valueFrom")) for env in container["env"]}
+
+
+# --- rendering, validation, lint ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_rendered_object_is_valid(value_set: str) -> None:
+    objects = render(value_set)
+    crds = chart_crds()
+    kinds = set()
+    for obj in objects:
+        kinds.add(obj["kind"])
+        group = obj["apiVersion"].rsplit("/", 1)[0] if "/" in obj["apiVersion"] else ""
+        if obj["kind"] in crds and crds[obj["kind"]]["spec"]["group"] == group:
+            schema = crds[obj["kind"]]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            jsonschema.validate(obj, schema)
+            continue
+        for version in KUBE_VERSIONS:
+            # strict: an unknown or misspelt field fails, as the API server's strict field validation would.
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+
+
+def test_crds_folder_objects_are_valid() -> None:
+    """Helm's crds/ folder (kopf's peering CRDs) is installed as-is, outside templating: validate it too."""
+    entries = chart().crds
+    assert entries
+    for entry in entries:
+        for obj in (doc for doc in yaml.safe_load_all(entry["data"]) if doc):
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_lint_is_clean(value_set: str) -> None:
+    report = helm.lint(CHART, copy.deepcopy(VALUE_SETS[value_set]), strict=True, namespace=NAMESPACE)
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+def test_names_are_truncated_to_63_characters() -> None:
+    for value_set, release in (("custom", "moelora"), ("defaults", LONG_RELEASE)):
+        for obj in render(value_set, release=release):
+            name = obj["metadata"]["name"]
+            assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
+            for value in obj["metadata"].get("labels", {}).values():
+                assert len(value) <= 63, value
+    # The prefix is cut, never the suffix: the operator's two ClusterRoles and the server's stay distinct.
+    cluster_roles = [obj["metadata"]["name"] for obj in of_kind(render("defaults", release=LONG_RELEASE), "ClusterRole")]
+    assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "server"]
+    assert len(set(cluster_roles)) == 3 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
+
+
+# --- values schema --------------------------------------------------------------------------------------------
+
+
+def test_schema_accepts_the_defaults_and_every_value_set() -> None:
+    chart().validate_schema(None)
+    chart().validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
+    for values in VALUE_SETS.values():
+        chart().validate_schema(copy.deepcopy(values))
+
+
+@pytest.mark.parametrize("typo", [
+    {"operator": {"replica": 2}},
+    {"crds": {"enable": False}},
+    {"watchNamespace": ["ml"]},
+    {"server": {"image": {"repository": "x", "tags": "1"}}},
+    {"operator": {"peering": {"enabled": True, "nmae": "x"}}},
+    {"server": {"serviceAccount": {"name": "moelora-server", "annotation": {}}}},
+])
+def test_schema_rejects_typos(typo: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError, match="additional properties"):
+        chart().render(typo, name="moelora", namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("bad", [
+    {"watchNamespaces": ["Not_A_Namespace"]},
+    {"operator": {"replicas": -1}},
+    {"operator": {"image": {"repository": "x", "pullPolicy": "Sometimes"}}},
+    {"server": {"image": {"repository": "x", "digest": "sha256:short"}}},
+])
+def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        chart().render(bad, name="moelora", namespace=NAMESPACE)
+
+
+def test_every_key_in_values_yaml_is_documented_with_an_example() -> None:
+    """Each leaf key of values.yaml has a `# --` description above it, and that comment shows an example."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    # Kubernetes objects given whole (their own fields are Kubernetes' to document): documented as one key.
+    whole = {"resources", "podSecurityContext", "securityContext"}
+    path: list[tuple[int, str]] = []  # (indent, key) of the sections the current line is in
+    leaves = 0
+    for number, line in enumerate(lines):
+        match = re.match(r"^(\s*)([A-Za-z][A-Za-z0-9]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        path = [(i, k) for i, k in path if i < indent] + [(indent, match.group(2))]
+        if any(key in whole for _, key in path[:-1]):
+            continue
+        value: Any = values
+        for _, key in path:
+            value = value[key]
+        if isinstance(value, dict) and value and match.group(2) not in whole:
+            continue  # a section (`operator:`, `image:`...), whose leaves carry the documentation
+        leaves += 1
+        block = []
+        for previous in reversed(lines[:number]):
+            if not previous.lstrip().startswith("#"):
+                break
+            block.append(previous)
+        text = "\n".join(block)
+        assert "# --" in text, f"values.yaml:{number + 1} {line.strip()} has no `# --` description"
+        assert "Example" in text, f"values.yaml:{number + 1} {line.strip()} has no example"
+    assert leaves > 30
+
+
+def test_schema_covers_exactly_the_keys_of_values_yaml() -> None:
+    def keys(values: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> list[str]:
+        missing = []
+        for key, value in values.items():
+            properties = schema.get("properties", {})
+            if key not in properties:
+                missing.append(prefix + key)
+            elif isinstance(value, dict) and properties[key].get("additionalProperties") is False:
+                missing.extend(keys(value, properties[key], prefix + key + "."))
+        return missing
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert keys(values, schema) == []
+    assert set(schema["properties"]) - {"global"} == set(values)
+
+
+# --- CRDs -----------------------------------------------------------------------------------------------------
+
+
+def test_chart_crd_files_are_byte_identical_to_the_generated_ones() -> None:
+    generated = rendered_files()
+    for folder in (ROOT / "crds", CHART / "files" / "crds"):
+        on_disk = {path.name: path.read_bytes() for path in folder.glob("*.yaml")}
+        assert on_disk == {name: text.encode() for name, text in generated.items()}, folder
+
+
+def test_rendered_crds_are_the_generated_ones_plus_labels_and_keep() -> None:
+    generated = {yaml.safe_load(text)["metadata"]["name"]: yaml.safe_load(text) for text in rendered_files().values()}
+    rendered = {crd["metadata"]["name"]: crd for crd in of_kind(render("defaults"), "CustomResourceDefinition")}
+    assert set(rendered) == set(generated) == {"modelservers.moelora.io", "loraadapters.moelora.io"}
+    for name, crd in rendered.items():
+        metadata = crd.pop("metadata")
+        expected = generated[name]
+        assert metadata["name"] == expected.pop("metadata")["name"]
+        assert crd == expected
+        assert metadata["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    not_kept = of_kind(render("crds-not-kept"), "CustomResourceDefinition")
+    assert len(not_kept) == 2 and all("annotations" not in crd["metadata"] for crd in not_kept)
+    assert of_kind(render("custom"), "CustomResourceDefinition") == []
+    assert "apply crds/*.yaml" in dict(_render("custom", "moelora"))["moelora/templates/NOTES.txt"]
+
+
+def test_kopf_peering_crds_match_what_kopf_talks_to() -> None:
+    from kopf._cogs.structs import references
+
+    crds = chart_crds()
+    for selector, kind, scope in ((references.CLUSTER_PEERINGS_K, "ClusterKopfPeering", "Cluster"),
+                                  (references.NAMESPACED_PEERINGS_K, "KopfPeering", "Namespaced")):
+        spec = crds[kind]["spec"]
+        assert (spec["group"], spec["names"]["plural"], spec["scope"]) == (selector.group, selector.any_name, scope)
+        assert [v["name"] for v in spec["versions"]] == [selector.version]
+        # kopf merge-patches peers' keep-alives into `status` of the main object: it must be kept, not pruned.
+        status = spec["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status["x-kubernetes-preserve-unknown-fields"] is True
+
+
+# --- the operator Deployment ----------------------------------------------------------------------------------
+
+
+def test_operator_settings_follow_the_architecture_contract() -> None:
+    env = operator_env(render("defaults"))
+    assert env["MOELORA_SERVER_IMAGE"] == "ghcr.io/moelora/moelora-server:0.1.0-vllm0.26.0"
+    assert env["MOELORA_AGENT_IMAGE"] == env["MOELORA_SERVER_IMAGE"]
+    assert env["MOELORA_SERVER_SERVICE_ACCOUNT"] == "moelora-server"
+    assert env["MOELORA_NAMESPACES"] == ""
+    assert env["MOELORA_PEERING"] == ""
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+    env = operator_env(render("custom"))
+    assert env["MOELORA_AGENT_IMAGE"] == "registry.example.com/moelora/agent:0.1.0-vllm0.26.0"
+    assert env["MOELORA_SERVER_SERVICE_ACCOUNT"] == "llm"
+    assert env["HTTPS_PROXY"] == "http://proxy.example.com:3128"
+    assert operator_env(render("ha-namespaced"))["MOELORA_NAMESPACES"] == "ml-a,ml-b"
+
+
+def test_operator_runs_non_root_with_a_read_only_root() -> None:
+    for value_set in VALUE_SETS:
+        pod = one(render(value_set), "Deployment")["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["command"] == ["python3", "-m", "moelora.operator"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    custom = one(render("custom"), "Deployment")["spec"]["template"]["spec"]
+    assert custom["containers"][0]["image"] == "registry.example.com/moelora/operator@sha256:" + "ab" * 32
+    assert custom["serviceAccountName"] == "existing-operator"
+    assert not [sa for sa in of_kind(render("custom"), "ServiceAccount") if sa["metadata"]["name"] == "existing-operator"]
+
+
+def test_one_replica_is_standalone_and_never_overlaps() -> None:
+    objects = render("defaults")
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not of_kind(objects, "ClusterKopfPeering") and not of_kind(objects, "KopfPeering")
+
+
+def test_several_replicas_turn_peering_on() -> None:
+    objects = render("ha-clusterwide")
+    assert one(objects, "Deployment")["spec"]["replicas"] == 2
+    assert "strategy" not in one(objects, "Deployment")["spec"]  # rolling: the standby takes over
+    peering = one(objects, "ClusterKopfPeering")
+    assert operator_env(objects)["MOELORA_PEERING"] == peering["metadata"]["name"] == "moelora"
+
+    objects = render("ha-namespaced")
+    peerings = of_kind(objects, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["ml-a", "ml-b"]
+    assert {p["metadata"]["name"] for p in peerings} == {operator_env(objects)["MOELORA_PEERING"]}
+    assert not of_kind(objects, "ClusterKopfPeering")
+
+    objects = render("custom")  # one replica, peering asked for by value
+    assert operator_env(objects)["MOELORA_PEERING"] == one(objects, "ClusterKopfPeering")["metadata"]["name"]
+
+
+# --- RBAC -----------------------------------------------------------------------------------------------------
+
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+OPERATOR_NAMESPACED: set[Rule] = {
+    *{("moelora.io", r, v) for r in ("modelservers", "loraadapters") for v in ("get", "list", "watch", "patch")},
+    ("moelora.io", "modelservers/status", "patch"), ("moelora.io", "loraadapters/status", "patch"),
+    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{("", "pods", v) for v in ("get", "list", "watch")},
+    ("", "events", "create"),
+}
+KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
+CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
+NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
+AGENT: set[Rule] = {
+    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    ("moelora.io", "loraadapters/status", "patch"),
+    ("", "secrets", "get"),
+}
+
+
+def grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str | None], set[Rule]]:
+    """What each ServiceAccount may do where: {(sa namespace, sa name, namespace or None = cluster-wide): rules}."""
+    roles = {(role["kind"], role["metadata"]["name"]): role for role in of_kind(objects, "ClusterRole")}
+    result: dict[tuple[str, str, str | None], set[Rule]] = {}
+    for binding in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        rules = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+                 for resource in rule["resources"] for verb in rule["verbs"]}
+        assert all("resourceNames" not in rule for rule in role["rules"])
+        where = binding["metadata"].get("namespace")
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount"
+            key = (subject["namespace"], subject["name"], where)
+            result[key] = result.get(key, set()) | rules
+    return result
+
+
+def test_rbac_default_is_cluster_wide_for_the_operator_and_namespaced_for_the_agent() -> None:
+    assert grants(render("defaults")) == {
+        (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN,
+        (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
+    }
+
+
+def test_rbac_with_watched_namespaces_and_peering() -> None:
+    assert grants(render("ha-namespaced")) == {
+        (NAMESPACE, "moelora-operator", None): KOPF_SCAN | KOPF_NAMESPACES,
+        (NAMESPACE, "moelora-operator", "ml-a"): OPERATOR_NAMESPACED | NAMESPACED_PEERING,
+        (NAMESPACE, "moelora-operator", "ml-b"): OPERATOR_NAMESPACED | NAMESPACED_PEERING,
+        ("ml-a", "moelora-server", "ml-a"): AGENT,
+        ("ml-b", "moelora-server", "ml-b"): AGENT,
+    }
+
+
+def test_rbac_with_cluster_wide_peering() -> None:
+    assert grants(render("ha-clusterwide")) == {
+        (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
+    }
+
+
+def test_rbac_custom_accounts_and_server_namespaces() -> None:
+    assert grants(render("custom")) == {
+        (NAMESPACE, "existing-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        ("serving", "llm", "serving"): AGENT,
+        ("serving-canary", "llm", "serving-canary"): AGENT,
+    }
+    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]): sa for sa in of_kind(render("custom"),
+                                                                                           "ServiceAccount")}
+    assert set(accounts) == {("serving", "llm"), ("serving-canary", "llm")}
+    assert accounts[("serving", "llm")]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("read-adapters")
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_no_secret_access_cluster_wide(value_set: str) -> None:
+    for (_, _, where), rules in grants(render(value_set)).items():
+        if where is None:
+            assert not {rule for rule in rules if rule[1] == "secrets"}, value_set
+
+
+def test_notes_give_the_next_commands() -> None:
+    text = notes("defaults")
+    assert "kubectl -n moelora-system rollout status deployment/moelora-operator" in text
+    assert "kubectl apply" in text and "port-forward" in text and "/v1/completions" in text
+    assert "kopf peering" in notes("ha-clusterwide")
