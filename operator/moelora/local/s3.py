@@ -1,0 +1,140 @@
+"""Local S3 servers on 127.0.0.1 and uploads into them.
+
+Two independent implementations, so the agent is not written against one server's quirks: moto's server mode in a
+thread of this process (always available), and npm's s3rver as a child process (when node and
+`node_modules/s3rver` are present: `npm install --prefix <repo> s3rver@3.7.1`). s3rver's multipart ETags have no
+`-N` suffix, moto's do, like real S3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from moelora.local import process
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+S3RVER_JS = REPO_ROOT / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+REGION = "us-east-1"
+
+
+@dataclasses.dataclass
+class S3Server:
+    """A running local S3: where it listens and the keys it accepts."""
+
+    endpoint_url: str
+    access_key_id: str
+    secret_access_key: str
+    _stop: Callable[[], None]
+
+    def stop(self) -> None:
+        self._stop()
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this server (path-style addressing: no DNS for bucket subdomains here)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION,
+                            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+                            config=Config(s3={"addressing_style": "path"}))
+
+
+def start_moto(*, access_key_id: str = "moto-access-key", secret_access_key: str = "moto-secret-key") -> S3Server:
+    """Start moto's S3 in a daemon thread on a free port. moto accepts any keys; these are the ones handed out."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    return S3Server(endpoint_url=f"http://{host}:{port}", access_key_id=access_key_id,
+                    secret_access_key=secret_access_key, _stop=server.stop)
+
+
+def s3rver_available() -> bool:
+    """True when node and the s3rver package are installed (else tests that need it skip)."""
+    return shutil.which("node") is not None and S3RVER_JS.exists()
+
+
+def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path) -> S3Server:
+    """Start s3rver as a child process on a free port, storing into `data_dir`; wait until it answers.
+
+    Raises RuntimeError if node or s3rver is missing (check `s3rver_available()` first) or it does not come up.
+    """
+    node = shutil.which("node")
+    if node is None or not S3RVER_JS.exists():
+        raise RuntimeError(f"s3rver needs node and {S3RVER_JS} (npm install --prefix {REPO_ROOT} s3rver@3.7.1)")
+    port = process.free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    proc = process.spawn(argv=[node, str(S3RVER_JS), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port),
+                               "--silent"], env={"PATH": "/usr/bin:/bin"}, log_path=log_path)
+    server = S3Server(endpoint_url=f"http://127.0.0.1:{port}", access_key_id="S3RVER", secret_access_key="S3RVER",
+                      _stop=lambda: _stop_quietly(proc))
+    _wait_s3(server=server, proc=proc, log_path=log_path)
+    return server
+
+
+def _wait_s3(*, server: S3Server, proc: subprocess.Popen[bytes], log_path: pathlib.Path) -> None:
+    import time
+
+    import botocore.exceptions
+
+    client = server.client()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.list_buckets()
+            return
+        except (botocore.exceptions.EndpointConnectionError, botocore.exceptions.ConnectionClosedError):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop_quietly(proc)
+                raise RuntimeError(f"s3rver did not come up; see {log_path}") from None
+            time.sleep(0.1)
+
+
+def _stop_quietly(proc: subprocess.Popen[bytes]) -> None:
+    process.stop(proc, timeout=5)
+
+
+def upload_dir(*, server: S3Server, source: pathlib.Path, uri: str) -> list[str]:
+    """Upload every file under `source` to `uri` (s3://bucket/prefix/), creating the bucket; return the keys.
+
+    Large files go up in parallel multipart parts (boto3's transfer manager), as a real upload would.
+    """
+    bucket, prefix = split_uri(uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    client = server.client()
+    ensure_bucket(client=client, bucket=bucket)
+    keys = []
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        key = prefix + path.relative_to(source).as_posix()
+        client.upload_file(str(path), bucket, key)
+        keys.append(key)
+    return keys
+
+
+def put_object(*, server: S3Server, uri: str, body: bytes) -> None:
+    """Write one object at `uri` (s3://bucket/key), creating the bucket."""
+    bucket, key = split_uri(uri)
+    client = server.client()
+    ensure_bucket(client=client, bucket=bucket)
+    client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def ensure_bucket(*, client: Any, bucket: str) -> None:
+    """Create `bucket` unless it exists."""
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if bucket not in existing:
+        client.create_bucket(Bucket=bucket)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/some/key` -> (`bucket`, `some/key`)."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri!r}")
+    bucket, _, rest = uri[len("s3://"):].partition("/")
+    return bucket, rest
