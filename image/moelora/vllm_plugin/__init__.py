@@ -1,5 +1,49 @@
-"""The moelora vLLM general plugin (entry point group `vllm.general_plugins`)."""
+"""The moelora vLLM general plugin (entry point group `vllm.general_plugins`, name `moelora`).
+
+With `MOELORA_KERNEL=moelora` (the operator sets it when a ModelServer asks for our kernel) it replaces the kernel of
+vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels on CUDA, a torch implementation on
+the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
+replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
+server. Modules: contract (what is pinned), install (the swap), op (vLLM's arguments -> ours), layout (routing
+inversion), triton_path / torch_path (the two backends).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["ENV", "register"]
+
+ENV = "MOELORA_KERNEL"
+log = logging.getLogger("vllm.moelora_plugin")
+
+_done: str | None = None
 
 
 def register() -> None:
     """Called by vLLM in every process at start-up; swaps in moelora's fused MoE-LoRA kernel when asked to."""
+    global _done
+    choice = os.environ.get(ENV, "").strip().lower()
+    if choice in ("", "vllm", "default"):
+        log.debug("moelora: %s=%r, vLLM's fused_moe_lora kernel is kept", ENV, choice)
+        return
+    if choice not in ("moelora", "moelora-torch"):
+        log.warning("moelora: unknown %s=%r (expected 'moelora'); vLLM's fused_moe_lora kernel is kept", ENV, choice)
+        return
+    if _done is not None:  # vLLM loads plugins once per process, but be safe against a second call
+        return
+    try:
+        from .install import install
+
+        result = install(backend="torch" if choice == "moelora-torch" else None)
+    except Exception as exc:  # never take the server down: vLLM's kernel stays
+        log.warning("moelora: keeping vLLM's fused_moe_lora kernel: install failed: %r", exc)
+        _done = "failed"
+        return
+    if result.backend is None:
+        log.warning("moelora: keeping vLLM's fused_moe_lora kernel: %s", result.reason)
+        _done = "kept"
+    else:
+        log.info("moelora: fused_moe_lora kernel is moelora's %s backend (%s)", result.backend, result.reason)
+        _done = result.backend

@@ -1,0 +1,115 @@
+"""Swap our implementation in as the kernel of `torch.ops.vllm.fused_moe_lora`, or say why not.
+
+Overriding the op's kernel for the platform's dispatch key (rather than rebinding Python names) reaches every caller
+— punica_gpu and anything else that holds `torch.ops.vllm.fused_moe_lora` — and keeps vLLM's schema and fake
+implementation, so torch.compile and CUDA-graph capture see the same op as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import contract
+
+__all__ = ["Installed", "install", "uninstall"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+
+# The Library object owns our registration: it must live as long as the process.
+_LIBRARY: torch.library.Library | None = None
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What install() did: `backend` is None when vLLM's kernel was kept, and `reason` says why."""
+
+    backend: str | None
+    reason: str
+    dispatch_key: str | None = None
+
+
+def install(*, backend: str | None = None) -> Installed:
+    """Replace vLLM's fused_moe_lora kernel with ours, unless anything does not match (then nothing changes).
+
+    backend: "triton" or "torch"; None picks Triton on CUDA and torch on the CPU.
+    """
+    global _LIBRARY
+    import vllm
+
+    reason = contract.check_version(vllm.__version__)
+    if reason:
+        return Installed(None, reason)
+    try:
+        from vllm.lora.ops.triton_ops import fused_moe_lora_op
+        from vllm.platforms import current_platform
+    except Exception as exc:  # an import error in vLLM's own module: keep whatever vLLM does
+        return Installed(None, f"cannot import vLLM's fused_moe_lora_op: {exc!r}")
+    original = getattr(fused_moe_lora_op, "_fused_moe_lora", None)
+    if original is None:
+        return Installed(None, "vLLM has no _fused_moe_lora")
+    reason = contract.check_function(original)
+    if reason:
+        return Installed(None, reason)
+    packet = getattr(getattr(torch.ops, "vllm", None), "fused_moe_lora", None) if _has_op() else None
+    if packet is None:
+        return Installed(None, "torch.ops.vllm.fused_moe_lora is not registered")
+    reason = contract.check_schema(packet.default._schema)
+    if reason:
+        return Installed(None, reason)
+
+    if backend is None:
+        if current_platform.is_cuda():
+            backend = "triton"
+        elif current_platform.is_cpu():
+            backend = "torch"
+        else:
+            return Installed(None, f"no moelora backend for platform {current_platform.device_type!r}")
+    if backend == "triton":
+        try:
+            import moelora.kernels  # noqa: F401  (fail here, at start-up, rather than on the first request)
+        except Exception as exc:
+            return Installed(None, f"cannot import moelora.kernels: {exc!r}")
+
+    from .op import make_op
+
+    dispatch_key = current_platform.dispatch_key
+    fn = make_op(original=original, backend=backend)
+    if _LIBRARY is None:
+        _LIBRARY = torch.library.Library("vllm", "IMPL")
+    _override(_LIBRARY, fn, dispatch_key)
+    return Installed(backend, f"vLLM {vllm.__version__}, dispatch key {dispatch_key}", dispatch_key)
+
+
+def uninstall() -> None:
+    """Drop our registration: the dispatcher falls back to vLLM's kernel (used by tests)."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        _LIBRARY._destroy()
+        _LIBRARY = None
+
+
+def _has_op() -> bool:
+    try:
+        return torch._C._dispatch_has_kernel("vllm::fused_moe_lora")
+    except Exception:
+        return False
+
+
+def _override(lib: torch.library.Library, fn: Callable[..., None], dispatch_key: str) -> None:
+    # The dispatcher warns (once, from C++) that a kernel is being overridden: that is the point, so silence it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            lib.impl("fused_moe_lora", fn, dispatch_key)
+        except RuntimeError as exc:
+            # Torch releases without `allow_override` refuse a second Python kernel for the same key; forget the
+            # first one's bookkeeping entry (the dispatcher itself allows overriding) and register again.
+            if "not allowed" not in str(exc):
+                raise
+            torch.library._impls.discard(f"vllm/fused_moe_lora/{dispatch_key}")
+            lib.impl("fused_moe_lora", fn, dispatch_key)

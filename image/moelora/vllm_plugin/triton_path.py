@@ -1,0 +1,47 @@
+"""The CUDA path: moelora.kernels' routing and fused op, driven from the plugin's per-call layout.
+
+A layer calls the op twice (w13, then w2 with the routed weights) on the same routing tensors, so the routing built
+for a w13 call is kept and reused by the next w2 call when it was given the very same routing tensors on the same
+stream; a w13 call always rebuilds it (the allocator may hand the next layer the same addresses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from moelora.kernels import default_block_m, default_config, fused_moe_lora, moe_lora_routing
+
+__all__ = ["Router"]
+
+
+class Router:
+    """Builds (and for w2 reuses) the (adapter, expert) routing of one op call."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, ...] | None = None
+        self._routing: object | None = None
+
+    def route(self, *, key: tuple[int, ...], reuse: bool, make_topk_ids: Callable[[], torch.Tensor],
+              token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int) -> object:
+        dev = token_lora_mapping.device
+        full_key = key + ((torch.cuda.current_stream(dev).cuda_stream,) if dev.type == "cuda" else ())
+        if reuse and self._key == full_key and self._routing is not None:
+            return self._routing
+        topk_ids = make_topk_ids()
+        m, top_k = topk_ids.shape
+        block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
+        routing = moe_lora_routing(topk_ids=topk_ids, token_lora_mapping=token_lora_mapping,
+                                   num_experts=num_experts, max_loras=max_loras, block_m=block_m)
+        self._key, self._routing = full_key, routing
+        return routing
+
+
+def run_triton(*, output: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, routing: object,
+               topk_weights: torch.Tensor, mul_routed_weight: bool) -> None:
+    """One slice: output (M, top_k, N) view += LoRA(x) with the kernel's default launch configuration."""
+    config = default_config(routing=routing, k=lora_a.shape[3], n=lora_b.shape[2], rank=lora_a.shape[2],
+                            device=x.device)
+    fused_moe_lora(output=output, x=x, lora_a=lora_a, lora_b=lora_b, routing=routing, topk_weights=topk_weights,
+                   mul_routed_weight=mul_routed_weight, config=config)

