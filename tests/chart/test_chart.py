@@ -357,16 +357,17 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 OPERATOR_NAMESPACED: set[Rule] = {
     *{("moelora.io", r, v) for r in ("modelservers", "loraadapters") for v in ("get", "list", "watch", "patch")},
-    ("moelora.io", "modelservers/status", "patch"), ("moelora.io", "loraadapters/status", "patch"),
-    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
-    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{("moelora.io", r, v) for r in ("modelservers/status", "loraadapters/status") for v in ("get", "patch")},
+    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},
+    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")},
     *{("", "pods", v) for v in ("get", "list", "watch")},
-    ("", "events", "create"),
+    ("", "events", "create"), ("events.k8s.io", "events", "create"),
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
 KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
-CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
-NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
+CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+SECRETS: set[Rule] = {("", "secrets", "get")}
 AGENT: set[Rule] = {
     *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
     ("moelora.io", "loraadapters/status", "patch"),
@@ -401,8 +402,8 @@ def test_rbac_default_is_cluster_wide_for_the_operator_and_namespaced_for_the_ag
 def test_rbac_with_watched_namespaces_and_peering() -> None:
     assert grants(render("ha-namespaced")) == {
         (NAMESPACE, "moelora-operator", None): KOPF_SCAN | KOPF_NAMESPACES,
-        (NAMESPACE, "moelora-operator", "ml-a"): OPERATOR_NAMESPACED | NAMESPACED_PEERING,
-        (NAMESPACE, "moelora-operator", "ml-b"): OPERATOR_NAMESPACED | NAMESPACED_PEERING,
+        (NAMESPACE, "moelora-operator", "ml-a"): OPERATOR_NAMESPACED | NAMESPACED_PEERING | SECRETS,
+        (NAMESPACE, "moelora-operator", "ml-b"): OPERATOR_NAMESPACED | NAMESPACED_PEERING | SECRETS,
         ("ml-a", "moelora-server", "ml-a"): AGENT,
         ("ml-b", "moelora-server", "ml-b"): AGENT,
     }
@@ -432,6 +433,18 @@ def test_no_secret_access_cluster_wide(value_set: str) -> None:
     for (_, _, where), rules in grants(render(value_set)).items():
         if where is None:
             assert not {rule for rule in rules if rule[1] == "secrets"}, value_set
+
+
+def test_cluster_wide_secret_access_only_when_asked_for() -> None:
+    def granted(values: dict[str, Any]) -> dict[tuple[str, str, str | None], set[Rule]]:
+        manifests = chart().render(values, name="moelora", namespace=NAMESPACE)
+        return grants([doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
+                       for doc in yaml.safe_load_all(text) if doc])
+
+    everywhere = granted({"operator": {"secretAccess": "clusterWide"}})
+    assert everywhere[(NAMESPACE, "moelora-operator", None)] == OPERATOR_NAMESPACED | KOPF_SCAN | SECRETS
+    never = granted({"operator": {"secretAccess": "none"}, "watchNamespaces": ["ml"]})
+    assert never[(NAMESPACE, "moelora-operator", "ml")] == OPERATOR_NAMESPACED
 
 
 def test_notes_give_the_next_commands() -> None:
