@@ -1,0 +1,176 @@
+"""The agent's only contact with Kubernetes: watch its server's LoRAAdapters, read Secrets, patch its status key.
+
+Each agent writes only `status.replicas.<its pod>` (plus the facts read from the adapter's files) with a JSON merge
+patch of the status subresource: N replicas patching the same object never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import kubernetes.watch
+from kubernetes.client.exceptions import ApiException
+
+from moelora.api import GROUP, VERSION, ReplicaAdapterState
+from moelora.agent.reconcile import Desired
+from moelora.agent.validate import AdapterInfo
+
+logger = logging.getLogger(__name__)
+PLURAL = "loraadapters"
+
+
+def api_client() -> kubernetes.client.ApiClient:
+    """In a pod: the service account; elsewhere: KUBECONFIG (or ~/.kube/config)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kubernetes.config.load_incluster_config()
+        return kubernetes.client.ApiClient()
+    return kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None)
+
+
+class Kube:
+    def __init__(self, *, client: kubernetes.client.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+
+    def list_adapters(self) -> tuple[list[dict[str, Any]], str | None]:
+        """All LoRAAdapters of the namespace and the list's resourceVersion (to watch from)."""
+        body = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        return list(body.get("items", [])), (body.get("metadata") or {}).get("resourceVersion") or None
+
+    def watch_adapters(self, *, resource_version: str | None, timeout_seconds: int,
+                       watch: kubernetes.watch.Watch) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) until the server ends the watch; ERROR events come through for the caller."""
+        kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds, "_request_timeout": timeout_seconds + 30}
+        if resource_version:
+            kwargs["resource_version"] = resource_version
+        for event in watch.stream(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                                  **kwargs):
+            yield str(event["type"]), event["raw_object"]
+
+    def read_secret(self, *, name: str) -> dict[str, str] | None:
+        """The Secret's data decoded; None if it does not exist (or this pod may not read it)."""
+        try:
+            secret = self.core.read_namespaced_secret(name, self.namespace)
+        except ApiException as error:
+            if error.status in (403, 404):
+                return None
+            raise
+        return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+
+    def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
+        """Merge-patch this pod's key of the adapter's status (and the file facts); False if the adapter is gone."""
+        # Explicit nulls: a merge patch must delete a stale reason/lastError, not leave it.
+        status: dict[str, Any] = {"replicas": {pod: state.model_dump(mode="json", by_alias=True)}}
+        if info is not None:
+            status.update(rank=info.rank, baseModel=info.base_model, targetModules=list(info.target_modules),
+                          sizeBytes=info.size_bytes)
+        try:
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                              {"status": status})
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+
+def belongs(obj: dict[str, Any], *, model_server: str) -> bool:
+    """Desired by this server: names it, and is not being deleted."""
+    return (obj.get("spec") or {}).get("modelServer") == model_server and not (
+        obj.get("metadata") or {}).get("deletionTimestamp")
+
+
+class AdapterWatcher:
+    """Keeps the desired adapters of one ModelServer current by list + watch, in a daemon thread.
+
+    Any watch error (expired resourceVersion, dropped connection, API server restart) leads to a fresh list after
+    a backoff, so the snapshot converges whatever happened in between. `on_change` runs after every change.
+    """
+
+    def __init__(self, *, kube: Kube, model_server: str, on_change: Callable[[], None],
+                 watch_timeout: int = 300) -> None:
+        self.kube = kube
+        self.model_server = model_server
+        self.on_change = on_change
+        self.watch_timeout = watch_timeout
+        self.synced = threading.Event()
+        self._objects: dict[str, Desired] = {}  # by name, parsed once per change (not once per loop)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch: kubernetes.watch.Watch | None = None
+        self._thread = threading.Thread(target=self._run, name="adapter-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def snapshot(self) -> list[Desired]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def _parse(self, obj: dict[str, Any]) -> Desired | None:
+        if not belongs(obj, model_server=self.model_server):
+            return None
+        try:
+            return Desired.from_object(obj)
+        except (ValueError, KeyError) as error:  # the CRD validates; an object it let through is skipped
+            logger.warning("skipping LoRAAdapter %s: invalid spec: %s", obj.get("metadata", {}).get("name"),
+                           str(error).splitlines()[0])
+            return None
+
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        parsed = [d for d in map(self._parse, items) if d is not None]
+        with self._lock:
+            self._objects = {d.name: d for d in parsed}
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        desired = None if kind == "DELETED" else self._parse(obj)
+        with self._lock:
+            if desired is None:
+                self._objects.pop(name, None)
+            elif self._objects.get(name) != desired:
+                self._objects[name] = desired
+            else:
+                return  # a status-only change (our own patches): nothing to do
+        self.on_change()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                items, version = self.kube.list_adapters()
+                self._replace(items)
+                self.synced.set()
+                self.on_change()
+                backoff = 0.5
+                self._watch = kubernetes.watch.Watch()
+                for kind, obj in self.kube.watch_adapters(resource_version=version, timeout_seconds=self.watch_timeout,
+                                                          watch=self._watch):
+                    if self._stop.is_set():
+                        return
+                    if kind == "ERROR":  # e.g. 410 Gone: our resourceVersion is too old
+                        logger.info("adapter watch ended with an error event; listing again")
+                        break
+                    if kind == "BOOKMARK":
+                        continue
+                    self._apply(kind, obj)
+            except Exception as error:  # noqa: BLE001 - any failure: list again after a pause
+                if self._stop.is_set():
+                    return
+                logger.warning("adapter watch failed (%s); listing again in %.1fs", type(error).__name__, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)

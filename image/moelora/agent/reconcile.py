@@ -1,0 +1,186 @@
+"""The plan: what this pod must do so vLLM serves exactly its desired adapters. Pure; the runner executes it.
+
+Inputs are the desired LoRAAdapters (from the watch), what the agent knows of each (a Record), and what vLLM
+serves now (`/v1/models`), so an adapter vLLM lost in a restart is simply loaded again. Adapters sharing a served
+name are resolved deterministically: the oldest wins, the others fail with NameConflict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import functools
+import hashlib
+import json
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
+from moelora.agent.validate import AdapterInfo
+from moelora.agent.vllm import LoadedAdapter
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Desired:
+    """A LoRAAdapter this pod should serve, as the watch last saw it."""
+
+    uid: str
+    name: str
+    created: str  # creationTimestamp, RFC 3339: orders name conflicts
+    spec: LoRAAdapterSpec
+
+    @property
+    def served_name(self) -> str:
+        return self.spec.served_name or self.name
+
+    @functools.cached_property
+    def spec_hash(self) -> str:
+        """Changes whenever anything that decides the files or the name changes."""
+        return hashlib.sha256(json.dumps(self.spec.to_wire(), sort_keys=True).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> "Desired":
+        meta = obj.get("metadata", {})
+        return cls(uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta['name']}"), name=meta["name"],
+                   created=str(meta.get("creationTimestamp") or ""),
+                   spec=LoRAAdapterSpec.model_validate(obj.get("spec", {})))
+
+
+class Stage(str, enum.Enum):
+    PENDING = "Pending"  # known, nothing done yet
+    PREPARING = "Preparing"  # listing, downloading, validating
+    READY = "Ready"  # files validated in the cache, not (yet) in vLLM
+    LOADED = "Loaded"  # vLLM serves it
+    FAILED = "Failed"
+
+
+@dataclasses.dataclass(kw_only=True)
+class Record:
+    """What this agent knows of one adapter. Mutable; only the runner's loop changes it."""
+
+    uid: str
+    name: str
+    served_name: str
+    spec_hash: str
+    stage: Stage = Stage.PENDING
+    version: str | None = None
+    path: str | None = None
+    info: AdapterInfo | None = None
+    reason: FailureReason | None = None
+    message: str | None = None
+    permanent: bool = False
+    attempts: int = 0
+    retry_at: float = 0.0
+    loaded_at: datetime.datetime | None = None
+    started: float | None = None  # monotonic time the current preparation began (load duration)
+    conflict_with: str | None = None  # the adapter that holds our served name
+
+    def fail(self, reason: FailureReason, message: str, *, permanent: bool, now: float,
+             backoff: float = 1.0, max_backoff: float = 60.0, max_attempts: int = 6) -> None:
+        self.attempts += 1
+        self.reason, self.message = reason, message
+        # A transient failure that keeps coming back counts as failed for readiness, but is still retried.
+        self.permanent = permanent or self.attempts >= max_attempts
+        self.stage = Stage.FAILED
+        self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1))
+
+    def state(self) -> ReplicaAdapterState:
+        """This pod's entry in the LoRAAdapter's status.replicas."""
+        phase = {Stage.PENDING: AdapterPhase.PENDING, Stage.PREPARING: AdapterPhase.DOWNLOADING,
+                 Stage.READY: AdapterPhase.DOWNLOADING, Stage.LOADED: AdapterPhase.LOADED}.get(self.stage)
+        if self.stage is Stage.FAILED:
+            phase = AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING
+        return ReplicaAdapterState(
+            loaded=self.stage is Stage.LOADED, state=phase,
+            reason=self.reason.value if self.reason and self.stage is Stage.FAILED else None,
+            last_error=self.message if self.stage is Stage.FAILED else None,
+            loaded_at=self.loaded_at if self.stage is Stage.LOADED else None,
+            version=self.version if self.stage is Stage.LOADED else None,
+        )
+
+    @property
+    def settled(self) -> bool:
+        """Loaded, or failed for good: what readiness waits for."""
+        return self.stage is Stage.LOADED or (self.stage is Stage.FAILED and self.permanent)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Load:
+    uid: str
+    served_name: str
+    path: str
+    inplace: bool  # vLLM has the name with other files: replace it without a gap in serving
+
+
+@dataclasses.dataclass(kw_only=True)
+class Plan:
+    conflicts: dict[str, str] = dataclasses.field(default_factory=dict)  # loser uid -> winner's name
+    prepare: list[str] = dataclasses.field(default_factory=list)  # uids to (re)download and validate
+    load: list[Load] = dataclasses.field(default_factory=list)
+    adopt: list[str] = dataclasses.field(default_factory=list)  # uids vLLM already serves with the right files
+    unload: list[str] = dataclasses.field(default_factory=list)  # served names
+    forget: list[str] = dataclasses.field(default_factory=list)  # uids no longer desired
+
+
+def winners(desired: Sequence[Desired]) -> tuple[list[Desired], dict[str, str]]:
+    """One adapter per served name: the oldest (then by name, uid); the others map to the winner's name."""
+    by_name: dict[str, list[Desired]] = {}
+    for item in desired:
+        by_name.setdefault(item.served_name, []).append(item)
+    chosen, losers = [], {}
+    for group in by_name.values():
+        group.sort(key=lambda d: (d.created, d.name, d.uid))
+        chosen.append(group[0])
+        losers.update({d.uid: group[0].name for d in group[1:]})
+    return chosen, losers
+
+
+def plan(
+    *,
+    desired: Sequence[Desired],
+    records: Mapping[str, Record],
+    loaded: Mapping[str, LoadedAdapter] | None,  # None: vLLM is down, do not touch it
+    busy: Collection[str],  # uids being prepared right now
+    cache_dir: str,
+    now: float,
+) -> Plan:
+    result = Plan()
+    chosen, result.conflicts = winners(desired)
+    for item in chosen:
+        record = records.get(item.uid)
+        if item.uid in busy:
+            continue
+        if (record is None or record.spec_hash != item.spec_hash or record.served_name != item.served_name
+                or record.conflict_with is not None):
+            result.prepare.append(item.uid)
+        elif record.stage is Stage.FAILED:
+            if not record.permanent and now >= record.retry_at:
+                result.prepare.append(item.uid)
+        elif record.stage in (Stage.PENDING, Stage.PREPARING):
+            result.prepare.append(item.uid)  # its worker is gone (or never started)
+        elif record.path is not None and loaded is not None:
+            current = loaded.get(item.served_name)
+            if current is None:
+                result.load.append(Load(uid=item.uid, served_name=item.served_name, path=record.path, inplace=False))
+            elif current.path != record.path:
+                result.load.append(Load(uid=item.uid, served_name=item.served_name, path=record.path, inplace=True))
+            elif record.stage is Stage.READY:
+                result.adopt.append(item.uid)
+    if loaded is not None:
+        # Keep serving an adapter while its new version is prepared; stop once it failed for good (status and
+        # serving must agree). Adapters vLLM got elsewhere (--lora-modules) are not ours to unload.
+        wanted = {d.served_name for d in chosen
+                  if not ((r := records.get(d.uid)) and r.spec_hash == d.spec_hash and r.stage is Stage.FAILED
+                          and r.permanent)}
+        prefix = cache_dir.rstrip("/") + "/"
+        result.unload = sorted(name for name, adapter in loaded.items()
+                               if name not in wanted and adapter.path.startswith(prefix))
+    desired_uids = {d.uid for d in desired}
+    result.forget = [uid for uid in records if uid not in desired_uids]
+    return result
+
+
+def ready(*, desired: Sequence[Desired], records: Mapping[str, Record], vllm_up: bool) -> bool:
+    """Take traffic only with vLLM up and every desired adapter loaded or failed for good."""
+    return vllm_up and all((r := records.get(d.uid)) is not None and r.settled for d in desired)

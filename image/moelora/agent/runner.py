@@ -1,0 +1,375 @@
+"""The agent's loop: take the plan (reconcile.plan) and execute it against S3, the cache, vLLM and Kubernetes.
+
+One thread owns the records and talks to vLLM and Kubernetes; downloads run in a worker pool and hand their
+outcome back through a queue. The loop wakes on any change (watch event, finished download) or every
+poll_seconds, which is also how it notices a vLLM restart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import logging
+import pathlib
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from moelora.api import FailureReason, ReplicaAdapterState
+from moelora.agent import reconcile
+from moelora.agent.cache import AdapterCache
+from moelora.agent.errors import AdapterError, TransientError, redact
+from moelora.agent.fetch import fetch
+from moelora.agent.metrics import Metrics
+from moelora.agent.reconcile import Desired, Record, Stage
+from moelora.agent.settings import Settings
+from moelora.agent.source import ClientConfig, Credentials, check_listing, list_source, make_client, parse_s3_uri
+from moelora.agent.validate import AdapterInfo, Limits, validate
+from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
+
+logger = logging.getLogger(__name__)
+
+# Failures that an outside change (a Secret created, files uploaded, a bucket policy fixed) can cure without any
+# change to the LoRAAdapter: retried at every resync.
+_CURABLE = {FailureReason.SOURCE_NOT_FOUND, FailureReason.ACCESS_DENIED, FailureReason.SECRET_NOT_FOUND,
+            FailureReason.VERSION_MISMATCH, FailureReason.LOAD_FAILED}
+
+
+class StatusWriter(Protocol):
+    def read_secret(self, *, name: str) -> dict[str, str] | None: ...
+    def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool: ...
+
+
+class DesiredSource(Protocol):
+    synced: threading.Event
+
+    def snapshot(self) -> list[Desired]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    uid: str
+    spec_hash: str
+    refresh: bool  # a periodic re-check of a loaded adapter, not a first preparation
+    version: str | None = None
+    path: str | None = None
+    info: AdapterInfo | None = None
+    error: Exception | None = None
+
+
+class Agent:
+    def __init__(self, *, settings: Settings, kube: StatusWriter, desired: DesiredSource, vllm: VllmClient,
+                 metrics: Metrics, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.desired_source = desired
+        self.vllm = vllm
+        self.metrics = metrics
+        self.monotonic = monotonic
+        self.limits = Limits(base_model=settings.base_model, max_rank=settings.max_lora_rank,
+                             target_modules=settings.target_modules, max_bytes=settings.max_adapter_bytes)
+        self.cache = AdapterCache(root=settings.cache_dir, limit_bytes=settings.cache_bytes)
+        self.records: dict[str, Record] = {}
+        self.busy: dict[str, concurrent.futures.Future[None]] = {}
+        self.outcomes: queue.Queue[Outcome] = queue.Queue()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
+        self.vllm_up = False
+        self.is_ready = False
+        self.last_loop = monotonic()
+        self.next_resync = monotonic() + settings.resync_seconds
+        self.written: dict[str, tuple[Any, ...]] = {}  # uid -> what its status says now
+        self._clients: dict[ClientConfig, Any] = {}
+        self._cache_lock = threading.Lock()
+        self._protected: set[str] = set()  # versions in use or in flight: never evicted
+        self._secrets: set[str] = set()  # values to redact from anything we publish
+        self._cache_changed = True
+
+    # ---- the loop ----
+
+    def run(self) -> None:
+        self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.cache.remove_temporaries()
+        while not self.stopping.is_set():
+            self.wake.wait(self.settings.poll_seconds)
+            self.wake.clear()
+            try:
+                self.step()
+            except Exception:  # noqa: BLE001 - one bad iteration must not end the agent; /healthz shows a stuck one
+                logger.exception("reconcile step failed")
+            self.last_loop = self.monotonic()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def alive(self) -> bool:
+        return self.monotonic() - self.last_loop < max(120.0, 10 * self.settings.poll_seconds)
+
+    def step(self) -> None:
+        """One pass: collect finished downloads, look at vLLM, plan, execute, publish status."""
+        now = self.monotonic()
+        self._collect()
+        if not self.desired_source.synced.is_set():
+            self.is_ready = False
+            return
+        desired = self.desired_source.snapshot()
+        by_uid = {d.uid: d for d in desired}
+        loaded = self._vllm_adapters()
+        self._reconcile_loaded_stage(desired, loaded)
+        if now >= self.next_resync:
+            self.next_resync = now + self.settings.resync_seconds
+            self._resync(desired)
+        plan = reconcile.plan(desired=desired, records=self.records, loaded=loaded, busy=set(self.busy),
+                              cache_dir=str(self.settings.cache_dir), now=now)
+        for uid, winner in plan.conflicts.items():
+            self._conflict(by_uid[uid], winner, now)
+        for uid in plan.forget:
+            self._forget(uid)
+        for name in plan.unload:
+            self._unload(name)
+        for uid in plan.prepare:
+            self._start_prepare(by_uid[uid], refresh=False)
+        for uid in plan.adopt:
+            self._mark_loaded(self.records[uid], observe=False)
+        for load in plan.load:
+            self._load(self.records[load.uid], load)
+        self._protect(loaded)
+        self._publish(desired)
+        self.is_ready = reconcile.ready(desired=desired, records=self.records, vllm_up=self.vllm_up)
+        self.metrics.ready.set(1 if self.is_ready else 0)
+
+    # ---- vLLM ----
+
+    def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
+        try:
+            adapters = self.vllm.adapters()
+        except TransientError:
+            if self.vllm_up:
+                logger.warning("vLLM is not answering; adapters will be registered again once it is back")
+            self.vllm_up = False
+            return None
+        self.vllm_up = True
+        return adapters
+
+    def _reconcile_loaded_stage(self, desired: list[Desired], loaded: dict[str, LoadedAdapter] | None) -> None:
+        """A record says Loaded only while vLLM really serves its files (a vLLM restart forgets them all)."""
+        for record in self.records.values():
+            if record.stage is not Stage.LOADED:
+                continue
+            current = loaded.get(record.served_name) if loaded is not None else None
+            if current is None or current.path != record.path:
+                record.stage = Stage.READY
+                self.metrics.loaded.labels(record.name, record.served_name).set(0)
+
+    def _load(self, record: Record, load: reconcile.Load) -> None:
+        inplace = load.inplace
+        for _ in range(2):
+            try:
+                self.vllm.load(name=load.served_name, path=load.path, inplace=inplace)
+            except Duplicate:
+                inplace = True  # registered meanwhile (or by a previous agent): replace it
+                continue
+            except AdapterError as error:
+                self._fail(record, error.reason, error.message, permanent=True)
+                return
+            except TransientError as error:
+                self._fail(record, error.reason, error.message, permanent=False)
+                return
+            logger.info("loaded adapter %s as %r from %s%s", record.name, load.served_name, load.path,
+                        " (in place)" if inplace else "")
+            self._mark_loaded(record, observe=True)
+            return
+
+    def _mark_loaded(self, record: Record, *, observe: bool) -> None:
+        record.stage = Stage.LOADED
+        record.reason = record.message = None
+        record.attempts = 0
+        record.permanent = False
+        record.loaded_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        if observe and record.started is not None:
+            self.metrics.load_seconds.labels(record.name).observe(self.monotonic() - record.started)
+        record.started = None
+        self.metrics.loaded.labels(record.name, record.served_name).set(1)
+        if record.version:
+            self.cache.touch(record.version)
+
+    def _unload(self, served_name: str) -> None:
+        try:
+            self.vllm.unload(name=served_name)
+            logger.info("unloaded adapter %r", served_name)
+        except TransientError as error:
+            logger.warning("could not unload %r: %s", served_name, error)
+
+    # ---- records ----
+
+    def _fail(self, record: Record, reason: FailureReason, message: str, *, permanent: bool) -> None:
+        message = redact(message, list(self._secrets))
+        record.fail(reason, message, permanent=permanent, now=self.monotonic())
+        self.metrics.failures.labels(record.name, reason.value).inc()
+        self.metrics.loaded.labels(record.name, record.served_name).set(0)
+        log = logger.warning if record.permanent else logger.info
+        log("adapter %s failed (%s%s): %s", record.name, reason.value, "" if record.permanent else ", will retry",
+            message)
+
+    def _conflict(self, item: Desired, winner: str, now: float) -> None:
+        record = self.records.get(item.uid)
+        if record is not None and record.conflict_with == winner:
+            return
+        if record is None:
+            record = self.records[item.uid] = Record(uid=item.uid, name=item.name, served_name=item.served_name,
+                                                     spec_hash=item.spec_hash)
+        record.conflict_with = winner
+        record.attempts = 0
+        self._fail(record, FailureReason.NAME_CONFLICT,
+                   f"served name {item.served_name!r} is already taken by the older adapter {winner!r}",
+                   permanent=True)
+
+    def _forget(self, uid: str) -> None:
+        record = self.records.pop(uid)
+        self.written.pop(uid, None)
+        future = self.busy.pop(uid, None)
+        if future is not None:
+            future.cancel()
+        self.metrics.forget(adapter=record.name, served_name=record.served_name)
+
+    def _resync(self, desired: list[Desired]) -> None:
+        """Retry what an outside change may have cured, and re-check loaded adapters for new files in S3."""
+        for item in desired:
+            record = self.records.get(item.uid)
+            if record is None or item.uid in self.busy or record.spec_hash != item.spec_hash:
+                continue
+            if record.stage is Stage.FAILED and record.conflict_with is None and record.reason in _CURABLE:
+                record.permanent = False
+                record.retry_at = 0.0
+            elif record.stage is Stage.LOADED:
+                self._start_prepare(item, refresh=True)
+
+    # ---- preparation (worker threads) ----
+
+    def _start_prepare(self, item: Desired, *, refresh: bool) -> None:
+        record = self.records.get(item.uid)
+        if record is None or record.spec_hash != item.spec_hash or record.served_name != item.served_name:
+            old = record
+            record = self.records[item.uid] = Record(uid=item.uid, name=item.name, served_name=item.served_name,
+                                                     spec_hash=item.spec_hash)
+            if old is not None and old.served_name == item.served_name and old.stage is Stage.LOADED:
+                record.path, record.version = old.path, old.version  # still served while the new version comes
+        if not refresh:
+            record.stage = Stage.PREPARING
+            record.conflict_with = None
+            record.started = self.monotonic()
+        self.busy[item.uid] = self.pool.submit(self._prepare, item, refresh)
+
+    def _prepare(self, item: Desired, refresh: bool) -> None:
+        """List, check, download and validate one adapter; the outcome goes back to the loop (never raises)."""
+        try:
+            version, path, info = self._download_and_validate(item)
+            outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version,
+                              path=str(path), info=info)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this adapter's, and only its
+            outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, error=error)
+        self.outcomes.put(outcome)
+        self.wake.set()
+
+    def _download_and_validate(self, item: Desired) -> tuple[str, pathlib.Path, AdapterInfo]:
+        source = item.spec.source
+        credentials = None
+        if source.credentials_secret is not None:
+            data = self.kube.read_secret(name=source.credentials_secret.name)
+            if data is None:
+                raise AdapterError(FailureReason.SECRET_NOT_FOUND,
+                                   f"Secret {source.credentials_secret.name!r} not found (or not readable)")
+            self._secrets.update(v for v in data.values() if v)
+            credentials = Credentials.from_secret(data, secret_name=source.credentials_secret.name)
+        client = self._client(ClientConfig(endpoint_url=source.endpoint_url, region=source.region,
+                                           credentials=credentials))
+        listing = list_source(client, location=parse_s3_uri(source.uri))
+        check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
+        with self._cache_lock:
+            self._protected.add(listing.version)
+            self.cache.evict(keep=self._protected, room_for=0 if (self.settings.cache_dir / listing.version).is_dir()
+                             else listing.total_bytes)
+        counter = self.metrics.downloaded.labels(item.name)
+        path = fetch(client=client, listing=listing, cache_dir=self.settings.cache_dir, pin=item.spec.pin,
+                     on_bytes=counter.inc)
+        try:
+            info = validate(path, self.limits)
+        except AdapterError:
+            shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
+            raise
+        return listing.version, path, info
+
+    def _client(self, config: ClientConfig) -> Any:
+        client = self._clients.get(config)
+        if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
+            client = self._clients[config] = make_client(config, max_connections=self.settings.download_workers * 4)
+        return client
+
+    def _collect(self) -> None:
+        while True:
+            try:
+                outcome = self.outcomes.get_nowait()
+            except queue.Empty:
+                return
+            self.busy.pop(outcome.uid, None)
+            self._cache_changed = True
+            record = self.records.get(outcome.uid)
+            if record is None or record.spec_hash != outcome.spec_hash:
+                continue  # deleted or changed while downloading: the plan starts over
+            if outcome.error is not None:
+                if outcome.refresh:
+                    logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name,
+                                redact(str(outcome.error), list(self._secrets)))
+                    continue
+                error = outcome.error
+                if isinstance(error, AdapterError):
+                    self._fail(record, error.reason, error.message, permanent=True)
+                elif isinstance(error, TransientError):
+                    self._fail(record, error.reason, error.message, permanent=False)
+                else:
+                    logger.exception("unexpected error preparing %s", record.name, exc_info=error)
+                    self._fail(record, FailureReason.LOAD_FAILED, f"{type(error).__name__}: {error}", permanent=False)
+                continue
+            if outcome.refresh and outcome.path == record.path:
+                continue  # same files: nothing to do
+            record.version, record.path, record.info = outcome.version, outcome.path, outcome.info
+            if record.stage is not Stage.LOADED or outcome.refresh:
+                record.stage = Stage.READY
+                if record.started is None:
+                    record.started = self.monotonic()
+
+    def _protect(self, loaded: dict[str, LoadedAdapter] | None) -> None:
+        versions = {r.version for r in self.records.values() if r.version}
+        if loaded is not None:
+            versions |= {pathlib.PurePath(a.path).name for a in loaded.values()}
+        with self._cache_lock:
+            self._protected = versions
+        if self._cache_changed:  # walking the cache is not free with hundreds of adapters: only after downloads
+            self._cache_changed = False
+            self.metrics.cache_bytes.set(self.cache.total_bytes())
+
+    # ---- status ----
+
+    def _publish(self, desired: list[Desired]) -> None:
+        for item in desired:
+            record = self.records.get(item.uid)
+            if record is None:
+                continue
+            state = record.state()
+            info = record.info if record.stage is Stage.LOADED else None
+            key = (state.model_dump_json(exclude={"loaded_at"}), info)
+            if self.written.get(item.uid) == key:
+                continue
+            try:
+                self.kube.patch_replica(name=item.name, pod=self.settings.pod_name, state=state, info=info)
+            except Exception as error:  # noqa: BLE001 - the API may be briefly away: retried next pass
+                logger.warning("could not write status of %s: %s", item.name, type(error).__name__)
+                continue
+            self.written[item.uid] = key

@@ -1,0 +1,123 @@
+"""A client of vLLM's runtime LoRA API (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and its health and model list.
+
+vLLM answers a load with 200; 400 when the name is taken (unless load_inplace) or is the base model's; 404 when
+the path does not exist; 500 for anything the engine raised while loading (no tensors, rank over
+--max-lora-rank, shape mismatch). `classify_load_error` turns those into failure reasons; connection errors and
+503s are transient (vLLM starting or restarting) and retried with backoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from moelora.api import FailureReason
+from moelora.agent.errors import AdapterError, TransientError
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedAdapter:
+    name: str
+    path: str
+    parent: str | None
+
+
+class Duplicate(Exception):
+    """vLLM already has an adapter of this name (and load_inplace was not asked)."""
+
+
+def classify_load_error(status: int, message: str) -> Exception:
+    """vLLM's answer to a failed load as Duplicate, AdapterError (permanent) or TransientError."""
+    lowered = message.lower()
+    if status == 400 and "already been loaded" in lowered:
+        return Duplicate(message)
+    if status == 400 and "conflicts with a served base model" in lowered:
+        return AdapterError(FailureReason.NAME_CONFLICT, message)
+    if status == 404:  # our directory vanished (evicted, volume lost): download again
+        return TransientError(f"vLLM cannot find the adapter's files: {message}")
+    if status in (502, 503, 504) or status == 0:
+        return TransientError(f"vLLM unavailable ({status}): {message}")
+    if "greater than max_lora_rank" in lowered or "lora rank" in lowered and "max_lora_rank" in lowered:
+        return AdapterError(FailureReason.RANK_TOO_HIGH, message)
+    if "target modules" in lowered or "expected_lora_modules" in lowered or "unsupported lora" in lowered:
+        return AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES, message)
+    return AdapterError(FailureReason.LOAD_FAILED, message)
+
+
+class VllmClient:
+    def __init__(self, *, base_url: str, timeout: float = 60.0, attempts: int = 3, backoff: float = 0.5) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff = backoff
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> tuple[int, bytes]:
+        """(status, body) for any HTTP answer; status 0 when vLLM could not be reached."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+        except (OSError, urllib.error.URLError) as error:
+            return 0, str(error).encode()
+
+    def _with_retries(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+        """Retry only what says nothing about the request: unreachable vLLM and 502-504."""
+        delay = self.backoff
+        for attempt in range(self.attempts):
+            status, payload = self._request(method, path, body)
+            if status not in (0, 502, 503, 504) or attempt == self.attempts - 1:
+                return status, payload
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def healthy(self) -> bool:
+        """True when vLLM answers /health with 200 (one try: the caller polls)."""
+        return self._request("GET", "/health", timeout=5)[0] == 200
+
+    def adapters(self) -> dict[str, LoadedAdapter]:
+        """The LoRA adapters vLLM serves now, by name; raises TransientError when it cannot tell."""
+        status, payload = self._with_retries("GET", "/v1/models")
+        if status != 200:
+            raise TransientError(f"vLLM /v1/models answered {status}")
+        cards = json.loads(payload).get("data", [])
+        return {card["id"]: LoadedAdapter(name=card["id"], path=card.get("root") or "", parent=card.get("parent"))
+                for card in cards if card.get("parent")}
+
+    def load(self, *, name: str, path: str, inplace: bool = False) -> None:
+        """Register (or with inplace, replace) an adapter; raises Duplicate, AdapterError or TransientError."""
+        status, payload = self._with_retries(
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+        if status != 200:
+            raise classify_load_error(status, _message(payload))
+
+    def unload(self, *, name: str) -> bool:
+        """Unregister an adapter; False if vLLM did not have it, TransientError if vLLM is unreachable."""
+        status, payload = self._with_retries("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        if status == 200:
+            return True
+        if status == 404:
+            return False
+        raise TransientError(f"vLLM unload of {name!r} answered {status}: {_message(payload)}")
+
+
+def _message(payload: bytes) -> str:
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return payload.decode(errors="replace")[:500]
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])[:2000]
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])[:2000]
+    return payload.decode(errors="replace")[:500]

@@ -1,0 +1,143 @@
+"""The pure plan: desired adapters + what the agent knows + what vLLM serves -> actions."""
+
+from moelora.api import FailureReason, LoRAAdapterSpec
+from moelora.agent.reconcile import Desired, Load, Record, Stage, plan, ready, winners
+from moelora.agent.vllm import LoadedAdapter
+
+CACHE = "/cache"
+
+
+def desired(name: str, *, created: str = "2026-01-01T00:00:00Z", served: str | None = None,
+            uri: str = "s3://bkt/a/") -> Desired:
+    spec = LoRAAdapterSpec.model_validate({"modelServer": "srv", "source": {"uri": uri}, "servedName": served})
+    return Desired(uid=f"uid-{name}", name=name, created=created, spec=spec)
+
+
+def record(item: Desired, stage: Stage, *, version: str = "v1", **changes: object) -> Record:
+    path = f"{CACHE}/{version}" if stage in (Stage.READY, Stage.LOADED) else None
+    rec = Record(uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash, stage=stage,
+                 version=version if path else None, path=path)
+    for key, value in changes.items():
+        setattr(rec, key, value)
+    return rec
+
+
+def vllm(**paths: str) -> dict[str, LoadedAdapter]:
+    return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in paths.items()}
+
+
+def run(items: list[Desired], records: list[Record], loaded: dict[str, LoadedAdapter] | None, *,
+        busy: set[str] = frozenset(), now: float = 100.0):  # type: ignore[assignment]
+    return plan(desired=items, records={r.uid: r for r in records}, loaded=loaded, busy=busy, cache_dir=CACHE,
+                now=now)
+
+
+def test_new_adapter_is_prepared_then_loaded() -> None:
+    a = desired("a")
+    assert run([a], [], vllm()).prepare == [a.uid]
+    assert run([a], [], vllm(), busy={a.uid}).prepare == []
+    assert run([a], [record(a, Stage.READY)], vllm()).load == [
+        Load(uid=a.uid, served_name="a", path="/cache/v1", inplace=False)]
+
+
+def test_nothing_to_do_when_vllm_serves_the_right_files() -> None:
+    a = desired("a")
+    result = run([a], [record(a, Stage.LOADED)], vllm(a="/cache/v1"))
+    assert (result.prepare, result.load, result.unload, result.adopt) == ([], [], [], [])
+
+
+def test_vllm_restart_reloads_everything() -> None:
+    a, b = desired("a"), desired("b", uri="s3://bkt/b/")
+    records = [record(a, Stage.READY, version="v1"), record(b, Stage.READY, version="v2")]
+    assert [load.served_name for load in run([a, b], records, vllm()).load] == ["a", "b"]
+
+
+def test_new_version_reloads_in_place() -> None:
+    a = desired("a")
+    assert run([a], [record(a, Stage.READY, version="v2")], vllm(a="/cache/v1")).load == [
+        Load(uid=a.uid, served_name="a", path="/cache/v2", inplace=True)]
+
+
+def test_found_already_loaded_after_an_agent_restart_is_adopted() -> None:
+    a = desired("a")
+    assert run([a], [record(a, Stage.READY)], vllm(a="/cache/v1")).adopt == [a.uid]
+
+
+def test_spec_change_prepares_again_but_keeps_serving_meanwhile() -> None:
+    old, new = desired("a"), desired("a", uri="s3://bkt/a2/")
+    result = run([new], [record(old, Stage.LOADED)], vllm(a="/cache/v1"))
+    assert result.prepare == [new.uid] and result.unload == []
+
+
+def test_deleted_adapter_is_unloaded_and_forgotten() -> None:
+    a = desired("a")
+    result = run([], [record(a, Stage.LOADED)], vllm(a="/cache/v1", static="/models/static-lora"))
+    assert result.unload == ["a"]  # the static adapter is not under our cache: not ours
+    assert result.forget == [a.uid]
+
+
+def test_permanently_failed_adapter_is_not_served_nor_retried() -> None:
+    a = desired("a")
+    failed = record(a, Stage.FAILED, reason=FailureReason.RANK_TOO_HIGH, permanent=True, retry_at=0.0)
+    result = run([a], [failed], vllm(a="/cache/v0"))
+    assert result.unload == ["a"] and result.prepare == []
+
+
+def test_transient_failure_is_retried_after_its_backoff() -> None:
+    a = desired("a")
+    failed = record(a, Stage.FAILED, reason=FailureReason.SOURCE_NOT_FOUND, permanent=False, retry_at=150.0)
+    assert run([a], [failed], vllm(), now=100.0).prepare == []
+    assert run([a], [failed], vllm(), now=151.0).prepare == [a.uid]
+
+
+def test_vllm_down_means_no_loads_and_no_unloads() -> None:
+    a, gone = desired("a"), desired("gone")
+    result = run([a], [record(a, Stage.READY), record(gone, Stage.LOADED)], None)
+    assert result.load == [] and result.unload == [] and result.forget == [gone.uid]
+
+
+def test_served_name_conflict_oldest_wins_whatever_the_order() -> None:
+    young = desired("young", created="2026-02-01T00:00:00Z", served="shared")
+    old = desired("old", created="2026-01-01T00:00:00Z", served="shared", uri="s3://bkt/b/")
+    for order in ([young, old], [old, young]):
+        chosen, losers = winners(order)
+        assert [d.name for d in chosen] == ["old"] and losers == {young.uid: "old"}
+        result = run(order, [], vllm())
+        assert result.prepare == [old.uid] and result.conflicts == {young.uid: "old"}
+
+
+def test_conflict_loser_takes_over_when_the_winner_goes() -> None:
+    young = desired("young", served="shared")
+    loser = record(young, Stage.FAILED, reason=FailureReason.NAME_CONFLICT, permanent=True, conflict_with="old")
+    assert run([young], [loser], vllm()).prepare == [young.uid]
+
+
+def test_one_bad_adapter_does_not_block_the_others() -> None:
+    bad, good = desired("bad"), desired("good", uri="s3://bkt/g/")
+    records = [record(bad, Stage.FAILED, reason=FailureReason.CONFIG_INVALID, permanent=True),
+               record(good, Stage.READY, version="vg")]
+    assert [load.served_name for load in run([bad, good], records, vllm()).load] == ["good"]
+
+
+def test_ready_only_when_every_adapter_is_settled_and_vllm_is_up() -> None:
+    a, b = desired("a"), desired("b")
+    settled = {a.uid: record(a, Stage.LOADED), b.uid: record(b, Stage.FAILED, permanent=True)}
+    assert ready(desired=[a, b], records=settled, vllm_up=True)
+    assert not ready(desired=[a, b], records=settled, vllm_up=False)
+    working = {**settled, b.uid: record(b, Stage.FAILED, permanent=False)}
+    assert not ready(desired=[a, b], records=working, vllm_up=True)
+    assert not ready(desired=[a, b], records={a.uid: settled[a.uid]}, vllm_up=True)
+    assert ready(desired=[], records={}, vllm_up=True)
+
+
+def test_record_state_for_the_status() -> None:
+    a = desired("a")
+    rec = record(a, Stage.PENDING)
+    rec.fail(FailureReason.SOURCE_NOT_FOUND, "nothing under s3://bkt/a/", permanent=False, now=0.0)
+    state = rec.state()
+    assert (state.loaded, state.state.value, state.reason) == (False, "Downloading", "SourceNotFound")
+    for _ in range(5):  # transient failures that keep coming back end as Failed (still retried)
+        rec.fail(FailureReason.SOURCE_NOT_FOUND, "again", permanent=False, now=0.0)
+    assert rec.state().state.value == "Failed" and rec.retry_at == 32.0
+    loaded = record(a, Stage.LOADED).state()
+    assert loaded.loaded and loaded.state.value == "Loaded" and loaded.version == "v1" and loaded.reason is None
