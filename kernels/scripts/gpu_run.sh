@@ -10,7 +10,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $steps; do
   case $step in
     test) timeout 200 python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" ;;
-    headline) timeout 200 python3 -m moelora.kernels.bench --json "$OUT/headline.json" 2>"$OUT/headline.err" | tee "$OUT/headline.md" ;;
+    headline) timeout 200 python3 -m moelora.kernels.bench --breakdown --json "$OUT/headline.json" 2>"$OUT/headline.err" | tee "$OUT/headline.md" ;;
     sweep) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --sweep --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.md" ;;
     quick) timeout ${QUICK_S:-150} python3 -m moelora.kernels.bench --preset quick --json "$OUT/quick.json" 2>"$OUT/quick.err" | tee "$OUT/quick.md" ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;

@@ -83,6 +83,10 @@ class LayerConfig:
     block_m: int
     w13: KernelConfig
     w2: KernelConfig
+    pdl: bool | None = None  # None: where supported; False forces it off for routing and both ops
+
+    def without_pdl(self) -> LayerConfig:
+        return replace(self, pdl=False, w13=replace(self.w13, pdl=False), w2=replace(self.w2, pdl=False))
 
 
 def default_layer_config(inp: LayerInputs) -> LayerConfig:
@@ -98,13 +102,17 @@ def default_layer_config(inp: LayerInputs) -> LayerConfig:
     return LayerConfig(block_m=block_m, w13=w13, w2=w2)
 
 
-def run_layer(inp: LayerInputs, cfg: LayerConfig) -> None:
-    """One MoE layer's LoRA work: routing once, then the gate_up and the down op."""
+def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 3) -> None:
+    """One MoE layer's LoRA work: routing once, then the gate_up and the down op (only the first `stages`)."""
     e = inp.w13_a.shape[1]
     routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
-                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m)
+                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m, pdl=cfg.pdl)
+    if stages < 2:
+        return
     fused_moe_lora(output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing,
                    config=cfg.w13)
+    if stages < 3:
+        return
     fused_moe_lora(output=inp.down_out, x=inp.down_in, lora_a=inp.w2_a, lora_b=inp.w2_b, routing=routing,
                    topk_weights=inp.topk_weights, mul_routed_weight=True, config=cfg.w2)
 
@@ -171,10 +179,10 @@ class Case:
         self.sets = [first] + [make_inputs(model, rank, adapters, m, seed=i) for i in range(1, n_sets)]
         self.bytes = statistics.mean(min_bytes(s) for s in self.sets)
 
-    def time(self, cfg: LayerConfig) -> float:
+    def time(self, cfg: LayerConfig, stages: int = 3) -> float:
         def calls() -> None:
             for s in self.sets:
-                run_layer(s, cfg)
+                run_layer(s, cfg, stages=stages)
         return time_graph(calls) / len(self.sets)
 
 
@@ -235,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", help="comma list of token counts")
     p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
     p.add_argument("--json", help="write all rows here")
+    p.add_argument("--breakdown", action="store_true",
+                   help="also time routing alone and routing + gate_up op, and the layer without PDL")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: the benchmark needs a GPU", file=sys.stderr)
@@ -271,11 +281,17 @@ def main(argv: list[str] | None = None) -> int:
         us = default_us = case.time(cfg)
         if args.sweep:
             cfg, us = sweep(case, cfg, log)
+        extra = {}
+        if args.breakdown:
+            extra = dict(route_us=case.time(cfg, stages=1), route_w13_us=case.time(cfg, stages=2),
+                         no_pdl_us=case.time(cfg.without_pdl()))
+            log(f"  breakdown: routing {extra['route_us']:.1f} us, + gate_up {extra['route_w13_us']:.1f} us, "
+                f"+ down {us:.1f} us; without PDL {extra['no_pdl_us']:.1f} us")
         gbs = case.bytes / (us * 1e-6) / 1e9
         vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
         row = dict(model=model, rank=rank, adapters=n_ad, m=m, us=us, min_bytes=case.bytes, gbs=gbs,
                    pct_copy=100 * case.bytes / (us * 1e-6) / bw, floor_us=case.bytes / bw * 1e6,
-                   vllm_doc_us=vllm, default_us=default_us, config=str(cfg))
+                   vllm_doc_us=vllm, default_us=default_us, config=str(cfg), **extra)
         rows.append(row)
         print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
               f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"

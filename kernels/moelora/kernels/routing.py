@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._pdl import use_pdl
+
 __all__ = ["MoeLoraRouting", "moe_lora_routing"]
 
 # Pairs handled by one CTA of the routing kernels; also the largest pair count the single-launch path takes
@@ -114,8 +116,12 @@ def _route_finish_kernel(
     num_pairs, top_k, num_experts, max_loras, max_blocks,
     # meta
     BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SINGLE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()  # topk_ids and the counts come from earlier kernels
+        tl.extra.cuda.gdc_launch_dependents()
     num_groups = num_experts * max_loras
     groups = tl.arange(0, GROUPS_PAD)
     group_mask = groups < num_groups
@@ -153,12 +159,14 @@ def moe_lora_routing(
     num_experts: int,
     max_loras: int,
     block_m: int,
+    pdl: bool | None = None,
 ) -> MoeLoraRouting:
     """Group the (token, slot) pairs by (adapter, expert), on the device and without host synchronisation.
 
     topk_ids: (M, top_k) int32/int64 expert ids (entries outside [0, num_experts) are skipped);
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
-    block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M).
+    block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
+    pdl: programmatic dependent launch, None = where supported (see fused.use_pdl).
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
     if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
@@ -179,6 +187,8 @@ def moe_lora_routing(
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
     single = num_pairs <= _ROUTE_BLOCK
+    # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
+    pdl = use_pdl(dev) if pdl is None else pdl
     if single:
         counts = torch.empty(num_groups, dtype=torch.int32, device=dev)
         rank = sorted_pairs  # not read when SINGLE
@@ -192,7 +202,8 @@ def moe_lora_routing(
     _route_finish_kernel[grid](
         topk_flat, lora, counts, rank, group_end, sorted_pairs, block_table, num_blocks,
         num_pairs, top_k, num_experts, max_loras, max_blocks,
-        BLOCK=_ROUTE_BLOCK, GROUPS_PAD=groups_pad, BLOCK_M=block_m, SINGLE=single, num_warps=8,
+        BLOCK=_ROUTE_BLOCK, GROUPS_PAD=groups_pad, BLOCK_M=block_m, SINGLE=single, USE_PDL=pdl, num_warps=8,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
                           num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
