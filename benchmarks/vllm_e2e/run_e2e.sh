@@ -1,0 +1,35 @@
+#!/bin/bash
+# One device call on the H200: plugin check (fail fast), then the kit's end-to-end bench with the plugin, with
+# tuned configs only (when kernels/moelora/kernels/configs/NVIDIA_H200/ has files), and stock vLLM.
+# Usage (repo root on the device, kit + archive carried in .bundle/): OUT=dir bash benchmarks/vllm_e2e/run_e2e.sh
+# Env: NP (prompts, default 128), RUNS (default "plugin stock tuned"), STEP_S (timeout per bench, default 260).
+set -uo pipefail
+R=$(pwd); KIT=$R/.bundle/kit; ARCH=$R/.bundle/vllm-site.tar.xz; OUT=${OUT:?}; NP=${NP:-128}
+RUNS=${RUNS:-plugin stock tuned}; STEP_S=${STEP_S:-260}; SITE=/tmp/vllm-site; T0=$(date +%s)
+log(){ echo "[$(( $(date +%s)-T0 ))s] $*"; }
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
+mkdir -p $SITE && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" $ARCH $SITE && touch $SITE/.done || exit 3
+log unpacked
+python3 benchmarks/vllm_e2e/make_entry_point.py /tmp/moelora-ep
+PLUG=$R/image:$R/kernels:/tmp/moelora-ep
+PYTHONPATH=$PLUG:$SITE VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora timeout 150 python3 benchmarks/vllm_e2e/check_plugin.py \
+  --json $OUT/check_plugin.json 2>&1 | grep -v "^INFO\|^WARNING\|^DEBUG" | tee $OUT/check_plugin.txt
+CHECK=${PIPESTATUS[0]}; log "plugin check rc=$CHECK"
+CFG=$R/kernels/moelora/kernels/configs/NVIDIA_H200
+for run in $RUNS; do
+  left=$(( ${BUDGET_S:-590} - ($(date +%s) - T0) ))
+  [ $left -gt 150 ] || { log "skip $run: ${left}s left"; continue; }
+  [ $left -lt $STEP_S ] && step=$left || step=$STEP_S
+  case $run in
+    plugin) [ "$CHECK" = 0 ] || { log "skip plugin bench: check failed"; continue; }
+            env EXTRA_PYTHONPATH=$PLUG VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora \
+              timeout $step bash $KIT/run_bench.sh $ARCH $OUT/plugin bf16 $NP lora ;;
+    tuned)  [ -n "$(ls $CFG/*.json 2>/dev/null)" ] || { log "skip tuned: no configs in $CFG"; continue; }
+            env VLLM_TUNED_CONFIG_FOLDER=$CFG timeout $step bash $KIT/run_bench.sh $ARCH $OUT/tuned bf16 $NP lora ;;
+    stock)  timeout $step bash $KIT/run_bench.sh $ARCH $OUT/stock bf16 $NP lora ;;
+  esac
+  log "$run done rc=$?"; sleep 3  # timeout signals run_bench.sh's whole process group, its server included
+done
+rm -f $OUT/*/smoke.txt $OUT/check_plugin.txt
+for f in $OUT/*/server_*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$f.tmp" && mv "$f.tmp" "$f"; done
+python3 benchmarks/vllm_e2e/summarize.py $OUT | tee $OUT/summary.md
