@@ -1,0 +1,104 @@
+"""The local kubelet runs a Deployment's pods from the emulator, reports them, restarts crashes, scales, cleans up."""
+
+from __future__ import annotations
+
+import pathlib
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from moelora.local import kube, pods, process
+
+# An HTTP server on the port of its argument; ready once its first argument's file exists (a volume file).
+SERVER = """
+import http.server, os, sys
+port, flag = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = os.path.exists(flag) and os.environ["POD"] == os.environ["EXPECT_POD"]
+        self.send_response(200 if ok else 503); self.end_headers(); self.wfile.write(os.environ["TOKEN"].encode())
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _deployment(replicas: int, token_key: str = "token") -> dict:
+    container = {
+        "name": "web", "command": ["python3", "-c", SERVER], "args": ["8000", "/data/ready"],
+        "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "EXPECT_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "web", "key": token_key}}}],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "failureThreshold": 2},
+    }
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}},
+                                  "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]}}}}
+
+
+@pytest.fixture
+def api() -> Iterator[kube.KubeAPI]:
+    with kube.KubeAPI() as running:
+        yield running
+
+
+def _until(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = pods.Rest(url=api.url)
+    rest.request(method="POST", path="/api/v1/namespaces/default/secrets",
+                 body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web"},
+                       "data": {"token": "aGVsbG8="}})  # "hello"
+    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=_deployment(2))
+    with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
+        running = _until(lambda: len(kubelet.pods_of("web")) == 2 and kubelet.pods_of("web"))
+        a, b = running
+        assert a.plan.ports[8000] != b.plan.ports[8000]  # side by side on one machine
+        _until(lambda: all(process.http_ok(p.url(8000)) is False and p.containers["web"].process for p in running))
+        assert not any(p.ready for p in running)  # not ready until its volume has the file
+        for p in running:
+            (p.plan.volumes["data"] / "ready").write_text("")
+        kubelet.wait_ready("web", replicas=2, timeout=20)
+        objects = {p["metadata"]["name"]: p for p in api.list("v1/pods", "default")}
+        assert set(objects) == {a.name, b.name}
+        _until(lambda: all(p.get("status", {}).get("conditions", [{}])[0].get("status") == "True"
+                           for p in api.list("v1/pods", "default")))
+        _until(lambda: (rest.request(method="GET", path="/apis/apps/v1/namespaces/default/deployments/web") or {}).get("status", {})
+               .get("readyReplicas") == 2)
+        import urllib.request
+        assert urllib.request.urlopen(a.url(8000)).read() == b"hello"
+
+        a.kill("web")  # a crash: restarted, counted, ready again (the volume survives a container restart)
+        _until(lambda: a.containers["web"].restarts == 1)
+        _until(lambda: a.ready)
+        _until(lambda: [c["restartCount"] for c in (rest.request(method="GET", path=f"/api/v1/namespaces/default/pods/{a.name}") or {})
+                        .get("status", {}).get("containerStatuses", [])] == [1])
+
+        rest.request(method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web",
+                     body={"spec": {"replicas": 1}})
+        _until(lambda: len(kubelet.pods_of("web")) == 1 and len(api.list("v1/pods", "default")) == 1)
+
+        rest.request(method="DELETE", path="/apis/apps/v1/namespaces/default/deployments/web")
+        _until(lambda: not kubelet.pods_of("web") and not api.list("v1/pods", "default"))
+        assert all(p.containers["web"].process.poll() is not None for p in running)
+
+
+def test_missing_secret_key_fails_the_pod(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = pods.Rest(url=api.url)
+    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments",
+                 body=_deployment(1, token_key="absent"))
+    with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
+        with pytest.raises(RuntimeError, match="absent"):
+            kubelet.wait_ready("web", replicas=1, timeout=10)
+        _until(lambda: (api.list("v1/pods", "default") or [{}])[0].get("status", {}).get("message", "")
+               .endswith("has no key 'absent'"))

@@ -1,0 +1,85 @@
+"""A Deployment rendered by the operator becomes local processes with the documented translations only."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+from moelora.api import ModelServerSpec
+from moelora.local import pods
+from moelora.operator.deployment import deployment
+from moelora.operator.settings import Settings
+
+
+def _rendered() -> dict:
+    spec = ModelServerSpec.model_validate({
+        "model": {"name": "org/tiny", "source": "s3://models/tiny"},
+        "gpus": 0, "engineArgs": ["--max-model-len=256"],
+        "s3": {"endpointUrl": "http://127.0.0.1:9000", "credentialsSecret": {"name": "s3-creds"}},
+    })
+    return deployment(spec, name="tiny", namespace="ns1", settings=Settings())
+
+
+def _pod() -> dict:
+    template = _rendered()["spec"]["template"]
+    return {"metadata": {"name": "tiny-abc-1", "namespace": "ns1", "uid": "u1", **template["metadata"]},
+            "spec": template["spec"]}
+
+
+SECRETS = {("s3-creds", "AWS_ACCESS_KEY_ID"): "AKIDLOCAL", ("s3-creds", "AWS_SECRET_ACCESS_KEY"): "s3cr3t"}
+
+
+def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: pathlib.Path) -> None:
+    plan = pods.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 41000, 8081: 41001},
+                         secret=lambda name, key: SECRETS.get((name, key)), base_env={"PATH": "/bin"},
+                         extra_env={"agent": {"KUBECONFIG": "/k"}})
+    vllm, agent = plan.containers
+    assert vllm.argv[:3] == (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+    args = list(vllm.argv)
+    assert args[args.index("--port") + 1] == "41000"
+    assert args[args.index("--model") + 1] == str(tmp_path / "volumes" / "models")
+    assert "--max-model-len=256" in args  # untouched: not a port of the pod
+    assert vllm.readiness == pods.Probe(url="http://127.0.0.1:41000/health", failure_threshold=3)
+    assert vllm.startup is not None and vllm.startup.url == "http://127.0.0.1:41000/health"
+    assert agent.env["MOELORA_VLLM_URL"] == "http://127.0.0.1:41000"
+    assert agent.env["MOELORA_PORT"] == "41001"
+    assert agent.env["MOELORA_CACHE_DIR"] == str(tmp_path / "volumes" / "adapters")
+    assert agent.env["MOELORA_NAMESPACE"] == "ns1" and agent.env["MOELORA_POD_NAME"] == "tiny-abc-1"
+    assert agent.env["AWS_ACCESS_KEY_ID"] == "AKIDLOCAL" and agent.env["AWS_SECRET_ACCESS_KEY"] == "s3cr3t"
+    assert "AWS_SESSION_TOKEN" not in agent.env  # optional and absent
+    assert agent.env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000"  # not a pod port: unchanged
+    assert agent.env["KUBECONFIG"] == "/k" and agent.env["PATH"] == "/bin"
+    assert "KUBECONFIG" not in vllm.env
+    assert agent.readiness is not None and agent.readiness.url == "http://127.0.0.1:41001/readyz"
+    (fetch,) = plan.init_containers
+    assert fetch.argv[-2:] == ("s3://models/tiny", str(tmp_path / "volumes" / "models"))
+    assert plan.volumes["adapters"] == tmp_path / "volumes" / "adapters"
+
+
+def test_missing_required_secret_key_is_an_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="AWS_ACCESS_KEY_ID"):
+        pods.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda name, key: None)
+
+
+def test_rewriter_only_touches_whole_paths_and_ports(tmp_path: pathlib.Path) -> None:
+    rewrite = pods._rewriter(mounts={"/models": tmp_path / "m"}, ports={8000: 5})
+    assert rewrite("/models") == str(tmp_path / "m")
+    assert rewrite("/models/a/b") == f"{tmp_path}/m/a/b"
+    assert rewrite("--x=/models/a") == f"--x={tmp_path}/m/a"
+    assert rewrite("/models-other") == "/models-other"
+    assert rewrite("/data/models") == "/data/models"
+    assert rewrite("8000") == "5" and rewrite("--port=8000") == "--port=5"
+    assert rewrite("http://h:8000/v1") == "http://h:5/v1"
+    assert rewrite("http://h:80001") == "http://h:80001" and rewrite("18000") == "18000"
+
+
+def test_pvc_volume_needs_a_local_claim(tmp_path: pathlib.Path) -> None:
+    pod = _pod()
+    pod["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "weights"}})
+    with pytest.raises(ValueError, match="weights"):
+        pods.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x")
+    plan = pods.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x",
+                         claims={"weights": tmp_path / "w"})
+    assert plan.volumes["data"] == tmp_path / "w"
