@@ -1,0 +1,458 @@
+"""A Kubernetes API on loopback for tests and the local stack: kmock's emulator with what kopf and kubectl need.
+
+`KubeAPI` runs kmock's `KubernetesEmulator` as an HTTP server on 127.0.0.1 in its own thread and event loop, and
+writes a kubeconfig for it. `OperatorThread` runs the real kopf operator against it, also in its own thread and
+loop (run inside pytest-asyncio's loop, kopf's shutdown cancels the fixture's own tasks).
+
+What the emulator adds to kmock 0.8, so clients see what a real API server would do:
+- metadata a server fills: uid, resourceVersion (bumped on every write), generation (bumped on spec changes),
+  creationTimestamp, and a name from generateName (kopf posts Events that way);
+- the status subresource: a write to `/status` changes only status, a write to the object never changes it;
+- our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (jsonschema + CEL rules);
+- garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
+- kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
+  watch streams, NotFound/AlreadyExists as error reasons.
+Still missing (do not lean on it): labelSelector/fieldSelector filtering, resourceVersion conflicts, PUT,
+strategic-merge list merging (lists are replaced), server-side apply field ownership, admission of built-in kinds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import pathlib
+import secrets
+import threading
+import uuid
+from collections.abc import Collection, Iterator, Mapping
+from typing import Any
+
+import aiohttp.test_utils
+import aiohttp.web
+import attrs
+import jsonschema
+import kmock
+import yaml
+from kmock._internal import dicts as kmock_dicts
+from kmock._internal import enums as kmock_enums
+from kmock._internal import rendering as kmock_rendering
+
+from moelora.api.crd import custom_resource_definitions
+
+_DELETE = object()  # a marker inside merge_diff results before they become None
+
+
+# --- checks a real API server makes, usable on their own ---------------------------------------------------------
+
+def apply_defaults(obj: Any, schema: Mapping[str, Any]) -> Any:
+    """Fill in the schema's defaults the way a structural CRD does (recursively, only where a field is absent)."""
+    if isinstance(obj, dict):
+        properties = schema.get("properties") or {}
+        for key, sub in properties.items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+            if key in obj:
+                obj[key] = apply_defaults(obj[key], sub)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in obj:
+                if key not in properties:
+                    obj[key] = apply_defaults(obj[key], extra)
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [apply_defaults(item, schema["items"]) for item in obj]
+    return obj
+
+
+def _cel_value(value: Any) -> Any:
+    import celpy  # imported late: only validation needs it
+
+    return celpy.json_to_cel(value)
+
+
+def _cel_errors(obj: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]:
+    import celpy
+
+    for rule in schema.get("x-kubernetes-validations") or []:
+        env = celpy.Environment()
+        program = env.program(env.compile(rule["rule"]))
+        try:
+            ok = program.evaluate({"self": _cel_value(obj)})
+        except celpy.CELEvalError as exc:
+            yield f"{path or '<root>'}: rule {rule['rule']!r} could not be evaluated: {exc}"
+            continue
+        if not bool(ok):
+            yield f"{path}{rule.get('fieldPath', '')}: {rule.get('message') or rule['rule']}"
+    if isinstance(obj, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in obj:
+                yield from _cel_errors(obj[key], sub, f"{path}.{key}")
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(obj):
+            yield from _cel_errors(item, schema["items"], f"{path}[{index}]")
+
+
+def schema_errors(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    """Why a custom object is invalid against an openAPIV3Schema: JSON Schema errors, then CEL rules. [] if valid."""
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [f"{error.json_path.replace('$', '', 1) or '<root>'}: {error.message}"
+              for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.path))]
+    if errors:
+        return errors  # CEL rules assume a schema-valid object, as the API server does
+    return list(_cel_errors(obj, schema, ""))
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge patch turning `old` into `new` (nulls for removed keys)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = value
+        elif old[key] != value:
+            patch[key] = merge_diff(old[key], value) if isinstance(value, dict) and isinstance(old[key], dict) \
+                else value
+    return patch
+
+
+# --- the emulator -------------------------------------------------------------------------------------------------
+
+def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
+    """'group/version/plural' -> (kmock resource info, openAPIV3Schema) for our CRDs."""
+    result = {}
+    for crd in custom_resource_definitions():
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            info = kmock.ResourceInfo(
+                namespaced=spec["scope"] == "Namespaced", kind=spec["names"]["kind"],
+                singular=spec["names"]["singular"], shortnames=spec["names"].get("shortNames", []),
+                categories=spec["names"].get("categories", []), subresources=set(version.get("subresources", {})),
+                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+            )
+            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = \
+                (info, version["schema"]["openAPIV3Schema"])
+    return result
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator with server-filled metadata, status subresource, schema checks, GC and kubectl fixes."""
+
+    validate: bool = True
+    _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources.load_bundled()
+        for key, (info, schema) in crd_resources().items():
+            self.resources[key] = info
+            self._schemas[kmock.resource(key)] = schema
+
+    # -- writes -------------------------------------------------------------------------------------------------
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        try:
+            return self.resources[resource]
+        except KeyError:
+            return None
+
+    def _current(self, request: kmock_rendering.Request) -> dict[str, Any] | None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def _check(self, resource: Any, obj: dict[str, Any]) -> None:
+        schema = self._schemas.get(resource)
+        if schema is None or not self.validate:
+            return
+        apply_defaults(obj, schema)
+        errors = schema_errors(obj, schema)
+        if errors:
+            kind = obj.get("kind", "object")
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise kmock.KubernetesError(status=422, reason="Invalid",
+                                        message=f"{kind} {name!r} is invalid: " + "; ".join(errors),
+                                        details={"causes": [{"message": error} for error in errors]})
+
+    def _prepare_create(self, request: kmock_rendering.Request) -> None:
+        obj = request.data
+        if not isinstance(obj, dict):
+            return
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if request.namespace and not meta.get("namespace") and (self._info(request.resource) or
+                                                                kmock.ResourceInfo()).namespaced is not False:
+            meta["namespace"] = request.namespace
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._versions))
+        meta["generation"] = 1
+        meta["creationTimestamp"] = _now()
+        meta.pop("deletionTimestamp", None)
+        info = self._info(request.resource)
+        if info is not None and "status" in info.subresources:
+            obj.pop("status", None)  # a create never sets the status of a kind with a status subresource
+        self._check(request.resource, obj)
+
+    def _prepare_update(self, request: kmock_rendering.Request) -> None:
+        old = self._current(request)
+        if old is None or request.data is None:
+            return  # kmock answers 404
+        new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        info = self._info(request.resource)
+        if info is not None and "status" in info.subresources:
+            if request.subresource == "status":
+                new = {**old, "status": new.get("status")}
+                if new["status"] is None:
+                    del new["status"]
+            else:
+                new.pop("status", None)
+                if "status" in old:
+                    new["status"] = old["status"]
+        meta = new.setdefault("metadata", {})
+        for key in ("uid", "creationTimestamp", "generation", "namespace", "name"):  # immutable
+            if key in old.get("metadata", {}):
+                meta[key] = old["metadata"][key]
+        if request.subresource != "status":
+            self._check(request.resource, new)
+        body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
+            {k: v for k, v in old.items() if k not in ("metadata", "status")}
+        if body_changed:
+            meta["generation"] = int(old.get("metadata", {}).get("generation") or 1) + 1
+        meta["resourceVersion"] = str(next(self._versions))
+        object.__setattr__(request, "data", merge_diff(old, new))
+
+    async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None:
+            try:
+                async with self._lock:
+                    if request.action == kmock_enums.action.CREATE:
+                        self._prepare_create(request)
+                    elif request.action == kmock_enums.action.UPDATE and request.name is not None:
+                        self._prepare_update(request)
+            except kmock.KubernetesError as exc:
+                return await self._render_error(exc)
+        is_delete = request.action == kmock_enums.action.DELETE and request.name is not None
+        before = self._alive_uids() if is_delete else set()
+        response = await super()._handle(request)
+        if is_delete:
+            await self._collect_garbage(before - self._alive_uids())
+        return response
+
+    def _alive_uids(self) -> set[str]:
+        return {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+
+    async def _collect_garbage(self, gone: set[str]) -> None:
+        """Delete the dependents of the objects just deleted whose owners are all gone (background propagation)."""
+        while gone:
+            async with self._lock:
+                alive = self._alive_uids()
+                orphans = []
+                for key, obj in self.objects.items():
+                    if obj.deleted:
+                        continue
+                    owners = {owner.get("uid") for owner in obj.raw.get("metadata", {}).get("ownerReferences") or []}
+                    if owners & gone and not owners & alive:
+                        orphans.append(key)
+                gone = set()
+                for key in orphans:
+                    raw = self.objects[key].raw
+                    gone.add(raw.get("metadata", {}).get("uid"))
+                    self.objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+    # -- reads and kubectl compatibility --------------------------------------------------------------------------
+    async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        result = dict(await super()._serve_list(request))  # type: ignore[arg-type]
+        info = self._info(request.resource)
+        resource = request.resource
+        group_version = resource.version if not resource.group else f"{resource.group}/{resource.version}"
+        result["kind"] = f"{info.kind}List" if info and info.kind else "List"
+        result["apiVersion"] = group_version
+        result["metadata"] = {"resourceVersion": str(next(self._versions))}
+        return result
+
+    def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
+        # kubectl refuses a watch stream without a JSON content type.
+        return kmock_rendering.Response(headers={"Content-Type": "application/json"},
+                                        payload=super()._serve_watch(request))
+
+    async def _serve_version(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        result = dict(await super()._serve_version(request))  # type: ignore[arg-type]
+        result["groupVersion"] = str(result["groupVersion"]).lstrip("/")  # the core group is "v1", not "/v1"
+        for entry in result.get("resources") or []:
+            if "/" in entry["name"]:  # subresources have no short names (kubectl warns of ambiguity otherwise)
+                entry["shortNames"], entry["categories"] = [], []
+        return result
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, kmock.KubernetesError) and not isinstance(exc, kmock.KubernetesNotFoundError) \
+                and exc.status == 409:
+            exc = kmock.KubernetesError(status=409, reason="AlreadyExists", message=exc.message)
+        elif isinstance(exc, kmock.KubernetesNotFoundError):
+            exc = kmock.KubernetesError(status=404, reason="NotFound", message=exc.message)
+        return await super()._render_error(exc)
+
+
+# --- running it ---------------------------------------------------------------------------------------------------
+
+class KubeAPI:
+    """The emulated API server on 127.0.0.1 (a free port unless given), in a thread of its own.
+
+    Use as a context manager, or `start()`/`stop()`. `url`, `kubeconfig` (a file it writes), `emulator`.
+    """
+
+    def __init__(self, *, port: int = 0, kubeconfig: pathlib.Path | None = None, validate: bool = True,
+                 namespace: str = "default") -> None:
+        self._port = port
+        self._kubeconfig_path = kubeconfig
+        self._namespace = namespace
+        self.emulator = Emulator(validate=validate)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="kube-api", daemon=True)
+        self._started = threading.Event()
+        self._stopping: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self.url = ""
+        self.kubeconfig = pathlib.Path()
+
+    def __enter__(self) -> KubeAPI:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> KubeAPI:
+        self._thread.start()
+        self._started.wait(timeout=30)
+        if self._error is not None:
+            raise RuntimeError("the Kubernetes API emulator did not start") from self._error
+        path = self._kubeconfig_path
+        if path is None:
+            import tempfile
+            path = pathlib.Path(tempfile.mkdtemp(prefix="moelora-kube-")) / "kubeconfig"
+        self.kubeconfig = write_kubeconfig(path, server=self.url, namespace=self._namespace)
+        return self
+
+    def stop(self) -> None:
+        if self._stopping is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to start()
+            self._error = exc
+            self._started.set()
+        finally:
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        self._stopping = asyncio.Event()
+        async with self.emulator:
+            server = aiohttp.test_utils.RawTestServer(self.emulator, host="127.0.0.1", port=self._port or None)
+            await server.start_server()
+            try:
+                self.url = str(server.make_url("")).rstrip("/")
+                self._started.set()
+                await self._stopping.wait()
+            finally:
+                await server.close()
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` in the server's loop (the emulator's state is not thread-safe) and return its result."""
+        async def run() -> Any:
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+
+    def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """A stored object (a deep copy) or None; `resource` like 'apps/v1/deployments' or 'v1/services'."""
+        def read() -> dict[str, Any] | None:
+            key = (kmock.resource(resource), namespace, name)
+            if key not in self.emulator.objects or self.emulator.objects[key].deleted:
+                return None
+            return copy.deepcopy(self.emulator.objects[key].raw)
+        return self.call(read)
+
+    def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        def read() -> list[dict[str, Any]]:
+            wanted = kmock.resource(resource)
+            return [copy.deepcopy(obj.raw) for (res, ns, _), obj in self.emulator.objects.items()
+                    if res == wanted and not obj.deleted and (namespace is None or ns == namespace)]
+        return self.call(read)
+
+
+def write_kubeconfig(path: pathlib.Path, *, server: str, namespace: str = "default") -> pathlib.Path:
+    """A kubeconfig with one context for `server` (plain HTTP on loopback, no credentials)."""
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "moelora-local", "preferences": {},
+        "clusters": [{"name": "moelora-local", "cluster": {"server": server}}],
+        "users": [{"name": "moelora-local", "user": {}}],
+        "contexts": [{"name": "moelora-local",
+                      "context": {"cluster": "moelora-local", "user": "moelora-local", "namespace": namespace}}],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class OperatorThread:
+    """The real kopf operator (`moelora.operator.handlers`) in a thread with its own event loop.
+
+    `with OperatorThread(settings=...):` returns once kopf is ready (its indexes filled); leaving stops it.
+    """
+
+    def __init__(self, *, settings: Any, namespaces: Collection[str] = (), registry: Any = None) -> None:
+        self.settings = settings
+        self.namespaces = tuple(namespaces) or tuple(settings.namespaces)
+        self.registry = registry
+        self._thread = threading.Thread(target=self._run, name="moelora-operator", daemon=True)
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> OperatorThread:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self, *, timeout: float = 60) -> OperatorThread:
+        self._thread.start()
+        if not self._ready.wait(timeout=timeout):
+            self.stop()
+            raise TimeoutError("the operator did not become ready") from self.error
+        if self.error is not None:
+            raise RuntimeError("the operator failed to start") from self.error
+        return self
+
+    def stop(self, *, timeout: float = 30) -> None:
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        from moelora.operator import handlers  # imported here: moelora.local must import without kopf wiring
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(handlers.run(
+                settings=self.settings, namespaces=self.namespaces, registry=self.registry,
+                stop_flag=self._stop, ready_flag=self._ready))
+        except BaseException as exc:  # noqa: BLE001 - surfaced by start()
+            self.error = exc
+            self._ready.set()
+        finally:
+            loop.close()

@@ -1,0 +1,147 @@
+"""The only module that talks to the Kubernetes API: reads, and idempotent create-or-patch of owned objects.
+
+Each owned object carries the hash of what the operator rendered (`moelora.io/desired-hash`); an unchanged hash
+means no write at all, so running a reconcile twice never writes twice. A changed one is a JSON merge patch of the
+desired object, plus nulls for the optional fields we stopped setting (merge patches never drop keys by themselves).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import kubernetes.client
+from kubernetes.client.exceptions import ApiException
+
+from moelora.api import GROUP, VERSION
+from moelora.operator import naming
+
+# Kinds the operator creates -> their collection path (namespace filled in).
+_PATHS = {
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
+    ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
+}
+# Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
+_OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
+    ("spec", "template", "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"},
+}
+# Maps the operator owns whole: keys it no longer sets are removed.
+_WHOLE_MAPS = {("data",), ("spec", "template", "spec", "nodeSelector"), ("spec", "template", "spec", "affinity"),
+               ("spec", "template", "metadata", "annotations")}
+
+
+def desired_hash(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _request(api: kubernetes.client.ApiClient, method: str, path: str, *, body: Any = None,
+             content_type: str = "application/json") -> dict[str, Any]:
+    """One call through the client's auth and TLS; raises ApiException for a non-2xx answer."""
+    method_, url, headers, body_, post = api.param_serialize(
+        method, path, header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
+        auth_settings=["BearerToken"])
+    response = api.call_api(method_, url, header_params=headers, body=body_, post_params=post,
+                            _request_timeout=30)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException(http_resp=response)
+    return json.loads(data or b"{}")
+
+
+def get(api: kubernetes.client.ApiClient, *, path: str) -> dict[str, Any] | None:
+    """The object at `path`, or None on 404."""
+    try:
+        return _request(api, "GET", path)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def get_secret(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Secret, or None if it does not exist (its data is never logged or copied)."""
+    return get(api, path=f"/api/v1/namespaces/{namespace}/secrets/{name}")
+
+
+def get_config_map(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
+    return get(api, path=f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+
+def get_deployment(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
+    return get(api, path=f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+
+
+def patch_status(api: kubernetes.client.ApiClient, *, plural: str, namespace: str, name: str,
+                 status: dict[str, Any]) -> dict[str, Any] | None:
+    """Merge-patch the status subresource of one of our objects; None if the object is gone."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}/status"
+    try:
+        return _request(api, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def update_patch(actual: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that makes `actual` match `desired` in every field the operator owns."""
+    patch = copy.deepcopy(desired)
+    for path, keys in _OPTIONAL_KEYS.items():
+        target, current = _at(patch, path), _at(actual, path)
+        if isinstance(target, dict) and isinstance(current, dict):
+            for key in keys:
+                if key in current and key not in target:
+                    target[key] = None
+    for path in _WHOLE_MAPS:
+        current = _at(actual, path)
+        parent = _at(patch, path[:-1])
+        if not isinstance(current, dict) or not isinstance(parent, dict):
+            continue
+        wanted = parent.get(path[-1])
+        if wanted is None:
+            continue  # absent or already nulled above
+        if path[-1] == "annotations":  # others annotate pod templates too (kubectl rollout restart): drop only ours
+            removed = {key: None for key in current if key.startswith("moelora.io/") and key not in wanted}
+        else:
+            removed = {key: None for key in current if key not in wanted}
+        parent[path[-1]] = {**wanted, **removed}
+    return patch
+
+
+def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Create `desired` or bring the existing object in line. Returns (the object, 'created'|'patched'|'unchanged').
+
+    `desired` must already carry its ownerReferences (kopf.adopt) and namespace.
+    """
+    desired = copy.deepcopy(desired)
+    metadata = desired["metadata"]
+    metadata.setdefault("annotations", {})[naming.ANNOTATION_HASH] = desired_hash(desired)
+    collection = _PATHS[(desired["apiVersion"], desired["kind"])].format(namespace=metadata["namespace"])
+    path = f"{collection}/{metadata['name']}"
+    actual = get(api, path=path)
+    if actual is None:
+        try:
+            return _request(api, "POST", collection, body=desired), "created"
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            actual = get(api, path=path)  # created concurrently by another reconcile of the same server
+            if actual is None:
+                raise
+    if (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == \
+            metadata["annotations"][naming.ANNOTATION_HASH]:
+        return actual, "unchanged"
+    patched = _request(api, "PATCH", path, body=update_patch(actual, desired),
+                       content_type="application/merge-patch+json")
+    return patched, "patched"

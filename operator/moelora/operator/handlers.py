@@ -1,0 +1,288 @@
+"""kopf wiring: thin handlers that gather what exists, call the pure builders, apply, and write status once.
+
+Every path into a ModelServer (its own create/update/resume, a resync timer, an event of the Deployment it owns)
+runs the same `reconcile`, which compares desired with actual, so it is idempotent and repairs drift. Adapter
+phases are rolled up from the per-pod states the agents write whenever an adapter, a server pod, or a server
+changes. What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with a
+reason plus one Warning Event per new reason, and leaves the running Deployment as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import threading
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import kopf
+import kubernetes.client
+import kubernetes.config
+import pydantic
+
+from moelora.api import GROUP, VERSION, ModelServerSpec, ModelServerStatus
+from moelora.operator import apply, kernelconfigs, naming, status
+from moelora.operator.deployment import deployment
+from moelora.operator.engine import SpecProblem
+from moelora.operator.service import service
+from moelora.operator.settings import Settings
+
+MODEL_SERVERS = (GROUP, VERSION, "modelservers")
+LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
+MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+PREFIX = "moelora.io"
+
+logger = logging.getLogger(__name__)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
+
+
+def kube_configuration(settings: Settings) -> kubernetes.client.Configuration:
+    """The API client configuration: in-cluster service account, else the kubeconfig. Touches no global state."""
+    configuration = kubernetes.client.Configuration()
+    if settings.kubeconfig is None:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except kubernetes.config.ConfigException:
+            pass
+    kubernetes.config.load_kube_config(config_file=settings.kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+# --- activities ---------------------------------------------------------------------------------------------------
+
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Keep kopf's bookkeeping in our own annotations, out of status (which is all ours and schema-checked).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
+    settings.execution.max_workers = 16  # handlers are sync (the kubernetes client): a pool serves many servers
+    settings.watching.connect_timeout = 10
+    memo.api = kubernetes.client.ApiClient(kube_configuration(memo.settings))
+
+
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's own connection, from the same configuration as our client (one source of truth)."""
+    configuration: kubernetes.client.Configuration = memo.api.configuration
+    header = configuration.get_api_key_with_prefix("BearerToken") or \
+        configuration.get_api_key_with_prefix("authorization") or ""
+    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    return kopf.ConnectionInfo(
+        server=configuration.host, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
+        scheme=scheme or None, token=token or None, certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+# --- indexes ------------------------------------------------------------------------------------------------------
+
+def model_servers_index(body: kopf.Body, name: str, namespace: str, **_: Any) -> dict[tuple[str, str], Any]:
+    return {(namespace, name): {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                                "metadata": dict(body.metadata), "spec": dict(body.spec),
+                                "status": dict(body.status)}}
+
+
+def adapters_index(spec: kopf.Spec, status: kopf.Status, name: str, namespace: str,
+                   **_: Any) -> dict[tuple[str, str], Any] | None:
+    server = spec.get("modelServer")
+    if not server:
+        return None
+    return {(namespace, server): {"name": name, "phase": status.get("phase") or "Pending"}}
+
+
+def pods_index(status: kopf.Status, labels: kopf.Labels, name: str, namespace: str,
+               **_: Any) -> dict[tuple[str, str], Any] | None:
+    server = labels.get(naming.LABEL_SERVER)
+    if not server:
+        return None
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return {(namespace, server): (name, ready)}
+
+
+# --- ModelServer ----------------------------------------------------------------------------------------------------
+
+def _problem_from_validation(error: pydantic.ValidationError) -> SpecProblem:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return SpecProblem("InvalidSpec", f"spec.{where}: {first['msg']}")
+
+
+def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubernetes.client.ApiClient,
+                     bundle: Any) -> list[dict[str, Any]]:
+    """The objects the server should own. Raises SpecProblem for what the operator refuses."""
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    try:
+        spec = ModelServerSpec.model_validate(dict(body.get("spec") or {}))
+    except pydantic.ValidationError as exc:
+        raise _problem_from_validation(exc) from None
+    if spec.s3.credentials_secret is not None:
+        secret = spec.s3.credentials_secret.name
+        if apply.get_secret(api, namespace=namespace, name=secret) is None:
+            raise SpecProblem("SecretNotFound", f"S3 credentials Secret {secret!r} does not exist in {namespace}")
+    user_config_map = None
+    if spec.kernels.config_map_name:
+        user_config_map = apply.get_config_map(api, namespace=namespace, name=spec.kernels.config_map_name)
+    plan = kernelconfigs.plan(spec, name=name, namespace=namespace, labels=naming.labels(name), root=bundle,
+                              user_config_map=user_config_map)
+    children = [deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=plan),
+                service(name=name, namespace=namespace)]
+    if plan is not None and plan.owned_config_map is not None:
+        children.insert(0, plan.owned_config_map)
+    return children
+
+
+def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: Any) -> None:
+    """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
+    api: kubernetes.client.ApiClient = memo.api
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    problem: SpecProblem | None = None
+    actual_deployment: dict[str, Any] | None = None
+    try:
+        children = desired_children(body, settings=memo.settings, api=api, bundle=memo.bundle)
+    except SpecProblem as exc:
+        problem = exc
+    else:
+        kopf.adopt(children, owner=dict(body))  # ownerReferences: deleting the server deletes them
+        for child in children:
+            obj, action = apply.ensure(api, child)
+            if action != "unchanged":
+                logger.info("%s %s/%s %s", child["kind"], namespace, child["metadata"]["name"], action)
+            if child["kind"] == "Deployment":
+                actual_deployment = obj
+    if actual_deployment is None:
+        actual_deployment = apply.get_deployment(api, namespace=namespace, name=name)
+
+    raw_status = dict(body.get("status") or {})
+    try:
+        previous = ModelServerStatus.model_validate(raw_status)
+    except pydantic.ValidationError:
+        previous = ModelServerStatus()
+    try:
+        spec = ModelServerSpec.model_validate(dict(body.get("spec") or {}))
+    except pydantic.ValidationError:
+        spec = ModelServerSpec.model_construct(replicas=int((body.get("spec") or {}).get("replicas") or 0))
+    phases = [entry["phase"] for entry in adapters.get((namespace, name), [])]
+    new = status.model_server_status(
+        spec, name=name, namespace=namespace, generation=meta.get("generation"), deployment=actual_deployment,
+        problem=problem, adapters=status.adapter_counts(phases), previous=previous, now=now(),
+    ).to_wire()
+    if problem is not None and _degraded_reason(raw_status) != problem.reason:
+        kopf.event(dict(body), type="Warning", reason=problem.reason, message=problem.message)
+    if any(raw_status.get(key) != value for key, value in new.items()):
+        apply.patch_status(api, plural="modelservers", namespace=namespace, name=name, status=new)
+
+
+def _degraded_reason(raw_status: Mapping[str, Any]) -> str | None:
+    for condition in raw_status.get("conditions") or []:
+        if condition.get("type") == "Degraded" and condition.get("status") == "True":
+            return str(condition.get("reason"))
+    return None
+
+
+def model_server_changed(body: kopf.Body, memo: kopf.Memo, adapters_index: Any, **_: Any) -> None:
+    reconcile(body, memo=memo, adapters=adapters_index)
+
+
+def deployment_event(event: kopf.RawEvent, labels: kopf.Labels, namespace: str, memo: kopf.Memo,
+                     model_servers_index: Any, adapters_index: Any, **_: Any) -> None:
+    """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
+    server = labels.get(naming.LABEL_SERVER)
+    for body in model_servers_index.get((namespace, server), []):
+        reconcile(body, memo=memo, adapters=adapters_index)
+
+
+def model_server_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo,
+                       model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
+    """A server appeared or went away: its adapters' phases may flip (ModelServerNotFound)."""
+    if event.get("type") in ("ADDED", "DELETED", None):
+        rollup_server_adapters(namespace, name, memo=memo, model_servers=model_servers_index,
+                               adapters=adapters_index, pods=pods_index)
+
+
+# --- LoRAAdapter ----------------------------------------------------------------------------------------------------
+
+def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, model_servers: Any, pods: Any) -> bool:
+    """Write the operator's share of one adapter's status if it changed. True if the phase changed."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    namespace, server = meta["namespace"], spec.get("modelServer", "")
+    server_pods = dict(pods.get((namespace, server), []))
+    raw_status = dict(body.get("status") or {})
+    patch = status.adapter_status_patch(
+        raw_status, served_name=spec.get("servedName") or meta["name"], generation=meta.get("generation"),
+        server_exists=bool(model_servers.get((namespace, server))), pods=server_pods, now=now(),
+    )
+    if not patch:
+        return False
+    apply.patch_status(memo.api, plural="loraadapters", namespace=namespace, name=meta["name"], status=patch)
+    return "phase" in patch
+
+
+def adapter_changed(body: kopf.Body, memo: kopf.Memo, model_servers_index: Any, adapters_index: Any,
+                    pods_index: Any, **_: Any) -> None:
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    if rollup_adapter(body, memo=memo, model_servers=model_servers_index, pods=pods_index):
+        # The server's adapter counts follow its adapters' phases.
+        server = (body.get("spec") or {}).get("modelServer")
+        for server_body in model_servers_index.get((body["metadata"]["namespace"], server), []):
+            reconcile(server_body, memo=memo, adapters=adapters_index)
+
+
+def rollup_server_adapters(namespace: str, server: str, *, memo: kopf.Memo, model_servers: Any, adapters: Any,
+                           pods: Any) -> None:
+    for entry in adapters.get((namespace, server), []):
+        body = apply.get(memo.api, path=f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/loraadapters/{entry['name']}")
+        if body is not None:
+            rollup_adapter(body, memo=memo, model_servers=model_servers, pods=pods)
+
+
+def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
+              adapters_index: Any, pods_index: Any, **_: Any) -> None:
+    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
+    rollup_server_adapters(namespace, labels.get(naming.LABEL_SERVER, ""), memo=memo,
+                           model_servers=model_servers_index, adapters=adapters_index, pods=pods_index)
+
+
+# --- wiring ---------------------------------------------------------------------------------------------------------
+
+def make_registry(settings: Settings) -> kopf.OperatorRegistry:
+    """All handlers in a fresh registry (no import-time registration: tests and the local stack build their own)."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(model_servers_index)
+    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(adapters_index)
+    kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(pods_index)
+
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*MODEL_SERVERS, registry=registry, id="reconcile")(model_server_changed)
+    kopf.timer(*MODEL_SERVERS, interval=settings.resync_seconds, registry=registry, id="resync")(model_server_changed)
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(model_server_event)
+    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(deployment_event)
+    kopf.on.event(*LORA_ADAPTERS, registry=registry)(adapter_changed)
+    # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
+    # (agent status patches, pods, servers) already arrives as an event.
+    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)(pod_event)
+    return registry
+
+
+async def run(*, settings: Settings, namespaces: Collection[str] = (), registry: kopf.OperatorRegistry | None = None,
+              stop_flag: threading.Event | asyncio.Event | None = None,
+              ready_flag: threading.Event | asyncio.Event | None = None) -> None:
+    """Run the operator until stop_flag is set. Namespaces: those given, else settings', else all."""
+    namespaces = tuple(namespaces) or settings.namespaces
+    memo = kopf.Memo(settings=settings, bundle=kernelconfigs.bundle_root())
+    await kopf.operator(
+        registry=registry or make_registry(settings), memo=memo,
+        clusterwide=not namespaces, namespaces=namespaces,
+        # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
+        standalone=settings.peering is None, peering_name=settings.peering,
+        stop_flag=stop_flag, ready_flag=ready_flag,
+    )
