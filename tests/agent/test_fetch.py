@@ -12,6 +12,8 @@ from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.fetch import fetch, fetch_tree
 from moelora.agent.source import ClientConfig, list_source, make_client, parse_s3_uri
 
+from moelora.local import s3 as local_s3
+
 from .conftest import adapter_files, s3_client, upload
 
 SMALL_PARTS = TransferConfig(multipart_threshold=1 << 20, multipart_chunksize=1 << 20, max_concurrency=4)
@@ -139,3 +141,29 @@ def test_fetch_tree_for_a_base_model(s3_env: str, bucket: str, tmp_path: pathlib
     got = contents(tmp_path)
     assert got.pop(".moelora-complete") == listing.version.encode()
     assert got == files
+
+
+@pytest.mark.skipif(not local_s3.s3rver_available(), reason="needs node and node_modules/s3rver")
+def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second, independent S3 implementation: its multipart ETags have no -N suffix, pins must still work."""
+    from moelora.agent.source import Credentials
+
+    server = local_s3.start_s3rver(data_dir=tmp_path / "data", log_path=tmp_path / "s3rver.log")
+    try:
+        files = adapter_files(extra_bytes=6 << 20)
+        (tmp_path / "src").mkdir()
+        for name, data in files.items():
+            (tmp_path / "src" / name).write_bytes(data)
+        local_s3.upload_dir(server=server, source=tmp_path / "src", uri="s3://adapters/team/a/")
+        creds = Credentials(access_key_id=server.access_key_id, secret_access_key=server.secret_access_key)
+        client = make_client(ClientConfig(endpoint_url=server.endpoint_url, region="us-east-1", credentials=creds))
+        listing = list_source(client, location=parse_s3_uri("s3://adapters/team/a"))
+        etag = listing.get("adapter_model.safetensors").etag.strip('"')
+        path = fetch(client=client, listing=listing, cache_dir=tmp_path / "cache", transfer_config=SMALL_PARTS,
+                     pin=VersionPin(etag=etag))
+        assert contents(path) == files
+        with pytest.raises(AdapterError) as caught:
+            fetch(client=client, listing=listing, cache_dir=tmp_path / "cache2", pin=VersionPin(etag=etag + "0"))
+        assert caught.value.reason is FailureReason.VERSION_MISMATCH
+    finally:
+        server.stop()

@@ -1,0 +1,214 @@
+"""The agent's loop end to end with real parts: moto S3, a real vLLM, the status server; Kubernetes through the
+agent's two narrow interfaces (the desired adapters in, status patches out), kept in memory here."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pathlib
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from moelora.api import ReplicaAdapterState
+from moelora.agent.metrics import Metrics, StatusServer
+from moelora.agent.reconcile import Desired
+from moelora.agent.runner import Agent
+from moelora.agent.settings import Settings
+from moelora.agent.validate import AdapterInfo
+from moelora.agent.vllm import VllmClient
+from moelora.local import vllm as local_vllm
+
+from .conftest import VLLM_BASE_NAME, VLLM_MAX_RANK, s3_client
+
+pytestmark = pytest.mark.slow
+POD = "srv-0"
+SECRET_VALUE = "wJalrXUtnFEMI-very-secret-value"
+
+
+class MemoryKube:
+    """The agent's Kubernetes side in memory: Secrets to read, status patches recorded per adapter."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, str]] = {}
+        self.status: dict[str, tuple[ReplicaAdapterState, AdapterInfo | None]] = {}
+        self.lock = threading.Lock()
+
+    def read_secret(self, *, name: str) -> dict[str, str] | None:
+        return self.secrets.get(name)
+
+    def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
+        assert pod == POD
+        with self.lock:
+            self.status[name] = (state, info)
+        return True
+
+
+class MemoryDesired:
+    def __init__(self) -> None:
+        self.synced = threading.Event()
+        self.items: dict[str, Desired] = {}
+        self.on_change: Callable[[], None] = lambda: None
+
+    def snapshot(self) -> list[Desired]:
+        return list(self.items.values())
+
+    def put(self, name: str, spec: dict[str, Any], *, created: str = "2026-01-01T00:00:00Z") -> None:
+        obj = {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
+               "spec": {"modelServer": "srv", **spec}}
+        self.items[name] = Desired.from_object(obj)
+        self.on_change()
+
+    def delete(self, name: str) -> None:
+        del self.items[name]
+        self.on_change()
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout}s: {check}")
+        time.sleep(0.1)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+class Running:
+    def __init__(self, agent: Agent, desired: MemoryDesired, kube: MemoryKube, server: StatusServer) -> None:
+        self.agent, self.desired, self.kube, self.server = agent, desired, kube, server
+        self.url = f"http://127.0.0.1:{server.port}"
+
+    def state(self, name: str) -> ReplicaAdapterState | None:
+        with self.kube.lock:
+            found = self.kube.status.get(name)
+        return found[0] if found else None
+
+
+@pytest.fixture
+def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path) -> Iterator[Running]:
+    settings = Settings(namespace="ns", pod_name=POD, model_server="srv", base_model=VLLM_BASE_NAME,
+                        max_lora_rank=VLLM_MAX_RANK, target_modules=frozenset(), vllm_url=clean_vllm,
+                        cache_dir=tmp_path / "cache", cache_bytes=1 << 30, port=0, poll_seconds=0.3,
+                        resync_seconds=3600)
+    kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
+    agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm),
+                  metrics=metrics)
+    desired.on_change = agent.wake.set
+    server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
+    server.start()
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    yield Running(agent, desired, kube, server)
+    agent.stop()
+    thread.join(timeout=10)
+    server.stop()
+
+
+def upload_dir(endpoint: str, bucket: str, prefix: str, source: pathlib.Path, extra: dict[str, bytes] = {}) -> None:
+    client = s3_client(endpoint)
+    for path in source.iterdir():
+        client.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())
+    for name, data in extra.items():
+        client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
+
+
+def test_serves_good_adapters_fails_bad_ones_alone_and_follows_changes(
+        running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    upload_dir(s3_env, bucket, "good/", tiny["v1"])
+    upload_dir(s3_env, bucket, "rank32/", tiny["r32"])
+    upload_dir(s3_env, bucket, "pickle/", tiny["v1"], extra={"adapter_model.bin": b"\x80\x04."})
+    upload_dir(s3_env, bucket, "v2/", tiny["v2"])
+    vllm = VllmClient(base_url=vllm_url)
+    assert get(running.url + "/readyz")[0] == 503  # nothing synced yet
+
+    running.desired.synced.set()
+    running.desired.put("good", {"source": {"uri": f"s3://{bucket}/good/"}})
+    running.desired.put("rank32", {"source": {"uri": f"s3://{bucket}/rank32/"}})
+    running.desired.put("pickle", {"source": {"uri": f"s3://{bucket}/pickle/"}})
+    running.kube.secrets["s3-creds"] = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET_VALUE}
+    running.desired.put("with-secret", {"source": {"uri": f"s3://{bucket}/v2/", "credentialsSecret": {"name": "s3-creds"}},
+                                        "servedName": "team/v2"})
+    running.desired.put("no-secret", {"source": {"uri": f"s3://{bucket}/v2/", "credentialsSecret": {"name": "absent"}}})
+
+    eventually(lambda: get(running.url + "/readyz")[0] == 200)
+    states = {name: running.state(name) for name in ("good", "rank32", "pickle", "with-secret", "no-secret")}
+    assert states["good"].loaded and states["good"].state.value == "Loaded" and states["good"].version
+    assert states["with-secret"].loaded
+    assert (states["rank32"].state.value, states["rank32"].reason) == ("Failed", "RankTooHigh")
+    assert (states["pickle"].state.value, states["pickle"].reason) == ("Failed", "UnsafeWeightsFormat")
+    assert (states["no-secret"].state.value, states["no-secret"].reason) == ("Failed", "SecretNotFound")
+    info = running.kube.status["good"][1]
+    assert info is not None and info.rank == 8 and info.base_model == VLLM_BASE_NAME
+    assert set(info.target_modules) == {"q_proj", "v_proj"}
+    loaded = vllm.adapters()
+    assert set(loaded) == {"good", "team/v2"}
+    assert pathlib.Path(loaded["good"].path).parent == running.agent.settings.cache_dir
+    v1_answer = local_vllm.complete(url=vllm_url, model="good", prompt="hello world", max_tokens=8).token_ids
+    v2_answer = local_vllm.complete(url=vllm_url, model="team/v2", prompt="hello world", max_tokens=8).token_ids
+    assert v1_answer != v2_answer
+
+    # vLLM forgets an adapter (as after a restart): the agent registers it again.
+    vllm.unload(name="good")
+    eventually(lambda: "good" in vllm.adapters())
+
+    # A new version (here: another source, pinned by sha256) is loaded in place under the same name.
+    sha = hashlib.sha256((tiny["v2"] / "adapter_model.safetensors").read_bytes()).hexdigest()
+    old_path = loaded["good"].path
+    running.desired.put("good", {"source": {"uri": f"s3://{bucket}/v2/"}, "pin": {"sha256": sha}})
+    eventually(lambda: vllm.adapters()["good"].path != old_path and running.state("good").loaded)
+    assert local_vllm.complete(url=vllm_url, model="good", prompt="hello world", max_tokens=8).token_ids == v2_answer
+
+    # Deleted: unloaded, and its metrics gone.
+    running.desired.delete("good")
+    eventually(lambda: "good" not in vllm.adapters())
+    status, metrics = get(running.url + "/metrics")
+    assert status == 200 and 'adapter="good"' not in metrics
+    assert 'moelora_adapter_loaded{adapter="with-secret",served_name="team/v2"} 1.0' in metrics
+    assert 'moelora_adapter_failures_total{adapter="rank32",reason="RankTooHigh"} 1.0' in metrics
+    assert 'moelora_adapter_downloaded_bytes_total{adapter="with-secret"}' in metrics
+    assert get(running.url + "/healthz")[0] == 200
+
+    # The Secret's value never left the agent: not in logs, statuses or metrics.
+    published = repr(running.kube.status) + metrics + caplog.text
+    assert SECRET_VALUE not in published
+
+
+def test_pin_mismatch_and_name_conflict(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
+                                        vllm_url: str) -> None:
+    upload_dir(s3_env, bucket, "a/", tiny["v1"])
+    upload_dir(s3_env, bucket, "b/", tiny["v2"])
+    running.desired.synced.set()
+    running.desired.put("pinned", {"source": {"uri": f"s3://{bucket}/a/"}, "pin": {"etag": "0123abcd"}})
+    running.desired.put("older", {"source": {"uri": f"s3://{bucket}/a/"}, "servedName": "shared"},
+                        created="2026-01-01T00:00:00Z")
+    running.desired.put("newer", {"source": {"uri": f"s3://{bucket}/b/"}, "servedName": "shared"},
+                        created="2026-01-02T00:00:00Z")
+    eventually(lambda: get(running.url + "/readyz")[0] == 200)
+    assert running.state("pinned").reason == "VersionMismatch"
+    assert (running.state("newer").reason, running.state("older").loaded) == ("NameConflict", True)
+    assert set(VllmClient(base_url=vllm_url).adapters()) == {"shared"}
+    # The winner goes: the other takes the name over.
+    running.desired.delete("older")
+    eventually(lambda: running.state("newer").loaded)
+    assert VllmClient(base_url=vllm_url).adapters()["shared"].path.endswith(running.state("newer").version)
