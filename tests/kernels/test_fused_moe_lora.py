@@ -52,9 +52,9 @@ def delta_error(case, out, mul_routed_weight=False):
         # gate_up-like: x shared by the top-k slots; uneven K and N tiles, rank 8 padded to 16, split-K 3
         (False, 8, 80, 48, KernelConfig(split_k=3, shrink_block_k=32, expand_block_n=32)),
         # down-like: one x row per slot, routed weights; even tiles, rank 20 padded to 32
-        (True, 20, 64, 64, KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=64)),
+        (True, 20, 64, 64, KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16, expand_tiles=4)),
         # rank 16 unpadded, EVEN_K with one K step per split
-        (False, 16, 48, 40, KernelConfig(split_k=3, shrink_block_k=16, expand_block_n=16)),
+        (False, 16, 48, 40, KernelConfig(split_k=3, shrink_block_k=16, expand_block_n=16, expand_tiles=2)),
     ],
 )
 def test_op_matches_reference(dtype, per_pair, rank, k, n, cfg):

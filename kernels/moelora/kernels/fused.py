@@ -39,6 +39,7 @@ class KernelConfig:
     expand_block_n: int = 128
     expand_warps: int = 4
     expand_stages: int = 1
+    expand_tiles: int = 1  # BLOCK_N tiles per expand CTA
     pdl: bool | None = None  # None: on where supported (use_pdl)
 
 
@@ -121,16 +122,17 @@ def _shrink_kernel(
               + (it_lo * BLOCK_K + offs_k)[:, None] * stride_ak)
     acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
     for it in range(it_lo, it_hi):
+        # A first: its address does not wait on the sorted-pairs load that x's does.
         if EVEN_K:
-            xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
             if EVEN_R:
                 at = tl.load(a_ptrs)
             else:
                 at = tl.load(a_ptrs, mask=(offs_r < rank)[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
         else:
             k_ok = it * BLOCK_K + offs_k < K
-            xt = tl.load(x_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
             at = tl.load(a_ptrs, mask=k_ok[:, None] & (offs_r < rank)[None, :], other=0.0)
+            xt = tl.load(x_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
         acc += tl.dot(xt, at.to(xt.dtype))
         x_ptrs += BLOCK_K * stride_xk
         a_ptrs += BLOCK_K * stride_ak
@@ -153,8 +155,9 @@ def _expand_kernel(
     # strides
     stride_bl, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_w,
     # meta
-    MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RANK_PAD: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr, USE_PDL: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
+    RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -170,9 +173,9 @@ def _expand_kernel(
     mask_m = offs_m < end
     pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_r = tl.arange(0, RANK_PAD)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-
+    offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
     b_ptrs = b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
+    out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     else:
@@ -181,23 +184,61 @@ def _expand_kernel(
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
+    # The output tile's load goes out before the partial sums' so the two round trips overlap.
+    if EVEN_N:
+        old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
+    else:
+        old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
     part_ptrs = part_ptr + offs_m[:, None] * RANK_PAD + offs_r[None, :]
     inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0)
     for s in tl.static_range(1, SPLIT_K):
         inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0)
-    acc = tl.dot(inter.to(bt.dtype), bt)
+    inter = inter.to(bt.dtype)
     if MUL_ROUTED_WEIGHT:
         w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
-        acc = acc * w[:, None]
 
-    out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
-    if EVEN_N:
-        out_mask = mask_m[:, None]
-    else:
-        out_mask = mask_m[:, None] & (offs_n < N)[None, :]
-    old = tl.load(out_ptrs, mask=out_mask, other=0.0)
-    tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=out_mask)
+    for t in tl.static_range(N_TILES):
+        if t > 0:
+            b_ptrs += BLOCK_N * stride_bn
+            out_ptrs += BLOCK_N * stride_on
+            offs_n += BLOCK_N
+            if EVEN_N and EVEN_R:
+                bt = tl.load(b_ptrs)
+            else:
+                bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+            if EVEN_N:
+                old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
+            else:
+                old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
+        acc = tl.dot(inter, bt)
+        if MUL_ROUTED_WEIGHT:
+            acc = acc * w[:, None]
+        if EVEN_N:
+            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
+        else:
+            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None] & (offs_n < N)[None, :])
+
+
+@dataclass
+class _Plan:
+    """Validated arguments of one op, shared by its two launches."""
+
+    output: torch.Tensor
+    x_rows: torch.Tensor
+    per_pair: bool
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    routing: MoeLoraRouting
+    weights: torch.Tensor | None
+    mul_routed_weight: bool
+    cfg: KernelConfig
+    k: int
+    n: int
+    rank: int
+    rank_pad: int
+    split_k: int
+    pdl: bool
+    partials: torch.Tensor | None = None
 
 
 def fused_moe_lora(
@@ -247,32 +288,53 @@ def fused_moe_lora(
         raise ValueError("output's first two dims must collapse into one (stride(0) == top_k * stride(1))")
     if m == 0:
         return
-    cfg = config or default_config(routing=routing, k=k, n=n, rank=rank, device=x.device)
-    rank_pad = max(16, triton.next_power_of_2(rank))
-    block_m = routing.block_m
-    split_k = max(1, min(cfg.split_k, triton.cdiv(k, cfg.shrink_block_k)))
-    num_pairs = routing.num_pairs
-    pdl = use_pdl(x.device) if cfg.pdl is None else cfg.pdl
-    launch = {"launch_pdl": True} if pdl else {}
-    partials = torch.empty((split_k, num_pairs, rank_pad), dtype=torch.float32, device=x.device)
-    _shrink_kernel[(routing.max_blocks, split_k)](
-        x_rows, lora_a, partials, routing.sorted_pairs, routing.block_table, routing.num_blocks,
-        k, rank, num_experts, top_k, num_pairs, routing.max_blocks,
-        x_rows.stride(0), x_rows.stride(1), *lora_a.stride(),
-        X_PER_PAIR=per_pair, BLOCK_M=block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=rank_pad, SPLIT_K=split_k,
-        EVEN_K=k % cfg.shrink_block_k == 0, EVEN_R=rank == rank_pad, USE_PDL=pdl,
-        num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **launch,
+    plan = _plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
+                 topk_weights=topk_weights, mul_routed_weight=mul_routed_weight, config=config)
+    _run_shrink(plan)
+    _run_expand(plan)
+
+
+def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mul_routed_weight, config) -> _Plan:
+    max_loras, num_experts, rank, k = lora_a.shape
+    n = lora_b.shape[2]
+    cfg = config or default_config(routing=routing, k=k, n=n, rank=rank, device=x_rows.device)
+    top_k = routing.top_k
+    weights = topk_weights
+    if weights is not None and weights.stride(0) != top_k * weights.stride(1):
+        weights = weights.contiguous()
+    return _Plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
+                 weights=weights, mul_routed_weight=mul_routed_weight, cfg=cfg, k=k, n=n, rank=rank,
+                 rank_pad=max(16, triton.next_power_of_2(rank)),
+                 split_k=max(1, min(cfg.split_k, triton.cdiv(k, cfg.shrink_block_k))),
+                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl)
+
+
+def _run_shrink(p: _Plan) -> None:
+    r, cfg = p.routing, p.cfg
+    p.partials = torch.empty((p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
+    _shrink_kernel[(r.max_blocks, p.split_k)](
+        p.x_rows, p.lora_a, p.partials, r.sorted_pairs, r.block_table, r.num_blocks,
+        p.k, p.rank, r.num_experts, r.top_k, r.num_pairs, r.max_blocks,
+        p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
+        X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
+        SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, USE_PDL=p.pdl,
+        num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **({"launch_pdl": True} if p.pdl else {}),
     )
-    weights = topk_weights if topk_weights is not None else partials  # placeholder pointer when unused
-    stride_w = topk_weights.stride(1) if topk_weights is not None else 0
-    if topk_weights is not None and topk_weights.stride(0) != top_k * stride_w:
-        weights = topk_weights.contiguous()
-        stride_w = 1
-    _expand_kernel[(routing.max_blocks, triton.cdiv(n, cfg.expand_block_n))](
-        partials, lora_b, output, weights, routing.sorted_pairs, routing.block_table, routing.num_blocks,
-        n, rank, num_experts, num_pairs, routing.max_blocks,
-        *lora_b.stride(), output.stride(1), output.stride(2), stride_w,
-        MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=block_m, BLOCK_N=cfg.expand_block_n, RANK_PAD=rank_pad,
-        SPLIT_K=split_k, EVEN_N=n % cfg.expand_block_n == 0, EVEN_R=rank == rank_pad, USE_PDL=pdl,
-        num_warps=cfg.expand_warps, num_stages=cfg.expand_stages, **launch,
+
+
+def _run_expand(p: _Plan) -> None:
+    r, cfg = p.routing, p.cfg
+    assert p.partials is not None, "shrink first"
+    n_tiles = max(1, cfg.expand_tiles)
+    span = cfg.expand_block_n * n_tiles
+    _expand_kernel[(r.max_blocks, triton.cdiv(p.n, span))](
+        p.partials, p.lora_b, p.output, p.weights if p.weights is not None else p.partials,
+        r.sorted_pairs, r.block_table, r.num_blocks,
+        p.n, p.rank, r.num_experts, r.num_pairs, r.max_blocks,
+        *p.lora_b.stride(), p.output.stride(1), p.output.stride(2),
+        p.weights.stride(1) if p.weights is not None else 0,
+        MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
+        RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
+        USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
+        **({"launch_pdl": True} if p.pdl else {}),
     )
