@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import json
 import pathlib
 import re
+import subprocess
+import sys
 from typing import Any
 
 import helm_python as helm
@@ -201,37 +204,37 @@ def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
         chart().render(bad, name="moelora", namespace=NAMESPACE)
 
 
+def _values_reference() -> Any:
+    spec = importlib.util.spec_from_file_location("values_reference", pathlib.Path(__file__).with_name(
+        "values_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("values_reference", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_every_key_in_values_yaml_is_documented_with_an_example() -> None:
-    """Each leaf key of values.yaml has a `# --` description above it, and that comment shows an example."""
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    lines = (CHART / "values.yaml").read_text().splitlines()
-    # Kubernetes objects given whole (their own fields are Kubernetes' to document): documented as one key.
-    whole = {"resources", "podSecurityContext", "securityContext"}
-    path: list[tuple[int, str]] = []  # (indent, key) of the sections the current line is in
-    leaves = 0
-    for number, line in enumerate(lines):
-        match = re.match(r"^(\s*)([A-Za-z][A-Za-z0-9]*):", line)
-        if not match:
-            continue
-        indent = len(match.group(1))
-        path = [(i, k) for i, k in path if i < indent] + [(indent, match.group(2))]
-        if any(key in whole for _, key in path[:-1]):
-            continue
-        value: Any = values
-        for _, key in path:
-            value = value[key]
-        if isinstance(value, dict) and value and match.group(2) not in whole:
-            continue  # a section (`operator:`, `image:`...), whose leaves carry the documentation
-        leaves += 1
-        block = []
-        for previous in reversed(lines[:number]):
-            if not previous.lstrip().startswith("#"):
-                break
-            block.append(previous)
-        text = "\n".join(block)
-        assert "# --" in text, f"values.yaml:{number + 1} {line.strip()} has no `# --` description"
-        assert "Example" in text, f"values.yaml:{number + 1} {line.strip()} has no example"
-    assert leaves > 30
+    """Each leaf of values.yaml has a `# --` description and an `Example:` of itself (entries() raises if not)."""
+    reference = _values_reference()
+    documented = {entry.key for entry in reference.entries((CHART / "values.yaml").read_text())}
+
+    def leaves(values: dict[str, Any], prefix: str = "") -> set[str]:
+        found = set()
+        for key, value in values.items():
+            if isinstance(value, dict) and value and key not in reference.WHOLE:
+                found |= leaves(value, prefix + key + ".")
+            else:
+                found.add(prefix + key)
+        return found
+
+    assert documented == leaves(yaml.safe_load((CHART / "values.yaml").read_text()))
+    assert len(documented) > 30
+
+
+def test_chart_reference_doc_is_current() -> None:
+    result = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("values_reference.py")), "--check"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def test_schema_covers_exactly_the_keys_of_values_yaml() -> None:
@@ -452,3 +455,22 @@ def test_notes_give_the_next_commands() -> None:
     assert "kubectl -n moelora-system rollout status deployment/moelora-operator" in text
     assert "kubectl apply" in text and "port-forward" in text and "/v1/completions" in text
     assert "kopf peering" in notes("ha-clusterwide")
+
+
+def test_rbac_covers_every_resource_the_operators_kopf_registry_watches() -> None:
+    """Tie the chart to the operator's code: each resource a kopf handler selects needs list+watch, and each one
+    with changing handlers or timers needs patch too (kopf writes finalizers and progress annotations there)."""
+    from moelora.operator.handlers import make_registry
+    from moelora.operator.settings import Settings
+
+    registry = make_registry(Settings())
+    needed: set[Rule] = set()
+    for handlers, verbs in ((registry._indexing, ("list", "watch")), (registry._watching, ("list", "watch")),
+                            (registry._changing, ("list", "watch", "patch")),
+                            (registry._spawning, ("list", "watch", "patch"))):
+        for handler in handlers.get_all_handlers():
+            selector = handler.selector
+            assert selector is not None and selector.any_name, handler
+            needed |= {(selector.group or "", selector.any_name, verb) for verb in verbs}
+    assert needed, "the registry has handlers"
+    assert needed - OPERATOR_NAMESPACED == set()
