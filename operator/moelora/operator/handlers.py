@@ -10,7 +10,11 @@ reason plus one Warning Event per new reason, and leaves the running Deployment 
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
+import contextvars
 import datetime
+import functools
 import logging
 import threading
 from collections.abc import Collection, Mapping
@@ -62,9 +66,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         prefix=PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
-    settings.execution.max_workers = 16  # handlers are sync (the kubernetes client): a pool serves many servers
     settings.watching.connect_timeout = 10
     memo.api = kubernetes.client.ApiClient(kube_configuration(memo.settings))
+    # The kubernetes client blocks: handlers are async (indexes are read in the loop) and do API work in a pool.
+    memo.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="moelora-api")
+    memo.locks = collections.defaultdict(asyncio.Lock)
+
+
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    memo.pool.shutdown(wait=False, cancel_futures=True)
+    memo.api.close()
 
 
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
@@ -137,11 +148,34 @@ def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubern
     return children
 
 
-def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: Any) -> None:
+async def in_pool(memo: kopf.Memo, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """Run blocking API work in the operator's pool, with the context kopf.event() needs."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        memo.pool, functools.partial(context.run, fn, *args, **kwargs))
+
+
+def snapshot(index: Any, key: tuple[str, str]) -> list[Any]:
+    """A copy of one key of a kopf index, taken in the event loop (indexes are not thread-safe)."""
+    return list(index.get(key, []))
+
+
+async def reconcile_serially(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) -> None:
+    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here)."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    async with memo.locks[key]:
+        await in_pool(memo, reconcile, body, memo=memo, adapters=adapters)
+
+
+def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) -> None:
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
     api: kubernetes.client.ApiClient = memo.api
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    # Judge the object as stored now: the triggering event's copy may predate the last reconcile's status write.
+    body = apply.get(api, path=f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/modelservers/{name}")
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return  # gone or going: the garbage collector takes its children
     meta = body["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
     problem: SpecProblem | None = None
     actual_deployment: dict[str, Any] | None = None
     try:
@@ -149,7 +183,9 @@ def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: Any) -> Non
     except SpecProblem as exc:
         problem = exc
     else:
-        kopf.adopt(children, owner=dict(body))  # ownerReferences: deleting the server deletes them
+        # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels
+        # onto the children, so a label edit on the server would rewrite every child.)
+        kopf.append_owner_reference(children, owner=dict(body))
         for child in children:
             obj, action = apply.ensure(api, child)
             if action != "unchanged":
@@ -168,7 +204,7 @@ def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: Any) -> Non
         spec = ModelServerSpec.model_validate(dict(body.get("spec") or {}))
     except pydantic.ValidationError:
         spec = ModelServerSpec.model_construct(replicas=int((body.get("spec") or {}).get("replicas") or 0))
-    phases = [entry["phase"] for entry in adapters.get((namespace, name), [])]
+    phases = [entry["phase"] for entry in adapters]
     new = status.model_server_status(
         spec, name=name, namespace=namespace, generation=meta.get("generation"), deployment=actual_deployment,
         problem=problem, adapters=status.adapter_counts(phases), previous=previous, now=now(),
@@ -186,37 +222,40 @@ def _degraded_reason(raw_status: Mapping[str, Any]) -> str | None:
     return None
 
 
-def model_server_changed(body: kopf.Body, memo: kopf.Memo, adapters_index: Any, **_: Any) -> None:
-    reconcile(body, memo=memo, adapters=adapters_index)
+async def model_server_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, adapters_index: Any,
+                               **_: Any) -> None:
+    await reconcile_serially(dict(body), memo=memo, adapters=snapshot(adapters_index, (namespace, name)))
 
 
-def deployment_event(event: kopf.RawEvent, labels: kopf.Labels, namespace: str, memo: kopf.Memo,
-                     model_servers_index: Any, adapters_index: Any, **_: Any) -> None:
+async def deployment_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
+                           adapters_index: Any, **_: Any) -> None:
     """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
-    server = labels.get(naming.LABEL_SERVER)
-    for body in model_servers_index.get((namespace, server), []):
-        reconcile(body, memo=memo, adapters=adapters_index)
+    server = labels.get(naming.LABEL_SERVER, "")
+    for body in snapshot(model_servers_index, (namespace, server)):
+        await reconcile_serially(body, memo=memo, adapters=snapshot(adapters_index, (namespace, server)))
 
 
-def model_server_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo,
-                       model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
+async def model_server_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo,
+                             model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
     """A server appeared or went away: its adapters' phases may flip (ModelServerNotFound)."""
+    key = (namespace, name)
+    if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
+        del memo.locks[key]
     if event.get("type") in ("ADDED", "DELETED", None):
-        rollup_server_adapters(namespace, name, memo=memo, model_servers=model_servers_index,
-                               adapters=adapters_index, pods=pods_index)
+        await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key), memo=memo,
+                      server_exists=bool(snapshot(model_servers_index, key)), pods=snapshot(pods_index, key))
 
 
 # --- LoRAAdapter ----------------------------------------------------------------------------------------------------
 
-def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, model_servers: Any, pods: Any) -> bool:
+def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: bool, pods: list[Any]) -> bool:
     """Write the operator's share of one adapter's status if it changed. True if the phase changed."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    namespace, server = meta["namespace"], spec.get("modelServer", "")
-    server_pods = dict(pods.get((namespace, server), []))
+    namespace = meta["namespace"]
     raw_status = dict(body.get("status") or {})
     patch = status.adapter_status_patch(
         raw_status, served_name=spec.get("servedName") or meta["name"], generation=meta.get("generation"),
-        server_exists=bool(model_servers.get((namespace, server))), pods=server_pods, now=now(),
+        server_exists=server_exists, pods=dict(pods), now=now(),
     )
     if not patch:
         return False
@@ -224,30 +263,34 @@ def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, model_servers: A
     return "phase" in patch
 
 
-def adapter_changed(body: kopf.Body, memo: kopf.Memo, model_servers_index: Any, adapters_index: Any,
-                    pods_index: Any, **_: Any) -> None:
+async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo: kopf.Memo,
+                          model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
-    if rollup_adapter(body, memo=memo, model_servers=model_servers_index, pods=pods_index):
-        # The server's adapter counts follow its adapters' phases.
-        server = (body.get("spec") or {}).get("modelServer")
-        for server_body in model_servers_index.get((body["metadata"]["namespace"], server), []):
-            reconcile(server_body, memo=memo, adapters=adapters_index)
+    key = (namespace, spec.get("modelServer", ""))
+    servers = snapshot(model_servers_index, key)
+    changed = await in_pool(memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers),
+                            pods=snapshot(pods_index, key))
+    if changed:
+        await asyncio.sleep(0)  # let the index see our own phase change before counting
+        for server_body in servers:  # the server's adapter counts follow its adapters' phases
+            await reconcile_serially(server_body, memo=memo, adapters=snapshot(adapters_index, key))
 
 
-def rollup_server_adapters(namespace: str, server: str, *, memo: kopf.Memo, model_servers: Any, adapters: Any,
-                           pods: Any) -> None:
-    for entry in adapters.get((namespace, server), []):
+def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool,
+                           pods: list[Any]) -> None:
+    for entry in adapters:
         body = apply.get(memo.api, path=f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/loraadapters/{entry['name']}")
         if body is not None:
-            rollup_adapter(body, memo=memo, model_servers=model_servers, pods=pods)
+            rollup_adapter(body, memo=memo, server_exists=server_exists, pods=pods)
 
 
-def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
-              adapters_index: Any, pods_index: Any, **_: Any) -> None:
+async def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
+                    adapters_index: Any, pods_index: Any, **_: Any) -> None:
     """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
-    rollup_server_adapters(namespace, labels.get(naming.LABEL_SERVER, ""), memo=memo,
-                           model_servers=model_servers_index, adapters=adapters_index, pods=pods_index)
+    key = (namespace, labels.get(naming.LABEL_SERVER, ""))
+    await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key), memo=memo,
+                  server_exists=bool(snapshot(model_servers_index, key)), pods=snapshot(pods_index, key))
 
 
 # --- wiring ---------------------------------------------------------------------------------------------------------
@@ -257,6 +300,7 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     kopf.on.startup(registry=registry)(configure)
     kopf.on.login(registry=registry)(login)
+    kopf.on.cleanup(registry=registry)(cleanup)
     kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(model_servers_index)
     kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(adapters_index)
     kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(pods_index)

@@ -1,0 +1,254 @@
+"""The real kopf operator against the emulated API server over HTTP, driven with kubectl like a user would.
+
+One API server and one operator for the module (starting kopf is the slow part); each test works in its own
+namespace so they cannot see each other's objects. The emulator has no Deployment controller and no kubelet: where
+a test needs a rollout or a ready pod, it writes their status itself, as those controllers would.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.operator.settings import Settings
+
+EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
+MS = "moelora.io/v1alpha1/modelservers"
+LORA = "moelora.io/v1alpha1/loraadapters"
+DEPLOYMENTS = "apps/v1/deployments"
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeAPI]:
+    with KubeAPI() as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
+    settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1",
+                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0)
+    with OperatorThread(settings=settings) as running:
+        yield running
+
+
+def wait_for(probe: Callable[[], T | None], *, timeout: float = 15, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def manifest(path: str, *, namespace: str, **spec: Any) -> dict[str, Any]:
+    obj = yaml.safe_load((EXAMPLES / path).read_text())
+    obj["metadata"]["namespace"] = namespace
+    obj["spec"].update(spec)
+    return obj
+
+
+def apply(kube: KubeAPI, obj: dict[str, Any], *, check: bool = True) -> Any:
+    return kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj), check=check)
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return cond
+    return None
+
+
+def vllm_args(deployment: dict[str, Any]) -> list[str]:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")["args"]
+
+
+def events(kube: KubeAPI, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.list("v1/events", namespace) if e.get("involvedObject", {}).get("name") == name]
+
+
+def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "apply"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    server = wait_for(lambda: kube.get(MS, ns, "qwen-moe"), what="the ModelServer")
+    dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    svc = wait_for(lambda: kube.get("v1/services", ns, "qwen-moe"), what="the Service")
+
+    args = vllm_args(dep)
+    assert args[:2] == ["--model", "Qwen/Qwen1.5-MoE-A2.7B-Chat"]
+    assert "--enable-lora" in args and args[-1] == "--max-model-len=8192"
+    for child in (dep, svc):  # deletion cascades through these
+        [owner] = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("ModelServer", "qwen-moe", server["metadata"]["uid"])
+        assert owner["controller"] is True
+    status = wait_for(lambda: (s := kube.get(MS, ns, "qwen-moe")) and s.get("status", {}).get("endpoint") and s,
+                      what="status")["status"]
+    assert status["endpoint"] == "http://qwen-moe.apply.svc:8000/v1" and status["observedGeneration"] == 1
+    assert condition({"status": status}, "Progressing")["reason"] == "RollingOut"
+
+    # kubectl reads our objects back (list kinds, printer-free output) and sees the status subresource.
+    got = json.loads(kube.kubectl("get", "ms", "-n", ns, "-o", "json").stdout)
+    assert [item["metadata"]["name"] for item in got["items"]] == ["qwen-moe"]
+
+    # An update rolls the Deployment.
+    apply(kube, manifest("modelserver.yaml", namespace=ns, engineArgs=["--max-model-len=4096"], replicas=2))
+    rolled = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and "--max-model-len=4096" in vllm_args(d)
+                      and d, what="the rolled Deployment")
+    assert rolled["spec"]["replicas"] == 2 and "--max-model-len=8192" not in vllm_args(rolled)
+    wait_for(lambda: (kube.get(MS, ns, "qwen-moe") or {}).get("status", {}).get("observedGeneration") == 2,
+             what="observedGeneration 2")
+    assert len(kube.list(DEPLOYMENTS, ns)) == 1 and len(kube.list("v1/services", ns)) == 1
+
+    # Delete: the API server's garbage collector (emulated by moelora.local.kube) removes what the server owned.
+    kube.kubectl("delete", "ms", "qwen-moe", "-n", ns, "--wait=true", "--timeout=20s")
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe") is None and kube.get("v1/services", ns, "qwen-moe") is None
+             or None, what="cascading deletion")
+    assert kube.get(MS, ns, "qwen-moe") is None
+
+
+def test_reconcile_is_idempotent_and_repairs_drift(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "idem"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    wait_for(lambda: (kube.get(MS, ns, "qwen-moe") or {}).get("status", {}).get("endpoint"), what="status")
+    dep = kube.get(DEPLOYMENTS, ns, "qwen-moe")
+    server = kube.get(MS, ns, "qwen-moe")
+    # Someone else's annotation on our Deployment must survive our reconciles.
+    kube.kubectl("annotate", "deployment", "qwen-moe", "-n", ns, "team.example.com/owner=ml")
+    annotated = kube.get(DEPLOYMENTS, ns, "qwen-moe")
+    # A label change on the server fires its update handler; the resync timer runs every second.
+    kube.kubectl("label", "ms", "qwen-moe", "-n", ns, "team=ml")
+    time.sleep(2.5)
+    after = kube.get(DEPLOYMENTS, ns, "qwen-moe")
+    assert after["metadata"]["resourceVersion"] == annotated["metadata"]["resourceVersion"], "rewritten needlessly"
+    assert after["metadata"]["annotations"]["team.example.com/owner"] == "ml"
+    assert after["spec"] == dep["spec"]
+    final = kube.get(MS, ns, "qwen-moe")
+    # The status was written once: only the label change moved the server's resourceVersion since.
+    assert final["status"] == server["status"]
+    assert len(kube.list(DEPLOYMENTS, ns)) == 1
+
+    # Drift: a deleted Deployment comes back.
+    kube.kubectl("delete", "deployment", "qwen-moe", "-n", ns)
+    back = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the re-created Deployment")
+    assert back["metadata"]["uid"] != dep["metadata"]["uid"] and back["spec"] == dep["spec"]
+
+
+def test_status_follows_the_deployment(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "rollout"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    # What the Deployment controller would write once the pod is up.
+    controller_status = {"status": {"observedGeneration": dep["metadata"]["generation"], "replicas": 1,
+                                    "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
+    kube.kubectl("patch", "deployment", "qwen-moe", "-n", ns, "--subresource=status", "--type=merge",
+                 "-p", json.dumps(controller_status))
+    ready = wait_for(lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Ready")) and c["status"] == "True" and c,
+                     what="Ready")
+    assert ready["reason"] == "AllReplicasReady"
+    server = kube.get(MS, ns, "qwen-moe")
+    assert condition(server, "Progressing")["reason"] == "RolledOut"
+    assert server["status"]["readyReplicas"] == 1
+    # kubectl wait works on our conditions too.
+    kube.kubectl("wait", "ms/qwen-moe", "-n", ns, "--for=condition=Ready", "--timeout=10s")
+
+
+def test_operator_judged_errors_become_conditions_and_events(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "bad"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    good = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the good Deployment")
+    wait_for(lambda: condition(kube.get(MS, ns, "qwen-moe"), "Progressing"), what="good status")
+    good_server = kube.get(MS, ns, "qwen-moe")
+
+    typo = manifest("modelserver.yaml", namespace=ns, engineArgs=["--max-modle-len=8192"])
+    typo["metadata"]["name"] = "typo"
+    apply(kube, typo)
+    degraded = wait_for(lambda: (c := condition(kube.get(MS, ns, "typo"), "Degraded")) and c["status"] == "True"
+                        and c, what="Degraded")
+    assert degraded["reason"] == "UnknownEngineFlag" and "--max-modle-len" in degraded["message"]
+    warning = wait_for(lambda: [e for e in events(kube, ns, "typo") if e["reason"] == "UnknownEngineFlag"],
+                       what="the Event")
+    assert warning[0]["type"] == "Warning"
+    assert kube.get(DEPLOYMENTS, ns, "typo") is None  # nothing rendered from a refused spec
+
+    missing = manifest("modelserver.yaml", namespace=ns, s3={"credentialsSecret": {"name": "nope"}})
+    missing["metadata"]["name"] = "nosecret"
+    apply(kube, missing)
+    reason = wait_for(lambda: (c := condition(kube.get(MS, ns, "nosecret"), "Degraded")) and c["reason"], what="why")
+    assert reason == "SecretNotFound"
+    wait_for(lambda: [e for e in events(kube, ns, "nosecret") if e["reason"] == "SecretNotFound"], what="the Event")
+    # Once the Secret exists, the resync picks it up.
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "nope", "namespace": ns},
+        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"}}))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "nosecret"), what="the Deployment after the Secret appeared")
+
+    # A bad update of a running server keeps its Deployment as it was.
+    apply(kube, manifest("modelserver.yaml", namespace=ns, engineArgs=["--port=9000"]))
+    wait_for(lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Degraded")) and c["reason"] == "ManagedEngineFlag",
+             what="ManagedEngineFlag")
+    kept = kube.get(DEPLOYMENTS, ns, "qwen-moe")
+    assert kept["spec"] == good["spec"] and kept["metadata"]["resourceVersion"] == good["metadata"]["resourceVersion"]
+    assert kube.get(MS, ns, "qwen-moe")["metadata"]["uid"] == good_server["metadata"]["uid"]
+    # One event per new reason, not one per reconcile.
+    time.sleep(1.5)
+    assert len([e for e in events(kube, ns, "typo") if e["reason"] == "UnknownEngineFlag"]) == 1
+
+
+def test_schema_rejects_what_a_real_server_would(kube: KubeAPI, operator: OperatorThread) -> None:
+    bad = manifest("modelserver.yaml", namespace="schema", lora={"maxLoras": 8, "maxLoraRank": 7})
+    result = apply(kube, bad, check=False)
+    assert result.returncode != 0 and "maxLoraRank" in result.stderr
+    cel = manifest("modelserver.yaml", namespace="schema", lora={"maxLoras": 8, "maxCpuLoras": 2})
+    result = apply(kube, cel, check=False)
+    assert result.returncode != 0 and "maxCpuLoras must be at least maxLoras" in result.stderr
+    assert kube.get(MS, "schema", "qwen-moe") is None
+
+
+def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "adapters"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    apply(kube, manifest("loraadapter.yaml", namespace=ns))
+    pending = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a,
+                       what="a phase")
+    assert pending["status"]["phase"] == "Pending" and pending["status"]["servedName"] == "support-bot"
+
+    orphan = manifest("loraadapter.yaml", namespace=ns, modelServer="no-such-server")
+    orphan["metadata"]["name"] = "orphan"
+    apply(kube, orphan)
+    lost = wait_for(lambda: (c := condition(kube.get(LORA, ns, "orphan"), "Ready")) and c, what="orphan condition")
+    assert lost["reason"] == "ModelServerNotFound"
+    assert kube.get(LORA, ns, "orphan")["status"]["phase"] == "Failed"
+
+    # A ready pod of the server (what the kubelet would report), and its agent's report.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "qwen-moe-abc", "namespace": ns, "labels": {
+            "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"}},
+        "spec": {"containers": [{"name": "vllm", "image": "x"}]}}
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    kube.kubectl("patch", "pod", "qwen-moe-abc", "-n", ns, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+    kube.kubectl("patch", "lora", "support-bot", "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}}}))
+    loaded = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a,
+                      what="Loaded")
+    assert "gone-pod" not in loaded["status"]["replicas"]  # pruned: that pod does not exist
+    assert condition(loaded, "Ready")["status"] == "True"
+    counts = wait_for(lambda: (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and
+                      s["status"]["adapters"], what="server adapter counts")
+    assert counts == {"desired": 1, "loaded": 1, "failed": 0}
+
+    # The pod goes away: its entry is pruned and the adapter waits for a ready pod again.
+    kube.kubectl("delete", "pod", "qwen-moe-abc", "-n", ns)
+    again = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
+                     what="Pending again")
+    assert again["status"].get("replicas", {}) == {}
