@@ -87,7 +87,7 @@ def _cel_errors(obj: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]
             yield f"{path or '<root>'}: rule {rule['rule']!r} could not be evaluated: {exc}"
             continue
         if not bool(ok):
-            yield f"{path}{rule.get('fieldPath', '')}: {rule.get('message') or rule['rule']}"
+            yield f"{(path + rule.get('fieldPath', '')) or '<root>'}: {rule.get('message') or rule['rule']}"
     if isinstance(obj, dict):
         for key, sub in (schema.get("properties") or {}).items():
             if key in obj:
