@@ -22,6 +22,7 @@ from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import VllmClient
+from moelora.local import process as local_process
 from moelora.local import vllm as local_vllm
 
 from .conftest import VLLM_BASE_NAME, VLLM_MAX_RANK, s3_client
@@ -104,11 +105,16 @@ class Running:
 
 
 @pytest.fixture
-def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path) -> Iterator[Running]:
+def resync_seconds() -> float:
+    return 3600.0
+
+
+@pytest.fixture
+def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float) -> Iterator[Running]:
     settings = Settings(namespace="ns", pod_name=POD, model_server="srv", base_model=VLLM_BASE_NAME,
                         max_lora_rank=VLLM_MAX_RANK, target_modules=frozenset(), vllm_url=clean_vllm,
                         cache_dir=tmp_path / "cache", cache_bytes=1 << 30, port=0, poll_seconds=0.3,
-                        resync_seconds=3600)
+                        resync_seconds=resync_seconds)
     kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm),
                   metrics=metrics)
@@ -212,3 +218,49 @@ def test_pin_mismatch_and_name_conflict(running: Running, s3_env: str, bucket: s
     running.desired.delete("older")
     eventually(lambda: running.state("newer").loaded)
     assert VllmClient(base_url=vllm_url).adapters()["shared"].path.endswith(running.state("newer").version)
+
+
+@pytest.mark.parametrize("resync_seconds", [1.0])
+def test_resync_follows_s3_without_spec_changes(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
+                                                vllm_url: str) -> None:
+    """New files under a loaded adapter's prefix are loaded in place; a failed adapter whose files are fixed is
+    served; files already judged bad are not downloaded again."""
+    upload_dir(s3_env, bucket, "live/", tiny["v1"])
+    upload_dir(s3_env, bucket, "broken/", tiny["v1"], extra={"adapter_config.json": b"{not json"})
+    running.desired.synced.set()
+    running.desired.put("live", {"source": {"uri": f"s3://{bucket}/live/"}})
+    running.desired.put("broken", {"source": {"uri": f"s3://{bucket}/broken/"}})
+    eventually(lambda: get(running.url + "/readyz")[0] == 200)
+    assert running.state("broken").reason == "ConfigInvalid"
+    vllm = VllmClient(base_url=vllm_url)
+    first_path = vllm.adapters()["live"].path
+
+    def downloaded(name: str) -> float:
+        return running.agent.metrics.registry.get_sample_value(
+            "moelora_adapter_downloaded_bytes_total", {"adapter": name}) or 0.0
+
+    broken_bytes = downloaded("broken")
+    time.sleep(2.5)  # two resyncs: the bad files are listed again, not downloaded again
+    assert downloaded("broken") == broken_bytes and running.state("broken").reason == "ConfigInvalid"
+    upload_dir(s3_env, bucket, "live/", tiny["v2"])
+    eventually(lambda: vllm.adapters()["live"].path != first_path)
+    assert running.state("live").loaded
+    upload_dir(s3_env, bucket, "broken/", tiny["v1"])  # fixed in place
+    eventually(lambda: running.state("broken").loaded)
+    assert set(vllm.adapters()) == {"live", "broken"}
+
+
+def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any]) -> None:
+    """Not ready while an adapter is still retrying at startup; once ready, a new slow adapter keeps it ready."""
+    dead = f"http://127.0.0.1:{local_process.free_port()}"
+    upload_dir(s3_env, bucket, "a/", tiny["v1"])
+    running.desired.synced.set()
+    running.desired.put("slow", {"source": {"uri": f"s3://{bucket}/a/", "endpointUrl": dead}})
+    time.sleep(2.0)
+    assert get(running.url + "/readyz")[0] == 503 and running.state("slow").state.value == "Downloading"
+    running.desired.delete("slow")
+    running.desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
+    eventually(lambda: get(running.url + "/readyz")[0] == 200)
+    running.desired.put("slow", {"source": {"uri": f"s3://{bucket}/a/", "endpointUrl": dead}})
+    time.sleep(1.5)
+    assert get(running.url + "/readyz")[0] == 200 and not running.state("slow").loaded

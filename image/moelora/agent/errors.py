@@ -12,6 +12,7 @@ class AdapterError(Exception):
         super().__init__(f"{reason.value}: {message}")
         self.reason = reason
         self.message = message
+        self.version: str | None = None  # the listed files it was judged on, when known
 
 
 class TransientError(Exception):

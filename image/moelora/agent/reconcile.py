@@ -75,6 +75,7 @@ class Record:
     loaded_at: datetime.datetime | None = None
     started: float | None = None  # monotonic time the current preparation began (load duration)
     conflict_with: str | None = None  # the adapter that holds our served name
+    failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
 
     def fail(self, reason: FailureReason, message: str, *, permanent: bool, now: float,
              backoff: float = 1.0, max_backoff: float = 60.0, max_attempts: int = 6) -> None:

@@ -33,10 +33,6 @@ from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
 
 logger = logging.getLogger(__name__)
 
-# Failures that an outside change (a Secret created, files uploaded, a bucket policy fixed) can cure without any
-# change to the LoRAAdapter: retried at every resync.
-_CURABLE = {FailureReason.SOURCE_NOT_FOUND, FailureReason.ACCESS_DENIED, FailureReason.SECRET_NOT_FOUND,
-            FailureReason.VERSION_MISMATCH, FailureReason.LOAD_FAILED}
 
 
 class StatusWriter(Protocol):
@@ -54,7 +50,7 @@ class DesiredSource(Protocol):
 class Outcome:
     uid: str
     spec_hash: str
-    refresh: bool  # a periodic re-check of a loaded adapter, not a first preparation
+    refresh: bool  # a periodic re-check (of a loaded or failed adapter), not a first preparation
     version: str | None = None
     path: str | None = None
     info: AdapterInfo | None = None
@@ -81,13 +77,15 @@ class Agent:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
         self.vllm_up = False
         self.is_ready = False
+        self._gate_open = False  # once every adapter settled: new adapters no longer pull the pod out of service
         self.last_loop = monotonic()
         self.next_resync = monotonic() + settings.resync_seconds
         self.written: dict[str, tuple[Any, ...]] = {}  # uid -> what its status says now
         self._clients: dict[ClientConfig, Any] = {}
         self._cache_lock = threading.Lock()
         self._protected: set[str] = set()  # versions in use or in flight: never evicted
-        self._secrets: set[str] = set()  # values to redact from anything we publish
+        self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
+        self._secrets: frozenset[str] = frozenset()  # values to redact from anything we publish (replaced, not mutated)
         self._cache_changed = True
 
     # ---- the loop ----
@@ -142,7 +140,11 @@ class Agent:
             self._load(self.records[load.uid], load)
         self._protect(loaded)
         self._publish(desired)
-        self.is_ready = reconcile.ready(desired=desired, records=self.records, vllm_up=self.vllm_up)
+        # Readiness gates a new (or vLLM-restarted) pod until its adapters are settled; after that, an adapter
+        # added later must not take every replica out of the Service while it downloads.
+        settled = reconcile.ready(desired=desired, records=self.records, vllm_up=self.vllm_up)
+        self._gate_open = self.vllm_up and (self._gate_open or settled)
+        self.is_ready = self._gate_open
         self.metrics.ready.set(1 if self.is_ready else 0)
 
     # ---- vLLM ----
@@ -178,6 +180,7 @@ class Agent:
                 continue
             except AdapterError as error:
                 self._fail(record, error.reason, error.message, permanent=True)
+                record.failed_version = record.version
                 return
             except TransientError as error:
                 self._fail(record, error.reason, error.message, permanent=False)
@@ -210,7 +213,7 @@ class Agent:
     # ---- records ----
 
     def _fail(self, record: Record, reason: FailureReason, message: str, *, permanent: bool) -> None:
-        message = redact(message, list(self._secrets))
+        message = redact(message, self._secrets)
         record.fail(reason, message, permanent=permanent, now=self.monotonic())
         self.metrics.failures.labels(record.name, reason.value).inc()
         self.metrics.loaded.labels(record.name, record.served_name).set(0)
@@ -240,15 +243,14 @@ class Agent:
         self.metrics.forget(adapter=record.name, served_name=record.served_name)
 
     def _resync(self, desired: list[Desired]) -> None:
-        """Retry what an outside change may have cured, and re-check loaded adapters for new files in S3."""
+        """Re-check loaded and failed adapters against S3: new files are loaded in place, and an outside fix (a
+        Secret created, files uploaded or corrected) cures a failure without any change to the LoRAAdapter.
+        Files already judged bad are not downloaded again (same listing, same verdict)."""
         for item in desired:
             record = self.records.get(item.uid)
             if record is None or item.uid in self.busy or record.spec_hash != item.spec_hash:
                 continue
-            if record.stage is Stage.FAILED and record.conflict_with is None and record.reason in _CURABLE:
-                record.permanent = False
-                record.retry_at = 0.0
-            elif record.stage is Stage.LOADED:
+            if record.stage is Stage.LOADED or (record.stage is Stage.FAILED and record.conflict_with is None):
                 self._start_prepare(item, refresh=True)
 
     # ---- preparation (worker threads) ----
@@ -265,12 +267,16 @@ class Agent:
             record.stage = Stage.PREPARING
             record.conflict_with = None
             record.started = self.monotonic()
-        self.busy[item.uid] = self.pool.submit(self._prepare, item, refresh)
+        known_bad = None
+        if record.stage is Stage.FAILED and record.failed_version and record.reason is not None:
+            known_bad = AdapterError(record.reason, record.message or "")
+            known_bad.version = record.failed_version
+        self.busy[item.uid] = self.pool.submit(self._prepare, item, refresh, known_bad)
 
-    def _prepare(self, item: Desired, refresh: bool) -> None:
+    def _prepare(self, item: Desired, refresh: bool, known_bad: AdapterError | None) -> None:
         """List, check, download and validate one adapter; the outcome goes back to the loop (never raises)."""
         try:
-            version, path, info = self._download_and_validate(item)
+            version, path, info = self._download_and_validate(item, known_bad)
             outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version,
                               path=str(path), info=info)
         except Exception as error:  # noqa: BLE001 - every failure becomes this adapter's, and only its
@@ -278,7 +284,8 @@ class Agent:
         self.outcomes.put(outcome)
         self.wake.set()
 
-    def _download_and_validate(self, item: Desired) -> tuple[str, pathlib.Path, AdapterInfo]:
+    def _download_and_validate(self, item: Desired,
+                               known_bad: AdapterError | None) -> tuple[str, pathlib.Path, AdapterInfo]:
         source = item.spec.source
         credentials = None
         if source.credentials_secret is not None:
@@ -286,30 +293,38 @@ class Agent:
             if data is None:
                 raise AdapterError(FailureReason.SECRET_NOT_FOUND,
                                    f"Secret {source.credentials_secret.name!r} not found (or not readable)")
-            self._secrets.update(v for v in data.values() if v)
+            self._secrets = self._secrets | {v for v in data.values() if v}
             credentials = Credentials.from_secret(data, secret_name=source.credentials_secret.name)
         client = self._client(ClientConfig(endpoint_url=source.endpoint_url, region=source.region,
                                            credentials=credentials))
         listing = list_source(client, location=parse_s3_uri(source.uri))
-        check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
-        with self._cache_lock:
-            self._protected.add(listing.version)
-            self.cache.evict(keep=self._protected, room_for=0 if (self.settings.cache_dir / listing.version).is_dir()
-                             else listing.total_bytes)
-        counter = self.metrics.downloaded.labels(item.name)
-        path = fetch(client=client, listing=listing, cache_dir=self.settings.cache_dir, pin=item.spec.pin,
-                     on_bytes=counter.inc)
+        if known_bad is not None and known_bad.version == listing.version:
+            raise known_bad
         try:
-            info = validate(path, self.limits)
-        except AdapterError:
-            shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
+            check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
+            with self._cache_lock:
+                self._inflight.add(listing.version)
+                present = (self.settings.cache_dir / listing.version).is_dir()
+                self.cache.evict(keep=self._protected | self._inflight, room_for=0 if present else listing.total_bytes)
+            counter = self.metrics.downloaded.labels(item.name)
+            path = fetch(client=client, listing=listing, cache_dir=self.settings.cache_dir, pin=item.spec.pin,
+                         on_bytes=counter.inc)
+            try:
+                info = validate(path, self.limits)
+            except AdapterError:
+                shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
+                raise
+        except AdapterError as error:
+            error.version = listing.version
             raise
         return listing.version, path, info
 
     def _client(self, config: ClientConfig) -> Any:
-        client = self._clients.get(config)
-        if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
-            client = self._clients[config] = make_client(config, max_connections=self.settings.download_workers * 4)
+        with self._cache_lock:
+            client = self._clients.get(config)
+            if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
+                client = self._clients[config] = make_client(config,
+                                                             max_connections=self.settings.download_workers * 4)
         return client
 
     def _collect(self) -> None:
@@ -320,30 +335,40 @@ class Agent:
                 return
             self.busy.pop(outcome.uid, None)
             self._cache_changed = True
+            if outcome.version is not None:
+                with self._cache_lock:
+                    self._inflight.discard(outcome.version)
             record = self.records.get(outcome.uid)
             if record is None or record.spec_hash != outcome.spec_hash:
                 continue  # deleted or changed while downloading: the plan starts over
             if outcome.error is not None:
-                if outcome.refresh:
-                    logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name,
-                                redact(str(outcome.error), list(self._secrets)))
-                    continue
                 error = outcome.error
+                if isinstance(error, AdapterError) and error.version is not None:
+                    with self._cache_lock:
+                        self._inflight.discard(error.version)
+                if outcome.refresh and record.stage is Stage.LOADED:
+                    # Serving what was checked before beats dropping it over a new problem (S3 down, files gone).
+                    logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name,
+                                redact(str(error), self._secrets))
+                    continue
                 if isinstance(error, AdapterError):
+                    if outcome.refresh and error.reason is record.reason and error.version == record.failed_version:
+                        continue  # the same verdict on the same files: nothing new to publish or count
                     self._fail(record, error.reason, error.message, permanent=True)
+                    record.failed_version = error.version
                 elif isinstance(error, TransientError):
                     self._fail(record, error.reason, error.message, permanent=False)
                 else:
                     logger.exception("unexpected error preparing %s", record.name, exc_info=error)
                     self._fail(record, FailureReason.LOAD_FAILED, f"{type(error).__name__}: {error}", permanent=False)
                 continue
-            if outcome.refresh and outcome.path == record.path:
+            if outcome.refresh and record.stage is Stage.LOADED and outcome.path == record.path:
                 continue  # same files: nothing to do
             record.version, record.path, record.info = outcome.version, outcome.path, outcome.info
-            if record.stage is not Stage.LOADED or outcome.refresh:
-                record.stage = Stage.READY
-                if record.started is None:
-                    record.started = self.monotonic()
+            record.failed_version = None
+            record.stage = Stage.READY  # the plan loads it (in place, if vLLM has another version)
+            if record.started is None:
+                record.started = self.monotonic()
 
     def _protect(self, loaded: dict[str, LoadedAdapter] | None) -> None:
         versions = {r.version for r in self.records.values() if r.version}
