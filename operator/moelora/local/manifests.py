@@ -1,0 +1,59 @@
+"""The objects the local stack applies: a ModelServer for the tiny model on the CPU, its adapters, the S3 Secret.
+
+Pure builders (dicts in, dicts out). examples/local/ holds the same objects as YAML for people to read and apply;
+a unit test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moelora.api import API_VERSION
+from moelora.local import vllm
+
+
+BASE_MODEL_NAME = "moelora/tiny-llama"
+MODEL_URI = "s3://models/tiny-llama/"
+ADAPTERS_BUCKET = "adapters"
+S3_SECRET = "local-s3"
+
+# What the ModelServer's env may carry of vllm.CPU_ENV: the operator sets the other two itself (and refuses them).
+_OPERATOR_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"}
+
+
+def s3_secret(*, access_key_id: str, secret_access_key: str, name: str = S3_SECRET) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
+            "stringData": {"AWS_ACCESS_KEY_ID": access_key_id, "AWS_SECRET_ACCESS_KEY": secret_access_key}}
+
+
+def model_server(*, name: str, s3_endpoint: str, replicas: int = 1, max_loras: int = 4, max_lora_rank: int = 16,
+                 max_cpu_loras: int | None = None, cache_size: str = "1Gi") -> dict[str, Any]:
+    """A ModelServer serving the generated tiny model from local S3 on the CPU (gpus: 0)."""
+    lora: dict[str, Any] = {"maxLoras": max_loras, "maxLoraRank": max_lora_rank}
+    if max_cpu_loras is not None:
+        lora["maxCpuLoras"] = max_cpu_loras
+    return {
+        "apiVersion": API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
+        "spec": {
+            "model": {"name": BASE_MODEL_NAME, "source": MODEL_URI.rstrip("/")},
+            "replicas": replicas,
+            "gpus": 0,
+            "lora": lora,
+            "engineArgs": list(vllm.CPU_ENGINE_ARGS),
+            "env": [{"name": key, "value": value} for key, value in vllm.CPU_ENV.items() if key not in _OPERATOR_ENV],
+            "s3": {"endpointUrl": s3_endpoint, "region": "us-east-1", "credentialsSecret": {"name": S3_SECRET}},
+            "adapterCache": {"sizeLimit": cache_size},
+        },
+    }
+
+
+def adapter(*, name: str, model_server: str, uri: str, pin: dict[str, str] | None = None) -> dict[str, Any]:
+    """A LoRAAdapter of `model_server` whose files are at `uri`."""
+    spec: dict[str, Any] = {"modelServer": model_server, "source": {"uri": uri}}
+    if pin:
+        spec["pin"] = pin
+    return {"apiVersion": API_VERSION, "kind": "LoRAAdapter", "metadata": {"name": name}, "spec": spec}
+
+
+def adapter_uri(name: str) -> str:
+    return f"s3://{ADAPTERS_BUCKET}/{name}/"
