@@ -150,5 +150,6 @@ def test_vllm_loader_in_a_fresh_process(tmp_path):
     env.pop("VLLM_PLUGINS", None)
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU)" in res.stdout
+    assert "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on " \
+           "the CPU: moelora torch experts)" in res.stdout
     assert "moelora/vllm_plugin/install.py" in res.stdout

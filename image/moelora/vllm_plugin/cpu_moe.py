@@ -23,7 +23,7 @@ from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as
 from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-__all__ = ["TorchLoRAExperts", "check", "install_cpu_moe"]
+__all__ = ["TorchLoRAExperts", "check", "install_cpu_moe", "uninstall_cpu_moe"]
 
 _APPLY = ("self", "output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
           "global_num_experts", "expert_map", "a1q_scale", "a2_scale", "workspace13", "workspace2",
@@ -164,7 +164,18 @@ def install_cpu_moe() -> str | None:
             return select(moe_config)
 
         select_unquantized_moe_backend._moelora = True  # type: ignore[attr-defined]
+        select_unquantized_moe_backend.__wrapped__ = select  # type: ignore[attr-defined]
         method_mod.select_unquantized_moe_backend = select_unquantized_moe_backend
     PunicaWrapperCPU.add_lora_w13 = _add_lora_w13  # type: ignore[method-assign]
     PunicaWrapperCPU.add_lora_w2 = _add_lora_w2  # type: ignore[method-assign]
     return None
+
+
+def uninstall_cpu_moe() -> None:
+    """Undo install_cpu_moe (tests)."""
+    select = method_mod.select_unquantized_moe_backend
+    if getattr(select, "_moelora", False):
+        method_mod.select_unquantized_moe_backend = select.__wrapped__
+    for name in ("add_lora_w13", "add_lora_w2"):
+        if name in PunicaWrapperCPU.__dict__:
+            delattr(PunicaWrapperCPU, name)

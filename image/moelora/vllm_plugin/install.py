@@ -106,6 +106,10 @@ def uninstall() -> None:
     if _LIBRARY is not None:
         _LIBRARY._destroy()
         _LIBRARY = None
+    import sys
+
+    if "moelora.vllm_plugin.cpu_moe" in sys.modules:
+        sys.modules["moelora.vllm_plugin.cpu_moe"].uninstall_cpu_moe()
 
 
 def _has_op() -> bool:
