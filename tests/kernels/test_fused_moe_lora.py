@@ -29,10 +29,10 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed, none_fra
                 topk_weights=weights, output=out.to(dtype))
 
 
-def run_op(case, *, block_m=16, config=None, mul_routed_weight=False):
+def run_op(case, *, block_m=16, config=None, mul_routed_weight=False, method="auto"):
     e, loras = case["lora_a"].shape[1], case["lora_a"].shape[0]
     routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=e, max_loras=loras, block_m=block_m)
+                               num_experts=e, max_loras=loras, block_m=block_m, method=method)
     out = case["output"].clone()
     fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
                    topk_weights=case["topk_weights"], mul_routed_weight=mul_routed_weight, config=config)
@@ -61,6 +61,14 @@ def test_op_matches_reference(dtype, per_pair, rank, k, n, cfg):
     case = make_case(m=7, top_k=3, e=5, loras=3, rank=rank, k=k, n=n, dtype=dtype, per_pair=per_pair, seed=rank)
     out = run_op(case, config=cfg, mul_routed_weight=per_pair)
     assert delta_error(case, out, per_pair) < TOL[dtype]
+
+
+@pytest.mark.parametrize("method", ["tiny", "single", "multi"])
+def test_every_routing_method_gives_the_same_result(method):
+    case = make_case(m=30, top_k=4, e=5, loras=2, rank=16, k=32, n=24, dtype=torch.float32, per_pair=True, seed=2)
+    out = run_op(case, method=method, mul_routed_weight=True, config=KernelConfig(split_k=2, shrink_block_k=16,
+                                                                                  expand_block_n=32))
+    assert delta_error(case, out, True) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("block_m", [16, 32, 64])
@@ -106,13 +114,17 @@ def test_output_column_slice_of_wider_buffer():
     assert delta_error(case, wide[..., 10:34]) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("m, top_k, block_m", [(7, 3, 16), (500, 4, 32)])
-def test_routing_groups_every_valid_pair_once(m, top_k, block_m):
+@pytest.mark.parametrize("m, top_k, block_m, method", [
+    (7, 3, 16, "tiny"), (7, 3, 16, "single"), (7, 3, 16, "multi"), (42, 3, 16, "tiny"), (200, 5, 16, "single"),
+    (500, 4, 32, "multi"),
+])
+def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):
     g = torch.Generator().manual_seed(m)
     e, loras = 6, 3
     ids = torch.randint(-1, e, (m, top_k), generator=g)  # -1: expert not on this rank
     lora_map = torch.randint(-1, loras + 1, (m,), generator=g)  # -1: none; == loras: out of range
-    r = moe_lora_routing(topk_ids=ids, token_lora_mapping=lora_map, num_experts=e, max_loras=loras, block_m=block_m)
+    r = moe_lora_routing(topk_ids=ids, token_lora_mapping=lora_map, num_experts=e, max_loras=loras, block_m=block_m,
+                         method=method)
     pairs_lora = lora_map.repeat_interleave(top_k)
     flat = ids.view(-1)
     valid = (pairs_lora >= 0) & (pairs_lora < loras) & (flat >= 0)

@@ -33,6 +33,9 @@ __all__ = ["MoeLoraRouting", "moe_lora_routing"]
 # Pairs handled by one CTA of the routing kernels; also the largest pair count the single-launch path takes
 # (M <= 256 tokens at top_k 4, M <= 128 at top_k 8).
 _ROUTE_BLOCK = 1024
+# Pairs the register-only path takes (M <= 32 at top_k 4, M <= 16 at top_k 8): its comparison matrices are
+# BLOCK x BLOCK, 64 values per thread at 8 warps.
+_TINY_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,40 @@ def _route_finish_kernel(
         _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M)
 
 
+@triton.jit(do_not_specialize=["num_pairs"])
+def _route_tiny_kernel(
+    # pointers
+    topk_ids_ptr,  # (P,) int
+    lora_ptr,  # (M,) int
+    sorted_ptr,  # (P,) int32, out
+    table_ptr,  # (3, max_blocks) int32, out
+    num_blocks_ptr,  # (1,) int32, out
+    # sizes
+    num_pairs, top_k, num_experts, max_loras, max_blocks,
+    # meta
+    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """All pairs in registers, no atomics, no barriers, no scratch: position of pair i =
+    #(valid j with group_j < group_i) + #(valid j < i with group_j == group_i), from BLOCK x BLOCK comparisons."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    offs = tl.arange(0, BLOCK)
+    group, valid = _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, max_loras)
+    valid_j = valid[None, :]
+    same = (group[None, :] == group[:, None]) & valid_j
+    rank = tl.sum((same & (offs[None, :] < offs[:, None])).to(tl.int32), axis=1)
+    count = tl.sum(same.to(tl.int32), axis=1)
+    pos = tl.sum(((group[None, :] < group[:, None]) & valid_j).to(tl.int32), axis=1) + rank
+    tl.store(sorted_ptr + pos, offs, mask=valid)
+    first = valid & (rank % BLOCK_M == 0)  # the pair that opens a block
+    block = tl.sum((first[None, :] & (pos[None, :] < pos[:, None])).to(tl.int32), axis=1)
+    tl.store(table_ptr + block, group, mask=first)
+    tl.store(table_ptr + max_blocks + block, pos, mask=first)
+    tl.store(table_ptr + 2 * max_blocks + block, pos + tl.minimum(count - rank, BLOCK_M), mask=first)
+    tl.store(num_blocks_ptr, tl.sum(first.to(tl.int32), 0))
+
+
 def max_blocks_for(num_pairs: int, num_groups: int, block_m: int) -> int:
     """Static upper bound on the number of non-empty blocks (see the module docstring)."""
     return max(1, min(num_pairs, num_groups) + num_pairs // block_m)
@@ -160,13 +197,16 @@ def moe_lora_routing(
     max_loras: int,
     block_m: int,
     pdl: bool | None = None,
+    method: str = "auto",
 ) -> MoeLoraRouting:
     """Group the (token, slot) pairs by (adapter, expert), on the device and without host synchronisation.
 
     topk_ids: (M, top_k) int32/int64 expert ids (entries outside [0, num_experts) are skipped);
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
-    pdl: programmatic dependent launch, None = where supported (see fused.use_pdl).
+    pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
+    method: "tiny" (<= 128 pairs, one launch, all in registers), "single" (<= 1024 pairs, one launch with global
+        atomics), "multi" (two launches and a memset), or "auto": the first that fits.
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
     if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
@@ -186,9 +226,22 @@ def moe_lora_routing(
     num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
-    single = num_pairs <= _ROUTE_BLOCK
-    # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
     pdl = use_pdl(dev) if pdl is None else pdl
+    if method == "auto":
+        method = "tiny" if num_pairs <= _TINY_BLOCK else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
+    if (method == "tiny" and num_pairs > _TINY_BLOCK) or (method == "single" and num_pairs > _ROUTE_BLOCK):
+        raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
+    if method == "tiny":
+        _route_tiny_kernel[(1,)](
+            topk_flat, lora, sorted_pairs, block_table, num_blocks, num_pairs, top_k, num_experts, max_loras,
+            max_blocks, BLOCK=_TINY_BLOCK, BLOCK_M=block_m, USE_PDL=pdl, num_warps=8,
+            **({"launch_pdl": True} if pdl else {}),
+        )
+        return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
+                              num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
+                              block_m=block_m, max_blocks=max_blocks)
+    single = method == "single"
+    # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
     if single:
         counts = torch.empty(num_groups, dtype=torch.int32, device=dev)
         rank = sorted_pairs  # not read when SINGLE
