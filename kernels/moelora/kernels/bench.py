@@ -84,6 +84,7 @@ class LayerConfig:
     w13: KernelConfig
     w2: KernelConfig
     pdl: bool | None = None  # None: where supported; False forces it off for routing and both ops
+    route_method: str = "auto"
 
     def without_pdl(self) -> LayerConfig:
         return replace(self, pdl=False, w13=replace(self.w13, pdl=False), w2=replace(self.w2, pdl=False))
@@ -110,7 +111,8 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
     """
     e = inp.w13_a.shape[1]
     routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
-                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m, pdl=cfg.pdl)
+                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m, pdl=cfg.pdl,
+                               method=cfg.route_method)
     if stages == 5:
         fused_moe_lora(output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing,
                        config=cfg.w13)
@@ -234,21 +236,20 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         "shrink_block_k": (64, 128, 256),
         "shrink_stages": (2, 3, 4),
         "shrink_warps": (2, 4, 8),
-        "expand_block_n": (64, 128, 256),
+        "expand_block_n": (64, 128, 256, 512),
         "expand_warps": (4, 8),
         "expand_tiles": (1, 2, 4),
         "expand_stages": (1, 2),
     }
-    for bm in (16, 32, 64):
-        if bm == best.block_m:
+    pairs = case.sets[0].topk_ids.numel()
+    methods = [m for m, cap in (("tiny", 128), ("single", 1024), ("multi", 1 << 30)) if pairs <= cap]
+    for method in methods:
+        if method == best.route_method or (best.route_method == "auto" and method == methods[0]):
             continue
-        try:
-            us = case.time(replace(best, block_m=bm))
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile or fit is skipped
-            log(f"    block_m={bm} failed: {exc!s:.100}")
-            continue
-        if us < best_us:
-            best, best_us = replace(best, block_m=bm), us
+        us = case.time(replace(best, route_method=method))
+        log(f"    route {method}: {us:.1f} us")
+        if us < best_us * 0.99:
+            best, best_us = replace(best, route_method=method), us
     for op, (field, values) in itertools.product(("w13", "w2"), choices.items()):
         for v in values:
             cand_op = replace(getattr(best, op), **{field: v})
@@ -306,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
               + (" default-config µs |" if args.sweep else ""))
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
-    rows = []
+    rows: list[dict] = []
+    tuned: list[dict] = []
     for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
         case = Case(model, rank, n_ad, m)
         cfg = default_layer_config(case.sets[0])
@@ -325,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
                    pct_copy=100 * case.bytes / (us * 1e-6) / bw, floor_us=case.bytes / bw * 1e6,
                    vllm_doc_us=vllm, default_us=default_us, config=str(cfg), **extra)
         rows.append(row)
+        if args.sweep:
+            h, inter, e, top_k = MODELS[model]
+            for op, (k, n) in (("w13", (h, 2 * inter)), ("w2", (inter, h))):
+                tuned.append(dict(k=k, n=n, rank=rank, num_experts=e, max_loras=n_ad, m=m,
+                                  config=asdict(getattr(cfg, op)) | {"pdl": None}))
         print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
               f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
               + (f" {default_us:.1f} |" if args.sweep else ""), flush=True)
@@ -335,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# copy bandwidth again at the end: {bw_end / 1e12:.2f} TB/s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=dev, copy_bw=bw, rows=rows), f, indent=1)
+            json.dump(dict(device=dev, copy_bw=bw, rows=rows, tuned=tuned), f, indent=1)
     return 0
 
 

@@ -16,7 +16,11 @@ times its HBM traffic.
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -60,7 +64,11 @@ def default_block_m(*, num_pairs: int, num_groups: int) -> int:
 
 
 def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device) -> KernelConfig:
-    """A launch configuration from the problem's sizes alone (no tuning file needed)."""
+    """The bundled tuned configuration nearest to this problem (configs/<GPU name>.json, same K, N and E; nearest
+    rank, adapter count and M on a log scale), else one from the sizes alone."""
+    tuned = _tuned_config(routing=routing, k=k, n=n, rank=rank, device=device)
+    if tuned is not None:
+        return tuned
     sms = _num_sms(device)
     block_k = 64 if k % 64 == 0 or k < 128 else 128
     k_iters = triton.cdiv(k, block_k)
@@ -69,6 +77,35 @@ def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device
     split_k = min(split_k, 16)
     block_n = 256 if rank <= 32 else 128
     return KernelConfig(split_k=split_k, shrink_block_k=block_k, expand_block_n=block_n)
+
+
+def _config_file(device: torch.device) -> Path | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device).replace(" ", "_").replace("-", "_")
+    path = Path(__file__).with_name("configs") / f"{name}.json"
+    return path if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_configs(path: Path) -> tuple[dict, ...]:
+    return tuple(json.loads(path.read_text())["entries"])
+
+
+def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device) -> KernelConfig | None:
+    path = _config_file(device)
+    if path is None:
+        return None
+    m = max(1, routing.num_pairs // routing.top_k)
+    candidates = [e for e in _load_configs(path) if (e["k"], e["n"], e["num_experts"]) == (k, n, routing.num_experts)]
+    if not candidates:
+        return None
+
+    def distance(e: dict) -> tuple[float, float, float]:
+        return (abs(math.log2(e["rank"] / rank)), abs(math.log2(e["max_loras"] / routing.max_loras)),
+                abs(math.log2(e["m"] / m)))
+
+    return KernelConfig(**min(candidates, key=distance)["config"])
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
