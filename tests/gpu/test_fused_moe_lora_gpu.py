@@ -60,7 +60,7 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0):
 
 @pytest.mark.parametrize("model, rank, adapters, m", [
     ("gpt-oss", 32, 8, 1), ("gpt-oss", 32, 8, 16), ("gpt-oss", 32, 8, 300), ("gpt-oss", 16, 3, 257),
-    ("qwen3", 32, 8, 16), ("qwen3", 64, 4, 130), ("qwen3", 8, 2, 33), ("gpt-oss", 128, 2, 20),
+    ("qwen3", 32, 8, 16), ("qwen3", 64, 4, 130), ("qwen3", 8, 2, 33), ("gpt-oss", 128, 2, 20), ("gpt-oss", 32, 8, 60),
 ])
 def test_layer_matches_reference(k, model, rank, adapters, m):
     e13, e2 = layer_check(k, model, rank, adapters, m)

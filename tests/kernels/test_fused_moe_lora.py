@@ -115,7 +115,8 @@ def test_output_column_slice_of_wider_buffer():
 
 
 @pytest.mark.parametrize("m, top_k, block_m, method", [
-    (7, 3, 16, "tiny"), (7, 3, 16, "single"), (7, 3, 16, "multi"), (42, 3, 16, "tiny"), (200, 5, 16, "single"),
+    (7, 3, 16, "tiny"), (7, 3, 16, "single"), (7, 3, 16, "multi"), (42, 3, 16, "tiny"), (60, 4, 16, "tiny"),
+    (200, 5, 16, "single"),
     (500, 4, 32, "multi"),
 ])
 def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):

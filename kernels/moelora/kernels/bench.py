@@ -236,13 +236,13 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         "shrink_block_k": (64, 128, 256),
         "shrink_stages": (2, 3, 4),
         "shrink_warps": (2, 4, 8),
-        "expand_block_n": (64, 128, 256, 512),
+        "expand_block_n": (64, 128, 256, 512, 1024),
         "expand_warps": (4, 8),
         "expand_tiles": (1, 2, 4),
         "expand_stages": (1, 2),
     }
     pairs = case.sets[0].topk_ids.numel()
-    methods = [m for m, cap in (("tiny", 128), ("single", 1024), ("multi", 1 << 30)) if pairs <= cap]
+    methods = [m for m, cap in (("tiny", 256), ("single", 1024), ("multi", 1 << 30)) if pairs <= cap]
     for method in methods:
         if method == best.route_method or (best.route_method == "auto" and method == methods[0]):
             continue

@@ -33,9 +33,9 @@ __all__ = ["MoeLoraRouting", "moe_lora_routing"]
 # Pairs handled by one CTA of the routing kernels; also the largest pair count the single-launch path takes
 # (M <= 256 tokens at top_k 4, M <= 128 at top_k 8).
 _ROUTE_BLOCK = 1024
-# Pairs the register-only path takes (M <= 32 at top_k 4, M <= 16 at top_k 8): its comparison matrices are
-# BLOCK x BLOCK, 64 values per thread at 8 warps.
-_TINY_BLOCK = 128
+# Pairs the register-only path takes (M <= 64 at top_k 4, M <= 32 at top_k 8): its comparison matrices are
+# BLOCK x BLOCK with BLOCK = next power of two >= P, up to 128 values per thread at 16 warps.
+_TINY_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def moe_lora_routing(
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
     pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
-    method: "tiny" (<= 128 pairs, one launch, all in registers), "single" (<= 1024 pairs, one launch with global
+    method: "tiny" (<= 256 pairs, one launch, all in registers), "single" (<= 1024 pairs, one launch with global
         atomics), "multi" (two launches and a memset), or "auto": the first that fits.
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
@@ -234,7 +234,8 @@ def moe_lora_routing(
     if method == "tiny":
         _route_tiny_kernel[(1,)](
             topk_flat, lora, sorted_pairs, block_table, num_blocks, num_pairs, top_k, num_experts, max_loras,
-            max_blocks, BLOCK=_TINY_BLOCK, BLOCK_M=block_m, USE_PDL=pdl, num_warps=8,
+            max_blocks, BLOCK=max(16, triton.next_power_of_2(num_pairs)), BLOCK_M=block_m, USE_PDL=pdl,
+            num_warps=8 if num_pairs <= 128 else 16,
             **({"launch_pdl": True} if pdl else {}),
         )
         return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
