@@ -44,11 +44,17 @@ class S3Server:
                             config=Config(s3={"addressing_style": "path"}))
 
 
-def start_moto(*, access_key_id: str = "moto-access-key", secret_access_key: str = "moto-secret-key") -> S3Server:
-    """Start moto's S3 in a daemon thread on a free port. moto accepts any keys; these are the ones handed out."""
+def start_moto(*, access_key_id: str = "moto-access-key", secret_access_key: str = "moto-secret-key",
+               port: int = 0) -> S3Server:
+    """Start moto's S3 in a daemon thread on `port` (0: a free one). moto accepts any keys; these are handed out.
+
+    Raises OSError if `port` is taken."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise, on stderr
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     return S3Server(endpoint_url=f"http://{host}:{port}", access_key_id=access_key_id,

@@ -34,16 +34,19 @@ class Stack:
     `operator`: "thread" (kopf in this process; its log goes to root/operator.log), "process" (a child running
     `python -m moelora.operator`, so its memory can be measured on its own) or "none".
     `agent_env`: extra environment for the agent container only (tests shorten its poll interval).
+    `s3_port`: where moto listens (0: a free port); `s3_keys`: the keys put in the `local-s3` Secret.
     """
 
     def __init__(self, *, root: pathlib.Path, namespace: str = "default", operator: str = "thread",
                  agent_env: Mapping[str, str] | None = None, s3_keys: tuple[str, str] | None = None,
+                 s3_port: int = 0,
                  progress: Callable[[str], None] = lambda message: None) -> None:
         self.root = root
         self.namespace = namespace
         self.operator_mode = operator
         self.agent_env = dict(agent_env or {})
         self.s3_keys = s3_keys or ("AKIALOCALEXAMPLE", "local-secret-key-value")
+        self.s3_port = s3_port
         self.progress = progress
         self.api: kube.KubeAPI | None = None
         self.s3: s3.S3Server | None = None
@@ -66,7 +69,8 @@ class Stack:
             self.api = kube.KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace).start()
             self.progress(f"  API server at {self.api.url}, kubeconfig {self.api.kubeconfig}")
             self.progress("starting S3 (moto) and uploading the generated tiny model")
-            self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1])
+            self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1],
+                                    port=self.s3_port)
             if not (self.model_dir / "model.safetensors").exists():
                 models.make_model(path=self.model_dir)
             s3.upload_dir(server=self.s3, source=self.model_dir, uri=manifests.MODEL_URI)

