@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
@@ -25,8 +24,8 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed, none_fra
     lora_map[torch.rand(m, generator=g) < none_frac] = -1
     weights = torch.rand(m, top_k, generator=g)
     out = torch.randn(m, top_k, n, generator=g)
-    return dict(x=x.to(dtype), lora_a=a.to(dtype), lora_b=b.to(dtype), topk_ids=ids, token_lora_mapping=lora_map,
-                topk_weights=weights, output=out.to(dtype))
+    return {"x": x.to(dtype), "lora_a": a.to(dtype), "lora_b": b.to(dtype), "topk_ids": ids,
+            "token_lora_mapping": lora_map, "topk_weights": weights, "output": out.to(dtype)}
 
 
 def run_op(case, *, block_m=16, config=None, mul_routed_weight=False, method="auto"):

@@ -185,7 +185,13 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     best = float("inf")
-    for fn in (lambda: torch.mul(src, 1, out=dst), lambda: dst.copy_(src)):
+    def kernel_copy() -> None:
+        torch.mul(src, 1, out=dst)
+
+    def memcpy() -> None:
+        dst.copy_(src)
+
+    for fn in (kernel_copy, memcpy):
         for _ in range(100):  # load first: an idle H200 sits at 345 MHz
             fn()
         times = []
@@ -197,7 +203,6 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
             stop.synchronize()
             times.append(start.elapsed_time(stop) * 1e3)
         best = min(best, statistics.median(times))
-    del src, dst
     return 2 * nbytes / (best * 1e-6)
 
 
@@ -318,20 +323,20 @@ def main(argv: list[str] | None = None) -> int:
         extra = {}
         if args.breakdown:
             cum = [case.time(cfg, stages=i) for i in (1, 2, 3, 4)] + [us]
-            extra = dict(cumulative_us=cum, no_pdl_us=case.time(cfg.without_pdl()))
+            extra = {"cumulative_us": cum, "no_pdl_us": case.time(cfg.without_pdl())}
             log("  breakdown (cumulative us): routing {:.1f}, +w13 shrink {:.1f}, +w13 expand {:.1f}, "
                 "+w2 shrink {:.1f}, +w2 expand {:.1f}; without PDL {:.1f}".format(*cum, extra["no_pdl_us"]))
         gbs = case.bytes / (us * 1e-6) / 1e9
         vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
-        row = dict(model=model, rank=rank, adapters=n_ad, m=m, us=us, min_bytes=case.bytes, gbs=gbs,
-                   pct_copy=100 * case.bytes / (us * 1e-6) / bw, floor_us=case.bytes / bw * 1e6,
-                   vllm_doc_us=vllm, default_us=default_us, config=str(cfg), **extra)
+        row = {"model": model, "rank": rank, "adapters": n_ad, "m": m, "us": us, "min_bytes": case.bytes, "gbs": gbs,
+               "pct_copy": 100 * case.bytes / (us * 1e-6) / bw, "floor_us": case.bytes / bw * 1e6,
+               "vllm_doc_us": vllm, "default_us": default_us, "config": str(cfg), **extra}
         rows.append(row)
         if args.sweep:
-            h, inter, e, top_k = MODELS[model]
+            h, inter, e, _ = MODELS[model]
             for op, (k, n) in (("w13", (h, 2 * inter)), ("w2", (inter, h))):
-                tuned.append(dict(k=k, n=n, rank=rank, num_experts=e, max_loras=n_ad, m=m,
-                                  config=asdict(getattr(cfg, op)) | {"pdl": None}))
+                tuned.append({"k": k, "n": n, "rank": rank, "num_experts": e, "max_loras": n_ad, "m": m,
+                              "config": asdict(getattr(cfg, op)) | {"pdl": None}})
         print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
               f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
               + (f" {default_us:.1f} |" if args.sweep else ""), flush=True)
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# copy bandwidth again at the end: {bw_end / 1e12:.2f} TB/s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=dev, copy_bw=bw, rows=rows, tuned=tuned), f, indent=1)
+            json.dump({"device": dev, "copy_bw": bw, "rows": rows, "tuned": tuned}, f, indent=1)
     return 0
 
 

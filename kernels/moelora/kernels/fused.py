@@ -332,7 +332,7 @@ def fused_moe_lora(
 
 
 def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mul_routed_weight, config) -> _Plan:
-    max_loras, num_experts, rank, k = lora_a.shape
+    rank, k = lora_a.shape[2:]
     n = lora_b.shape[2]
     cfg = config or default_config(routing=routing, k=k, n=n, rank=rank, device=x_rows.device)
     top_k = routing.top_k

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["moe_lora_reference", "moe_lora_layer_reference"]
+__all__ = ["moe_lora_layer_reference", "moe_lora_reference"]
 
 
 def moe_lora_reference(
@@ -74,7 +74,7 @@ def moe_lora_layer_reference(
     gate_up_out (M, top_k, 2I) and down_out (M, top_k, H) are the base outputs; hidden (M, H); down_in (M, top_k, I).
     Returns the two float64 results.
     """
-    common = dict(topk_ids=topk_ids, token_lora_mapping=token_lora_mapping, topk_weights=topk_weights)
+    common = {"topk_ids": topk_ids, "token_lora_mapping": token_lora_mapping, "topk_weights": topk_weights}
     gate_up = moe_lora_reference(output=gate_up_out, x=hidden, lora_a=w13_a, lora_b=w13_b, **common)
     down = moe_lora_reference(output=down_out, x=down_in, lora_a=w2_a, lora_b=w2_b, mul_routed_weight=True, **common)
     return gate_up, down

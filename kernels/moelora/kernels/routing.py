@@ -76,7 +76,7 @@ def _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_p
     blk_end = tl.cumsum(nblk, 0)
     blk_start = blk_end - nblk
     starts = ends - counts
-    for j in range(0, tl.max(nblk, 0)):
+    for j in range(tl.max(nblk, 0)):
         has = j < nblk
         idx = blk_start + j
         first = starts + j * BLOCK_M
