@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from moelora.operator import apply
+
+
+def deployment(pod_spec: dict, annotations: dict | None = None) -> dict:
+    template: dict = {"metadata": {"labels": {"a": "b"}}, "spec": pod_spec}
+    if annotations is not None:
+        template["metadata"]["annotations"] = annotations
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "n"},
+            "spec": {"replicas": 1, "template": template}}
+
+
+def test_dropped_optional_fields_are_removed() -> None:
+    actual = deployment({"containers": [], "nodeSelector": {"gpu": "h200"}, "tolerations": [{"key": "x"}],
+                         "initContainers": [{"name": "fetch"}], "dnsPolicy": "ClusterFirst"})
+    desired = deployment({"containers": []})
+    patch = apply.update_patch(actual, desired)
+    pod = patch["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] is None and pod["tolerations"] is None and pod["initContainers"] is None
+    assert "dnsPolicy" not in pod  # a server default we never set stays alone
+
+
+def test_owned_maps_are_replaced_not_merged() -> None:
+    actual = deployment({"containers": [], "nodeSelector": {"gpu": "h200", "zone": "a"},
+                         "affinity": {"nodeAffinity": {"x": 1}}})
+    desired = deployment({"containers": [], "nodeSelector": {"gpu": "b200"}, "affinity": {"podAntiAffinity": {"y": 2}}})
+    pod = apply.update_patch(actual, desired)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "b200", "zone": None}
+    assert pod["affinity"] == {"podAntiAffinity": {"y": 2}, "nodeAffinity": None}
+
+
+def test_only_our_template_annotations_are_removed() -> None:
+    actual = deployment({"containers": []}, annotations={"moelora.io/kernel-configs-hash": "abc",
+                                                         "kubectl.kubernetes.io/restartedAt": "now"})
+    desired = deployment({"containers": []}, annotations={})
+    annotations = apply.update_patch(actual, desired)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"moelora.io/kernel-configs-hash": None}
+
+
+def test_config_map_keys_no_longer_rendered_are_removed() -> None:
+    actual = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"},
+              "data": {"old.json": "{}", "kept.json": "{}"}}
+    desired = {**actual, "data": {"kept.json": "{\"1\": {}}"}}
+    assert apply.update_patch(actual, desired)["data"] == {"kept.json": "{\"1\": {}}", "old.json": None}
+
+
+def test_hash_is_stable_and_content_sensitive() -> None:
+    one = deployment({"containers": [{"name": "a"}]})
+    assert apply.desired_hash(one) == apply.desired_hash(deployment({"containers": [{"name": "a"}]}))
+    assert apply.desired_hash(one) != apply.desired_hash(deployment({"containers": [{"name": "b"}]}))

@@ -1,0 +1,94 @@
+"""The emulated API server behaves like a real one where our code and tests depend on it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from moelora.local.kube import KubeAPI, merge_diff
+
+MS = "moelora.io/v1alpha1/modelservers"
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeAPI]:
+    with KubeAPI() as api:
+        yield api
+
+
+def server(name: str, **spec: Any) -> str:
+    return json.dumps({"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
+                       "metadata": {"name": name, "namespace": "k"}, "spec": {"model": {"name": "m"}, **spec}})
+
+
+def test_server_fills_metadata_and_defaults(kube: KubeAPI) -> None:
+    kube.kubectl("apply", "-f", "-", stdin=server("meta"))
+    obj = kube.get(MS, "k", "meta")
+    assert obj is not None
+    meta = obj["metadata"]
+    assert meta["uid"] and meta["generation"] == 1 and meta["creationTimestamp"].endswith("Z")
+    assert obj["spec"]["lora"] == {"maxLoras": 8, "maxLoraRank": 16, "fullySharded": False}  # schema defaults
+
+    kube.kubectl("label", "ms", "meta", "-n", "k", "x=y")
+    labelled = kube.get(MS, "k", "meta")
+    assert labelled["metadata"]["generation"] == 1  # metadata changes do not bump generation
+    assert int(labelled["metadata"]["resourceVersion"]) > int(meta["resourceVersion"])
+    kube.kubectl("patch", "ms", "meta", "-n", "k", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+    assert kube.get(MS, "k", "meta")["metadata"]["generation"] == 2
+
+
+def test_status_subresource_is_separate(kube: KubeAPI) -> None:
+    kube.kubectl("apply", "-f", "-", stdin=server("sub"))
+    kube.kubectl("patch", "ms", "sub", "-n", "k", "--type=merge", "-p",
+                 '{"spec": {"replicas": 2}, "status": {"readyReplicas": 9}}')
+    obj = kube.get(MS, "k", "sub")
+    assert obj["spec"]["replicas"] == 2 and "status" not in obj  # the main resource never writes status
+    kube.kubectl("patch", "ms", "sub", "-n", "k", "--subresource=status", "--type=merge", "-p",
+                 '{"spec": {"replicas": 5}, "status": {"readyReplicas": 1}}')
+    obj = kube.get(MS, "k", "sub")
+    assert obj["status"]["readyReplicas"] == 1 and obj["spec"]["replicas"] == 2  # /status writes only status
+
+
+def test_invalid_objects_are_refused_with_422(kube: KubeAPI) -> None:
+    result = kube.kubectl("apply", "-f", "-", stdin=server("bad", gpus=99), check=False)
+    assert result.returncode != 0 and "spec.gpus" in result.stderr and "maximum of 16" in result.stderr
+    assert kube.get(MS, "k", "bad") is None
+    kube.kubectl("apply", "-f", "-", stdin=server("later"))
+    result = kube.kubectl("patch", "ms", "later", "-n", "k", "--type=merge", "-p",
+                          '{"spec": {"lora": {"maxLoraRank": 3}}}', check=False)
+    assert result.returncode != 0 and kube.get(MS, "k", "later")["spec"]["lora"]["maxLoraRank"] == 16
+
+
+def test_generate_name_and_emulated_garbage_collection(kube: KubeAPI) -> None:
+    kube.kubectl("apply", "-f", "-", stdin=server("owner"))
+    owner = kube.get(MS, "k", "owner")
+    child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "generateName": "child-", "namespace": "k", "ownerReferences": [{
+            "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "owner",
+            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]}}
+    name = json.loads(kube.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(child)).stdout)["metadata"]["name"]
+    assert name.startswith("child-") and len(name) > len("child-")
+    unrelated = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "free", "namespace": "k"}}
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(unrelated))
+    kube.kubectl("delete", "ms", "owner", "-n", "k")
+    assert kube.get("v1/configmaps", "k", name) is None
+    assert kube.get("v1/configmaps", "k", "free") is not None
+
+
+def test_kubectl_reads_lists_and_errors(kube: KubeAPI) -> None:
+    missing = kube.kubectl("get", "ms", "nothing-here", "-n", "k", check=False)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+    kube.kubectl("create", "-f", "-", stdin=server("dup"))
+    again = kube.kubectl("create", "-f", "-", stdin=server("dup"), check=False)
+    assert again.returncode != 0 and "AlreadyExists" in again.stderr
+    listed = json.loads(kube.kubectl("get", "ms", "-n", "k", "-o", "json").stdout)
+    assert listed["kind"] == "List" and "dup" in [item["metadata"]["name"] for item in listed["items"]]
+
+
+def test_merge_diff_round_trips() -> None:
+    old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}
+    new = {"a": 1, "b": {"c": 4}, "e": [2], "f": 5}
+    assert merge_diff(old, new) == {"b": {"c": 4, "d": None}, "e": [2], "f": 5}
