@@ -191,11 +191,12 @@ def test_there_are_at_least_fifteen_cases() -> None:
     assert len(INVALID) >= 15
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_examples_are_valid(path: pathlib.Path) -> None:
     for obj in yaml.safe_load_all(path.read_text()):
         if obj and obj.get("apiVersion", "").startswith("moelora.io/"):
-            assert errors(obj) == [], path.name
+            assert errors(obj) == [], f"{path}: {obj['metadata']['name']}"
 
 
 def test_defaults_fill_what_the_user_left_out() -> None:

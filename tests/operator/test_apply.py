@@ -49,3 +49,12 @@ def test_hash_is_stable_and_content_sensitive() -> None:
     one = deployment({"containers": [{"name": "a"}]})
     assert apply.desired_hash(one) == apply.desired_hash(deployment({"containers": [{"name": "a"}]}))
     assert apply.desired_hash(one) != apply.desired_hash(deployment({"containers": [{"name": "b"}]}))
+
+
+def test_our_annotations_go_when_the_template_has_none_left() -> None:
+    actual = deployment({"containers": []}, annotations={"moelora.io/kernel-configs-hash": "abc", "other": "x"})
+    desired = deployment({"containers": []})
+    assert apply.update_patch(actual, desired)["spec"]["template"]["metadata"]["annotations"] == {
+        "moelora.io/kernel-configs-hash": None}
+    untouched = apply.update_patch(deployment({"containers": []}, annotations={"other": "x"}), desired)
+    assert "annotations" not in untouched["spec"]["template"]["metadata"]

@@ -56,6 +56,15 @@ def test_auto_renders_an_owned_config_map_with_safe_keys(bundle: pathlib.Path) -
     assert json.loads(plan.owned_config_map["data"]["NVIDIA_H200_SHRINK.json"]) == {"1": {"block_m": 32}}
 
 
+def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
+    (bundle / "NVIDIA_B200.json").write_text(json.dumps({"entries": []}))
+    spec = make_spec(kernels={"configs": "auto"}, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
+    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert plan is not None and plan.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
+    assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"E=8,N=64,device_name=NVIDIA_H200.json",
+                                                               "NVIDIA_H200_SHRINK.json"}
+
+
 def test_new_content_changes_the_hash(bundle: pathlib.Path) -> None:
     before = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
     (bundle / "NVIDIA_H200" / "NVIDIA_H200_SHRINK.json").write_text(json.dumps({"1": {"block_m": 64}}))

@@ -33,9 +33,19 @@ def kube() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
+def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """Stands in for moelora.kernels' bundled configs (filled by the tuner on real GPUs)."""
+    root = tmp_path_factory.mktemp("kernel-configs")
+    (root / "NVIDIA_H200").mkdir()
+    (root / "NVIDIA_H200" / "E=32,N=512,device_name=NVIDIA_H200.json").write_text('{"1": {"BLOCK_SIZE_M": 16}}')
+    (root / "NVIDIA_H200.json").write_text('{"entries": []}')
+    return root
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThread]:
     settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1",
-                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0)
+                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0, kernel_configs_dir=str(kernel_bundle))
     with OperatorThread(settings=settings) as running:
         yield running
 
@@ -252,3 +262,36 @@ def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: Operat
     again = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
                      what="Pending again")
     assert again["status"].get("replicas", {}) == {}
+
+
+def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "kernels"
+    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}))  # no Secret needed for this test
+    server = wait_for(lambda: kube.get(MS, ns, "gpt-oss"), what="the server")
+    config_map = wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs"), what="the ConfigMap")
+    assert config_map["metadata"]["ownerReferences"][0]["uid"] == server["metadata"]["uid"]
+    assert set(config_map["data"]) == {"E_32_N_512_device_name_NVIDIA_H200.json", "NVIDIA_H200.json"}
+    dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "gpt-oss"), what="the Deployment")
+    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "kernel-configs")
+    assert {"key": "E_32_N_512_device_name_NVIDIA_H200.json",
+            "path": "E=32,N=512,device_name=NVIDIA_H200.json"} in volume["configMap"]["items"]
+    assert dep["spec"]["template"]["metadata"]["annotations"]["moelora.io/kernel-configs-hash"]
+    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]  # s3:// weights
+    assert fetch["args"][:2] == ["fetch-model", "s3://models/openai/gpt-oss-20b/"]
+
+    # A GPU with no bundled set is a condition, not a silent fallback; the running server is left alone.
+    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={},
+                         nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"}))
+    reason = wait_for(lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True"
+                      and c["reason"], what="KernelConfigsNotFound")
+    assert reason == "KernelConfigsNotFound"
+    assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
+
+    # Back to none: the volume, the annotation, the init container's absence all follow.
+    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}, kernels={"configs": "none"},
+                         model={"name": "openai/gpt-oss-20b"}))
+    plain = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "gpt-oss")) and
+                     "initContainers" not in d["spec"]["template"]["spec"] and d, what="the updated Deployment")
+    assert all(v["name"] != "kernel-configs" for v in plain["spec"]["template"]["spec"]["volumes"])
+    assert "moelora.io/kernel-configs-hash" not in (plain["spec"]["template"]["metadata"].get("annotations") or {})
+    assert condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False"

@@ -16,7 +16,9 @@ def test_every_variable() -> None:
     settings = Settings.from_env({
         "MOELORA_SERVER_IMAGE": "s:1", "MOELORA_AGENT_IMAGE": "a:1", "MOELORA_SERVER_SERVICE_ACCOUNT": "sa",
         "MOELORA_NAMESPACES": " team-a, ,team-b ", "MOELORA_PEERING": "moelora", "MOELORA_RESYNC_SECONDS": "5",
+        "MOELORA_KERNEL_CONFIGS_DIR": "/etc/configs",
     })
+    assert settings.kernel_configs_dir == "/etc/configs"
     assert (settings.server_image, settings.agent_image, settings.server_service_account) == ("s:1", "a:1", "sa")
     assert settings.namespaces == ("team-a", "team-b")
     assert settings.peering == "moelora" and settings.resync_seconds == 5.0

@@ -109,13 +109,16 @@ def update_patch(actual: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
         if not isinstance(current, dict) or not isinstance(parent, dict):
             continue
         wanted = parent.get(path[-1])
+        if wanted is None and path[-1] == "annotations" and path[-1] not in parent:
+            wanted = {}  # we set no annotations now: ours from before must still go
         if wanted is None:
             continue  # absent or already nulled above
         if path[-1] == "annotations":  # others annotate pod templates too (kubectl rollout restart): drop only ours
             removed = {key: None for key in current if key.startswith("moelora.io/") and key not in wanted}
         else:
             removed = {key: None for key in current if key not in wanted}
-        parent[path[-1]] = {**wanted, **removed}
+        if wanted or removed:
+            parent[path[-1]] = {**wanted, **removed}
     return patch
 
 

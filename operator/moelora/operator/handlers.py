@@ -16,6 +16,7 @@ import contextvars
 import datetime
 import functools
 import logging
+import pathlib
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -322,7 +323,8 @@ async def run(*, settings: Settings, namespaces: Collection[str] = (), registry:
               ready_flag: threading.Event | asyncio.Event | None = None) -> None:
     """Run the operator until stop_flag is set. Namespaces: those given, else settings', else all."""
     namespaces = tuple(namespaces) or settings.namespaces
-    memo = kopf.Memo(settings=settings, bundle=kernelconfigs.bundle_root())
+    bundle = pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernelconfigs.bundle_root()
+    memo = kopf.Memo(settings=settings, bundle=bundle)
     await kopf.operator(
         registry=registry or make_registry(settings), memo=memo,
         clusterwide=not namespaces, namespaces=namespaces,

@@ -1,7 +1,8 @@
 """The kernel-config volume: tuned fused MoE-LoRA configs mounted at VLLM_TUNED_CONFIG_FOLDER.
 
 `configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
-bundled in `moelora.kernels` (`configs/<GPU>/*.json`, <GPU> in vLLM's device-name form, e.g. NVIDIA_H200), picked
+bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
+e.g. NVIDIA_H200), picked
 by the GPU product in the node selector. Nothing is ever guessed: a missing set is a SpecProblem, not a silent
 fallback to vLLM's defaults. A hash of the content goes on the pod template, so new configs roll the pods.
 """
@@ -50,12 +51,20 @@ def bundle_root() -> Traversable | None:
 
 
 def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
-    """{file name: JSON text} of the configs for one GPU; empty when there are none."""
+    """{file name: JSON text} of the configs for one GPU; empty when there are none.
+
+    Two layouts, both mounted flat: `configs/<GPU>/*.json` (vLLM's per-op files, e.g. NVIDIA_H200_SHRINK.json)
+    and `configs/<GPU>.json` (moelora's own kernel's table, as moelora.kernels bundles it).
+    """
+    files: dict[str, str] = {}
+    single = root.joinpath(f"{gpu}.json")
+    if single.is_file():
+        files[single.name] = single.read_text()
     folder = root.joinpath(gpu)
-    if not folder.is_dir():
-        return {}
-    return {entry.name: entry.read_text() for entry in sorted(folder.iterdir(), key=lambda e: e.name)
-            if entry.is_file() and entry.name.endswith(".json")}
+    if folder.is_dir():
+        files.update({entry.name: entry.read_text() for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+                      if entry.is_file() and entry.name.endswith(".json")})
+    return files
 
 
 def content_hash(files: Mapping[str, str]) -> str:

@@ -20,6 +20,7 @@ class Settings:
     peering: str | None = None  # None: standalone, a single operator replica
     resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -41,4 +42,5 @@ class Settings:
             peering=(env.get("MOELORA_PEERING") or "").strip() or None,
             resync_seconds=resync_seconds,
             kubeconfig=env.get("KUBECONFIG") or None,
+            kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
         )
