@@ -4,6 +4,7 @@ a base model for the init container (S3 endpoint and credentials from the enviro
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import pathlib
 import signal
@@ -38,6 +39,7 @@ def run_agent() -> int:
         logging.getLogger("moelora.agent").info("signal %d: stopping", signum)
         agent.stop()
 
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1` prints every thread's stack: what a stuck agent waits on
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server.start()

@@ -35,6 +35,10 @@ def api_client() -> kubernetes.client.ApiClient:
     return kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None)
 
 
+# Every request but the watch gets a deadline: a request the API server never answers must not stall the loop.
+REQUEST_TIMEOUT = 30
+
+
 class Kube:
     def __init__(self, *, client: kubernetes.client.ApiClient, namespace: str) -> None:
         self.namespace = namespace
@@ -43,7 +47,8 @@ class Kube:
 
     def list_adapters(self) -> tuple[list[dict[str, Any]], str | None]:
         """All LoRAAdapters of the namespace and the list's resourceVersion (to watch from)."""
-        body = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        body = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
+                                                         _request_timeout=REQUEST_TIMEOUT)
         return list(body.get("items", [])), (body.get("metadata") or {}).get("resourceVersion") or None
 
     def watch_adapters(self, *, resource_version: str | None, timeout_seconds: int,
@@ -59,7 +64,7 @@ class Kube:
     def read_secret(self, *, name: str) -> dict[str, str] | None:
         """The Secret's data decoded; None if it does not exist (or this pod may not read it)."""
         try:
-            secret = self.core.read_namespaced_secret(name, self.namespace)
+            secret = self.core.read_namespaced_secret(name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status in (403, 404):
                 return None
@@ -75,7 +80,7 @@ class Kube:
                           sizeBytes=info.size_bytes)
         try:
             self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                              {"status": status})
+                                                              {"status": status}, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status == 404:
                 return False

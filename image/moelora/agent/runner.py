@@ -75,6 +75,7 @@ class Agent:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
+        self.status_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="status")
         self.vllm_up = False
         self.is_ready = False
         self._gate_open = False  # once every adapter settled: new adapters no longer pull the pod out of service
@@ -106,9 +107,11 @@ class Agent:
         self.stopping.set()
         self.wake.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.status_pool.shutdown(wait=False, cancel_futures=True)
 
     def alive(self) -> bool:
-        return self.monotonic() - self.last_loop < max(120.0, 10 * self.settings.poll_seconds)
+        # A vLLM call may take its timeout (60 s) times its attempts: only a loop silent for longer is stuck.
+        return self.monotonic() - self.last_loop < max(300.0, 10 * self.settings.poll_seconds)
 
     def step(self) -> None:
         """One pass: collect finished downloads, look at vLLM, plan, execute, publish status."""
@@ -383,6 +386,9 @@ class Agent:
     # ---- status ----
 
     def _publish(self, desired: list[Desired]) -> None:
+        """Patch the status of every adapter whose state changed since the last write, a few at a time (hundreds
+        of adapters settling at once would otherwise queue behind one another's round trips)."""
+        pending = []
         for item in desired:
             record = self.records.get(item.uid)
             if record is None:
@@ -390,10 +396,18 @@ class Agent:
             state = record.state()
             info = record.info if record.stage is Stage.LOADED else None
             key = (state.model_dump_json(exclude={"loaded_at"}), info)
-            if self.written.get(item.uid) == key:
-                continue
+            if self.written.get(item.uid) != key:
+                pending.append((item, state, info, key))
+        if not pending:
+            return
+
+        def write(item: Desired, state: ReplicaAdapterState, info: AdapterInfo | None) -> None:
+            self.kube.patch_replica(name=item.name, pod=self.settings.pod_name, state=state, info=info)
+
+        futures = {self.status_pool.submit(write, item, state, info): (item, key) for item, state, info, key in pending}
+        for future, (item, key) in futures.items():
             try:
-                self.kube.patch_replica(name=item.name, pod=self.settings.pod_name, state=state, info=info)
+                future.result()
             except Exception as error:  # noqa: BLE001 - the API may be briefly away: retried next pass
                 logger.warning("could not write status of %s: %s", item.name, type(error).__name__)
                 continue
