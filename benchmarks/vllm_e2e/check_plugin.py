@@ -38,16 +38,14 @@ def make_layer(m: int, seed: int) -> dict:
     uniq = torch.unique(mapping)
     lora_ids = torch.full((LORAS + 1,), -1, dtype=torch.int32, device="cuda")
     lora_ids[: uniq.numel()] = uniq.to(torch.int32)
-    return dict(
-        hidden=rnd(m, H), act=rnd(m * TOP_K, INTER),
-        w13=(rnd(m, TOP_K, 2 * INTER)),
-        w2=(rnd(m, TOP_K, H)),
-        w13_a=[rnd(LORAS, E, RANK, H, scale=H ** -0.5) for _ in range(2)],
-        w13_b=[rnd(LORAS, E, INTER, RANK, scale=0.05) for _ in range(2)],
-        w2_a=[rnd(LORAS, E, RANK, INTER, scale=INTER ** -0.5)], w2_b=[rnd(LORAS, E, H, RANK, scale=0.05)],
-        ids=ids.to(torch.int32), weights=w.float(), mapping=mapping, lora_ids=lora_ids,
-        enabled=torch.ones(LORAS + 1, dtype=torch.int32, device="cuda"),
-    )
+    return {
+        "hidden": rnd(m, H), "act": rnd(m * TOP_K, INTER), "w13": rnd(m, TOP_K, 2 * INTER), "w2": rnd(m, TOP_K, H),
+        "w13_a": [rnd(LORAS, E, RANK, H, scale=H ** -0.5) for _ in range(2)],
+        "w13_b": [rnd(LORAS, E, INTER, RANK, scale=0.05) for _ in range(2)],
+        "w2_a": [rnd(LORAS, E, RANK, INTER, scale=INTER ** -0.5)], "w2_b": [rnd(LORAS, E, H, RANK, scale=0.05)],
+        "ids": ids.to(torch.int32), "weights": w.float(), "mapping": mapping, "lora_ids": lora_ids,
+        "enabled": torch.ones(LORAS + 1, dtype=torch.int32, device="cuda"),
+    }
 
 
 def routing(layer: dict, m: int, block_m: int, naive: bool):
@@ -116,7 +114,7 @@ def graph_us(fn, replays: int = 50) -> float:
 def _timed(fn) -> str:
     try:  # a timing failure is reported, never fatal: correctness is the gate
         return f"{graph_us(fn):.1f}"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         return f"n/a ({type(exc).__name__})"
 
 
@@ -161,20 +159,20 @@ def main() -> int:
             if which == "w2" and timing_on:
                 bufs = {k: layer[k].clone() for k in ("w13", "w2")}
 
-                def layer_fn(op):
+                def layer_fn(op, layer=layer, bufs=bufs, route=route, block_m=block_m):
                     def fn():
                         call(op, layer, bufs["w13"], "w13", route, block_m)
                         call(op, layer, bufs["w2"], "w2", route, block_m)
                     return fn
 
                 timing = tuple(_timed(layer_fn(op)) for op in (vllm_op, ours))
-            rows.append(dict(m=m, naive=naive, op=which, err=err, err_ref=err_ref, err_vllm_ref=err_vllm_ref,
-                             vllm_us=timing[0], moelora_us=timing[1]))
+            rows.append({"m": m, "naive": naive, "op": which, "err": err, "err_ref": err_ref,
+                         "err_vllm_ref": err_vllm_ref, "vllm_us": timing[0], "moelora_us": timing[1]})
             print(f"| {m} | {'naive' if naive else 'blocked'} | {which} | {err:.2e} | {err_ref:.2e} | "
                   f"{err_vllm_ref:.2e} | {timing[0]} | {timing[1]} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(owner=owner, rows=rows, ok=ok), f, indent=1)
+            json.dump({"owner": owner, "rows": rows, "ok": ok}, f, indent=1)
     print("plugin check", "OK" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -12,11 +12,11 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import logging  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+import logging
+from collections.abc import Iterator
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def align_blocks(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from moelora.vllm_plugin.layout import topk_ids_from_blocks_torch
 from moelora.vllm_plugin.op import make_op
 from moelora.vllm_plugin.torch_path import moe_lora_torch
@@ -27,8 +26,8 @@ def case(*, m=11, top_k=3, e=6, loras=4, rank=8, k=40, n=24, slices=1, per_pair=
     mapping[torch.rand(m, generator=g) < 0.25] = -1
     weights = torch.rand(m, top_k, generator=g)
     out = torch.randn(m, top_k, n * slices, generator=g).to(dtype)
-    return dict(x=x, a=a, b=b, ids=ids, mapping=mapping, weights=weights, out=out, m=m, top_k=top_k, n=n, e=e,
-                loras=loras, rank=rank)
+    return {"x": x, "a": a, "b": b, "ids": ids, "mapping": mapping, "weights": weights, "out": out, "m": m,
+            "top_k": top_k, "n": n, "e": e, "loras": loras, "rank": rank}
 
 
 def oracle(c, naive, *, mul, add_inputs=True):

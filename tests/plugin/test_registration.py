@@ -12,10 +12,9 @@ import subprocess
 import sys
 import textwrap
 
+import moelora.vllm_plugin as plugin
 import pytest
 import torch
-
-import moelora.vllm_plugin as plugin
 from moelora.vllm_plugin import install as install_mod
 
 OP = "vllm::fused_moe_lora"
@@ -85,7 +84,7 @@ def test_untouched_unless_asked(value, monkeypatch, clean_plugin, plugin_log):
 def test_replaced_when_asked(monkeypatch, clean_plugin, plugin_log):
     monkeypatch.setenv(plugin.ENV, "moelora")
     args, want = small_call()
-    with pytest.raises(Exception):  # vLLM's own kernel is Triton-only: no CPU path
+    with pytest.raises(AttributeError, match="triton"):  # vLLM's own kernel is Triton-only: Triton is off on CPUs
         torch.ops.vllm.fused_moe_lora(*args)
     plugin.register()
     assert "moelora/vllm_plugin/install.py" in active_cpu_kernel()
@@ -148,7 +147,7 @@ def test_vllm_loader_in_a_fresh_process(tmp_path):
     """)
     env = {**os.environ, plugin.ENV: "moelora"}
     env.pop("VLLM_PLUGINS", None)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on " \
            "the CPU: moelora torch experts)" in res.stdout

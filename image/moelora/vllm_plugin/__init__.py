@@ -37,7 +37,7 @@ def register() -> None:
         from .install import install
 
         result = install(backend="torch" if choice == "moelora-torch" else None)
-    except Exception as exc:  # never take the server down: vLLM's kernel stays
+    except Exception as exc:  # noqa: BLE001  (never take the server down: vLLM's kernel stays)
         log.warning("moelora: keeping vLLM's fused_moe_lora kernel: install failed: %r", exc)
         _done = "failed"
         return

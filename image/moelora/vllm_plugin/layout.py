@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["topk_ids_from_vllm", "topk_ids_from_blocks_torch"]
+__all__ = ["topk_ids_from_blocks_torch", "topk_ids_from_vllm"]
 
 
 def topk_ids_from_vllm(

@@ -26,7 +26,7 @@ def moe_lora_torch(
 ) -> None:
     """Add the contribution into output (M, top_k, N) in place. x: (M, K) shared by the slots, or (M, top_k, K)."""
     m, top_k = topk_ids.shape
-    max_loras, num_experts, rank, k = lora_a.shape
+    max_loras, num_experts, _, k = lora_a.shape
     n = lora_b.shape[2]
     if output.shape != (m, top_k, n):
         raise ValueError(f"output must be {(m, top_k, n)}, got {tuple(output.shape)}")

@@ -77,9 +77,7 @@ def make_moe_adapter(*, model_dir: pathlib.Path, path: pathlib.Path, peft_path: 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_A" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
-            elif "lora_B" in name:
+            if "lora_A" in name or "lora_B" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
     model.save_pretrained(str(peft_path), safe_serialization=True)
     peft_config = json.loads((peft_path / "adapter_config.json").read_text())
