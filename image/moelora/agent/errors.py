@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from moelora.api import FailureReason
 
 
@@ -27,7 +29,7 @@ class TransientError(Exception):
         self.message = message
 
 
-def redact(text: str, secrets: "tuple[str, ...] | list[str] | frozenset[str]") -> str:
+def redact(text: str, secrets: Iterable[str]) -> str:
     """`text` with every secret value replaced, for anything that leaves the process (logs, status, events)."""
     for secret in secrets:
         if secret and len(secret) >= 4:
