@@ -37,8 +37,8 @@ def test_examples_equal_the_builders() -> None:
     for name in ADAPTERS:
         assert by_name[("LoRAAdapter", name)] == manifests.adapter(name=name, model_server=SERVER,
                                                                    uri=manifests.adapter_uri(name))
-    assert by_name[("Secret", manifests.S3_SECRET)]["stringData"].keys() == \
-        manifests.s3_secret(access_key_id="a", secret_access_key="b")["stringData"].keys()
+    assert by_name[("Secret", manifests.S3_SECRET)]["data"].keys() == \
+        manifests.s3_secret(access_key_id="a", secret_access_key="b")["data"].keys()
 
 
 def test_example_text_points_at_this_runs_s3() -> None:

@@ -6,6 +6,7 @@ a unit test keeps the two in step.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from moelora.api import API_VERSION
@@ -22,8 +23,13 @@ _OPERATOR_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"}
 
 
 def s3_secret(*, access_key_id: str, secret_access_key: str, name: str = S3_SECRET) -> dict[str, Any]:
+    """A Secret with S3 keys, base64 in `data` (kmock keeps `stringData` as posted instead of folding it into
+    `data` like a real API server, and readers of Secrets look at `data`)."""
+    def b64(value: str) -> str:
+        return base64.b64encode(value.encode()).decode()
+
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-            "stringData": {"AWS_ACCESS_KEY_ID": access_key_id, "AWS_SECRET_ACCESS_KEY": secret_access_key}}
+            "data": {"AWS_ACCESS_KEY_ID": b64(access_key_id), "AWS_SECRET_ACCESS_KEY": b64(secret_access_key)}}
 
 
 def model_server(*, name: str, s3_endpoint: str, replicas: int = 1, max_loras: int = 4, max_lora_rank: int = 16,

