@@ -102,6 +102,14 @@ def test_unknown_value_keeps_vllm(monkeypatch, clean_plugin, plugin_log):
     assert any("unknown MOELORA_KERNEL='fastest'" in line for line in plugin_log)
 
 
+@pytest.mark.parametrize("version, pinned", [("0.26.0", True), ("0.32.0", True), ("0.32.3+cpu", True),
+                                             ("0.26.1", False), ("0.33.0", False), ("0.3.2", False)])
+def test_pinned_versions(version, pinned):
+    from moelora.vllm_plugin.contract import check_version
+
+    assert (check_version(version) is None) is pinned
+
+
 def _mismatched(output, hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids):
     raise AssertionError("never called")
 

@@ -4,7 +4,7 @@ With `MOELORA_KERNEL=moelora` (the operator sets it when a ModelServer asks for 
 vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels on CUDA, a torch implementation on
 the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
 replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
-server. Modules: contract (what is pinned), install (the swap), op (vLLM's arguments -> ours), layout (routing
+server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid). Modules: contract (what is pinned), install (the swap), op (vLLM's arguments -> ours), layout (routing
 inversion), triton_path / torch_path (the two backends).
 """
 
