@@ -15,8 +15,9 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | "" (core) | services, configmaps | get, list, watch, create, patch |
 | "" (core) | pods | get, list, watch |
 | "" (core) | secrets | get |
-| "" (core), events.k8s.io | events | create |
-| apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource discovery) |
+| "" (core) | events | create |
+| apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
+| (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
 | kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
 Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps; get Secrets (only to check that

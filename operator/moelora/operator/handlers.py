@@ -60,7 +60,8 @@ def kube_configuration(settings: Settings) -> kubernetes.client.Configuration:
 
 # --- activities ---------------------------------------------------------------------------------------------------
 
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+def kopf_settings(*, namespaces: Collection[str]) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
     # Keep kopf's bookkeeping in our own annotations, out of status (which is all ours and schema-checked).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -68,6 +69,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
     settings.watching.connect_timeout = 10
+    # Named namespaces are exact names, not patterns: no need to list/watch namespaces and CRDs (nor the RBAC).
+    settings.scanning.disabled = bool(namespaces)
+    return settings
+
+
+def configure(memo: kopf.Memo, **_: Any) -> None:
     memo.api = kubernetes.client.ApiClient(kube_configuration(memo.settings))
     # The kubernetes client blocks: handlers are async (indexes are read in the loop) and do API work in a pool.
     memo.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="moelora-api")
@@ -326,7 +333,7 @@ async def run(*, settings: Settings, namespaces: Collection[str] = (), registry:
     bundle = pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernelconfigs.bundle_root()
     memo = kopf.Memo(settings=settings, bundle=bundle)
     await kopf.operator(
-        registry=registry or make_registry(settings), memo=memo,
+        registry=registry or make_registry(settings), memo=memo, settings=kopf_settings(namespaces=namespaces),
         clusterwide=not namespaces, namespaces=namespaces,
         # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
         standalone=settings.peering is None, peering_name=settings.peering,

@@ -1,0 +1,47 @@
+"""`python -m moelora.operator` as the chart runs it: settings from env, kubeconfig outside a cluster, clean stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from moelora.local.kube import KubeAPI
+
+
+def test_runs_from_the_environment_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with KubeAPI() as kube:
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_SERVER_IMAGE": "registry.example/srv:9",
+               "MOELORA_NAMESPACES": "watched"}
+        log = (tmp_path / "operator.log").open("w")
+        process = subprocess.Popen([sys.executable, "-m", "moelora.operator"], env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
+        try:
+            for namespace in ("watched", "ignored"):
+                kube.kubectl("apply", "-f", "-", stdin=json.dumps({
+                    "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
+                    "metadata": {"name": "srv", "namespace": namespace}, "spec": {"model": {"name": "org/m"}}}))
+            deadline = time.monotonic() + 30
+            while kube.get("apps/v1/deployments", "watched", "srv") is None and time.monotonic() < deadline:
+                assert process.poll() is None, (tmp_path / "operator.log").read_text()
+                time.sleep(0.1)
+            dep = kube.get("apps/v1/deployments", "watched", "srv")
+            assert dep is not None, (tmp_path / "operator.log").read_text()
+            assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/srv:9"
+            time.sleep(0.5)
+            assert kube.get("apps/v1/deployments", "ignored", "srv") is None  # MOELORA_NAMESPACES is honoured
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+            log.close()
+        assert code == 0, (tmp_path / "operator.log").read_text()
+
+
+def test_bad_settings_exit_with_a_message() -> None:
+    env = {**os.environ, "MOELORA_RESYNC_SECONDS": "often"}
+    result = subprocess.run([sys.executable, "-m", "moelora.operator"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "MOELORA_RESYNC_SECONDS" in result.stderr
