@@ -10,8 +10,10 @@ one (adapter, expert)):
   multiplies by its (r, BLOCK_N) tile of B, scales by the routed weight if asked, and adds into the output rows in
   place (the add is fused: one read and one write of each output element).
 Splitting shrink and expand, rather than vLLM's one-shot kernel that recomputes the shrink in every N-tile CTA,
-reads each A slice from L2 once instead of once per N-tile: at decode the one-shot design's L2 traffic is several
-times its HBM traffic.
+reads each A slice once instead of once per N-tile CTA (estimate, GPT-OSS w13 at M=16 split 8 ways over N: 1.5 MB
+of L2 reads of A per 0.55 MB of weights). Measured on an H200, the whole layer (routing + both ops) runs 1.6-3.4x
+faster than vLLM 0.33's best path (docs/benchmarks.md, Kernels).
+Programmatic dependent launch (SM90+) chains routing -> shrink -> expand: 3-5 us saved per layer at M <= 64.
 """
 
 from __future__ import annotations
@@ -61,8 +63,6 @@ def default_block_m(*, num_pairs: int, num_groups: int) -> int:
     return 16
 
 
-
-
 def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device) -> KernelConfig:
     """The bundled tuned configuration nearest to this problem (configs/<GPU name>.json, same K, N and E; nearest
     rank, adapter count and M on a log scale), else one from the sizes alone."""
@@ -72,7 +72,7 @@ def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device
     sms = _num_sms(device)
     block_k = 64 if k % 64 == 0 or k < 128 else 128
     k_iters = triton.cdiv(k, block_k)
-    # Enough shrink CTAs to keep every SM streaming A: aim at ~4 per SM.
+    # Enough shrink CTAs to keep every SM streaming A: ~4 per SM (the H200 sweep's picks were within 2x of this).
     split_k = max(1, min(k_iters // 2, triton.cdiv(4 * sms, routing.max_blocks)))
     split_k = min(split_k, 16)
     block_n = 256 if rank <= 32 else 128
