@@ -102,6 +102,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's per-request lines
+    load_before = os.getloadavg()[0]
     work = pathlib.Path(tempfile.mkdtemp(prefix="moelora-agent-bench-"))
     s3 = local_s3.start_moto()
     vllm = None
@@ -197,7 +198,8 @@ def main() -> int:
     missing = args.adapters - done
     print(f"| {args.adapters}{f' ({missing} not loaded)' if missing else ''} | {created:.1f} s | {all_loaded:.1f} s "
           f"| {served} | {peak:.0f} MiB | {idle_rss:.0f} MiB |")
-    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
+          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)")
     shutil.rmtree(work, ignore_errors=True)
     return 1 if missing else 0
 
