@@ -100,6 +100,7 @@ def main() -> int:
     parser.add_argument("--fetch-mib", type=int, default=50)
     parser.add_argument("--fetch-runs", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (agent and vLLM logs)")
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's per-request lines
     load_before = os.getloadavg()[0]
@@ -200,7 +201,10 @@ def main() -> int:
           f"| {served} | {peak:.0f} MiB | {idle_rss:.0f} MiB |")
     print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)")
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print(f"logs: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 1 if missing else 0
 
 
