@@ -11,14 +11,13 @@ in the API server, i.e. what `kubectl get` would show. Prints Markdown tables.
 from __future__ import annotations
 
 import argparse
-import logging
 import concurrent.futures
+import logging
 import os
 import pathlib
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,6 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 from boto3.s3.transfer import TransferConfig
-
 from moelora.agent.fetch import DEFAULT_TRANSFER, fetch
 from moelora.agent.source import ClientConfig, Credentials, list_source, make_client, parse_s3_uri
 from moelora.local import models, process

@@ -11,7 +11,6 @@ import boto3
 import numpy as np
 import pytest
 import safetensors.numpy
-
 from moelora.local import s3 as local_s3
 
 BASE_MODEL = "moelora-test/tiny-llama"
@@ -85,7 +84,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     root = tmp_path_factory.mktemp("tiny")
     model = models.make_model(path=root / "model")
-    adapter = dict(model_dir=model, base_model_name=VLLM_BASE_NAME, target_modules=("q_proj", "v_proj"))
+    adapter = {"model_dir": model, "base_model_name": VLLM_BASE_NAME, "target_modules": ("q_proj", "v_proj")}
     made = {
         "model": model,
         "v1": models.make_adapter(path=root / "v1", rank=8, seed=1, **adapter),

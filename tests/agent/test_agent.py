@@ -14,14 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from moelora.api import ReplicaAdapterState
 from moelora.agent.metrics import Metrics, StatusServer
 from moelora.agent.reconcile import Desired
 from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import VllmClient
+from moelora.api import ReplicaAdapterState
 from moelora.local import process as local_process
 from moelora.local import vllm as local_vllm
 
@@ -129,11 +128,11 @@ def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds
     server.stop()
 
 
-def upload_dir(endpoint: str, bucket: str, prefix: str, source: pathlib.Path, extra: dict[str, bytes] = {}) -> None:
+def upload_dir(endpoint: str, bucket: str, prefix: str, source: pathlib.Path, extra: dict[str, bytes] | None = None) -> None:
     client = s3_client(endpoint)
     for path in source.iterdir():
         client.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())
-    for name, data in extra.items():
+    for name, data in (extra or {}).items():
         client.put_object(Bucket=bucket, Key=prefix + name, Body=data)
 
 

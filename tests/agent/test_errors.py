@@ -1,9 +1,9 @@
 """Secret values never leave the agent: redaction of messages, and credentials that do not print."""
 
-from moelora.api import FailureReason
 from moelora.agent.errors import redact
 from moelora.agent.reconcile import Record
 from moelora.agent.source import Credentials
+from moelora.api import FailureReason
 
 
 def test_redact_replaces_every_secret_value() -> None:

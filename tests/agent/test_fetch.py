@@ -6,12 +6,10 @@ import pathlib
 
 import pytest
 from boto3.s3.transfer import TransferConfig
-
-from moelora.api import FailureReason, VersionPin
 from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.fetch import fetch, fetch_tree
 from moelora.agent.source import ClientConfig, list_source, make_client, parse_s3_uri
-
+from moelora.api import FailureReason, VersionPin
 from moelora.local import s3 as local_s3
 
 from .conftest import adapter_files, s3_client, upload

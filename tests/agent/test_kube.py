@@ -11,10 +11,9 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
-
-from moelora.api import GROUP, VERSION, AdapterPhase, ReplicaAdapterState
 from moelora.agent.kube import PLURAL, AdapterWatcher, Kube
 from moelora.agent.validate import AdapterInfo
+from moelora.api import GROUP, VERSION, AdapterPhase, ReplicaAdapterState
 from moelora.local.kube import KubeAPI
 
 NS = "team"
@@ -134,7 +133,7 @@ def test_watch_retries_until_the_api_answers_and_relists_after_each_watch() -> N
     watcher.start()
     try:
         assert not watcher.synced.wait(1.0)
-        with KubeAPI(namespace=NS, port=port) as api:
+        with KubeAPI(namespace=NS, port=port):
             custom = kubernetes.client.CustomObjectsApi(client)
             custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, adapter("first"))
             eventually(lambda: [d.name for d in watcher.snapshot()] == ["first"], timeout=20)

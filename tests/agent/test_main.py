@@ -15,7 +15,6 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
-
 from moelora.api import GROUP, VERSION
 from moelora.local import process
 from moelora.local.kube import KubeAPI
@@ -47,7 +46,7 @@ def wait_for(check: Any, timeout: float = 60.0) -> Any:
 def test_bad_environment_exits_2_naming_the_variable() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MOELORA_")}
     result = subprocess.run([sys.executable, "-m", "moelora.agent"], env=env, capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60, check=False)
     assert result.returncode == 2 and "MOELORA_NAMESPACE" in result.stderr
 
 
@@ -57,12 +56,13 @@ def test_fetch_model(s3_endpoint: str, bucket: str, tmp_path: pathlib.Path) -> N
     env = {**os.environ, "AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_REGION": "us-east-1", **KEYS}
     dest = tmp_path / "models"
     result = subprocess.run([sys.executable, "-m", "moelora.agent", "fetch-model", f"s3://{bucket}/models/tiny",
-                             str(dest)], env=env, capture_output=True, text=True, timeout=60)
+                             str(dest)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert {str(p.relative_to(dest)): p.read_bytes() for p in dest.rglob("*") if p.is_file()
             and p.name != ".moelora-complete"} == files
     missing = subprocess.run([sys.executable, "-m", "moelora.agent", "fetch-model", f"s3://{bucket}/nothing",
-                              str(tmp_path / "other")], env=env, capture_output=True, text=True, timeout=60)
+                              str(tmp_path / "other")], env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
     assert missing.returncode == 1 and "SourceNotFound" in missing.stderr
 
 

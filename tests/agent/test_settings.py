@@ -2,7 +2,6 @@ import pathlib
 import re
 
 import pytest
-
 from moelora.agent.settings import SettingsError, from_env
 
 ENV = {

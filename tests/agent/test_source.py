@@ -1,10 +1,9 @@
 """S3 keys and listings: what is refused before a byte is downloaded."""
 
 import pytest
-
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError
 from moelora.agent.source import Listing, RemoteObject, S3Location, check_listing, parse_s3_uri, safe_relpath
+from moelora.api import FailureReason
 
 
 @pytest.mark.parametrize("uri, bucket, prefix", [

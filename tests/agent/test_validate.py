@@ -4,10 +4,9 @@ import json
 import pathlib
 
 import pytest
-
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError
 from moelora.agent.validate import Limits, same_base_model, validate
+from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL, adapter_files
 

@@ -5,10 +5,9 @@ import shutil
 from typing import Any
 
 import pytest
-
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.vllm import Duplicate, VllmClient, classify_load_error
+from moelora.api import FailureReason
 from moelora.local import process
 from moelora.local import vllm as local_vllm
 

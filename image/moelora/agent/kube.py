@@ -10,7 +10,6 @@ import base64
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,10 +17,9 @@ import kubernetes.client
 import kubernetes.config
 import kubernetes.watch
 from kubernetes.client.exceptions import ApiException
-
-from moelora.api import GROUP, VERSION, ReplicaAdapterState
 from moelora.agent.reconcile import Desired
 from moelora.agent.validate import AdapterInfo
+from moelora.api import GROUP, VERSION, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
 PLURAL = "loraadapters"

@@ -16,9 +16,9 @@ import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import LoadedAdapter
+from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,7 @@ class Desired:
         return hashlib.sha256(json.dumps(self.spec.to_wire(), sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> "Desired":
+    def from_object(cls, obj: Mapping[str, Any]) -> Desired:
         meta = obj.get("metadata", {})
         return cls(uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta['name']}"), name=meta["name"],
                    created=str(meta.get("creationTimestamp") or ""),

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from moelora.api import FailureReason, ReplicaAdapterState
 from moelora.agent import reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, redact
@@ -30,6 +29,7 @@ from moelora.agent.settings import Settings
 from moelora.agent.source import ClientConfig, Credentials, check_listing, list_source, make_client, parse_s3_uri
 from moelora.agent.validate import AdapterInfo, Limits, validate
 from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
+from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Agent:
             self.wake.clear()
             try:
                 self.step()
-            except Exception:  # noqa: BLE001 - one bad iteration must not end the agent; /healthz shows a stuck one
+            except Exception:
                 logger.exception("reconcile step failed")
             self.last_loop = self.monotonic()
 
@@ -198,7 +198,7 @@ class Agent:
         record.reason = record.message = None
         record.attempts = 0
         record.permanent = False
-        record.loaded_at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+        record.loaded_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         if observe and record.started is not None:
             self.metrics.load_seconds.labels(record.name).observe(self.monotonic() - record.started)
         record.started = None

@@ -17,9 +17,8 @@ from typing import Any
 import boto3
 import botocore.config
 import botocore.exceptions
-
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError, TransientError
+from moelora.api import FailureReason
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -60,7 +59,7 @@ class Credentials:
     session_token: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def from_secret(cls, data: Mapping[str, str], *, secret_name: str) -> "Credentials":
+    def from_secret(cls, data: Mapping[str, str], *, secret_name: str) -> Credentials:
         key_id, secret = data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY")
         if not key_id or not secret:
             raise AdapterError(FailureReason.SECRET_NOT_FOUND,

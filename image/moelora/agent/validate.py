@@ -10,9 +10,9 @@ import json
 import pathlib
 from typing import Any
 
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError
 from moelora.agent.source import CONFIG_FILE, UNSAFE_SUFFIXES, WEIGHTS_FILE
+from moelora.api import FailureReason
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,8 +38,7 @@ class AdapterInfo:
 def normalize_model_id(name: str) -> str:
     """A base model id compared leniently: case, surrounding space, a trailing slash and an hf:// scheme ignored."""
     name = name.strip().rstrip("/")
-    if name.startswith("hf://"):
-        name = name[len("hf://"):]
+    name = name.removeprefix("hf://")
     return name.lower()
 
 

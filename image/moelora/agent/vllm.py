@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from moelora.api import FailureReason
 from moelora.agent.errors import AdapterError, TransientError
+from moelora.api import FailureReason
 
 
 @dataclasses.dataclass(frozen=True)
