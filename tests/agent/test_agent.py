@@ -109,10 +109,16 @@ def resync_seconds() -> float:
 
 
 @pytest.fixture
-def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float) -> Iterator[Running]:
+def cache_bytes() -> int:
+    return 1 << 30
+
+
+@pytest.fixture
+def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float,
+            cache_bytes: int) -> Iterator[Running]:
     settings = Settings(namespace="ns", pod_name=POD, model_server="srv", base_model=VLLM_BASE_NAME,
                         max_lora_rank=VLLM_MAX_RANK, target_modules=frozenset(), vllm_url=clean_vllm,
-                        cache_dir=tmp_path / "cache", cache_bytes=1 << 30, port=0, poll_seconds=0.3,
+                        cache_dir=tmp_path / "cache", cache_bytes=cache_bytes, port=0, poll_seconds=0.3,
                         resync_seconds=resync_seconds)
     kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm),
@@ -263,3 +269,33 @@ def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str
     running.desired.put("slow", {"source": {"uri": f"s3://{bucket}/a/", "endpointUrl": dead}})
     time.sleep(1.5)
     assert get(running.url + "/readyz")[0] == 200 and not running.state("slow").loaded
+
+
+@pytest.mark.parametrize("cache_bytes", [170_000])  # room for two of the ~68 KB adapters, not three
+def test_cache_evicts_what_is_no_longer_loaded(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
+                                               vllm_url: str) -> None:
+    size = sum(p.stat().st_size for p in tiny["v1"].iterdir())
+    assert 2 * size < 170_000 < 3 * size
+    for name, source in (("a", "v1"), ("b", "v2"), ("c", "v1")):
+        upload_dir(s3_env, bucket, f"{name}/", tiny[source], extra={"variant.txt": name.encode()})
+    cache = running.agent.settings.cache_dir
+    running.desired.synced.set()
+    running.desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
+    running.desired.put("b", {"source": {"uri": f"s3://{bucket}/b/"}})
+    eventually(lambda: running.state("a") and running.state("a").loaded and running.state("b").loaded)
+    a_version = running.state("a").version
+
+    # Full, and both loaded: a third adapter is still served (loaded files are never evicted) ...
+    running.desired.put("c", {"source": {"uri": f"s3://{bucket}/c/"}})
+    eventually(lambda: running.state("c") and running.state("c").loaded)
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 3
+    # ... and once "a" is gone, the next download makes room by evicting its files, and only those.
+    running.desired.delete("a")
+    eventually(lambda: "a" not in VllmClient(base_url=vllm_url).adapters())
+    upload_dir(s3_env, bucket, "d/", tiny["v2"], extra={"variant.txt": b"d"})
+    running.desired.put("d", {"source": {"uri": f"s3://{bucket}/d/"}})
+    eventually(lambda: running.state("d") and running.state("d").loaded)
+    remaining = {p.name for p in cache.iterdir() if not p.name.startswith(".")}
+    assert a_version not in remaining and len(remaining) == 3
+    assert set(VllmClient(base_url=vllm_url).adapters()) == {"b", "c", "d"}
+    assert local_vllm.complete(url=vllm_url, model="b", prompt="hello", max_tokens=4).token_ids  # b's files still there
