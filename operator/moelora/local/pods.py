@@ -349,8 +349,8 @@ class LocalPod:
                     if state.process.poll() is not None:  # restartPolicy: Always
                         log.warning("pod %s: container %s exited with %s; restarting", self.name, state.plan.name,
                                     state.process.returncode)
-                        state.restarts += 1
                         self._spawn(state)
+                        state.restarts += 1  # after _spawn: a visible restart count implies the reset state
                         changed = True
             for state in self.containers.values():
                 changed |= self._probe(state)
