@@ -92,3 +92,40 @@ def test_merge_diff_round_trips() -> None:
     old = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}
     new = {"a": 1, "b": {"c": 4}, "e": [2], "f": 5}
     assert merge_diff(old, new) == {"b": {"c": 4, "d": None}, "e": [2], "f": 5}
+
+
+def _get(kube: KubeAPI, path: str) -> Any:
+    import urllib.request
+    with urllib.request.urlopen(f"{kube.url}{path}", timeout=10) as response:
+        body = response.read().decode()
+    return [json.loads(line) for line in body.splitlines() if line.strip()] if "watch=true" in path else json.loads(body)
+
+
+def test_a_watch_resumes_from_a_lists_resource_version(kube: KubeAPI) -> None:
+    base = "/api/v1/namespaces/w/configmaps"
+    listed = _get(kube, base)
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1", "namespace": "w", "labels": {"t": "a"}}}
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(cm))
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({**cm, "metadata": {**cm["metadata"], "name": "c2",
+                                                                            "labels": {"t": "b"}}}))
+    kube.kubectl("delete", "configmap", "c1", "-n", "w")
+    # Everything that happened after the list, although the watch starts later; it ends after timeoutSeconds.
+    rv = listed["metadata"]["resourceVersion"]
+    events = _get(kube, f"{base}?watch=true&resourceVersion={rv}&timeoutSeconds=1")
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "c1"), ("ADDED", "c2"), ("DELETED", "c1")]
+    versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert versions == sorted(versions) and len(set(versions)) == 3
+    selected = _get(kube, f"{base}?watch=true&resourceVersion={rv}&timeoutSeconds=1&labelSelector=t%3Db")
+    assert [e["object"]["metadata"]["name"] for e in selected] == ["c2"]
+    assert [i["metadata"]["name"] for i in _get(kube, f"{base}?labelSelector=t%20in%20(a,b)")["items"]] == ["c2"]
+    assert _get(kube, f"{base}?fieldSelector=metadata.name%3Dc9")["items"] == []
+
+
+def test_watch_list_ends_its_initial_events_with_a_bookmark(kube: KubeAPI) -> None:
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b1", "namespace": "wl"}}))
+    events = _get(kube, "/api/v1/namespaces/wl/configmaps?watch=true&sendInitialEvents=true"
+                        "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
+    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -10,10 +10,15 @@ What the emulator adds to kmock 0.8, so clients see what a real API server would
 - the status subresource: a write to `/status` changes only status, a write to the object never changes it;
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (jsonschema + CEL rules);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
+- watches that resume from a resourceVersion (a list marks its place in an event log), 410 Expired when too old,
+  watch-list initial events ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and
+  fieldSelector (metadata.name/namespace) on lists and watches;
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
-  watch streams, NotFound/AlreadyExists as error reasons.
-Still missing (do not lean on it): labelSelector/fieldSelector filtering, resourceVersion conflicts, PUT,
-strategic-merge list merging (lists are replaced), server-side apply field ownership, admission of built-in kinds.
+  watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
+- speed: object requests skip kmock's reaction matching (~30 ms a request otherwise).
+Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
+(lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
+resource, any controller (Deployments get no ReplicaSets or pods; moelora.local.pods plays kubelet for that).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import datetime
 import functools
 import itertools
 import pathlib
+import re
 import secrets
 import shutil
 import subprocess
@@ -156,6 +162,79 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_LOG_LIMIT = 20000
+
+
+class _RecordingBus:
+    """Stands in for kmock's per-resource event bus: every event goes to the emulator's log instead."""
+
+    def __init__(self, emulator: Emulator, resource: Any) -> None:
+        self._emulator, self._resource = emulator, resource
+
+    async def put(self, event: dict[str, Any]) -> None:
+        self._emulator._record(self._resource, event)
+        async with self._emulator._log_changed:
+            self._emulator._log_changed.notify_all()
+
+
+class _RecordingBuses(dict):  # type: ignore[type-arg]
+    def __init__(self, emulator: Emulator) -> None:
+        super().__init__()
+        self._emulator = emulator
+
+    def __missing__(self, resource: Any) -> _RecordingBus:
+        bus = self[resource] = _RecordingBus(self._emulator, resource)
+        return bus
+
+
+class _Selector:
+    """labelSelector (=, ==, !=, in, notin, exists, !exists) and fieldSelector (metadata.name/namespace)."""
+
+    def __init__(self, labels: list[tuple[str, str, set[str]]], fields: dict[str, str]) -> None:
+        self.labels, self.fields = labels, fields
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str]) -> _Selector:
+        labels = []
+        for term in re.split(r",(?![^()]*\))", params.get("labelSelector") or ""):
+            term = term.strip()
+            if not term:
+                continue
+            if match := re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", term):
+                labels.append((match.group(1), match.group(2), {v.strip() for v in match.group(3).split(",")}))
+            elif "!=" in term:
+                key, value = term.split("!=", 1)
+                labels.append((key.strip(), "!=", {value.strip()}))
+            elif "=" in term:
+                key, value = re.split("==?", term, maxsplit=1)
+                labels.append((key.strip(), "=", {value.strip()}))
+            elif term.startswith("!"):
+                labels.append((term[1:].strip(), "!exists", set()))
+            else:
+                labels.append((term, "exists", set()))
+        fields = {}
+        for term in (params.get("fieldSelector") or "").split(","):
+            if "=" in term:
+                key, value = re.split("==?", term, maxsplit=1)
+                fields[key.strip()] = value.strip()
+        return cls(labels, fields)
+
+    def matches(self, meta: Mapping[str, Any]) -> bool:
+        for key, value in self.fields.items():
+            if key in ("metadata.name", "metadata.namespace") and meta.get(key.split(".", 1)[1]) != value:
+                return False
+        have = meta.get("labels") or {}
+        for key, op, values in self.labels:
+            present = key in have
+            if op in ("=", "in") and (not present or have[key] not in values):
+                return False
+            if op in ("!=", "notin") and present and have[key] in values:
+                return False
+            if op == "exists" and not present or op == "!exists" and present:
+                return False
+        return True
+
+
 class _FastDispatch(kmock.KubernetesScaffold):
     """Serve plain object requests straight from the emulator's handlers.
 
@@ -184,9 +263,14 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     validate: bool = True
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _log: list[tuple[Any, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    _log_base: int = attrs.field(default=0, init=False)
+    _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+    _marks: dict[int, int] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        self._buses = _RecordingBuses(self)  # type: ignore[assignment]
         self.resources.load_bundled()
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
@@ -308,20 +392,128 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
                     await self._buses[key[0]].put({"type": "DELETED", "object": raw})
 
     # -- reads and kubectl compatibility --------------------------------------------------------------------------
+    # -- lists and watches with resourceVersion semantics ------------------------------------------------------------
+    # kmock's watch streams "everything now, then live" and forgets what happened in between; clients (kopf,
+    # kubectl) list first and then watch from the list's resourceVersion, so an event between the two was lost.
+    # Here every change goes to a log; a list marks its position in it, and a watch resumes right there.
+
+    def _record(self, resource: Any, event: dict[str, Any]) -> None:
+        if event.get("type") == "DELETED":  # a deletion is a change of its own, with its own resourceVersion
+            obj = copy.deepcopy(event["object"])
+            obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
+            event = {"type": "DELETED", "object": obj}
+        self._log.append((resource, event))
+        if len(self._log) > _LOG_LIMIT:  # forget the oldest half: watches from there get 410 Expired, and relist
+            drop = len(self._log) // 2
+            del self._log[:drop]
+            self._log_base += drop
+            self._marks = {rv: pos for rv, pos in self._marks.items() if pos >= self._log_base}
+
+    def _log_end(self) -> int:
+        return self._log_base + len(self._log)
+
+    def _position_after(self, resource_version: int) -> int | None:
+        """Where a watch from this resourceVersion resumes; None if the log no longer reaches back that far."""
+        if resource_version in self._marks:
+            return self._marks[resource_version]
+        for index in range(len(self._log) - 1, -1, -1):
+            rv = int(self._log[index][1]["object"].get("metadata", {}).get("resourceVersion") or 0)
+            if rv == resource_version:
+                return self._log_base + index + 1
+            if rv < resource_version:
+                break
+        return None if resource_version < self._oldest_rv() else self._log_end()
+
+    def _oldest_rv(self) -> int:
+        if not self._log:
+            return 0
+        return int(self._log[0][1]["object"].get("metadata", {}).get("resourceVersion") or 0)
+
+    def _matching(self, request: kmock_rendering.Request) -> Any:
+        selector = _Selector.from_params(request.params)
+        def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            return (resource == request.resource
+                    and (request.namespace is None or meta.get("namespace") == request.namespace)
+                    and (request.name is None or meta.get("name") == request.name)
+                    and selector.matches(meta))
+        return matches
+
     async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
-        result = dict(await super()._serve_list(request))  # type: ignore[arg-type]
         info = self._info(request.resource)
+        if info is None and request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+        matches = self._matching(request)
+        async with self._lock:
+            items = [copy.deepcopy(obj.raw) for (resource, _, _), obj in self.objects.items()
+                     if not obj.deleted and matches(resource, obj.raw)]
+            version = next(self._versions)
+            self._marks[version] = self._log_end()
         resource = request.resource
-        group_version = resource.version if not resource.group else f"{resource.group}/{resource.version}"
-        result["kind"] = f"{info.kind}List" if info and info.kind else "List"
-        result["apiVersion"] = group_version
-        result["metadata"] = {"resourceVersion": str(next(self._versions))}
-        return result
+        return {
+            "kind": f"{info.kind}List" if info and info.kind else "List",
+            "apiVersion": resource.version if not resource.group else f"{resource.group}/{resource.version}",
+            "metadata": {"resourceVersion": str(version)},
+            "items": items,
+        }
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
         # kubectl refuses a watch stream without a JSON content type.
-        return kmock_rendering.Response(headers={"Content-Type": "application/json"},
-                                        payload=super()._serve_watch(request))
+        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=self._watch(request))
+
+    async def _watch(self, request: kmock_rendering.Request) -> Any:
+        yield b""  # send the headers now: clients wait for them before they consider the watch started
+        params = request.params
+        since = params.get("resourceVersion") or ""
+        initial_events = params.get("sendInitialEvents") == "true" or since in ("", "0")
+        timeout = float(params.get("timeoutSeconds") or 0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout > 0 else None
+        matches = self._matching(request)
+        initial: list[dict[str, Any]] = []
+        async with self._lock:
+            if initial_events:
+                initial = [copy.deepcopy(obj.raw) for (resource, _, _), obj in self.objects.items()
+                           if not obj.deleted and matches(resource, obj.raw)]
+                position: int | None = self._log_end()
+                version = next(self._versions)
+            else:
+                position = self._position_after(int(since)) if since.isdigit() else None
+                version = 0
+        if position is None:
+            yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                               "status": "Failure", "reason": "Expired", "code": 410,
+                                               "message": f"too old resource version: {since}"}}
+            return
+        for obj in initial:
+            yield {"type": "ADDED", "object": obj}
+        if params.get("sendInitialEvents") == "true" and params.get("allowWatchBookmarks") == "true":
+            yield {"type": "BOOKMARK", "object": {
+                "kind": self._info(request.resource).kind if self._info(request.resource) else "",
+                "apiVersion": request.resource.group and f"{request.resource.group}/{request.resource.version}"
+                or request.resource.version,
+                "metadata": {"resourceVersion": str(version),
+                             "annotations": {"k8s.io/initial-events-end": "true"}}}}
+        while True:
+            async with self._log_changed:
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(self._log_changed.wait_for(lambda: self._log_end() > position),
+                                           timeout=remaining)
+                except TimeoutError:
+                    return
+                if position < self._log_base:
+                    yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                       "status": "Failure", "reason": "Expired", "code": 410,
+                                                       "message": "the watch fell too far behind"}}
+                    return
+                entries = self._log[position - self._log_base:]
+                position = self._log_end()
+            for resource, event in entries:
+                if matches(resource, event["object"]):
+                    yield event
 
     async def _serve_version(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         result = dict(await super()._serve_version(request))  # type: ignore[arg-type]
@@ -383,9 +575,7 @@ class KubeAPI:
                 timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this server (`--validate=false`: there is no OpenAPI endpoint to validate with)."""
         assert self._workdir is not None, "start() first"
-        env = {**_clean_env(), "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self._workdir / "cache"),
-               # kubectl >= 1.35 waits with watch-list streams, which need bookmarks the emulator does not send.
-               "KUBE_FEATURE_WatchListClient": "false"}
+        env = {**_clean_env(), "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self._workdir / "cache")}
         command = [kubectl_binary(), *args]
         if args and args[0] in ("apply", "create", "replace"):
             command.insert(2, "--validate=false")
