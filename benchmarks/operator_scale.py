@@ -22,7 +22,6 @@ import time
 import urllib.request
 
 import kmock
-
 from moelora.local.kube import KubeAPI
 
 DEPLOYMENTS = "apps/v1/deployments"
@@ -116,8 +115,8 @@ def main() -> int:
 
     missing = args.servers - len(seen)
     latencies = [seen[name] - created[name] for name in seen]
-    print(f"| servers | p50 create→Deployment | p95 | max | all Deployments | all statuses | operator peak RSS "
-          f"| operator RSS idle |")
+    print("| servers | p50 create→Deployment | p95 | max | all Deployments | all statuses | operator peak RSS "
+          "| operator RSS idle |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| {args.servers}{f' ({missing} missing)' if missing else ''} | {statistics.median(latencies):.2f} s "
           f"| {percentile(latencies, 0.95):.2f} s | {max(latencies):.2f} s | {all_deployments:.1f} s "

@@ -4,7 +4,6 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-
 from moelora.api import ModelServerSpec
 from moelora.operator.settings import Settings
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moelora.operator import engine
 from moelora.operator.engine import SpecProblem
 

@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
-
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from moelora.operator.settings import DEFAULT_SERVER_IMAGE, Settings
 
 

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Collection, Iterator, Mapping
-from typing import Any
+from typing import Any, Self
 
 import aiohttp.test_utils
 import aiohttp.web
@@ -49,7 +49,6 @@ import yaml
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
-
 from moelora.api.crd import custom_resource_definitions
 
 _DELETE = object()  # a marker inside merge_diff results before they become None
@@ -412,6 +411,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     def _log_end(self) -> int:
         return self._log_base + len(self._log)
 
+    def _log_moved_past(self, position: int) -> bool:
+        return self._log_end() > position
+
     def _position_after(self, resource_version: int) -> int | None:
         """Where a watch from this resourceVersion resumes; None if the log no longer reaches back that far."""
         if resource_version in self._marks:
@@ -500,8 +502,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
                 if remaining is not None and remaining <= 0:
                     return
                 try:
-                    await asyncio.wait_for(self._log_changed.wait_for(lambda: self._log_end() > position),
-                                           timeout=remaining)
+                    await asyncio.wait_for(
+                        self._log_changed.wait_for(functools.partial(self._log_moved_past, position)),
+                        timeout=remaining)
                 except TimeoutError:
                     return
                 if position < self._log_base:
@@ -555,13 +558,13 @@ class KubeAPI:
         self._workdir: pathlib.Path | None = None
         self.kubeconfig = pathlib.Path()
 
-    def __enter__(self) -> KubeAPI:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def start(self) -> KubeAPI:
+    def start(self) -> Self:
         self._thread.start()
         self._started.wait(timeout=30)
         if self._error is not None:
@@ -579,7 +582,8 @@ class KubeAPI:
         command = [kubectl_binary(), *args]
         if args and args[0] in ("apply", "create", "replace"):
             command.insert(2, "--validate=false")
-        result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout)
+        result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout,
+                                check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
@@ -680,13 +684,13 @@ class OperatorThread:
         self._stop = threading.Event()
         self.error: BaseException | None = None
 
-    def __enter__(self) -> OperatorThread:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def start(self, *, timeout: float = 60) -> OperatorThread:
+    def start(self, *, timeout: float = 60) -> Self:
         self._thread.start()
         if not self._ready.wait(timeout=timeout):
             self.stop()

@@ -14,7 +14,6 @@ from typing import Any
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
-
 from moelora.api import GROUP, VERSION
 from moelora.operator import naming
 

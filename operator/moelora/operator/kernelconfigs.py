@@ -47,7 +47,7 @@ def bundle_root() -> Traversable | None:
     spec = importlib.util.find_spec(BUNDLE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "configs"
+    return pathlib.Path(next(iter(spec.submodule_search_locations))) / "configs"
 
 
 def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:

@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from moelora.api import (
-    AdapterCounts, AdapterPhase, Condition, FailureReason, LoRAAdapterStatus, ModelServerSpec, ModelServerStatus,
+    AdapterCounts,
+    AdapterPhase,
+    Condition,
+    FailureReason,
+    LoRAAdapterStatus,
+    ModelServerSpec,
+    ModelServerStatus,
 )
 from moelora.api.common import set_condition
 from moelora.operator import naming
