@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
 import numpy as np
 import pytest
 import safetensors.numpy
+from moelora.agent.reconcile import Desired
+from moelora.agent.validate import AdapterInfo
+from moelora.api import ReplicaAdapterState
 from moelora.local import s3 as local_s3
 
 BASE_MODEL = "moelora-test/tiny-llama"
@@ -121,3 +128,69 @@ def clean_vllm(vllm_url: str) -> Iterator[str]:
     yield vllm_url
     for name in client.adapters():
         client.unload(name=name)
+
+
+# ---- the agent's Kubernetes side in memory, for tests of its loop ----
+
+POD = "srv-0"
+
+
+class MemoryKube:
+    """The agent's Kubernetes side in memory: Secrets to read, status patches recorded per adapter."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, str]] = {}
+        self.status: dict[str, tuple[ReplicaAdapterState, AdapterInfo | None]] = {}
+        self.lock = threading.Lock()
+
+    def read_secret(self, *, name: str) -> dict[str, str] | None:
+        return self.secrets.get(name)
+
+    def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
+        assert pod == POD
+        with self.lock:
+            self.status[name] = (state, info)
+        return True
+
+
+class MemoryDesired:
+    def __init__(self) -> None:
+        self.synced = threading.Event()
+        self.items: dict[str, Desired] = {}
+        self.on_change: Callable[[], None] = lambda: None
+
+    def snapshot(self) -> list[Desired]:
+        return list(self.items.values())
+
+    def put(self, name: str, spec: dict[str, Any], *, created: str = "2026-01-01T00:00:00Z") -> None:
+        obj = {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
+               "spec": {"modelServer": "srv", **spec}}
+        self.items[name] = Desired.from_object(obj)
+        self.on_change()
+
+    def delete(self, name: str) -> None:
+        del self.items[name]
+        self.on_change()
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+            if result:
+                return result
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout}s: {check}")
+        time.sleep(0.1)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()

@@ -18,7 +18,7 @@ from typing import Any
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from moelora.agent.errors import AdapterError
-from moelora.agent.source import WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
+from moelora.agent.source import CONFIG_FILE, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
 from s3transfer.subscribers import BaseSubscriber
 
@@ -63,6 +63,23 @@ def check_etag_pin(listing: Listing, pin: VersionPin | None) -> None:
     if found != pin.etag.strip('"').lower():
         raise AdapterError(FailureReason.VERSION_MISMATCH,
                            f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}")
+
+
+CONFIG_LIMIT = 1 * MiB  # adapter_config.json is a few hundred bytes; anything this large is not one
+
+
+def read_config_object(*, client: Any, listing: Listing) -> bytes:
+    """adapter_config.json's bytes, read before any weights (pinned to the listed ETag; at most CONFIG_LIMIT)."""
+    obj = listing.get(CONFIG_FILE)
+    if obj is None:
+        raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {listing.location}")
+    if obj.size > CONFIG_LIMIT:
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is {obj.size} bytes, not a config")
+    try:
+        response = client.get_object(Bucket=listing.location.bucket, Key=obj.key, IfMatch=obj.etag)
+        return bytes(response["Body"].read(CONFIG_LIMIT + 1))
+    except Exception as error:  # noqa: BLE001 - classified, never swallowed
+        raise classify_client_error(error, what=f"reading {CONFIG_FILE}") from None
 
 
 def fetch(

@@ -22,12 +22,12 @@ from typing import Any, Protocol
 from moelora.agent import reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, redact
-from moelora.agent.fetch import fetch
+from moelora.agent.fetch import fetch, read_config_object
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
 from moelora.agent.source import ClientConfig, Credentials, check_listing, list_source, make_client, parse_s3_uri
-from moelora.agent.validate import AdapterInfo, Limits, validate
+from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
@@ -305,6 +305,8 @@ class Agent:
             raise known_bad
         try:
             check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
+            if not (self.settings.cache_dir / listing.version).is_dir():  # judge the config before the weights
+                check_config(parse_config(read_config_object(client=client, listing=listing)), self.limits)
             with self._cache_lock:
                 self._inflight.add(listing.version)
                 present = (self.settings.cache_dir / listing.version).is_dir()

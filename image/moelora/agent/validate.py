@@ -54,13 +54,7 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise AdapterError(FailureReason.CONFIG_MISSING, f"{CONFIG_FILE} is missing")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not a JSON object")
-    return config
+    return parse_config(path.read_bytes())
 
 
 def adapter_rank(config: dict[str, Any]) -> int:
@@ -88,17 +82,23 @@ def directory_bytes(directory: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
-    """The adapter's facts if this server can serve it; else AdapterError with the first failing reason."""
-    unsafe = sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
-                    if p.name.lower().endswith(UNSAFE_SUFFIXES))
-    if unsafe:
-        raise AdapterError(FailureReason.UNSAFE_WEIGHTS_FORMAT,
-                           f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}")
-    links = [p for p in directory.rglob("*") if p.is_symlink()]
-    if links:
-        raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {links[0].name}")
-    config = read_config(directory)
+def parse_config(text: bytes) -> dict[str, Any]:
+    """adapter_config.json's bytes as a JSON object, or AdapterError(ConfigInvalid)."""
+    try:
+        config = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not a JSON object")
+    return config
+
+
+def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tuple[str, ...]]:
+    """(rank, base model, target modules) if the config is one this server can serve; else AdapterError.
+
+    Runs twice: on the config alone before the weights are downloaded (a 1 GB adapter of the wrong rank fails in
+    milliseconds), and again on the downloaded directory.
+    """
     peft_type = config.get("peft_type", "LORA")
     if str(peft_type).upper() != "LORA":
         raise AdapterError(FailureReason.CONFIG_INVALID, f"peft_type is {peft_type!r}, only LORA is served")
@@ -110,12 +110,6 @@ def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
     if not isinstance(base, str) or not base.strip():
         raise AdapterError(FailureReason.BASE_MODEL_MISMATCH,
                            f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {limits.base_model!r}")
-    weights = directory / WEIGHTS_FILE
-    if not weights.is_file() or weights.stat().st_size == 0:
-        raise AdapterError(FailureReason.WEIGHTS_MISSING, f"{WEIGHTS_FILE} is missing or empty")
-    size = directory_bytes(directory)
-    if size > limits.max_bytes:
-        raise AdapterError(FailureReason.TOO_LARGE, f"{size} bytes, over the limit of {limits.max_bytes}")
     if rank > limits.max_rank:
         raise AdapterError(FailureReason.RANK_TOO_HIGH,
                            f"rank {rank} is above this server's maxLoraRank {limits.max_rank}")
@@ -131,4 +125,24 @@ def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
         if extra:
             raise AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES,
                                f"targets {extra}, this server allows only {sorted(limits.target_modules)}")
+    return rank, base, modules
+
+
+def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
+    """The adapter's facts if this server can serve it; else AdapterError with the first failing reason."""
+    unsafe = sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
+                    if p.name.lower().endswith(UNSAFE_SUFFIXES))
+    if unsafe:
+        raise AdapterError(FailureReason.UNSAFE_WEIGHTS_FORMAT,
+                           f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}")
+    links = [p for p in directory.rglob("*") if p.is_symlink()]
+    if links:
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {links[0].name}")
+    rank, base, modules = check_config(read_config(directory), limits)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file() or weights.stat().st_size == 0:
+        raise AdapterError(FailureReason.WEIGHTS_MISSING, f"{WEIGHTS_FILE} is missing or empty")
+    size = directory_bytes(directory)
+    if size > limits.max_bytes:
+        raise AdapterError(FailureReason.TOO_LARGE, f"{size} bytes, over the limit of {limits.max_bytes}")
     return AdapterInfo(rank=rank, base_model=base, target_modules=modules, size_bytes=size)
