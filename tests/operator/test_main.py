@@ -45,3 +45,23 @@ def test_bad_settings_exit_with_a_message() -> None:
     result = subprocess.run([sys.executable, "-m", "moelora.operator"], env=env, capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 2 and "MOELORA_RESYNC_SECONDS" in result.stderr
+
+
+def test_peering_mode_runs_when_the_peering_object_exists() -> None:
+    from moelora.local.kube import OperatorThread
+    from moelora.operator.settings import Settings
+
+    with KubeAPI() as kube:
+        kube.kubectl("apply", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "moelora"}}))
+        settings = Settings(kubeconfig=str(kube.kubeconfig), peering="moelora")
+        with OperatorThread(settings=settings):
+            kube.kubectl("apply", "-f", "-", stdin=json.dumps({
+                "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
+                "metadata": {"name": "srv", "namespace": "p"}, "spec": {"model": {"name": "org/m"}}}))
+            deadline = time.monotonic() + 20
+            while kube.get("apps/v1/deployments", "p", "srv") is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert kube.get("apps/v1/deployments", "p", "srv") is not None
+            peering = kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora")
+            assert peering is not None and peering.get("status"), "the operator did not announce itself"

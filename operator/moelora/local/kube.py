@@ -274,6 +274,12 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
             self._schemas[kmock.resource(key)] = schema
+        # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
+        verbs = {"create", "delete", "get", "list", "patch", "watch"}
+        self.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
+            namespaced=False, kind="ClusterKopfPeering", singular="clusterkopfpeering", verbs=verbs)
+        self.resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
+            namespaced=True, kind="KopfPeering", singular="kopfpeering", verbs=verbs)
 
     # -- writes -------------------------------------------------------------------------------------------------
     def _info(self, resource: Any) -> kmock.ResourceInfo | None:
