@@ -86,8 +86,8 @@ def events(kube: KubeAPI, namespace: str, name: str) -> list[dict[str, Any]]:
 
 
 def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorThread) -> None:
-    ns = "apply"
-    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    ns = "default"  # the example's own namespace: applied as the file a user would apply
+    kube.kubectl("apply", "-f", str(EXAMPLES / "modelserver.yaml"))
     server = wait_for(lambda: kube.get(MS, ns, "qwen-moe"), what="the ModelServer")
     dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
     svc = wait_for(lambda: kube.get("v1/services", ns, "qwen-moe"), what="the Service")
@@ -101,7 +101,7 @@ def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorTh
         assert owner["controller"] is True
     status = wait_for(lambda: (s := kube.get(MS, ns, "qwen-moe")) and s.get("status", {}).get("endpoint") and s,
                       what="status")["status"]
-    assert status["endpoint"] == "http://qwen-moe.apply.svc:8000/v1" and status["observedGeneration"] == 1
+    assert status["endpoint"] == "http://qwen-moe.default.svc:8000/v1" and status["observedGeneration"] == 1
     assert condition({"status": status}, "Progressing")["reason"] == "RollingOut"
 
     # kubectl reads our objects back (list kinds, printer-free output) and sees the status subresource.
@@ -261,6 +261,12 @@ def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: Operat
     again = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
                      what="Pending again")
     assert again["status"].get("replicas", {}) == {}
+
+    # The server goes away: its adapters say so.
+    kube.kubectl("delete", "ms", "qwen-moe", "-n", ns)
+    gone = wait_for(lambda: (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and
+                    c["reason"] == "ModelServerNotFound" and c, what="ModelServerNotFound after deletion")
+    assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
 
 
 def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: OperatorThread) -> None:
