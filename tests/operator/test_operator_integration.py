@@ -299,4 +299,20 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
                      "initContainers" not in d["spec"]["template"]["spec"] and d, what="the updated Deployment")
     assert all(v["name"] != "kernel-configs" for v in plain["spec"]["template"]["spec"]["volumes"])
     assert "moelora.io/kernel-configs-hash" not in (plain["spec"]["template"]["metadata"].get("annotations") or {})
-    assert condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False"
+    wait_for(lambda: condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False", what="recovered")
+
+
+def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "scale"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    kube.kubectl("scale", "ms/qwen-moe", "-n", ns, "--replicas=3")
+    scaled = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and d["spec"]["replicas"] == 3 and d,
+                      what="3 replicas")
+    assert scaled["spec"]["replicas"] == 3
+    scale = json.loads(kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/modelservers/"
+                                    "qwen-moe/scale").stdout)
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
+    wait_for(lambda: json.loads(kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/"
+                                             "modelservers/qwen-moe/scale").stdout)["status"].get("selector")
+             == "moelora.io/model-server=qwen-moe", what="the selector an HPA needs")

@@ -15,6 +15,7 @@ What the emulator adds to kmock 0.8, so clients see what a real API server would
   fieldSelector (metadata.name/namespace) on lists and watches;
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
+- the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
 - speed: object requests skip kmock's reaction matching (~30 ms a request otherwise).
 Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
 (lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
@@ -157,6 +158,22 @@ def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
     return result
 
 
+def _at_path(obj: Any, path: str) -> Any:
+    """The value at a JSON path like `.spec.replicas`, or None."""
+    for key in [part for part in path.split(".") if part]:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = [part for part in path.split(".") if part]
+    for key in parents:
+        obj = obj.setdefault(key, {})
+    obj[last] = value
+
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -266,6 +283,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     _log_base: int = attrs.field(default=0, init=False)
     _log_changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _marks: dict[int, int] = attrs.field(factory=dict, init=False)
+    _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -274,6 +292,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
             self._schemas[kmock.resource(key)] = schema
+        for crd in custom_resource_definitions():
+            for version in crd["spec"]["versions"]:
+                if "scale" in version.get("subresources", {}):
+                    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
+                    self._scales[kmock.resource(key)] = version["subresources"]["scale"]
         # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
         verbs = {"create", "delete", "get", "list", "patch", "watch"}
         self.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
@@ -333,7 +356,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             return  # kmock answers 404
         new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
         info = self._info(request.resource)
-        if info is not None and "status" in info.subresources:
+        if request.subresource == "scale" and request.resource in self._scales:
+            replicas = _at_path(new, "spec.replicas")  # a Scale patch: {"spec": {"replicas": N}}
+            new = copy.deepcopy(old)
+            _set_path(new, self._scales[request.resource]["specReplicasPath"], replicas)
+        elif info is not None and "status" in info.subresources:
             if request.subresource == "status":
                 new = {**old, "status": new.get("status")}
                 if new["status"] is None:
@@ -464,6 +491,30 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             "metadata": {"resourceVersion": str(version)},
             "items": items,
         }
+
+    def _as_scale(self, request: kmock_rendering.Request, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The autoscaling/v1 Scale view of an object (what /scale serves)."""
+        paths = self._scales[request.resource]
+        meta = obj.get("metadata") or {}
+        status = {"replicas": _at_path(obj, paths["statusReplicasPath"]) or 0}
+        if selector := _at_path(obj, paths.get("labelSelectorPath", "")):
+            status["selector"] = selector
+        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion",
+                                                        "creationTimestamp") if key in meta},
+                "spec": {"replicas": _at_path(obj, paths["specReplicasPath"]) or 0}, "status": status}
+
+    async def _serve_fetch(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        obj = await super()._serve_fetch(request)
+        if request.subresource == "scale" and request.resource in self._scales:
+            return self._as_scale(request, obj)  # type: ignore[arg-type]
+        return obj
+
+    async def _serve_update(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        obj = await super()._serve_update(request)
+        if request.subresource == "scale" and request.resource in self._scales:
+            return self._as_scale(request, obj)  # type: ignore[arg-type]
+        return obj
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
         # kubectl refuses a watch stream without a JSON content type.
