@@ -300,6 +300,12 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     assert all(v["name"] != "kernel-configs" for v in plain["spec"]["template"]["spec"]["volumes"])
     assert "moelora.io/kernel-configs-hash" not in (plain["spec"]["template"]["metadata"].get("annotations") or {})
     wait_for(lambda: condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False", what="recovered")
+    wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs") is None, what="the stale ConfigMap gone")
+    # A ConfigMap of that name that the server does not own is never touched.
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "gpt-oss-kernel-configs", "namespace": ns}, "data": {"mine": "yes"}}))
+    time.sleep(1.5)  # a resync or two
+    assert kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs")["data"] == {"mine": "yes"}
 
 
 def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operator: OperatorThread) -> None:

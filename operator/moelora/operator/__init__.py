@@ -12,7 +12,8 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | moelora.io | modelservers, loraadapters | get, list, watch, patch |
 | moelora.io | modelservers/status, loraadapters/status | get, patch |
 | apps | deployments | get, list, watch, create, patch |
-| "" (core) | services, configmaps | get, list, watch, create, patch |
+| "" (core) | services | get, list, watch, create, patch |
+| "" (core) | configmaps | get, list, watch, create, patch, delete |
 | "" (core) | pods | get, list, watch |
 | "" (core) | secrets | get |
 | "" (core) | events | create |
@@ -20,9 +21,10 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
 | kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
-Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps; get Secrets (only to check that
-spec.s3.credentialsSecret exists) and ConfigMaps (kernels.configs=configMap); patch status of both kinds.
+Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps, delete the ConfigMap it rendered;
+get Secrets (only to check that spec.s3.credentialsSecret exists) and ConfigMaps (kernels.configs=configMap);
+patch status of both kinds.
 
-It never deletes: owned objects carry ownerReferences to their ModelServer, and Kubernetes' garbage collector
-removes them with it.
+Owned objects carry ownerReferences to their ModelServer, and Kubernetes' garbage collector removes them with it;
+the one deletion of its own is the kernel-config ConfigMap it rendered, once a server stops asking for it.
 """

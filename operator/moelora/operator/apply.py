@@ -85,6 +85,19 @@ def patch_status(api: kubernetes.client.ApiClient, *, plural: str, namespace: st
         raise
 
 
+def delete_if_owned(api: kubernetes.client.ApiClient, *, path: str, owner_uid: str) -> bool:
+    """Delete the object at `path` if `owner_uid` owns it (never someone else's object). True if deleted."""
+    obj = get(api, path=path)
+    if obj is None or not any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or []):
+        return False
+    try:
+        _request(api, "DELETE", path)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    return True
+
+
 def _at(obj: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         if not isinstance(obj, dict):

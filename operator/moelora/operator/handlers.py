@@ -199,6 +199,11 @@ def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) 
                 logger.info("%s %s/%s %s", child["kind"], namespace, child["metadata"]["name"], action)
             if child["kind"] == "Deployment":
                 actual_deployment = obj
+        if not any(child["kind"] == "ConfigMap" for child in children):  # kernel configs no longer rendered
+            config_map = kernelconfigs.owned_config_map_name(name)
+            if apply.delete_if_owned(api, path=f"/api/v1/namespaces/{namespace}/configmaps/{config_map}",
+                                     owner_uid=meta["uid"]):
+                logger.info("ConfigMap %s/%s deleted", namespace, config_map)
     if actual_deployment is None:
         actual_deployment = apply.get_deployment(api, namespace=namespace, name=name)
 
