@@ -36,6 +36,15 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def _downloaded_bytes(agent_url: str, adapter: str) -> float:
+    """The agent's moelora_adapter_downloaded_bytes counter for one adapter."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{agent_url}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("moelora_adapter_downloaded_bytes_total{") and f'"{adapter}"' in line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20)
@@ -61,6 +70,7 @@ def main() -> None:
         print("2 replicas ready; measuring", flush=True)
         config = json.loads((adapter / "adapter_config.json").read_text())
         times: list[float] = []
+        downloaded: dict[str, float] = {}
         previous = None
         for round_ in range(args.rounds + 1):  # round 0 warms up (first load compiles vLLM's LoRA path)
             name = f"load-{round_}"
@@ -85,6 +95,9 @@ def main() -> None:
                     raise RuntimeError(f"{name} failed: {json.dumps(status)}")
                 time.sleep(0.05)
             elapsed = time.monotonic() - start
+            # Proof that the round downloaded the whole adapter into every replica (no cache hit).
+            for pod in local.kubelet.pods_of(SERVER):  # type: ignore[union-attr]
+                downloaded[pod.name] = downloaded.get(pod.name, 0.0) + _downloaded_bytes(pod.url(8081), name)
             if round_ > 0:
                 times.append(elapsed)
             print(f"  round {round_}: {elapsed:.2f} s{' (warm-up, not counted)' if round_ == 0 else ''}", flush=True)
@@ -99,6 +112,9 @@ def main() -> None:
     print(f"| p95 | {_percentile(times, 0.95):.2f} |")
     print(f"| min | {min(times):.2f} |")
     print(f"| max | {max(times):.2f} |")
+    print(f"\nbytes downloaded from S3 per replica over {args.rounds + 1} rounds: "
+          + ", ".join(f"{b / 1e6:.0f} MB" for b in downloaded.values()) + f" (= {(args.rounds + 1) * size / 1e6:.0f} MB "
+          "if every round downloaded it in full)")
 
 
 if __name__ == "__main__":

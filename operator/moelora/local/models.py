@@ -66,7 +66,9 @@ def make_model(*, path: pathlib.Path, shape: TinyModelShape = TinyModelShape(), 
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     path.mkdir(parents=True, exist_ok=True)
     make_tokenizer(path=path, vocab_size=shape.vocab_size)
     config = LlamaConfig(
