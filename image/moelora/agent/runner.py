@@ -328,6 +328,8 @@ class Agent:
         with self._cache_lock:
             client = self._clients.get(config)
             if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
+                if len(self._clients) >= 64:  # rotated credentials leave old entries behind: start afresh
+                    self._clients.clear()
                 client = self._clients[config] = make_client(config,
                                                              max_connections=self.settings.download_workers * 4)
         return client
