@@ -3,6 +3,23 @@
 ModelServer: conditions Ready / Progressing / Degraded from the Deployment and its own conditions, plus the
 operator's verdict on the spec. LoRAAdapter: the phase roll-up of docs/architecture.md "Status ownership" from the
 per-pod states the agents write; entries of pods that no longer exist are pruned.
+
+ModelServer condition reasons (all conditions carry observedGeneration):
+
+| condition | reason | meaning |
+|---|---|---|
+| Ready | AllReplicasReady / SomeReplicasReady | all / some of spec.replicas pods are ready (True) |
+| Ready | NoReplicasReady, ScaledToZero, DeploymentNotFound | nothing serves (False) |
+| Progressing | Creating, RollingOut (True); RolledOut (False) | the Deployment moving to the current spec, or done |
+| Progressing, Degraded | ProgressDeadlineExceeded | the rollout stalled (the Deployment's own verdict) |
+| Degraded | FailedCreate (or the Deployment's ReplicaFailure reason) | pods cannot be created (quota, admission) |
+| Degraded | AsExpected (False) | nothing to fix |
+
+The operator's verdicts on a spec (Degraded=True and Progressing=False with the same reason, plus one Warning
+Event; the running Deployment is left as it was): UnknownEngineFlag, ManagedEngineFlag (engineArgs sets what the
+spec sets), ManagedEnvVar, SecretNotFound (spec.s3.credentialsSecret), ConfigMapNotFound (kernels.configMapName),
+GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), KernelConfigsNotFound,
+KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse).
 """
 
 from __future__ import annotations
