@@ -100,10 +100,9 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 # --- indexes ------------------------------------------------------------------------------------------------------
 
-def model_servers_index(body: kopf.Body, name: str, namespace: str, **_: Any) -> dict[tuple[str, str], Any]:
-    return {(namespace, name): {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                                "metadata": dict(body.metadata), "spec": dict(body.spec),
-                                "status": dict(body.status)}}
+def model_servers_index(name: str, namespace: str, **_: Any) -> dict[tuple[str, str], Any]:
+    # Only which servers exist: reconcile reads the server itself when it runs.
+    return {(namespace, name): {"metadata": {"name": name, "namespace": namespace}}}
 
 
 def adapters_index(spec: kopf.Spec, status: kopf.Status, name: str, namespace: str,
@@ -265,9 +264,17 @@ def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: b
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace = meta["namespace"]
     raw_status = dict(body.get("status") or {})
+    known = dict(pods)
+    # A pod this operator has not seen yet (its watch may lag the pod's agent) is not gone: ask before pruning.
+    for pod in set(raw_status.get("replicas") or {}) - set(known):
+        found = apply.get(memo.api, path=f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == \
+                spec.get("modelServer"):
+            known[pod] = any(c.get("type") == "Ready" and c.get("status") == "True"
+                             for c in (found.get("status") or {}).get("conditions") or [])
     patch = status.adapter_status_patch(
         raw_status, served_name=spec.get("servedName") or meta["name"], generation=meta.get("generation"),
-        server_exists=server_exists, pods=dict(pods), now=now(),
+        server_exists=server_exists, pods=known, now=now(),
     )
     if not patch:
         return False
