@@ -140,7 +140,7 @@ def _download_all(
     expected = {(listing.location.bucket, obj.key): obj.etag for obj in listing.objects}
 
     def pin_etag(params: dict[str, Any], **_: Any) -> None:
-        etag = expected.get((params.get("Bucket"), params.get("Key")))
+        etag = expected.get((str(params.get("Bucket")), str(params.get("Key"))))
         if etag and "IfMatch" not in params:
             params["IfMatch"] = etag
 

@@ -28,9 +28,11 @@ PLURAL = "loraadapters"
 def api_client() -> kubernetes.client.ApiClient:
     """In a pod: the service account; elsewhere: KUBECONFIG (or ~/.kube/config)."""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         return kubernetes.client.ApiClient()
-    return kubernetes.config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None)
+    client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=os.environ.get("KUBECONFIG") or None)
+    return client
 
 
 # Every request but the watch gets a deadline: a request the API server never answers must not stall the loop.
@@ -45,8 +47,8 @@ class Kube:
 
     def list_adapters(self) -> tuple[list[dict[str, Any]], str | None]:
         """All LoRAAdapters of the namespace and the list's resourceVersion (to watch from)."""
-        body = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL,
-                                                         _request_timeout=REQUEST_TIMEOUT)
+        body: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, self.namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT)
         return list(body.get("items", [])), (body.get("metadata") or {}).get("resourceVersion") or None
 
     def watch_adapters(self, *, resource_version: str | None, timeout_seconds: int,
@@ -55,8 +57,9 @@ class Kube:
         kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds, "_request_timeout": timeout_seconds + 30}
         if resource_version:
             kwargs["resource_version"] = resource_version
-        for event in watch.stream(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
-                                  **kwargs):
+        events = watch.stream(  # type: ignore[no-untyped-call]
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs)
+        for event in events:
             yield str(event["type"]), event["raw_object"]
 
     def read_secret(self, *, name: str) -> dict[str, str] | None:
@@ -118,7 +121,7 @@ class AdapterWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._watch is not None:
-            self._watch.stop()
+            self._watch.stop()  # type: ignore[no-untyped-call]
 
     def snapshot(self) -> list[Desired]:
         with self._lock:
@@ -160,7 +163,7 @@ class AdapterWatcher:
                 self.synced.set()
                 self.on_change()
                 backoff = 0.5
-                self._watch = kubernetes.watch.Watch()
+                self._watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
                 for kind, obj in self.kube.watch_adapters(resource_version=version, timeout_seconds=self.watch_timeout,
                                                           watch=self._watch):
                     if self._stop.is_set():

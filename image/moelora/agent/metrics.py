@@ -39,10 +39,11 @@ class Metrics:
                 metric.remove(*labels)
             except KeyError:
                 pass
-        for labels in [s.labels for m in self.failures.collect() for s in m.samples
-                       if s.labels.get("adapter") == adapter and s.name.endswith("_total")]:
+        reasons = {s.labels["reason"] for m in self.failures.collect() for s in m.samples
+                   if s.labels.get("adapter") == adapter and s.name.endswith("_total")}
+        for reason in reasons:
             try:
-                self.failures.remove(labels["adapter"], labels["reason"])
+                self.failures.remove(adapter, reason)
             except KeyError:
                 pass
 

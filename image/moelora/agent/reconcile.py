@@ -88,10 +88,11 @@ class Record:
 
     def state(self) -> ReplicaAdapterState:
         """This pod's entry in the LoRAAdapter's status.replicas."""
-        phase = {Stage.PENDING: AdapterPhase.PENDING, Stage.PREPARING: AdapterPhase.DOWNLOADING,
-                 Stage.READY: AdapterPhase.DOWNLOADING, Stage.LOADED: AdapterPhase.LOADED}.get(self.stage)
-        if self.stage is Stage.FAILED:
-            phase = AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING
+        phases = {Stage.PENDING: AdapterPhase.PENDING, Stage.PREPARING: AdapterPhase.DOWNLOADING,
+                  Stage.READY: AdapterPhase.DOWNLOADING, Stage.LOADED: AdapterPhase.LOADED,
+                  # A transient failure is still being worked on; only a permanent one is Failed.
+                  Stage.FAILED: AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING}
+        phase = phases[self.stage]
         return ReplicaAdapterState(
             loaded=self.stage is Stage.LOADED, state=phase,
             reason=self.reason.value if self.reason and self.stage is Stage.FAILED else None,

@@ -59,13 +59,13 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
 
 def adapter_rank(config: dict[str, Any]) -> int:
     """The highest rank of any module: `r`, or a larger one from peft's per-module `rank_pattern`."""
-    rank = config.get("r")
+    rank: Any = config.get("r")
     if not _positive_int(rank):
         raise AdapterError(FailureReason.CONFIG_INVALID, f"'r' must be a positive integer, got {rank!r}")
     pattern = config.get("rank_pattern") or {}
     if not isinstance(pattern, dict) or not all(_positive_int(v) for v in pattern.values()):
         raise AdapterError(FailureReason.CONFIG_INVALID, "'rank_pattern' must map module names to positive integers")
-    return max([rank, *pattern.values()])
+    return max([int(rank), *(int(v) for v in pattern.values())])
 
 
 def adapter_target_modules(config: dict[str, Any]) -> tuple[str, ...]:
