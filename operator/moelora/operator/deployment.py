@@ -185,6 +185,9 @@ def deployment(
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "spec": {
             "replicas": spec.replicas,
+            # The default 10 minutes would call a big model's first load "stalled" (Degraded) while the startup
+            # probe still allows it; give the rollout the probe's budget plus the image pull.
+            "progressDeadlineSeconds": STARTUP_BUDGET_SECONDS + 600,
             "selector": {"matchLabels": naming.selector(name)},
             "template": {"metadata": template_metadata, "spec": pod_spec},
         },
