@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -47,21 +48,32 @@ def test_bad_settings_exit_with_a_message() -> None:
     assert result.returncode == 2 and "MOELORA_RESYNC_SECONDS" in result.stderr
 
 
-def test_peering_mode_runs_when_the_peering_object_exists() -> None:
-    from moelora.local.kube import OperatorThread
-    from moelora.operator.settings import Settings
-
+def test_peering_keeps_one_replica_active(tmp_path: pathlib.Path) -> None:
+    """Two replicas as two processes (kopf is one operator per process): the lower priority one stands by."""
     with KubeAPI() as kube:
         kube.kubectl("apply", "-f", "-", stdin=json.dumps(
             {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "moelora"}}))
-        settings = Settings(kubeconfig=str(kube.kubeconfig), peering="moelora")
-        with OperatorThread(settings=settings):
+        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_PEERING": "moelora"}
+        logs = {name: tmp_path / f"{name}.log" for name in ("active", "standby")}
+        replicas = [subprocess.Popen([sys.executable, "-m", "moelora.operator"], stdout=logs[name].open("w"),
+                                     stderr=subprocess.STDOUT, env={**env, "MOELORA_PEERING_PRIORITY": priority})
+                    for name, priority in (("active", "20"), ("standby", "10"))]
+        try:
+            deadline = time.monotonic() + 30
+            while "Pausing operations in favour of" not in logs["standby"].read_text() and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "Pausing operations in favour of" in logs["standby"].read_text(), logs["standby"].read_text()
+            assert "Pausing operations" not in logs["active"].read_text()
             kube.kubectl("apply", "-f", "-", stdin=json.dumps({
                 "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
                 "metadata": {"name": "srv", "namespace": "p"}, "spec": {"model": {"name": "org/m"}}}))
-            deadline = time.monotonic() + 20
             while kube.get("apps/v1/deployments", "p", "srv") is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert kube.get("apps/v1/deployments", "p", "srv") is not None
-            peering = kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora")
-            assert peering is not None and peering.get("status"), "the operator did not announce itself"
+            assert kube.get("apps/v1/deployments", "p", "srv") is not None  # the active replica works
+            assert "Deployment p/srv created" in logs["active"].read_text()
+            assert "Deployment p/srv" not in logs["standby"].read_text()
+        finally:
+            for replica in replicas:
+                replica.terminate()
+                replica.wait(timeout=30)

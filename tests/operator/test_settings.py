@@ -15,8 +15,9 @@ def test_every_variable() -> None:
     settings = Settings.from_env({
         "MOELORA_SERVER_IMAGE": "s:1", "MOELORA_AGENT_IMAGE": "a:1", "MOELORA_SERVER_SERVICE_ACCOUNT": "sa",
         "MOELORA_NAMESPACES": " team-a, ,team-b ", "MOELORA_PEERING": "moelora", "MOELORA_RESYNC_SECONDS": "5",
-        "MOELORA_KERNEL_CONFIGS_DIR": "/etc/configs",
+        "MOELORA_KERNEL_CONFIGS_DIR": "/etc/configs", "MOELORA_PEERING_PRIORITY": "7",
     })
+    assert settings.peering_priority == 7
     assert settings.kernel_configs_dir == "/etc/configs"
     assert (settings.server_image, settings.agent_image, settings.server_service_account) == ("s:1", "a:1", "sa")
     assert settings.namespaces == ("team-a", "team-b")
@@ -25,6 +26,11 @@ def test_every_variable() -> None:
 
 def test_agent_image_follows_the_server_image() -> None:
     assert Settings.from_env({"MOELORA_SERVER_IMAGE": "s:2"}).agent_image == "s:2"
+
+
+def test_bad_priority_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="MOELORA_PEERING_PRIORITY"):
+        Settings.from_env({"MOELORA_PEERING_PRIORITY": "high"})
 
 
 @pytest.mark.parametrize("value", ["soon", "0", "-3"])

@@ -17,6 +17,7 @@ import datetime
 import functools
 import logging
 import pathlib
+import random
 import threading
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -336,6 +337,14 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     return registry
 
 
+def peering_priority(settings: Settings) -> int | None:
+    if settings.peering is None:
+        return None
+    if settings.peering_priority is not None:
+        return settings.peering_priority
+    return random.SystemRandom().randrange(1, 2**31)  # distinct per replica: exactly one of them is active
+
+
 async def run(*, settings: Settings, namespaces: Collection[str] = (), registry: kopf.OperatorRegistry | None = None,
               stop_flag: threading.Event | asyncio.Event | None = None,
               ready_flag: threading.Event | asyncio.Event | None = None) -> None:
@@ -348,5 +357,6 @@ async def run(*, settings: Settings, namespaces: Collection[str] = (), registry:
         clusterwide=not namespaces, namespaces=namespaces,
         # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
         standalone=settings.peering is None, peering_name=settings.peering,
+        priority=peering_priority(settings),
         stop_flag=stop_flag, ready_flag=ready_flag,
     )

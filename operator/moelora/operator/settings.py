@@ -18,6 +18,9 @@ class Settings:
     server_service_account: str = DEFAULT_SERVICE_ACCOUNT
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     peering: str | None = None  # None: standalone, a single operator replica
+    # Among replicas in one peering only the highest priority works; equal ones would all work, so by default each
+    # replica draws its own at random (kopf pauses the others until the active one's peering record goes stale).
+    peering_priority: int | None = None
     resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
@@ -40,7 +43,18 @@ class Settings:
             server_service_account=env.get("MOELORA_SERVER_SERVICE_ACCOUNT") or DEFAULT_SERVICE_ACCOUNT,
             namespaces=tuple(ns.strip() for ns in (env.get("MOELORA_NAMESPACES") or "").split(",") if ns.strip()),
             peering=(env.get("MOELORA_PEERING") or "").strip() or None,
+            peering_priority=_optional_int(env, "MOELORA_PEERING_PRIORITY"),
             resync_seconds=resync_seconds,
             kubeconfig=env.get("KUBECONFIG") or None,
             kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
         )
+
+
+def _optional_int(env: Mapping[str, str], key: str) -> int | None:
+    value = (env.get(key) or "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
