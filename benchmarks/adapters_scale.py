@@ -53,6 +53,7 @@ def main() -> None:
 
         print(f"uploading {args.adapters} adapters", flush=True)
         client = local.s3.client()
+        s3.ensure_bucket(client=client, bucket=manifests.ADAPTERS_BUCKET)
         weights = (adapter / "adapter_model.safetensors").read_bytes()
         config = json.loads((adapter / "adapter_config.json").read_text())
         names = [f"a{i:04d}" for i in range(args.adapters)]
