@@ -1,5 +1,5 @@
-"""`python -m moelora.local` runs the whole stack, answers with each model like transformers+peft, prints a status
-table, and on Ctrl-C stops everything it started."""
+"""`python -m moelora.local` runs the whole stack on the tiny MoE (through the moelora plugin), answers with each model
+like transformers+peft, prints a status table, and on Ctrl-C stops everything it started."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from moelora.local import models
+from moelora.local import moe
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +57,11 @@ def test_embedded_default(tmp_path: pathlib.Path) -> None:
     for step in ("starting the Kubernetes API emulator", "kubectl apply -f", "alpha: Loaded on 1 pod(s)"):
         assert step in output
     model_dir = root / "model"
-    want = models.reference_completions(model_dir=model_dir, adapter_dirs=[None, root / "adapters" / "alpha",
-                                                                           root / "adapters" / "beta"],
-                                        prompt="hello world", max_tokens=8)
-    for name, completion in zip(("tiny-llama", "alpha", "beta"), want):
+    want = moe.reference_completions(model_dir=model_dir, adapter_dirs=[None, root / "adapters" / "alpha-peft",
+                                                                        root / "adapters" / "beta-peft"],
+                                     prompt="hello world", max_tokens=8)
+    assert len({c.token_ids for c in want}) == 3
+    for name, completion in zip(("tiny-moe", "alpha", "beta"), want):
         assert f"{name:12} -> {completion.text!r}" in output
     table = [line.split() for line in output.splitlines() if line.startswith(("LoRAAdapter", "ModelServer"))]
     assert ["LoRAAdapter", "alpha", "Loaded", "1/1", "pods", "8"] in table

@@ -33,7 +33,7 @@ def test_examples_validate_against_the_crds() -> None:
 def test_examples_equal_the_builders() -> None:
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in _objects()}
     assert by_name[("ModelServer", SERVER)]["spec"] == \
-        manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3)["spec"]
+        manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3, moe=True)["spec"]
     for name in ADAPTERS:
         assert by_name[("LoRAAdapter", name)] == manifests.adapter(name=name, model_server=SERVER,
                                                                    uri=manifests.adapter_uri(name))
@@ -44,3 +44,12 @@ def test_examples_equal_the_builders() -> None:
 def test_example_text_points_at_this_runs_s3() -> None:
     text = _example_text("http://127.0.0.1:41234")
     assert "http://127.0.0.1:41234" in text and EXAMPLE_S3 not in text
+
+
+def test_dense_variant_is_the_llama_without_the_plugin() -> None:
+    objects = list(yaml.safe_load_all(_example_text("http://127.0.0.1:41234", dense=True)))
+    server = next(o for o in objects if o["kind"] == "ModelServer")
+    assert server["spec"]["model"]["name"] == manifests.BASE_MODEL_NAME
+    assert server["spec"].get("kernels") is None
+    assert {o["spec"]["modelServer"] for o in objects if o["kind"] == "LoRAAdapter"} == {server["metadata"]["name"]}
+    assert server["spec"]["s3"]["endpointUrl"] == "http://127.0.0.1:41234"

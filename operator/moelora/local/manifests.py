@@ -15,6 +15,10 @@ from moelora.local import vllm
 
 BASE_MODEL_NAME = "moelora/tiny-llama"
 MODEL_URI = "s3://models/tiny-llama/"
+# The MoE variant: a tiny Qwen3-MoE (moelora.local.moe) served through the moelora vLLM plugin, since vLLM has no
+# CPU path for MoE + LoRA of its own.
+MOE_BASE_MODEL_NAME = "moelora/tiny-qwen3-moe"
+MOE_MODEL_URI = "s3://models/tiny-qwen3-moe/"
 ADAPTERS_BUCKET = "adapters"
 S3_SECRET = "local-s3"
 
@@ -33,15 +37,17 @@ def s3_secret(*, access_key_id: str, secret_access_key: str, name: str = S3_SECR
 
 
 def model_server(*, name: str, s3_endpoint: str, replicas: int = 1, max_loras: int = 4, max_lora_rank: int = 16,
-                 max_cpu_loras: int | None = None, cache_size: str = "1Gi") -> dict[str, Any]:
-    """A ModelServer serving the generated tiny model from local S3 on the CPU (gpus: 0)."""
+                 max_cpu_loras: int | None = None, cache_size: str = "1Gi", moe: bool = False) -> dict[str, Any]:
+    """A ModelServer serving the generated tiny model from local S3 on the CPU (gpus: 0); with `moe`, the tiny
+    Qwen3-MoE with the moelora kernel."""
     lora: dict[str, Any] = {"maxLoras": max_loras, "maxLoraRank": max_lora_rank}
     if max_cpu_loras is not None:
         lora["maxCpuLoras"] = max_cpu_loras
-    return {
+    body: dict[str, Any] = {
         "apiVersion": API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
         "spec": {
-            "model": {"name": BASE_MODEL_NAME, "source": MODEL_URI.rstrip("/")},
+            "model": {"name": MOE_BASE_MODEL_NAME if moe else BASE_MODEL_NAME,
+                      "source": (MOE_MODEL_URI if moe else MODEL_URI).rstrip("/")},
             "replicas": replicas,
             "gpus": 0,
             "lora": lora,
@@ -51,6 +57,9 @@ def model_server(*, name: str, s3_endpoint: str, replicas: int = 1, max_loras: i
             "adapterCache": {"sizeLimit": cache_size},
         },
     }
+    if moe:
+        body["spec"]["kernels"] = {"implementation": "moelora"}
+    return body
 
 
 def adapter(*, name: str, model_server: str, uri: str, pin: dict[str, str] | None = None) -> dict[str, Any]:

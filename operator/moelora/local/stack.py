@@ -35,11 +35,12 @@ class Stack:
     `python -m moelora.operator`, so its memory can be measured on its own) or "none".
     `agent_env`: extra environment for the agent container only (tests shorten its poll interval).
     `s3_port`: where moto listens (0: a free port); `s3_keys`: the keys put in the `local-s3` Secret.
+    `moe`: the model is the tiny Qwen3-MoE (moelora.local.moe) instead of the tiny Llama.
     """
 
     def __init__(self, *, root: pathlib.Path, namespace: str = "default", operator: str = "thread",
                  agent_env: Mapping[str, str] | None = None, s3_keys: tuple[str, str] | None = None,
-                 s3_port: int = 0,
+                 s3_port: int = 0, moe: bool = False,
                  progress: Callable[[str], None] = lambda message: None) -> None:
         self.root = root
         self.namespace = namespace
@@ -47,6 +48,7 @@ class Stack:
         self.agent_env = dict(agent_env or {})
         self.s3_keys = s3_keys or ("AKIALOCALEXAMPLE", "local-secret-key-value")
         self.s3_port = s3_port
+        self.moe = moe
         self.progress = progress
         self.api: kube.KubeAPI | None = None
         self.s3: s3.S3Server | None = None
@@ -72,9 +74,17 @@ class Stack:
             self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1],
                                     port=self.s3_port)
             if not (self.model_dir / "model.safetensors").exists():
-                models.make_model(path=self.model_dir)
-            s3.upload_dir(server=self.s3, source=self.model_dir, uri=manifests.MODEL_URI)
-            self.progress(f"  S3 at {self.s3.endpoint_url}, model at {manifests.MODEL_URI}")
+                self.progress(f"  generating the tiny {'Qwen3-MoE' if self.moe else 'Llama'} (random weights, "
+                              "BPE tokenizer trained offline)")
+                if self.moe:
+                    from moelora.local import moe
+
+                    moe.make_moe_model(path=self.model_dir)
+                else:
+                    models.make_model(path=self.model_dir)
+            model_uri = manifests.MOE_MODEL_URI if self.moe else manifests.MODEL_URI
+            s3.upload_dir(server=self.s3, source=self.model_dir, uri=model_uri)
+            self.progress(f"  S3 at {self.s3.endpoint_url}, model at {model_uri}")
             self.apply(manifests.s3_secret(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1]))
             self._start_operator()
             self.kubelet = pods.LocalKubelet(
