@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from moelora.local import manifests, models, s3, stack, vllm
 
 from .conftest import REPLICAS, S3_KEYS, SERVER
@@ -146,7 +145,7 @@ def test_bad_adapters_disturb_nothing_else(local: stack.Stack, bad_applied: dict
         assert local.adapter(name)["status"]["phase"] == "Loaded"  # type: ignore[index]
     want = {"desired": len(adapters) + len(EXPECTED_REASONS), "loaded": len(adapters),
             "failed": len(EXPECTED_REASONS)}
-    counts = lambda: (local.model_server(SERVER) or {}).get("status", {}).get("adapters")  # noqa: E731
+    counts = lambda: (local.model_server(SERVER) or {}).get("status", {}).get("adapters")
     _until(lambda: counts() == want, timeout=30, what=f"ModelServer status.adapters == {want} (last {counts()})")
 
 

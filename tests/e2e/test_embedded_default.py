@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from moelora.local import moe
 
 pytestmark = pytest.mark.slow

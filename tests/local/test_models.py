@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
-from safetensors import safe_open
-
 from moelora.local import models
+from safetensors import safe_open
 
 from .conftest import BASE_MODEL_NAME
 

@@ -6,7 +6,6 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
-
 from moelora.local import models, vllm
 
 pytestmark = pytest.mark.slow

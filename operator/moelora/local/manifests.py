@@ -12,7 +12,6 @@ from typing import Any
 from moelora.api import API_VERSION
 from moelora.local import vllm
 
-
 BASE_MODEL_NAME = "moelora/tiny-llama"
 MODEL_URI = "s3://models/tiny-llama/"
 # The MoE variant: a tiny Qwen3-MoE (moelora.local.moe) served through the moelora vLLM plugin, since vLLM has no

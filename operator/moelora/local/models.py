@@ -104,7 +104,6 @@ def make_adapter(
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
-
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

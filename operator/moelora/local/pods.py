@@ -47,7 +47,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 from moelora.local import process
 
@@ -415,13 +415,13 @@ class LocalKubelet:
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
         self.errors: list[str] = []
 
-    def __enter__(self) -> LocalKubelet:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def start(self) -> LocalKubelet:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -457,7 +457,7 @@ class LocalKubelet:
         while not self._stop.is_set():
             try:
                 self._reconcile()
-            except Exception as exc:  # noqa: BLE001 - keep the kubelet alive; surfaced in .errors and the log
+            except Exception as exc:
                 log.exception("local kubelet: reconcile failed")
                 self.errors.append(str(exc))
             self._wake.wait(RECONCILE_INTERVAL)
@@ -484,7 +484,7 @@ class LocalKubelet:
             self._hashes[name] = digest
         want = int(spec.get("replicas", 1))
         while len(pods) > want:
-            self._delete_pod(name, sorted(pods)[-1])
+            self._delete_pod(name, max(pods))
         while len(pods) < want:
             self._create_pod(name, deployment, digest)
         for pod in pods.values():

@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import yaml
-
 from moelora.local import kube, manifests, models, pods, process, s3
 
 log = logging.getLogger("moelora.local.stack")
@@ -58,13 +57,13 @@ class Stack:
         self._operator_log: logging.Handler | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def start(self) -> Stack:
+    def start(self) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.progress("starting the Kubernetes API emulator")
@@ -144,7 +143,8 @@ class Stack:
         """Run kubectl against the emulator (fresh discovery cache per stack; no OpenAPI there, so no validation)."""
         assert self.api is not None and KUBECTL is not None
         env = {**os.environ, "KUBECONFIG": str(self.api.kubeconfig), "KUBECACHEDIR": str(self.root / "kubecache")}
-        result = subprocess.run([KUBECTL, *args], input=input, env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run([KUBECTL, *args], input=input, env=env, capture_output=True, text=True, timeout=60,
+                                check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result
