@@ -188,9 +188,10 @@ def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[st
     url = pod.url(8000)
     pod.kill("vllm")  # as an OOM kill would; the kubelet restarts the container, the agent must re-register
     _until(lambda: pod.containers["vllm"].restarts == 1, timeout=10, what="vllm container restarted")
-    _until(lambda: pod.containers["vllm"].ready, timeout=300, what="vLLM ready again")
-    _until(lambda: _answers(url, "alpha"), timeout=60, what="alpha re-registered by the agent")
-    _until(lambda: pod.ready, timeout=30, what="pod ready again")
+    _until(lambda: not pod.ready, timeout=10, what="pod not ready while vLLM is down")
+    _until(lambda: pod.ready, timeout=300, what="pod ready again")
+    # Ready (vLLM's and the agent's probes) only once the agent has re-registered its adapters with the new vLLM.
+    assert _answers(url, "alpha")
     want = models.reference_completion(model_dir=local.model_dir, adapter_dir=adapters["alpha"], prompt=PROMPT,
                                        max_tokens=MAX_TOKENS)
     assert vllm.complete(url=url, model="alpha", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
