@@ -48,6 +48,12 @@ def test_flags_moelora_sets_are_refused(flag: str) -> None:
     assert caught.value.reason == "ManagedEngineFlag"
 
 
+def test_a_leading_value_is_refused() -> None:
+    with pytest.raises(SpecProblem) as caught:
+        engine.vllm_args(make_spec(engineArgs=["org/other-model", "--max-model-len=4"]), name="srv")
+    assert caught.value.reason == "UnknownEngineFlag" and "org/other-model" in caught.value.message
+
+
 @pytest.mark.parametrize("flag", ["--max-modle-len=4", "--not-a-flag", "-zz"])
 def test_unknown_flags_are_refused(flag: str) -> None:
     with pytest.raises(SpecProblem) as caught:

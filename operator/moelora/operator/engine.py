@@ -79,6 +79,9 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d")
 def check_engine_args(engine_args: list[str]) -> None:
     """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag) or one vLLM does not know (UnknownEngineFlag)."""
     known = known_flags()
+    if engine_args and (not engine_args[0].startswith("-") or _NEGATIVE_NUMBER.match(engine_args[0])):
+        raise SpecProblem("UnknownEngineFlag", f"engineArgs starts with {engine_args[0]!r}, which is not a flag "
+                          "(the model comes from spec.model)")
     for token in engine_args:
         if not token.startswith("-") or _NEGATIVE_NUMBER.match(token):
             continue  # a value of the previous flag
