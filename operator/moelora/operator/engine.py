@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from moelora.api import KernelImplementation, ModelServerSpec
-from moelora.operator.vllmflags import known_flags
+from moelora.operator import vllmflags
 
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
@@ -76,21 +76,37 @@ def flag_name(token: str) -> str:
 _NEGATIVE_NUMBER = re.compile(r"^-\d")
 
 
+def _is_value(token: str) -> bool:
+    return not token.startswith("-") or bool(_NEGATIVE_NUMBER.match(token))
+
+
 def check_engine_args(engine_args: list[str]) -> None:
-    """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag) or one vLLM does not know (UnknownEngineFlag)."""
-    known = known_flags()
-    if engine_args and (not engine_args[0].startswith("-") or _NEGATIVE_NUMBER.match(engine_args[0])):
-        raise SpecProblem("UnknownEngineFlag", f"engineArgs starts with {engine_args[0]!r}, which is not a flag "
-                          "(the model comes from spec.model)")
-    for token in engine_args:
-        if not token.startswith("-") or _NEGATIVE_NUMBER.match(token):
-            continue  # a value of the previous flag
+    """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag), one vLLM does not know
+    (UnknownEngineFlag), or values that do not fit the flag (EngineArgValue): vLLM would exit on any of them."""
+    arity = vllmflags.flag_arity()
+    index = 0
+    while index < len(engine_args):
+        token = engine_args[index]
+        if _is_value(token):
+            raise SpecProblem("EngineArgValue", f"engineArgs has the value {token!r} where a flag should be "
+                              "(the model comes from spec.model)")
         name = flag_name(token)
         if name in MANAGED_FLAGS:
             raise SpecProblem("ManagedEngineFlag",
                               f"engineArgs may not set {name}: moelora sets it from the ModelServer spec")
-        if name not in known:
+        if name not in arity:
             raise SpecProblem("UnknownEngineFlag", f"engineArgs has {name}, which vLLM does not know")
+        index += 1
+        inline = "=" in token
+        values = 0
+        while index < len(engine_args) and _is_value(engine_args[index]):
+            values += 1
+            index += 1
+        dotted = token.split("=", 1)[0] != name and "." in token.split("=", 1)[0]  # --json-arg.key value
+        if arity[name] == vllmflags.NONE and (inline or values):
+            raise SpecProblem("EngineArgValue", f"engineArgs: {name} is a switch and takes no value")
+        if arity[name] == vllmflags.ONE and not dotted and inline + values != 1:
+            raise SpecProblem("EngineArgValue", f"engineArgs: {name} takes exactly one value")
 
 
 def check_env(spec: ModelServerSpec) -> None:
