@@ -183,6 +183,25 @@ def test_delete_makes_the_name_404(local: stack.Stack, adapters: dict[str, pathl
     _until(lambda: local.adapter("beta") is None, timeout=30, what="LoRAAdapter beta gone (finalizers done)")
 
 
+def test_scale_up_new_pod_ready_only_with_adapters_then_down_prunes(local: stack.Stack,
+                                                                    adapters: dict[str, pathlib.Path]) -> None:
+    assert local.kubelet is not None
+    before = {pod.name for pod in local.kubelet.pods_of(SERVER)}
+    local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}}))
+    new = _until(lambda: [p for p in local.kubelet.pods_of(SERVER) if p.name not in before], timeout=30,  # type: ignore[union-attr]
+                 what="a third pod")[0]
+    _until(lambda: new.ready, timeout=300, what="the new pod ready")
+    assert _answers(new.url(8000), "alpha")  # ready implies its adapters are there
+    body = local.wait_adapter("alpha", phase="Loaded", replicas=3, timeout=60)
+    assert body["status"]["replicas"][new.name]["loaded"]
+
+    local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 2}}))
+    _until(lambda: len(local.kubelet.pods_of(SERVER)) == 2, timeout=60, what="back to 2 pods")  # type: ignore[union-attr]
+    remaining = {pod.name for pod in local.kubelet.pods_of(SERVER)}
+    _until(lambda: set((local.adapter("alpha") or {}).get("status", {}).get("replicas") or {}) == remaining,
+           timeout=60, what="the gone pod pruned from alpha's status.replicas")
+
+
 def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[str, pathlib.Path]) -> None:
     pod = local.kubelet.pods_of(SERVER)[0]  # type: ignore[union-attr]
     url = pod.url(8000)
