@@ -222,13 +222,14 @@ def test_watched_namespaces_with_peering() -> None:
         api.kubectl("apply", "-f", "-", stdin=json.dumps(example("modelserver.yaml", namespace="elsewhere")))
         time.sleep(2)
         assert api.get(DEPLOYMENTS, "elsewhere", "qwen-moe") is None
-        assert "list core/namespaces in all namespaces" in emulator.allowed
+        # With namespaces named, the operator turns kopf's namespace scan off: it never lists namespaces.
+        assert not any("core/namespaces" in request for request in emulator.allowed)
         assert emulator.denied == []
 
 
-@pytest.mark.xfail(strict=True, reason="the operator turns a 403 on its Secret existence check into an error; the "
-                   "chart grants no cluster-wide Secret read by default (operator.secretAccess)")
 def test_credentials_secret_without_cluster_wide_secret_access() -> None:
+    # The chart grants no cluster-wide Secret read by default (operator.secretAccess): the operator's existence
+    # check is refused (403) and must be skipped, not retried forever.
     with stack({"server": {"namespaces": [SERVING]}}) as (api, emulator, objects, settings):
         server = example("modelserver.yaml", namespace=SERVING)
         server["spec"]["s3"] = {"credentialsSecret": {"name": "s3-credentials"}}
@@ -236,9 +237,8 @@ def test_credentials_secret_without_cluster_wide_secret_access() -> None:
         check_server(api, objects, settings, "qwen-moe", timeout=6)  # the resync is 1 s: plenty of retries
 
 
-@pytest.mark.xfail(strict=True, reason="kopf pauses every peer when it sees another of the same priority, and the "
-                   "operator gives all replicas the same one (0): with replicas > 1 nothing is reconciled")
 def test_two_replicas_one_works() -> None:
+    # kopf pauses every peer when it sees another of the same priority: the replicas must get different ones.
     values = {"watchNamespaces": [SERVING], "operator": {"replicas": 2}}
     with stack(values, operators=2) as (api, emulator, objects, settings):
         wait_for(lambda: len((api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status") or {})

@@ -60,9 +60,18 @@ def get(api: kubernetes.client.ApiClient, *, path: str) -> dict[str, Any] | None
         raise
 
 
-def get_secret(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
-    """The Secret, or None if it does not exist (its data is never logged or copied)."""
-    return get(api, path=f"/api/v1/namespaces/{namespace}/secrets/{name}")
+def secret_exists(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> bool | None:
+    """Whether the Secret exists; None when the operator may not read Secrets there (403).
+
+    The chart grants no cluster-wide Secret read unless asked (`operator.secretAccess`); then the check is
+    skipped, and a missing Secret surfaces as the pods' own SecretNotFound instead. Its data is never kept.
+    """
+    try:
+        return get(api, path=f"/api/v1/namespaces/{namespace}/secrets/{name}") is not None
+    except ApiException as exc:
+        if exc.status == 403:
+            return None
+        raise
 
 
 def get_config_map(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:

@@ -141,7 +141,7 @@ def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubern
         raise _problem_from_validation(exc) from None
     if spec.s3.credentials_secret is not None:
         secret = spec.s3.credentials_secret.name
-        if apply.get_secret(api, namespace=namespace, name=secret) is None:
+        if apply.secret_exists(api, namespace=namespace, name=secret) is False:
             raise SpecProblem("SecretNotFound", f"S3 credentials Secret {secret!r} does not exist in {namespace}")
     user_config_map = None
     if spec.kernels.config_map_name:
