@@ -19,9 +19,7 @@ import aiohttp.web
 import attrs
 import helm_python as helm
 import kmock
-import pytest
 import yaml
-
 from moelora.local.kube import Emulator, KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 
@@ -235,6 +233,7 @@ def test_credentials_secret_without_cluster_wide_secret_access() -> None:
         server["spec"]["s3"] = {"credentialsSecret": {"name": "s3-credentials"}}
         api.kubectl("apply", "-f", "-", stdin=json.dumps(server))
         check_server(api, objects, settings, "qwen-moe", timeout=6)  # the resync is 1 s: plenty of retries
+        assert any("core/secrets" in request for request in emulator.denied)  # the refused path was taken
 
 
 def test_two_replicas_one_works() -> None:
