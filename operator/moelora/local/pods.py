@@ -29,6 +29,7 @@ liveness probes are not acted on (a crash is what restarts a container here).
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import datetime
 import hashlib
@@ -413,7 +414,7 @@ class LocalKubelet:
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
-        self.errors: list[str] = []
+        self.errors: collections.deque[str] = collections.deque(maxlen=100)  # the latest reconcile errors
 
     def __enter__(self) -> Self:
         return self.start()
