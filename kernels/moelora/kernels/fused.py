@@ -63,10 +63,12 @@ def default_block_m(*, num_pairs: int, num_groups: int) -> int:
     return 16
 
 
-def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device) -> KernelConfig:
+def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device,
+                   config_file: Path | None = None) -> KernelConfig:
     """The bundled tuned configuration nearest to this problem (configs/<GPU name>.json, same K, N and E; nearest
-    rank, adapter count and M on a log scale), else one from the sizes alone."""
-    tuned = _tuned_config(routing=routing, k=k, n=n, rank=rank, device=device)
+    rank, adapter count and M on a log scale), else one from the sizes alone. config_file: read this file instead
+    of the bundled one, on any device (the tuner's output, and its CPU test)."""
+    tuned = _tuned_config(routing=routing, k=k, n=n, rank=rank, device=device, config_file=config_file)
     if tuned is not None:
         return tuned
     sms = _num_sms(device)
@@ -92,8 +94,9 @@ def _load_configs(path: Path) -> tuple[dict, ...]:
     return tuple(json.loads(path.read_text())["entries"])
 
 
-def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device) -> KernelConfig | None:
-    path = _config_file(device)
+def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device,
+                  config_file: Path | None = None) -> KernelConfig | None:
+    path = config_file if config_file is not None else _config_file(device)
     if path is None:
         return None
     m = max(1, routing.num_pairs // routing.top_k)
