@@ -317,7 +317,7 @@ def search(kernel: Kernel, space: dict[str, tuple], sets, refs, *, cuda: bool, l
             counts["measured"] += 1
             if isinstance(us, str):
                 counts["rejected"] += 1
-                log(f"    rejected {kernel.to_json(cand)}: {us}")
+                log(f"    rejected {_short(kernel.to_json(cand))}: {us}")
                 continue
             if us < best_us * 0.99:
                 best, best_us, improved = cand, us, True
