@@ -107,6 +107,9 @@ def test_rerun_measures_nothing_new(tuned, capsys):
     assert tune.main([*ARGS, "--output", str(out)]) == 0
     text = capsys.readouterr().out
     assert "0 to measure" in text and "measured 0 buckets, skipped 8" in text
+    assert tune.main(["--report", "--output", str(out)]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    assert len(table) == 2 + 8 and table[2].startswith("| ours | h32-i16-e4-k2 | w13 | 8 | 2 | 1 |")
     assert json.loads((out / tune.STATE_FILE).read_text())["buckets"] == state["buckets"]
     # The output files are rebuilt from the state: vLLM's files come out identical.
     after = {p.name: p.read_text() for p in out.glob("*.json")}
@@ -147,6 +150,22 @@ def test_all_rejected_is_an_error_not_a_silent_default(tmp_path, monkeypatch):
         tune.tune(buckets=buckets, out_dir=tmp_path, space=space, device=torch.device("cpu"), device_name=GPU,
                   vllm=None, dtype=torch.float32, log=lambda _: None)
     assert not (tmp_path / tune.STATE_FILE).exists()  # nothing recorded: a rerun tries the bucket again
+
+
+@pytest.mark.parametrize("op", ["w13", "w2"])
+def test_batched_reference_equals_the_oracle(op):
+    from moelora.kernels.reference import moe_lora_reference
+
+    b = tune.Bucket(tune.ModelShape("tiny", H, I, E, TOP_K, 2), op, RANK, LORAS, 9, "vllm")
+    inp = tune.make_op_inputs(b, slices=2, device=torch.device("cpu"), dtype=torch.float32, seed=3)
+    inp.lora_map[0] = -1  # a token without adapter is left untouched
+    got = tune.reference(inp, op, chunk=4)
+    n = inp.b[0].shape[2]
+    for i in range(2):
+        want = moe_lora_reference(output=inp.out[:, :, i * n:(i + 1) * n], x=inp.x, lora_a=inp.a[i],
+                                  lora_b=inp.b[i], topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map,
+                                  topk_weights=inp.topk_w, mul_routed_weight=op == "w2")
+        torch.testing.assert_close(got[:, :, i * n:(i + 1) * n], want)
 
 
 def test_plan_covers_the_grid():

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora
-from .reference import moe_lora_reference
 from .routing import moe_lora_routing
 from .vllm_configs import LEAF_FIELDS, VllmEntry, call_vllm_op, gpu_prefix, vllm_op, write_vllm_files
 
@@ -143,14 +142,27 @@ def make_op_inputs(b: Bucket, *, slices: int, device: torch.device, dtype: torch
         lora_map=torch.randint(0, b.max_loras, (b.m,), generator=g, device=device).to(torch.int32))
 
 
-def reference(inp: OpInputs, op: str) -> torch.Tensor:
+def reference(inp: OpInputs, op: str, *, chunk: int = 256) -> torch.Tensor:
+    """out + the op's LoRA contribution in float64: reference.moe_lora_reference's math, batched over chunks of
+    pairs (that one loops per pair with host syncs: seconds per bucket at M=1024 on a GPU)."""
+    m, top_k = inp.topk_ids.shape
     n = inp.b[0].shape[2]
-    ref = inp.out.double().clone()
+    ref = inp.out.double().clone().view(m * top_k, -1)
+    lora = inp.lora_map.long().repeat_interleave(top_k)
+    expert = inp.topk_ids.reshape(-1).long()
+    pairs = torch.nonzero((lora >= 0) & (lora < inp.a[0].shape[0])).flatten()
+    rows = inp.x.reshape(m * top_k, -1) if inp.x.dim() == 3 else inp.x
+    w = inp.topk_w.reshape(-1).double()
     for i, (a, b_) in enumerate(zip(inp.a, inp.b)):
-        ref[:, :, i * n:(i + 1) * n] = moe_lora_reference(
-            output=inp.out[:, :, i * n:(i + 1) * n], x=inp.x, lora_a=a, lora_b=b_, topk_ids=inp.topk_ids,
-            token_lora_mapping=inp.lora_map, topk_weights=inp.topk_w, mul_routed_weight=op == "w2")
-    return ref
+        for c in pairs.split(chunk):
+            l_, e_ = lora[c], expert[c]
+            x = (rows[c] if inp.x.dim() == 3 else rows[c // top_k]).double()
+            inter = torch.einsum("pk,prk->pr", x, a[l_, e_].double())
+            delta = torch.einsum("pr,pnr->pn", inter, b_[l_, e_].double())
+            if op == "w2":
+                delta = delta * w[c, None]
+            ref[c, i * n:(i + 1) * n] += delta
+    return ref.view(m, top_k, -1)
 
 
 def check(got: torch.Tensor, ref: torch.Tensor) -> str | None:
@@ -433,6 +445,22 @@ def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tup
     return {"measured": done, "skipped": skipped, "files": [str(f) for f in files]}
 
 
+def report(state: dict) -> str:
+    """Markdown table of every measured bucket: tuned vs default time of one op call."""
+    lines = ["| kernel | model | op | rank | max_loras | M | default µs | tuned µs | speed-up | candidates (rejected) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    recs = sorted(state["buckets"].values(), key=lambda r: (r["bucket"]["model"], r["kernel"], r["bucket"]["op"],
+                                                              r["bucket"]["rank"], r["bucket"]["max_loras"],
+                                                              r["bucket"]["m"]))
+    for r in recs:
+        b, res = r["bucket"], r["result"]
+        d, us = res["default_us"], res["us"]
+        default, gain = ("-", "-") if d is None else (f"{d:.1f}", f"{d / us:.2f}x")
+        lines.append(f"| {r['kernel']} | {b['model']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
+                     f"{default} | {us:.1f} | {gain} | {res['measured']} ({res['rejected']}) |")
+    return "\n".join(lines)
+
+
 def _ints(s: str) -> list[int]:
     try:
         return [int(v) for v in s.split(",") if v]
@@ -461,7 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-name", help="GPU name for the file names (default torch.cuda.get_device_name())")
     p.add_argument("--output", "-o", type=Path, required=True)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--report", action="store_true",
+                   help="print the state's tuned-vs-default table (markdown, for docs/benchmarks.md) and exit")
     args = p.parse_args(argv)
+    if args.report:
+        print(report(load_state(args.output / STATE_FILE)))
+        return 0
 
     models = [MODEL_PRESETS[m] for m in args.model or []]
     explicit = (args.hidden, args.intermediate, args.experts, args.top_k)
