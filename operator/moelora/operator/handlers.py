@@ -260,8 +260,9 @@ async def model_server_event(event: kopf.RawEvent, name: str, namespace: str, me
 
 # --- LoRAAdapter ----------------------------------------------------------------------------------------------------
 
-def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: bool, pods: list[Any]) -> bool:
-    """Write the operator's share of one adapter's status if it changed. True if the phase changed."""
+def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: bool,
+                   pods: list[Any]) -> str | None:
+    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace = meta["namespace"]
     raw_status = dict(body.get("status") or {})
@@ -278,9 +279,9 @@ def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: b
         server_exists=server_exists, pods=known, now=now(),
     )
     if not patch:
-        return False
+        return None
     apply.patch_status(memo.api, plural="loraadapters", namespace=namespace, name=meta["name"], status=patch)
-    return "phase" in patch
+    return patch.get("phase")
 
 
 async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo: kopf.Memo,
@@ -289,12 +290,15 @@ async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo
         return
     key = (namespace, spec.get("modelServer", ""))
     servers = snapshot(model_servers_index, key)
-    changed = await in_pool(memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers),
-                            pods=snapshot(pods_index, key))
-    if changed:
-        await asyncio.sleep(0)  # let the index see our own phase change before counting
+    new_phase = await in_pool(memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers),
+                              pods=snapshot(pods_index, key))
+    if new_phase:
+        # The index learns our own phase patch only when its watch event comes back: count with it already.
+        name = body["metadata"]["name"]
+        adapters = [{**entry, "phase": new_phase} if entry.get("name") == name else entry
+                    for entry in snapshot(adapters_index, key)]
         for server_body in servers:  # the server's adapter counts follow its adapters' phases
-            await reconcile_serially(server_body, memo=memo, adapters=snapshot(adapters_index, key))
+            await reconcile_serially(server_body, memo=memo, adapters=adapters)
 
 
 def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool,
