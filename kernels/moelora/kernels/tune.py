@@ -311,15 +311,15 @@ def measure(kernel: Kernel, cand, sets: list[OpInputs], refs: list[torch.Tensor]
         return f"failed: {type(exc).__name__}: {exc!s:.120}"
 
 
-def search(kernel: Kernel, space: dict[str, tuple], sets, refs, *, cuda: bool, log) -> dict:
-    """Coordinate descent: sweep every field's values around the best so far, twice at most."""
+def search(kernel: Kernel, space: dict[str, tuple], sets, refs, *, cuda: bool, log, passes: int = 2) -> dict:
+    """Coordinate descent: sweep every field's values around the best so far, `passes` times at most."""
     base = kernel.baseline()
     base_us = measure(kernel, base, sets, refs, cuda=cuda)
     counts = {"measured": 1, "rejected": 0}
     best, best_us = (base, base_us) if isinstance(base_us, float) else (None, math.inf)
     log(f"    baseline: {base_us if isinstance(base_us, str) else f'{base_us:.1f} us'}")
     seen = {base}
-    for _ in range(2):
+    for _ in range(passes):
         improved = False
         for cand in kernel.neighbours(best if best is not None else base, space):
             if cand in seen:
@@ -396,7 +396,7 @@ def write_outputs(*, out_dir: Path, state: dict, device_name: str, source: str) 
 
 
 def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tuple]], device: torch.device,
-         device_name: str, vllm: Callable[..., None] | None, dtype: torch.dtype, log=print) -> dict:
+         device_name: str, vllm: Callable[..., None] | None, dtype: torch.dtype, log=print, passes: int = 2) -> dict:
     """Measure every bucket not yet in the state; returns {"measured": n, "skipped": n, "files": [...]}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path = out_dir / STATE_FILE
@@ -423,7 +423,7 @@ def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tup
         refs = [reference(sets[0], b.op)]
         kernel = OursKernel(b, sets) if b.kernel == "ours" else VllmKernel(b, sets, vllm)
         log(head)
-        result = search(kernel, space[b.kernel], sets, refs, cuda=cuda, log=log)
+        result = search(kernel, space[b.kernel], sets, refs, cuda=cuda, log=log, passes=passes)
         k, n = b.k_n
         state["buckets"][b.key] = {
             "kernel": b.kernel, "result": result,
@@ -447,7 +447,8 @@ def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tup
 
 def report(state: dict) -> str:
     """Markdown table of every measured bucket: tuned vs default time of one op call."""
-    lines = ["| kernel | model | op | rank | max_loras | M | default µs | tuned µs | speed-up | candidates (rejected) |",
+    lines = [("| kernel | model | op | rank | max_loras | M | default µs | tuned µs | speed-up "
+              "| candidates (rejected) |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     recs = sorted(state["buckets"].values(), key=lambda r: (r["bucket"]["model"], r["kernel"], r["bucket"]["op"],
                                                               r["bucket"]["rank"], r["bucket"]["max_loras"],
@@ -482,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-loras", type=_ints, default=[1, 4, 8])
     p.add_argument("--m", type=_ints, default=list(DEFAULT_M), help="token-count buckets")
     p.add_argument("--space", choices=sorted(SPACES), default=None, help="default: h200 on a GPU, tiny on the CPU")
+    p.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per bucket (default 2)")
     p.add_argument("--kernels", default="ours,vllm", help="comma list of ours,vllm")
     p.add_argument("--vllm-op", choices=("auto", "plugin-torch"), default="auto",
                    help="auto: vLLM's own op where it can run (CUDA), else no vLLM files; plugin-torch: the "
@@ -507,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model or an explicit shape")
     if any(r < 1 or r > 128 for r in args.ranks) or any(v < 1 for v in args.max_loras + args.m):
         p.error("ranks must be 1..128, max_loras and m positive")
+    if args.passes < 1:
+        p.error("--passes must be at least 1")
     kernels = [k for k in args.kernels.split(",") if k]
     if not set(kernels) <= {"ours", "vllm"}:
         p.error("--kernels takes ours and/or vllm")
@@ -531,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'CUDA graphs' if cuda else 'wall clock, Triton interpreter (pipeline check, not performance)'}")
     print(f"# vLLM op: {why}; prefix {gpu_prefix(device_name)}; output {args.output}")
     print(f"# {len(buckets)} buckets, {len(todo)} to measure; one descent pass ~ "
-          f"{sum(per_bucket[b.kernel] for b in todo)} candidates (a second pass only where the first improved)")
+          f"{sum(per_bucket[b.kernel] for b in todo)} candidates"
+          + (" (later passes only where the previous one improved)" if args.passes > 1 else ""))
     if args.dry_run:
         for b in todo:
             print(f"  {b.key}")
@@ -539,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.monotonic()
     res = tune(buckets=buckets, out_dir=args.output, space=space, device=device, device_name=device_name,
-               vllm=vllm, dtype=dtype, log=lambda msg: print(msg, flush=True))
+               vllm=vllm, dtype=dtype, log=lambda msg: print(msg, flush=True), passes=args.passes)
     print(f"# measured {res['measured']} buckets, skipped {res['skipped']} done before, "
           f"{time.monotonic() - t0:.0f} s")
     for f in res["files"]:

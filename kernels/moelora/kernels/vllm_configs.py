@@ -122,8 +122,8 @@ def vllm_op() -> tuple[Callable[..., None] | None, str]:
 
 
 def call_vllm_op(op: Callable[..., None], *, output: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tensor],
-                 lora_b: list[torch.Tensor], topk_weights: torch.Tensor, layout: tuple, token_lora_mapping: torch.Tensor,
-                 rank: int, mul_routed_weight: bool, shrink: dict, expand: dict) -> None:
+                 lora_b: list[torch.Tensor], topk_weights: torch.Tensor, layout: tuple,
+                 token_lora_mapping: torch.Tensor, rank: int, mul_routed_weight: bool, shrink: dict, expand: dict) -> None:
     """One call of vLLM's op (positional, its 0.26/0.32 signature) with a (shrink, expand) leaf pair."""
     sorted_ids, expert_ids, npad = layout
     max_loras = lora_a[0].shape[0]
