@@ -128,3 +128,12 @@ def test_watch_list_ends_its_initial_events_with_a_bookmark(kube: KubeAPI) -> No
                         "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
     assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_secret_string_data_is_stored_as_base64_data(kube: KubeAPI) -> None:
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "k"},
+              "data": {"AWS_REGION": "ZXUtd2VzdC0x"}, "stringData": {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE"}}
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    stored = kube.get("v1/secrets", "k", "creds")
+    assert "stringData" not in stored
+    assert stored["data"] == {"AWS_REGION": "ZXUtd2VzdC0x", "AWS_ACCESS_KEY_ID": "QUtJREVYQU1QTEU="}

@@ -25,6 +25,7 @@ resource, any controller (Deployments get no ReplicaSets or pods; moelora.local.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime
 import functools
@@ -172,6 +173,14 @@ def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
     for key in parents:
         obj = obj.setdefault(key, {})
     obj[last] = value
+
+
+def _fold_string_data(obj: dict[str, Any]) -> None:
+    """A Secret's write-only `stringData` is merged into `data` (base64), as the real API server stores it."""
+    if obj.get("kind") != "Secret" or not isinstance(obj.get("stringData"), dict):
+        return
+    encoded = {key: base64.b64encode(str(value).encode()).decode() for key, value in obj.pop("stringData").items()}
+    obj["data"] = {**(obj.get("data") or {}), **encoded}
 
 
 def _now() -> str:
@@ -348,6 +357,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         info = self._info(request.resource)
         if info is not None and "status" in info.subresources:
             obj.pop("status", None)  # a create never sets the status of a kind with a status subresource
+        _fold_string_data(obj)
         self._check(request.resource, obj)
 
     def _prepare_update(self, request: kmock_rendering.Request) -> None:
@@ -374,6 +384,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             if key in old.get("metadata", {}):
                 meta[key] = old["metadata"][key]
         if request.subresource != "status":
+            _fold_string_data(new)
             self._check(request.resource, new)
         body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
             {k: v for k, v in old.items() if k not in ("metadata", "status")}
