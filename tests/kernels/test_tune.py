@@ -167,6 +167,16 @@ def test_batched_reference_equals_the_oracle(op):
         torch.testing.assert_close(got[:, :, i * n:(i + 1) * n], want)
 
 
+def test_check_catches_one_missing_pair():
+    b = tune.Bucket(tune.ModelShape("tiny", H, I, E, TOP_K, 2), "w2", RANK, LORAS, 9, "ours")
+    inp = tune.make_op_inputs(b, slices=1, device=torch.device("cpu"), dtype=torch.float32, seed=4)
+    ref = tune.reference(inp, "w2")
+    assert tune.check(ref.float(), ref, inp.out) is None
+    got = ref.float().clone()
+    got[3, 1] = inp.out[3, 1]  # one (token, slot) pair's contribution dropped
+    assert "max error" in tune.check(got, ref, inp.out)
+
+
 def test_plan_covers_the_grid():
     b = tune.plan(models=[tune.MODEL_PRESETS["qwen3-30b-a3b"]], ranks=[16, 32], max_loras=[1, 8], ms=[1, 64],
                   kernels=["ours", "vllm"])
