@@ -23,6 +23,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -544,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
         for b in todo:
             print(f"  {b.key}")
         return 0
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton picks compiled-or-interpreted when the kernels are defined (at import), so it cannot be switched here.
+        print("no CUDA device: run with TRITON_INTERPRET=1 to tune in Triton's interpreter", file=sys.stderr)
+        return 2
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.monotonic()
     res = tune(buckets=buckets, out_dir=args.output, space=space, device=device, device_name=device_name,
