@@ -16,7 +16,7 @@ from moelora.kernels.fused import KernelConfig, default_config
 from moelora.kernels.routing import moe_lora_routing
 
 GPU = "Fake GPU-X"  # vLLM's prefix: Fake_GPU_X
-H, I, E, TOP_K, RANK, LORAS = 32, 16, 4, 2, 8, 2
+H, I, E, TOP_K, RANK, LORAS = 32, 16, 8, 2, 8, 2  # m=1: vLLM naive routing; m=8: blocked
 ARGS = ["--hidden", str(H), "--intermediate", str(I), "--experts", str(E), "--top-k", str(TOP_K),
         "--ranks", str(RANK), "--max-loras", str(LORAS), "--m", "1,8", "--space", "tiny",
         "--vllm-op", "plugin-torch", "--device-name", GPU]
@@ -108,7 +108,7 @@ def test_rerun_measures_nothing_new(tuned, capsys):
     assert "0 to measure" in text and "measured 0 buckets, skipped 8" in text
     assert tune.main(["--report", "--output", str(out)]) == 0
     table = capsys.readouterr().out.strip().splitlines()
-    assert len(table) == 2 + 8 and table[2].startswith("| ours | h32-i16-e4-k2 | w13 | 8 | 2 | 1 |")
+    assert len(table) == 2 + 8 and table[2].startswith("| ours | h32-i16-e8-k2 | w13 | 8 | 2 | 1 |")
     assert json.loads((out / tune.STATE_FILE).read_text())["buckets"] == state["buckets"]
     # The output files are rebuilt from the state: vLLM's files come out identical.
     after = {p.name: p.read_text() for p in out.glob("*.json")}

@@ -258,7 +258,12 @@ class VllmKernel(Kernel):
     def run(self, cand: tuple, inp: OpInputs, out: torch.Tensor) -> None:
         shrink, expand = dict(cand[0]), dict(cand[1])
         key = (id(inp), shrink["block_m"])
-        if key not in self.layouts:
+        m, top_k = inp.topk_ids.shape
+        if m * top_k * 8 <= self.b.model.experts * self.b.max_loras:
+            # vLLM's naive block assignment at this size (punica_gpu.add_lora_w13's SPARSITY_FACTOR rule): no
+            # sorted ids, expert_ids = topk_ids flattened.
+            self.layouts[key] = (None, inp.topk_ids.reshape(-1), None)
+        elif key not in self.layouts:
             self.layouts[key] = self._align(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map,
                                             num_experts=self.b.model.experts, max_loras=self.b.max_loras,
                                             block_m=shrink["block_m"])
