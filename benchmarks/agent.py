@@ -26,6 +26,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 from boto3.s3.transfer import TransferConfig
+
 from moelora.agent.fetch import DEFAULT_TRANSFER, fetch
 from moelora.agent.source import ClientConfig, Credentials, list_source, make_client, parse_s3_uri
 from moelora.local import models, process

@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 import kmock
+
 from moelora.local.kube import KubeAPI
 
 DEPLOYMENTS = "apps/v1/deployments"

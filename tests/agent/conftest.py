@@ -15,6 +15,7 @@ import boto3
 import numpy as np
 import pytest
 import safetensors.numpy
+
 from moelora.agent.reconcile import Desired
 from moelora.agent.validate import AdapterInfo
 from moelora.api import ReplicaAdapterState

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from moelora.agent.metrics import Metrics, StatusServer
 from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings

@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+
 from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.fetch import fetch, fetch_tree
 from moelora.agent.source import ClientConfig, list_source, make_client, parse_s3_uri

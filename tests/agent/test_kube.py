@@ -11,6 +11,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
+
 from moelora.agent.kube import PLURAL, AdapterWatcher, Kube
 from moelora.agent.validate import AdapterInfo
 from moelora.api import GROUP, VERSION, AdapterPhase, ReplicaAdapterState

@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import pytest
+
 from moelora.api import GROUP, VERSION
 from moelora.local import process
 from moelora.local.kube import KubeAPI

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+
 from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings

@@ -2,6 +2,7 @@ import pathlib
 import re
 
 import pytest
+
 from moelora.agent.settings import SettingsError, from_env
 
 ENV = {

@@ -1,6 +1,7 @@
 """S3 keys and listings: what is refused before a byte is downloaded."""
 
 import pytest
+
 from moelora.agent.errors import AdapterError
 from moelora.agent.source import Listing, RemoteObject, S3Location, check_listing, parse_s3_uri, safe_relpath
 from moelora.api import FailureReason

@@ -4,6 +4,7 @@ import json
 import pathlib
 
 import pytest
+
 from moelora.agent.errors import AdapterError
 from moelora.agent.validate import Limits, same_base_model, validate
 from moelora.api import FailureReason

@@ -5,6 +5,7 @@ import shutil
 from typing import Any
 
 import pytest
+
 from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.vllm import Duplicate, VllmClient, classify_load_error
 from moelora.api import FailureReason

@@ -14,6 +14,7 @@ from typing import Any
 import celpy
 import pytest
 import yaml
+
 from moelora.api import __main__ as generator
 from moelora.api.crd import custom_resource_definitions
 from moelora.local.kube import apply_defaults, schema_errors

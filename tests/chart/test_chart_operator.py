@@ -20,6 +20,7 @@ import attrs
 import helm_python as helm
 import kmock
 import yaml
+
 from moelora.local.kube import Emulator, KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 

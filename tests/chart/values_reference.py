@@ -86,9 +86,9 @@ def render(text: str) -> str:
     out = [
         "# Helm chart values",
         "",
-        "Generated from the comments of `charts/moelora/values.yaml` by `.venv/bin/python "
+        ("Generated from the comments of `charts/moelora/values.yaml` by `.venv/bin/python "
         "tests/chart/values_reference.py`; do not edit. `values.schema.json` checks the same keys and refuses any "
-        "other, so a typo fails `helm install`.",
+        "other, so a typo fails `helm install`."),
         "",
         "| key | default | description | example |",
         "|---|---|---|---|",

@@ -7,6 +7,7 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+
 from moelora.local import manifests, models, stack
 
 SERVER = "tiny"

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from moelora.local import manifests, models, s3, stack, vllm
 
 from .conftest import REPLICAS, S3_KEYS, SERVER

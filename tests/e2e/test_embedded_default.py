@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+
 from moelora.local import moe
 
 pytestmark = pytest.mark.slow

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from moelora.kernels import tune
 from moelora.kernels.fused import KernelConfig, default_config
 from moelora.kernels.routing import moe_lora_routing

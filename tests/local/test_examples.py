@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+
 from moelora.api.crd import custom_resource_definitions
 from moelora.local import manifests
 from moelora.local.__main__ import ADAPTERS, EXAMPLE_S3, EXAMPLES, SERVER, _example_text

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from moelora.local import __main__ as local_main
 
 

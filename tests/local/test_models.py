@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import pathlib
 
-from moelora.local import models
 from safetensors import safe_open
+
+from moelora.local import models
 
 from .conftest import BASE_MODEL_NAME
 

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from moelora.local import kube, pods, process
 
 # An HTTP server on the port of its argument; ready once its first argument's file exists (a volume file).

@@ -6,6 +6,7 @@ import pathlib
 import sys
 
 import pytest
+
 from moelora.api import ModelServerSpec
 from moelora.local import pods
 from moelora.operator.deployment import deployment

@@ -6,6 +6,7 @@ import pathlib
 from collections.abc import Iterator
 
 import pytest
+
 from moelora.local import models, vllm
 
 pytestmark = pytest.mark.slow

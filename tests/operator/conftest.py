@@ -4,6 +4,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+
 from moelora.api import ModelServerSpec
 from moelora.operator.settings import Settings
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 

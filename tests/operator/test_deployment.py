@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from moelora.operator import deployment as dep
 from moelora.operator import naming, service
 from moelora.operator.engine import SpecProblem

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from moelora.operator import engine
 from moelora.operator.engine import SpecProblem
 

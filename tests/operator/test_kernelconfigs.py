@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from moelora.operator import kernelconfigs as kc
 from moelora.operator.engine import SpecProblem
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from moelora.local.kube import KubeAPI, merge_diff
 
 MS = "moelora.io/v1alpha1/modelservers"

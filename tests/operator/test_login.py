@@ -6,6 +6,7 @@ import pathlib
 
 import kopf
 import yaml
+
 from moelora.operator import handlers
 from moelora.operator.settings import Settings
 

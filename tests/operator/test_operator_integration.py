@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 import yaml
+
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from moelora.operator.settings import DEFAULT_SERVER_IMAGE, Settings
 
 

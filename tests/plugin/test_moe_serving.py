@@ -11,6 +11,7 @@ import json
 import pathlib
 
 import pytest
+
 from moelora.local import moe
 from moelora.local import vllm as local_vllm
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from moelora.vllm_plugin.layout import topk_ids_from_blocks_torch
 from moelora.vllm_plugin.op import make_op
 from moelora.vllm_plugin.torch_path import moe_lora_torch

@@ -12,9 +12,10 @@ import subprocess
 import sys
 import textwrap
 
-import moelora.vllm_plugin as plugin
 import pytest
 import torch
+
+import moelora.vllm_plugin as plugin
 from moelora.vllm_plugin import install as install_mod
 
 OP = "vllm::fused_moe_lora"

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from s3transfer.subscribers import BaseSubscriber
+
 from moelora.agent.errors import AdapterError
 from moelora.agent.source import CONFIG_FILE, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
-from s3transfer.subscribers import BaseSubscriber
 
 TEMP_PREFIX = ".tmp-"
 MiB = 2**20

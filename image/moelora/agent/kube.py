@@ -17,6 +17,7 @@ import kubernetes.client
 import kubernetes.config
 import kubernetes.watch
 from kubernetes.client.exceptions import ApiException
+
 from moelora.agent.reconcile import Desired
 from moelora.agent.validate import AdapterInfo
 from moelora.api import GROUP, VERSION, ReplicaAdapterState

@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 import botocore.config
 import botocore.exceptions
+
 from moelora.agent.errors import AdapterError, TransientError
 from moelora.api import FailureReason
 

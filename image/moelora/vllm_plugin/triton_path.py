@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
 from moelora.kernels import default_block_m, default_config, fused_moe_lora, moe_lora_routing
 
 __all__ = ["Router"]

@@ -4,7 +4,7 @@ Everything here is pure data: no kopf, no Kubernetes client, no boto3, no torch.
 agent both import it, and never each other.
 """
 
-from moelora.api.common import GROUP, VERSION, API_VERSION, Condition, ConditionStatus, SecretRef
+from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
 from moelora.api.loraadapter import (
     AdapterPhase,
     AdapterSource,
@@ -16,13 +16,13 @@ from moelora.api.loraadapter import (
     VersionPin,
 )
 from moelora.api.modelserver import (
+    MAX_LORA_RANKS,
     AdapterCacheSpec,
     AdapterCounts,
     KernelConfigMode,
     KernelImplementation,
     KernelSpec,
     LoRASpec,
-    MAX_LORA_RANKS,
     ModelServer,
     ModelServerSpec,
     ModelServerStatus,
@@ -32,9 +32,31 @@ from moelora.api.modelserver import (
 )
 
 __all__ = [
-    "API_VERSION", "GROUP", "VERSION", "Condition", "ConditionStatus", "SecretRef",
-    "AdapterPhase", "AdapterSource", "FailureReason", "LoRAAdapter", "LoRAAdapterSpec", "LoRAAdapterStatus",
-    "ReplicaAdapterState", "VersionPin",
-    "AdapterCacheSpec", "AdapterCounts", "KernelConfigMode", "KernelImplementation", "KernelSpec", "LoRASpec",
-    "MAX_LORA_RANKS", "ModelServer", "ModelServerSpec", "ModelServerStatus", "ModelSpec", "ResourceSpec", "S3Spec",
+    "API_VERSION",
+    "GROUP",
+    "MAX_LORA_RANKS",
+    "VERSION",
+    "AdapterCacheSpec",
+    "AdapterCounts",
+    "AdapterPhase",
+    "AdapterSource",
+    "Condition",
+    "ConditionStatus",
+    "FailureReason",
+    "KernelConfigMode",
+    "KernelImplementation",
+    "KernelSpec",
+    "LoRAAdapter",
+    "LoRAAdapterSpec",
+    "LoRAAdapterStatus",
+    "LoRASpec",
+    "ModelServer",
+    "ModelServerSpec",
+    "ModelServerStatus",
+    "ModelSpec",
+    "ReplicaAdapterState",
+    "ResourceSpec",
+    "S3Spec",
+    "SecretRef",
+    "VersionPin",
 ]

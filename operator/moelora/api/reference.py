@@ -50,8 +50,8 @@ def render() -> str:
         names = crd["spec"]["names"]
         version = crd["spec"]["versions"][0]
         schema = version["schema"]["openAPIV3Schema"]
-        lines += [f"## {names['kind']} ({crd['spec']['group']}/{version['name']}, short name "
-                  f"`{names['shortNames'][0]}`)", "", schema.get("description", ""), ""]
+        lines += [(f"## {names['kind']} ({crd['spec']['group']}/{version['name']}, short name "
+                  f"`{names['shortNames'][0]}`)"), "", schema.get("description", ""), ""]
         for top in ("spec", "status"):
             lines += [f"### {top}", "", "| field | type | required | default | description | constraints |",
                       "|---|---|---|---|---|---|"]

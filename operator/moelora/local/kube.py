@@ -51,6 +51,7 @@ import yaml
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
+
 from moelora.api.crd import custom_resource_definitions
 
 _DELETE = object()  # a marker inside merge_diff results before they become None

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import yaml
+
 from moelora.local import kube, manifests, models, pods, process, s3
 
 log = logging.getLogger("moelora.local.stack")

@@ -14,6 +14,7 @@ from typing import Any
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
+
 from moelora.api import GROUP, VERSION
 from moelora.operator import naming
 

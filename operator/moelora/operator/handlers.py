@@ -26,6 +26,7 @@ import kopf
 import kubernetes.client
 import kubernetes.config
 import pydantic
+
 from moelora.api import GROUP, VERSION, ModelServerSpec, ModelServerStatus
 from moelora.operator import apply, kernelconfigs, naming, status
 from moelora.operator.deployment import deployment
