@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from moelora.local import moe
+from moelora.local import models
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_embedded_default(tmp_path: pathlib.Path) -> None:
     for step in ("starting the Kubernetes API emulator", "kubectl apply -f", "alpha: Loaded on 1 pod(s)"):
         assert step in output
     model_dir = root / "model"
-    want = moe.reference_completions(model_dir=model_dir, adapter_dirs=[None, root / "adapters" / "alpha-peft",
+    want = models.reference_completions(model_dir=model_dir, adapter_dirs=[None, root / "adapters" / "alpha-peft",
                                                                         root / "adapters" / "beta-peft"],
                                      prompt="hello world", max_tokens=8)
     assert len({c.token_ids for c in want}) == 3

@@ -14,6 +14,7 @@ import pytest
 
 from moelora.local import moe
 from moelora.local import vllm as local_vllm
+from moelora.local.models import reference_completions
 
 PROMPT = "the quick brown fox"
 TOKENS = 16
@@ -46,12 +47,12 @@ def test_vllm_adapter_layout_is_per_expert(models):
 
 @pytest.mark.slow
 def test_tiny_qwen3_moe_with_expert_lora_matches_peft(models, tmp_path):
-    refs = moe.reference_completions(model_dir=models["model"],
+    refs = reference_completions(model_dir=models["model"],
                                      adapter_dirs=[None, models["a1-peft"], models["a2-peft"]],
                                      prompt=PROMPT, max_tokens=TOKENS)
     # The expert part of the adapter changes the output (else equal tokens would not prove the MoE-LoRA path).
     attention_only = _without_experts(models["a1-peft"], tmp_path / "a1-attn")
-    ref_attn = moe.reference_completions(model_dir=models["model"], adapter_dirs=[attention_only], prompt=PROMPT,
+    ref_attn = reference_completions(model_dir=models["model"], adapter_dirs=[attention_only], prompt=PROMPT,
                                          max_tokens=TOKENS)[0]
     assert ref_attn.token_ids != refs[1].token_ids
     assert len({r.token_ids for r in refs}) == 3

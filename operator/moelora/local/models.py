@@ -147,10 +147,10 @@ def reference_completion(*, model_dir: pathlib.Path, adapter_dir: pathlib.Path |
 
 def reference_completions(*, model_dir: pathlib.Path, adapter_dirs: list[pathlib.Path | None], prompt: str,
                           max_tokens: int) -> list[Completion]:
-    """`reference_completion` for several adapters (None = the base model), loading the base model once."""
+    """`reference_completion` for several adapters (None = the base model); any causal LM (Llama, Qwen3-MoE)."""
     import torch
     from peft import PeftModel
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -158,7 +158,7 @@ def reference_completions(*, model_dir: pathlib.Path, adapter_dirs: list[pathlib
     inputs = tokenizer(prompt, return_tensors="pt")
     results = []
     for adapter_dir in adapter_dirs:
-        model: Any = LlamaForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         if adapter_dir is not None:
             model = PeftModel.from_pretrained(model, str(adapter_dir))
         model.eval()

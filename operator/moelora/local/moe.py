@@ -15,7 +15,7 @@ import json
 import pathlib
 from typing import Any
 
-from moelora.local.models import Completion, make_tokenizer
+from moelora.local.models import make_tokenizer
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
@@ -131,32 +131,3 @@ def vllm_adapter_tensors(peft_tensors: dict[str, Any], *, num_experts: int, rank
                 out[f"{experts}.{e}.{name}.lora_A.weight"] = a.contiguous().clone()
                 out[f"{experts}.{e}.{name}.lora_B.weight"] = b.contiguous().clone()
     return out
-
-
-def reference_completions(*, model_dir: pathlib.Path, adapter_dirs: list[pathlib.Path | None], prompt: str,
-                          max_tokens: int) -> list[Completion]:
-    """Greedy completions by transformers (+ peft for each peft-format adapter dir; None = base), fp32 on the CPU,
-    cut like vLLM reports them (trailing eos dropped)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    inputs = tokenizer(prompt, return_tensors="pt")
-    results = []
-    for adapter_dir in adapter_dirs:
-        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        if adapter_dir is not None:
-            model = PeftModel.from_pretrained(model, str(adapter_dir))
-        model.eval()
-        with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        ids = [int(t) for t in out[0, inputs["input_ids"].shape[1]:]]
-        if ids and ids[-1] == tokenizer.eos_token_id:
-            ids = ids[:-1]
-        text = tokenizer.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
-        results.append(Completion(text=text, token_ids=tuple(ids)))
-    return results
