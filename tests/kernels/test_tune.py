@@ -185,3 +185,21 @@ def test_plan_covers_the_grid():
     w13 = next(x for x in b if x.op == "w13")
     assert w13.k_n == (2048, 768)  # one slice of the gated gate_up (2 slices in vLLM)
     assert replace(w13, op="w2").k_n == (768, 2048)
+
+
+def test_the_mounted_config_folder_wins_over_the_bundled_configs(tmp_path, monkeypatch) -> None:
+    """The operator mounts a ModelServer's kernel configs at VLLM_TUNED_CONFIG_FOLDER; our kernel reads them there."""
+    import torch
+
+    from moelora.kernels import fused
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
+    bundled = fused._config_file(cuda)
+    assert bundled is not None and bundled.parent.name == "configs"
+
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    assert fused._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
+    (tmp_path / "NVIDIA_H200.json").write_text("[]")
+    assert fused._config_file(cuda) == tmp_path / "NVIDIA_H200.json"

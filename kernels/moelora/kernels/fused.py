@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,11 +83,16 @@ def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device
 
 
 def _config_file(device: torch.device) -> Path | None:
+    """<GPU>.json from the folder the operator mounts for vLLM's own tuned files (VLLM_TUNED_CONFIG_FOLDER), so a
+    ModelServer's kernel configs reach our kernel too; else the bundled one."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device).replace(" ", "_").replace("-", "_")
-    path = Path(__file__).with_name("configs") / f"{name}.json"
-    return path if path.is_file() else None
+    mounted = os.environ.get("VLLM_TUNED_CONFIG_FOLDER")
+    for folder in ([Path(mounted)] if mounted else []) + [Path(__file__).with_name("configs")]:
+        if (folder / f"{name}.json").is_file():
+            return folder / f"{name}.json"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
