@@ -21,6 +21,7 @@ from moelora.operator.settings import Settings
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 MS = "moelora.io/v1alpha1/modelservers"
 NS = "counts"
+POD_FIRST = "counts-pod-first"
 
 
 @pytest.fixture(scope="module")
@@ -36,33 +37,54 @@ def apply(kube: KubeAPI, obj: dict) -> None:
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
 
 
-def adapter_counts(kube: KubeAPI) -> dict | None:
-    return ((kube.get(MS, NS, "qwen-moe") or {}).get("status") or {}).get("adapters")
+def adapter_counts(kube: KubeAPI, namespace: str = NS) -> dict | None:
+    return ((kube.get(MS, namespace, "qwen-moe") or {}).get("status") or {}).get("adapters")
+
+
+def wait_for_counts(kube: KubeAPI, namespace: str, want: dict, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while adapter_counts(kube, namespace) != want:
+        assert time.monotonic() < deadline, f"stale count: {adapter_counts(kube, namespace)}, want {want}"
+        time.sleep(0.05)
+
+
+def server_pod(namespace: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "qwen-moe-abc", "namespace": namespace, "labels": {
+        "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"}},
+        "spec": {"containers": [{"name": "vllm", "image": "x"}]}}
+
+
+def make_ready(kube: KubeAPI, namespace: str) -> None:
+    kube.kubectl("patch", "pod", "qwen-moe-abc", "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+
+
+def apply_examples(kube: KubeAPI, namespace: str) -> None:
+    for name in ("modelserver.yaml", "loraadapter.yaml"):
+        obj = yaml.safe_load((EXAMPLES / name).read_text())
+        obj["metadata"]["namespace"] = namespace
+        apply(kube, obj)
 
 
 def test_loaded_count_follows_the_agents_report_without_a_resync(kube: KubeAPI) -> None:
-    for name in ("modelserver.yaml", "loraadapter.yaml"):
-        obj = yaml.safe_load((EXAMPLES / name).read_text())
-        obj["metadata"]["namespace"] = NS
-        apply(kube, obj)
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "qwen-moe-abc", "namespace": NS, "labels": {
-        "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"}},
-        "spec": {"containers": [{"name": "vllm", "image": "x"}]}}
-    apply(kube, pod)
-    kube.kubectl("patch", "pod", "qwen-moe-abc", "-n", NS, "--subresource=status", "--type=merge", "-p",
-                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
-
-    deadline = time.monotonic() + 10
-    while (adapter_counts(kube) or {}).get("desired") != 1:
-        assert time.monotonic() < deadline, f"the server never counted its adapter: {adapter_counts(kube)}"
-        time.sleep(0.05)
-    assert adapter_counts(kube) == {"desired": 1, "loaded": 0, "failed": 0}
+    apply_examples(kube, NS)
+    apply(kube, server_pod(NS))
+    make_ready(kube, NS)
+    wait_for_counts(kube, NS, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
 
     # The pod's agent reports the adapter loaded; the operator rolls it up to Loaded and must count it.
     kube.kubectl("patch", "lora", "support-bot", "-n", NS, "--subresource=status", "--type=merge", "-p",
                  json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}))
-    deadline = time.monotonic() + 5
-    while (adapter_counts(kube) or {}).get("loaded") != 1:
-        assert time.monotonic() < deadline, f"stale count: {adapter_counts(kube)}"
-        time.sleep(0.05)
-    assert adapter_counts(kube) == {"desired": 1, "loaded": 1, "failed": 0}
+    wait_for_counts(kube, NS, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
+
+
+def test_loaded_count_follows_the_pod_turning_ready_without_a_resync(kube: KubeAPI) -> None:
+    # The agent loads adapters before its pod is Ready (readiness waits for them): the adapter becomes Loaded
+    # through the pod's readiness event, not through an adapter event.
+    apply_examples(kube, POD_FIRST)
+    apply(kube, server_pod(POD_FIRST))
+    kube.kubectl("patch", "lora", "support-bot", "-n", POD_FIRST, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}))
+    wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
+    make_ready(kube, POD_FIRST)
+    wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)

@@ -255,8 +255,10 @@ async def model_server_event(event: kopf.RawEvent, name: str, namespace: str, me
     if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
         del memo.locks[key]
     if event.get("type") in ("ADDED", "DELETED", None):
-        await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key), memo=memo,
-                      server_exists=bool(snapshot(model_servers_index, key)), pods=snapshot(pods_index, key))
+        servers = snapshot(model_servers_index, key)
+        new_phases = await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key),
+                                   memo=memo, server_exists=bool(servers), pods=snapshot(pods_index, key))
+        await recount(servers, key, memo=memo, adapters_index=adapters_index, new_phases=new_phases)
 
 
 # --- LoRAAdapter ----------------------------------------------------------------------------------------------------
@@ -294,28 +296,46 @@ async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo
     new_phase = await in_pool(memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers),
                               pods=snapshot(pods_index, key))
     if new_phase:
-        # The index learns our own phase patch only when its watch event comes back: count with it already.
-        name = body["metadata"]["name"]
-        adapters = [{**entry, "phase": new_phase} if entry.get("name") == name else entry
-                    for entry in snapshot(adapters_index, key)]
-        for server_body in servers:  # the server's adapter counts follow its adapters' phases
-            await reconcile_serially(server_body, memo=memo, adapters=adapters)
+        await recount(servers, key, memo=memo, adapters_index=adapters_index,
+                      new_phases={body["metadata"]["name"]: new_phase})
+
+
+async def recount(servers: list[Any], key: tuple[str, str], *, memo: kopf.Memo, adapters_index: Any,
+                  new_phases: Mapping[str, str]) -> None:
+    """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once.
+
+    The index learns a phase the operator itself wrote only when that write's watch event comes back: count with
+    the new phases already.
+    """
+    if not new_phases:
+        return
+    adapters = [{**entry, "phase": new_phases[entry["name"]]} if entry.get("name") in new_phases else entry
+                for entry in snapshot(adapters_index, key)]
+    for server_body in servers:
+        await reconcile_serially(server_body, memo=memo, adapters=adapters)
 
 
 def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool,
-                           pods: list[Any]) -> None:
+                           pods: list[Any]) -> dict[str, str]:
+    """Re-judge every adapter of one server; the new phase of each whose phase changed."""
+    new_phases = {}
     for entry in adapters:
         body = apply.get(memo.api, path=f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/loraadapters/{entry['name']}")
         if body is not None:
-            rollup_adapter(body, memo=memo, server_exists=server_exists, pods=pods)
+            phase = rollup_adapter(body, memo=memo, server_exists=server_exists, pods=pods)
+            if phase:
+                new_phases[entry["name"]] = phase
+    return new_phases
 
 
 async def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
                     adapters_index: Any, pods_index: Any, **_: Any) -> None:
     """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
     key = (namespace, labels.get(naming.LABEL_SERVER, ""))
-    await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key), memo=memo,
-                  server_exists=bool(snapshot(model_servers_index, key)), pods=snapshot(pods_index, key))
+    servers = snapshot(model_servers_index, key)
+    new_phases = await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key),
+                               memo=memo, server_exists=bool(servers), pods=snapshot(pods_index, key))
+    await recount(servers, key, memo=memo, adapters_index=adapters_index, new_phases=new_phases)
 
 
 # --- wiring ---------------------------------------------------------------------------------------------------------
