@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -33,15 +33,7 @@ def status_code(url: str) -> int:
         return 0
 
 
-def wait_for(check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.2)
+wait_for = functools.partial(process.wait_for, timeout=60.0, interval=0.2)
 
 
 def test_bad_environment_exits_2_naming_the_variable() -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import pathlib
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import aiohttp.web
 import attrs
@@ -21,6 +22,7 @@ import helm_python as helm
 import kmock
 import yaml
 
+from moelora.local import process
 from moelora.local.kube import Emulator, KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 
@@ -32,7 +34,6 @@ SERVING = "serving"
 NAMESPACES = ("default", NAMESPACE, SERVING, "elsewhere")  # what exists in the emulated cluster
 MS = "moelora.io/v1alpha1/modelservers"
 DEPLOYMENTS = "apps/v1/deployments"
-T = TypeVar("T")
 
 Grants = dict[tuple[str, str, str | None], set[tuple[str, str, str]]]
 
@@ -163,14 +164,7 @@ def stack(values: dict[str, Any], *, operators: int = 1,
             yield api, emulator, objects, settings
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float = 20, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = functools.partial(process.wait_for, timeout=20)
 
 
 def example(path: str, *, namespace: str) -> dict[str, Any]:

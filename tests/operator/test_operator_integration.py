@@ -7,15 +7,17 @@ a test needs a rollout or a ready pod, it writes their status itself, as those c
 
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
 
+from moelora.local import process
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 
@@ -23,7 +25,6 @@ EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 MS = "moelora.io/v1alpha1/modelservers"
 LORA = "moelora.io/v1alpha1/loraadapters"
 DEPLOYMENTS = "apps/v1/deployments"
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +51,8 @@ def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThr
         yield running
 
 
-def wait_for(probe: Callable[[], T | None], *, timeout: float = 15, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+# Polls every 50 ms; 15 s is far beyond what the operator needs on this machine.
+wait_for = functools.partial(process.wait_for, timeout=15)
 
 
 def manifest(path: str, *, namespace: str, **spec: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Local processes: free ports, start in their own process group, wait for an HTTP endpoint, stop cleanly.
+"""Local processes: free ports, start in their own process group, wait for an HTTP endpoint (or any probe), stop.
 
 Every server of the local stack that is not in-process (vLLM, the agent, s3rver) is a child process started here
 in a new session, so stopping it stops its whole tree (vLLM forks an engine core and workers).
@@ -15,7 +15,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -71,6 +74,21 @@ def wait_http_ok(url: str, *, timeout: float, process: subprocess.Popen[bytes] |
             raise RuntimeError(f"process exited with {process.returncode} before {url} was up{_tail(log_path)}")
         time.sleep(interval)
     raise RuntimeError(f"{url} not up after {timeout:.0f} s{_tail(log_path)}")
+
+
+def wait_for(probe: Callable[[], T | None], *, timeout: float, what: str = "condition", interval: float = 0.05) -> T:
+    """Poll `probe` until it returns something truthy, and return that; AssertionError once `timeout` has passed.
+
+    The probe always runs once more after the deadline, so a slow last step is not reported as a time-out.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
 
 
 def _tail(log_path: pathlib.Path | None, lines: int = 30) -> str:
