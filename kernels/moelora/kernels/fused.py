@@ -117,6 +117,17 @@ def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device:
     return KernelConfig(**min(candidates, key=distance)["config"])
 
 
+@triton.jit
+def _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M: tl.constexpr):
+    """Block pid_b of the routing's block table (3, max_blocks): its (adapter, expert) and its rows of the
+    sorted pairs, shared by the shrink and the expand so both read the table the same way."""
+    group = tl.load(table_ptr + pid_b)
+    start = tl.load(table_ptr + max_blocks + pid_b)
+    end = tl.load(table_ptr + 2 * max_blocks + pid_b)
+    offs_m = start + tl.arange(0, BLOCK_M)
+    return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), offs_m, offs_m < end
+
+
 @triton.jit(do_not_specialize=["num_pairs"])
 def _shrink_kernel(
     # pointers
@@ -143,14 +154,7 @@ def _shrink_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     if pid_b >= tl.load(num_blocks_ptr):
         return
-    group = tl.load(table_ptr + pid_b)
-    start = tl.load(table_ptr + max_blocks + pid_b)
-    end = tl.load(table_ptr + 2 * max_blocks + pid_b)
-    adapter = (group // num_experts).to(tl.int64)
-    expert = (group % num_experts).to(tl.int64)
-
-    offs_m = start + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < end
+    adapter, expert, offs_m, mask_m = _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M)
     pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
     if X_PER_PAIR:
         row = pair.to(tl.int64)
@@ -209,14 +213,7 @@ def _expand_kernel(
     pid_n = tl.program_id(1)
     if pid_b >= tl.load(num_blocks_ptr):
         return
-    group = tl.load(table_ptr + pid_b)
-    start = tl.load(table_ptr + max_blocks + pid_b)
-    end = tl.load(table_ptr + 2 * max_blocks + pid_b)
-    adapter = (group // num_experts).to(tl.int64)
-    expert = (group % num_experts).to(tl.int64)
-
-    offs_m = start + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < end
+    adapter, expert, offs_m, mask_m = _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M)
     pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     offs_r = tl.arange(0, RANK_PAD)
     offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
