@@ -1,0 +1,82 @@
+"""The bundled H200 library: it covers the grid issue 5 asks for, and vLLM's own lookup and our default_config
+return exactly its entries (no silent fallback to defaults)."""
+
+import itertools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from moelora.kernels.fused import KernelConfig, default_config
+from moelora.kernels.routing import max_blocks_for
+from moelora.kernels.tune import MODEL_PRESETS
+
+CONFIGS = Path(__file__).resolve().parents[2] / "kernels" / "moelora" / "kernels" / "configs"
+OURS = CONFIGS / "NVIDIA_H200.json"
+VLLM_DIR = CONFIGS / "NVIDIA_H200"
+RANKS, MAX_LORAS, MS = (16, 32, 64), (1, 4, 8), (1, 16, 64, 256, 1024)
+GRID = list(itertools.product(MODEL_PRESETS.values(), RANKS, MAX_LORAS, MS))
+
+
+def _vllm_calls(shape):
+    """(op, num_slices, inter key) of vLLM's calls for this model (w13: lora_b rows per slice)."""
+    w13_inter = 2 * shape.inter // shape.w13_slices
+    return [("w13", shape.w13_slices, w13_inter), ("w2", 1, shape.inter)]
+
+
+def test_vllm_files_cover_the_grid():
+    files = {p.name: json.loads(p.read_text()) for p in VLLM_DIR.glob("*.json")}
+    assert sorted(files) == sorted(f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json"
+                                   for op in ("W13", "W2") for part in ("SHRINK", "EXPAND"))
+    missing = []
+    for shape, rank, loras, m in GRID:
+        for op, slices, inter in _vllm_calls(shape):
+            for part in ("SHRINK", "EXPAND"):
+                tree = files[f"NVIDIA_H200_FUSED_MOE_LORA_{op.upper()}_{part}.json"]
+                try:
+                    tree[str(loras)][str(slices)][str(m)][str(rank)][str(shape.hidden)][str(inter)]
+                except KeyError:
+                    missing.append((shape.name, op, part, rank, loras, m))
+    assert not missing, missing[:5]
+
+
+def test_vllms_own_lookup_returns_the_bundled_leaves(monkeypatch):
+    from vllm.lora.ops.triton_ops import utils as vllm_utils
+
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(VLLM_DIR))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H200")
+    monkeypatch.setattr(vllm_utils, "is_batch_invariant", False, raising=False)
+    vllm_utils.load_lora_op_config.cache_clear()
+    vllm_utils.get_lora_op_configs.cache_clear()
+    try:
+        for shape in MODEL_PRESETS.values():
+            for op, slices, inter in _vllm_calls(shape):
+                for part in ("shrink", "expand"):
+                    tree = json.loads((VLLM_DIR / f"NVIDIA_H200_FUSED_MOE_LORA_{op.upper()}_{part.upper()}.json")
+                                      .read_text())
+                    want = tree["8"][str(slices)]["16"]["32"][str(shape.hidden)][str(inter)]
+                    got = vllm_utils.get_lora_op_configs(
+                        op_type=f"fused_moe_lora_{op}_{part}", max_loras=8, batch=16, hidden_size=shape.hidden,
+                        rank=32, num_slices=slices, moe_intermediate_size=inter)
+                    assert got == want
+    finally:
+        vllm_utils.load_lora_op_config.cache_clear()
+        vllm_utils.get_lora_op_configs.cache_clear()
+
+
+@pytest.mark.parametrize("shape", MODEL_PRESETS.values(), ids=lambda s: s.name)
+def test_our_table_covers_the_grid_and_default_config_reads_it(shape):
+    entries = json.loads(OURS.read_text())["entries"]
+    by_key = {(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"]): e["config"] for e in entries}
+    # The tuner calls our op once per vLLM slice, as the plugin does (Qwen3's w13: two calls of N = inter).
+    ops = {"w13": (shape.hidden, 2 * shape.inter // shape.w13_slices), "w2": (shape.inter, shape.hidden)}
+    for (_, rank, loras, m), (k, n) in itertools.product(
+            [g for g in GRID if g[0] is shape], ops.values()):
+        cfg = by_key.get((k, n, shape.experts, rank, loras, m))
+        assert cfg is not None, (shape.name, k, n, rank, loras, m)
+        routing = SimpleNamespace(num_pairs=m * shape.top_k, top_k=shape.top_k, num_experts=shape.experts,
+                                  max_loras=loras, max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16))
+        got = default_config(routing=routing, k=k, n=n, rank=rank, device=torch.device("cpu"), config_file=OURS)
+        assert got == KernelConfig(**cfg)
