@@ -6,8 +6,8 @@
 #
 # Plan (the --dry-run below prints it): 180 buckets per kernel (2 models x 3 ranks x 3 max_loras x 5 M x 2 ops);
 # one coordinate-descent pass = 17 candidates per bucket for ours (3060) and 15 for vLLM's op (2700). Measured on an
-# H200 (2026-11-29, Qwen3 r32 x 8 adapters x M 16/256, 4 buckets): 28 s for 68 candidates, ~0.4 s each (compiles
-# included), so ours alone needs ~20 min: several calls of this command with RESUME, not one.
+# H200 (2026-11-29): ours 152 buckets in the 370 s stage (~2.4 s a bucket, compiles included), vLLM's 136 buckets
+# in 149 s; so two calls with RESUME make the whole library.
 # Each stage has its own timeout inside the 600 s call (ours first: it is what gets bundled); everything is
 # resumable, so if a stage stops early, run the same command again with RESUME set to the fetched $OUT/tune folder
 # (or carry it) and only the missing buckets are measured.
@@ -16,9 +16,10 @@
 # ../shared/tools/vllm-h200/build_bundle.sh (vLLM 0.26.0, the H200 kit's release; carry it, ~61 MiB). Without it
 # the vLLM stage reports "vllm not importable" and writes no vLLM files.
 #
-# Afterwards: copy $OUT/tune/configs/NVIDIA_H200.json's entries into kernels/moelora/kernels/configs/NVIDIA_H200.json
-# (keep the existing bench --sweep entries whose (k, n) differ), put the four NVIDIA_H200_FUSED_MOE_LORA_*.json files
-# where the operator's `auto` kernel configs read them, and paste $OUT/tune_table.md into docs/benchmarks.md (Tuner).
+# Afterwards: untar $OUT/tune.tgz, fold tune/configs/NVIDIA_H200.json into the bundled table with
+# kernels/scripts/merge_configs.py, copy the four NVIDIA_H200_FUSED_MOE_LORA_*.json files into
+# kernels/moelora/kernels/configs/NVIDIA_H200/ (where the operator's `auto` kernel configs read them), re-run the
+# kernel benchmark, and paste $OUT/tune_table.md into docs/benchmarks.md (Tuner).
 # DRY_RUN=1 prints the plan only (works on a CPU machine too).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
@@ -49,3 +50,5 @@ timeout "${VLLM_S:-200}" "$PY" -m moelora.kernels.tune "${args[@]}" --kernels vl
   | grep -v '^    '
 "$PY" -m moelora.kernels.tune --report --output "$DIR" | tee "$OUT/tune_table.md" | tail -3
 ls -la "$DIR"
+# One archive: the device tool fetches only a few files per call, and it once dropped tune_state.json.
+tar -czf "$OUT/tune.tgz" -C "$OUT" tune && rm -rf "$DIR" && echo "wrote $OUT/tune.tgz (RESUME= its tune/ folder)"
