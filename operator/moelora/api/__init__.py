@@ -27,6 +27,7 @@ from moelora.api.modelserver import (
     ModelServerSpec,
     ModelServerStatus,
     ModelSpec,
+    MoeShape,
     ResourceSpec,
     S3Spec,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "ModelServerSpec",
     "ModelServerStatus",
     "ModelSpec",
+    "MoeShape",
     "ReplicaAdapterState",
     "ResourceSpec",
     "S3Spec",

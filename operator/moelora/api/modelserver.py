@@ -70,6 +70,21 @@ class KernelImplementation(str, enum.Enum):
     MOELORA = "moelora"
 
 
+class MoeShape(ApiModel):
+    """The model's MoE layer shape, which picks the bundled kernel configs tuned for it."""
+
+    hidden_size: int = Field(ge=1, le=1_000_000, description="hidden_size in the model's config.json.")
+    moe_intermediate_size: int = Field(
+        ge=1, le=1_000_000,
+        description="One expert's intermediate size: moe_intermediate_size in the model's config.json "
+        "(intermediate_size where the model has no separate MoE value, e.g. GPT-OSS).",
+    )
+    num_experts: int = Field(
+        ge=1, le=100_000,
+        description="Experts per MoE layer: num_experts (num_local_experts for GPT-OSS) in the model's config.json.",
+    )
+
+
 class KernelSpec(ApiModel):
     """Tuned fused MoE-LoRA kernel configs, and which kernel runs them."""
 
@@ -85,6 +100,11 @@ class KernelSpec(ApiModel):
         "configMap: the ConfigMap named in configMapName.",
     )
     config_map_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
+    shape: MoeShape | None = Field(
+        default=None,
+        description="The values from the model's config.json that auto matches the bundled sets against. Only "
+        "needed for auto when model.name is not a model moelora knows the shape of (see the README).",
+    )
     implementation: KernelImplementation = Field(
         default=KernelImplementation.VLLM,
         description="vllm: vLLM's own fused MoE-LoRA kernel. moelora: ours, through the moelora vLLM plugin.",
