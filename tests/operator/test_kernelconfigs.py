@@ -14,21 +14,92 @@ from .conftest import k8s_valid, make_spec
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 LABELS = {"app.kubernetes.io/managed-by": "moelora"}
+GPT_OSS, QWEN3 = "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B"
+# (hidden, moe_intermediate, experts); moelora's table holds (k, n, experts) of each op: gate_up (hidden, 2 x inter)
+# or per slice (hidden, inter), down (inter, hidden).
+SHAPES = {GPT_OSS: (2880, 2880, 32), QWEN3: (2048, 768, 128)}
+TABLE_KEYS = {GPT_OSS: {(2880, 5760, 32), (2880, 2880, 32)},
+              QWEN3: {(2048, 1536, 128), (2048, 768, 128), (768, 2048, 128)}}
+LEAF = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3, "split_k": 1}
+VLLM_FILES = ("NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json", "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
+              "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json")
+
+
+def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
+    """vLLM's nesting data[max_loras][num_slices][m][rank][hidden][inter], for leaves (num_slices, hidden, inter)."""
+    tree: dict = {}
+    for slices, hidden, inter in leaves:
+        for max_loras, m in (("1", "1"), ("4", "64")):
+            node = tree
+            for key in (max_loras, str(slices), m, "16", str(hidden)):
+                node = node.setdefault(key, {})
+            node[str(inter)] = dict(LEAF)
+    return tree
+
+
+def table_entry(k: int, n: int, experts: int, **config: object) -> dict:
+    return {"k": k, "n": n, "rank": 16, "num_experts": experts, "max_loras": 1, "m": 1,
+            "config": {"split_k": 1, **config}}
+
+
+def vllm_leaves(tree: dict) -> list[tuple[str, ...]]:
+    """The key paths of every leaf, checking the file is nested exactly like vLLM's: six levels of integer keys."""
+    paths = []
+
+    def walk(node: object, path: tuple[str, ...]) -> None:
+        if len(path) == 6:
+            assert isinstance(node, dict) and set(node) == set(LEAF), path
+            paths.append(path)
+            return
+        assert isinstance(node, dict) and node, path  # no empty branch left behind
+        for key, child in node.items():
+            assert key.isdigit(), path
+            walk(child, (*path, key))
+
+    walk(tree, ())
+    return paths
 
 
 @pytest.fixture
 def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A stand-in for moelora.kernels' bundled configs/ (the tuner fills the real one)."""
+    """A small stand-in for moelora.kernels' bundled configs/: GPT-OSS-20B and Qwen3-30B-A3B on the H200."""
+    table = {"device": "NVIDIA H200", "source": "test",
+             "entries": [table_entry(*key) for model in (GPT_OSS, QWEN3) for key in sorted(TABLE_KEYS[model])]
+             + [table_entry(2880, 5760, 128)]}  # GPT-OSS' sizes with another expert count: no one's here
+    (tmp_path / "NVIDIA_H200.json").write_text(json.dumps(table))
     gpu = tmp_path / "NVIDIA_H200"
     gpu.mkdir()
-    (gpu / "E=8,N=64,device_name=NVIDIA_H200.json").write_text(json.dumps({"1": {"BLOCK_SIZE_M": 16}}))
-    (gpu / "NVIDIA_H200_SHRINK.json").write_text(json.dumps({"1": {"block_m": 32}}))
+    w13, w2_shrink, w2_expand = VLLM_FILES
+    (gpu / w13).write_text(json.dumps(vllm_tree((1, 2880, 5760), (2, 2048, 768))))
+    # (4096, 2880): another model with GPT-OSS' intermediate size, of a hidden size no one here has.
+    (gpu / w2_shrink).write_text(json.dumps(vllm_tree((1, 2880, 2880), (1, 2048, 768), (1, 4096, 2880))))
+    (gpu / w2_expand).write_text(json.dumps(vllm_tree((1, 2048, 768))))  # tuned for Qwen3 only
     (gpu / "README.txt").write_text("not a config")
     return tmp_path
 
 
-def auto_spec(**overrides: object) -> object:
-    return make_spec(kernels={"configs": "auto"}, nodeSelector=H200, **overrides)
+def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
+    wire: dict[str, object] = {"model": {"name": model}, "kernels": {"configs": "auto"}, "nodeSelector": H200}
+    return make_spec(**{**wire, **overrides})
+
+
+def mounted(plan: kc.KernelConfigPlan | None) -> dict[str, object]:
+    """{file name as vLLM sees it: parsed JSON} of an `auto` plan."""
+    assert plan is not None and plan.owned_config_map is not None
+    return {item["path"]: json.loads(plan.owned_config_map["data"][item["key"]]) for item in plan.items or []}
+
+
+def assert_only_shape(files: dict[str, object], model: str) -> None:
+    hidden, inter, _ = SHAPES[model]
+    table = files.pop("NVIDIA_H200.json")
+    assert isinstance(table, dict) and table["device"] == "NVIDIA H200"
+    keys = {(e["k"], e["n"], e["num_experts"]) for e in table["entries"]}
+    assert keys and keys <= TABLE_KEYS[model]
+    assert files, "no vLLM file mounted"
+    for file_name, tree in files.items():
+        leaves = vllm_leaves(tree)
+        assert leaves, file_name
+        assert {(path[4], path[5]) for path in leaves} <= {(str(hidden), str(inter)), (str(hidden), str(2 * inter))}
 
 
 @pytest.mark.parametrize(("product", "device"), [
@@ -42,34 +113,118 @@ def test_none_mode_has_no_volume(bundle: pathlib.Path) -> None:
     assert kc.plan(make_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle) is None
 
 
-def test_auto_renders_an_owned_config_map_with_safe_keys(bundle: pathlib.Path) -> None:
+def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Path) -> None:
     plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert plan is not None and plan.owned_config_map is not None
     k8s_valid(plan.owned_config_map)
     assert plan.config_map_name == "srv-kernel-configs"
     assert plan.owned_config_map["metadata"]["labels"] == LABELS
-    # ConfigMap keys may not hold '=' or ','; the volume's items map them back to vLLM's file names.
     paths = {item["key"]: item["path"] for item in plan.items or []}
-    assert paths == {"E_8_N_64_device_name_NVIDIA_H200.json": "E=8,N=64,device_name=NVIDIA_H200.json",
-                     "NVIDIA_H200_SHRINK.json": "NVIDIA_H200_SHRINK.json"}
+    # The W2 expand file holds Qwen3 entries only: nothing of it is GPT-OSS', so it is not mounted.
+    assert paths == {name: name for name in ("NVIDIA_H200.json", *VLLM_FILES[:2])}
     assert set(plan.owned_config_map["data"]) == set(paths)
-    assert json.loads(plan.owned_config_map["data"]["NVIDIA_H200_SHRINK.json"]) == {"1": {"block_m": 32}}
+
+
+@pytest.mark.parametrize("model", [GPT_OSS, QWEN3, "qwen/qwen3-30b-a3b-instruct-2507", "OpenAI/GPT-OSS-20B"])
+def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> None:
+    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    canonical = GPT_OSS if "gpt" in model.lower() else QWEN3
+    assert_only_shape(files, canonical)
+    assert len(files) == (2 if canonical == GPT_OSS else 3)  # vLLM files left after the table was popped
+
+
+@pytest.mark.parametrize("model", [GPT_OSS, QWEN3])
+def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
+    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=kc.bundle_root()))
+    other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
+    assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
+    assert_only_shape(files, model)
+
+
+def test_every_bundled_entry_belongs_to_a_known_model() -> None:
+    """The bundle and modelshapes.KNOWN_SHAPES stay in step, so KernelConfigsNotFound lists every bundled shape."""
+    root = kc.bundle_root()
+    assert root is not None
+    for gpu in sorted(p.stem for p in pathlib.Path(str(root)).glob("*.json")):
+        bundle = kc.read_bundle(gpu, root=root)
+        covered: dict[str, set] = {name: set() for name in bundle}
+        for shape in {kc.modelshapes.key(s): s for s in kc.modelshapes.KNOWN_SHAPES.values()}.values():
+            for name, text in kc.for_shape(bundle, shape, gpu=gpu).items():
+                data = json.loads(text)
+                covered[name] |= ({json.dumps(e, sort_keys=True) for e in data["entries"]} if name == f"{gpu}.json"
+                                  else set(vllm_leaves(data)))
+        for name, text in bundle.items():
+            data = json.loads(text)
+            everything = ({json.dumps(e, sort_keys=True) for e in data["entries"]} if name == f"{gpu}.json"
+                          else set(vllm_leaves(data)))
+            assert everything == covered[name], f"{gpu}/{name} has entries of a shape not in KNOWN_SHAPES"
+
+
+def test_an_explicit_shape_serves_a_model_moelora_does_not_know(bundle: pathlib.Path) -> None:
+    qwen = kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    shape = {"hiddenSize": 2048, "moeIntermediateSize": 768, "numExperts": 128}
+    spec = auto_spec("my-org/my-qwen3-finetune", kernels={"configs": "auto", "shape": shape})
+    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert plan is not None and qwen is not None and plan.content_hash == qwen.content_hash
+    assert_only_shape(mounted(plan), QWEN3)
+    # Given, the shape wins over the one moelora knows for the id.
+    spec = auto_spec(GPT_OSS, kernels={"configs": "auto", "shape": shape})
+    assert_only_shape(mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)), QWEN3)
+
+
+def test_an_unknown_model_without_a_shape_is_a_problem(bundle: pathlib.Path) -> None:
+    with pytest.raises(SpecProblem) as caught:
+        kc.plan(auto_spec("my-org/mystery-moe"), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert caught.value.reason == "ModelShapeUnknown"
+    assert "my-org/mystery-moe" in caught.value.message and "kernels.shape" in caught.value.message
+
+
+def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathlib.Path) -> None:
+    shape = {"hiddenSize": 4096, "moeIntermediateSize": 1536, "numExperts": 128}
+    spec = auto_spec("Qwen/Qwen3-235B-A22B", kernels={"configs": "auto", "shape": shape})
+    with pytest.raises(SpecProblem) as caught:
+        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    message = caught.value.message
+    assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_H200" in message
+    assert "hiddenSize=4096 moeIntermediateSize=1536 numExperts=128" in message
+    assert "hiddenSize=2880 moeIntermediateSize=2880 numExperts=32 (openai/gpt-oss-20b)" in message
+    assert "hiddenSize=2048 moeIntermediateSize=768 numExperts=128 (Qwen/Qwen3-30B-A3B" in message
+    # Same hidden size, another intermediate size: nothing of GPT-OSS' leaks in.
+    spec = auto_spec("x/y", kernels={"configs": "auto", "shape": {**shape, "hiddenSize": 2880}})
+    with pytest.raises(SpecProblem, match="numExperts=128"):
+        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+
+
+def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
+    (bundle / "NVIDIA_H200" / "E=32,N=5760,device_name=NVIDIA_H200.json").write_text(
+        json.dumps({"1": {"BLOCK_SIZE_M": 16}}))
+    plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert plan is not None and {item["path"] for item in plan.items or []} == {"NVIDIA_H200.json", *VLLM_FILES[:2]}
 
 
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
-    (bundle / "NVIDIA_B200.json").write_text(json.dumps({"entries": []}))
-    spec = make_spec(kernels={"configs": "auto"}, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
+    (bundle / "NVIDIA_B200.json").write_text(json.dumps({"entries": [table_entry(2880, 5760, 32)]}))
+    spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
     plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert plan is not None and plan.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
-    assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"E=8,N=64,device_name=NVIDIA_H200.json",
-                                                               "NVIDIA_H200_SHRINK.json"}
+    assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"NVIDIA_H200.json", *VLLM_FILES}
 
 
-def test_new_content_changes_the_hash(bundle: pathlib.Path) -> None:
-    before = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    (bundle / "NVIDIA_H200" / "NVIDIA_H200_SHRINK.json").write_text(json.dumps({"1": {"block_m": 64}}))
-    after = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert before and after and before.content_hash != after.content_hash
+def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:
+    def hashes() -> tuple[str, str]:
+        plans = [kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
+                 for model in (GPT_OSS, QWEN3)]
+        assert plans[0] and plans[1]
+        return plans[0].content_hash, plans[1].content_hash
+
+    gpt, qwen = hashes()
+    assert gpt != qwen  # one GPU, two models: two contents
+    w2_expand = bundle / "NVIDIA_H200" / VLLM_FILES[2]
+    tree = json.loads(w2_expand.read_text())
+    tree["1"]["1"]["1"]["16"]["2048"]["768"]["block_m"] = 64
+    w2_expand.write_text(json.dumps(tree))
+    gpt_after, qwen_after = hashes()
+    assert gpt_after == gpt and qwen_after != qwen  # a Qwen3-only change rolls only Qwen3's pods
 
 
 def test_colliding_keys_stay_unique() -> None:
@@ -80,12 +235,12 @@ def test_colliding_keys_stay_unique() -> None:
 
 def test_auto_without_a_gpu_label_is_a_problem(bundle: pathlib.Path) -> None:
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(make_spec(kernels={"configs": "auto"}), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.plan(auto_spec(nodeSelector={}), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "GPUUnknown"
 
 
 def test_auto_without_a_bundled_set_is_a_problem_not_a_fallback(bundle: pathlib.Path) -> None:
-    spec = make_spec(kernels={"configs": "auto"}, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
+    spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
     with pytest.raises(SpecProblem) as caught:
         kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_B200" in caught.value.message
@@ -94,9 +249,13 @@ def test_auto_without_a_bundled_set_is_a_problem_not_a_fallback(bundle: pathlib.
 
 
 def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> None:
-    (bundle / "NVIDIA_H200" / "big.json").write_text(json.dumps({"pad": "x" * kc.MAX_CONFIG_BYTES}))
+    table_path = bundle / "NVIDIA_H200.json"
+    table = json.loads(table_path.read_text())
+    table["entries"].append(table_entry(768, 2048, 128, pad="x" * kc.MAX_CONFIG_BYTES))  # a Qwen3 entry
+    table_path.write_text(json.dumps(table))
+    assert kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsTooLarge"
 
 

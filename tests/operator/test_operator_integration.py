@@ -7,6 +7,7 @@ a test needs a rollout or a ready pod, it writes their status itself, as those c
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import pathlib
@@ -38,8 +39,14 @@ def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """Stands in for moelora.kernels' bundled configs (filled by the tuner on real GPUs)."""
     root = tmp_path_factory.mktemp("kernel-configs")
     (root / "NVIDIA_H200").mkdir()
-    (root / "NVIDIA_H200" / "E=32,N=512,device_name=NVIDIA_H200.json").write_text('{"1": {"BLOCK_SIZE_M": 16}}')
-    (root / "NVIDIA_H200.json").write_text('{"entries": []}')
+    # vLLM's data[max_loras][num_slices][m][rank][hidden][inter]: one GPT-OSS-20B leaf, one Qwen3-30B-A3B leaf.
+    leaf = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3,
+            "split_k": 1}
+    (root / "NVIDIA_H200" / "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json").write_text(json.dumps(
+        {"1": {"1": {"1": {"16": {"2880": {"2880": leaf}, "2048": {"768": leaf}}}}}}))
+    (root / "NVIDIA_H200.json").write_text(json.dumps({"entries": [
+        {"k": 2880, "n": 5760, "rank": 16, "num_experts": 32, "max_loras": 1, "m": 1, "config": {}},
+        {"k": 768, "n": 2048, "rank": 16, "num_experts": 128, "max_loras": 1, "m": 1, "config": {}}]}))
     return root
 
 
@@ -140,6 +147,19 @@ def test_reconcile_is_idempotent_and_repairs_drift(kube: KubeAPI, operator: Oper
     # The status was written once: only the label change moved the server's resourceVersion since.
     assert final["status"] == server["status"]
     assert len(kube.list(DEPLOYMENTS, ns)) == 1
+
+    # Drift: a hand edit of fields we own (replicas, the vLLM image) is put back, prompted by the edit's own watch
+    # event (the resync timer of this fixture would also do it: the assertion allows less than its period).
+    containers = copy.deepcopy(after["spec"]["template"]["spec"]["containers"])
+    containers[0]["image"] = "evil.example.com/vllm:latest"
+    kube.kubectl("patch", "deployment", "qwen-moe", "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": {"replicas": 5, "template": {"spec": {"containers": containers}}}}))
+    repaired = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe"))["spec"] == dep["spec"] and d,
+                        timeout=5, what="the hand edit reverted")
+    assert repaired["metadata"]["annotations"]["team.example.com/owner"] == "ml"
+    settled = repaired["metadata"]["resourceVersion"]
+    time.sleep(2.5)  # reverted once, then left alone: no patch loop
+    assert kube.get(DEPLOYMENTS, ns, "qwen-moe")["metadata"]["resourceVersion"] == settled
 
     # Drift: a deleted Deployment comes back.
     kube.kubectl("delete", "deployment", "qwen-moe", "-n", ns)
@@ -271,11 +291,13 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     server = wait_for(lambda: kube.get(MS, ns, "gpt-oss"), what="the server")
     config_map = wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs"), what="the ConfigMap")
     assert config_map["metadata"]["ownerReferences"][0]["uid"] == server["metadata"]["uid"]
-    assert set(config_map["data"]) == {"E_32_N_512_device_name_NVIDIA_H200.json", "NVIDIA_H200.json"}
+    assert set(config_map["data"]) == {"NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json", "NVIDIA_H200.json"}
+    # Only the model's shape: GPT-OSS-20B's leaf and table entry, not Qwen3's.
+    assert "2048" not in json.loads(config_map["data"]["NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json"])["1"]["1"]["1"]["16"]
+    assert [e["num_experts"] for e in json.loads(config_map["data"]["NVIDIA_H200.json"])["entries"]] == [32]
     dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "gpt-oss"), what="the Deployment")
     volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "kernel-configs")
-    assert {"key": "E_32_N_512_device_name_NVIDIA_H200.json",
-            "path": "E=32,N=512,device_name=NVIDIA_H200.json"} in volume["configMap"]["items"]
+    assert {"key": "NVIDIA_H200.json", "path": "NVIDIA_H200.json"} in volume["configMap"]["items"]
     assert dep["spec"]["template"]["metadata"]["annotations"]["moelora.io/kernel-configs-hash"]
     [fetch] = dep["spec"]["template"]["spec"]["initContainers"]  # s3:// weights
     assert fetch["args"][:2] == ["fetch-model", "s3://models/openai/gpt-oss-20b/"]
@@ -286,6 +308,12 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     reason = wait_for(lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True"
                       and c["reason"], what="KernelConfigsNotFound")
     assert reason == "KernelConfigsNotFound"
+    assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
+
+    # A model whose shape moelora does not know, and no kernels.shape: a condition too.
+    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}, model={"name": "my-org/mystery-moe"}))
+    wait_for(lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True"
+             and c["reason"] == "ModelShapeUnknown", what="ModelShapeUnknown")
     assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
 
     # Back to none: the volume, the annotation, the init container's absence all follow.

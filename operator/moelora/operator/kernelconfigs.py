@@ -2,9 +2,10 @@
 
 `configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
 bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
-e.g. NVIDIA_H200), picked
-by the GPU product in the node selector. Nothing is ever guessed: a missing set is a SpecProblem, not a silent
-fallback to vLLM's defaults. A hash of the content goes on the pod template, so new configs roll the pods.
+e.g. NVIDIA_H200), picked by the GPU product in the node selector, and cut down to the entries tuned for the
+model's MoE shape (moelora.operator.modelshapes). Nothing is ever guessed: no set for the GPU, no entries for the
+shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback to vLLM's defaults. A hash of the
+content goes on the pod template, so new configs (or another model's) roll the pods.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from collections.abc import Mapping
 from importlib.resources.abc import Traversable
 from typing import Any
 
-from moelora.api import KernelConfigMode, ModelServerSpec
+from moelora.api import KernelConfigMode, ModelServerSpec, MoeShape
+from moelora.operator import modelshapes
 from moelora.operator.engine import SpecProblem
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery, e.g. NVIDIA-H200
@@ -53,8 +55,8 @@ def bundle_root() -> Traversable | None:
 def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
     """{file name: JSON text} of the configs for one GPU; empty when there are none.
 
-    Two layouts, both mounted flat: `configs/<GPU>/*.json` (vLLM's per-op files, e.g. NVIDIA_H200_SHRINK.json)
-    and `configs/<GPU>.json` (moelora's own kernel's table, as moelora.kernels bundles it).
+    Two layouts, both mounted flat: `configs/<GPU>/*.json` (vLLM's per-op files, e.g.
+    NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json) and `configs/<GPU>.json` (moelora's own kernel's table).
     """
     files: dict[str, str] = {}
     single = root.joinpath(f"{gpu}.json")
@@ -65,6 +67,77 @@ def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
         files.update({entry.name: entry.read_text() for entry in sorted(folder.iterdir(), key=lambda e: e.name)
                       if entry.is_file() and entry.name.endswith(".json")})
     return files
+
+
+def _table_for_shape(text: str, shape: MoeShape) -> str | None:
+    """moelora's table ({"entries": [{"k", "n", "num_experts", ...}]}) cut to the shape's ops, or None if none.
+
+    The gate_up op has k = hidden and n = 2 x intermediate (both halves at once) or n = intermediate (per slice);
+    the down op has k = intermediate and n = hidden.
+    """
+    table = json.loads(text)
+    if not isinstance(table, dict):
+        return None
+    hidden, inter, experts = modelshapes.key(shape)
+    wanted = {(hidden, 2 * inter, experts), (hidden, inter, experts), (inter, hidden, experts)}
+    entries = [e for e in table.get("entries") or []
+               if isinstance(e, dict) and (e.get("k"), e.get("n"), e.get("num_experts")) in wanted]
+    return _dump({**table, "entries": entries}) if entries else None
+
+
+# vLLM's nesting: data[max_loras][num_slices][m][rank][hidden][inter] -> leaf (moelora.kernels.vllm_configs).
+_VLLM_DEPTH = 6
+_HIDDEN_LEVEL, _INTER_LEVEL = 4, 5
+
+
+def _prune(node: Any, depth: int, keep: Mapping[int, set[str]]) -> dict[str, Any] | None:
+    """The branches of a vLLM tree whose keys at the levels in `keep` are allowed; None when nothing is left."""
+    if not isinstance(node, dict):
+        return None
+    kept = {}
+    for key, child in node.items():
+        if depth in keep and key not in keep[depth]:
+            continue
+        if depth + 1 == _VLLM_DEPTH:
+            kept[key] = child
+        elif (pruned := _prune(child, depth + 1, keep)) is not None:
+            kept[key] = pruned
+    return kept or None
+
+
+def _vllm_file_for_shape(text: str, shape: MoeShape) -> str | None:
+    """One of vLLM's per-op files cut to the shape's leaves (hidden key = hidden size, inter key = the
+    intermediate size, or twice it for w13 with one slice), or None if none. A file not nested like vLLM's has no
+    leaves to match and is left out."""
+    inter = shape.moe_intermediate_size
+    keep = {_HIDDEN_LEVEL: {str(shape.hidden_size)}, _INTER_LEVEL: {str(inter), str(2 * inter)}}
+    tree = _prune(json.loads(text), 0, keep)
+    return _dump(tree) if tree else None
+
+
+def _dump(data: Any) -> str:
+    return json.dumps(data, indent=1) + "\n"  # as moelora.kernels writes them
+
+
+def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[str, str]:
+    """read_bundle's files cut to the entries tuned for `shape`; files with none are left out."""
+    kept = {}
+    for file_name, text in files.items():
+        cut = _table_for_shape(text, shape) if file_name == f"{gpu}.json" else _vllm_file_for_shape(text, shape)
+        if cut is not None:
+            kept[file_name] = cut
+    return kept
+
+
+def bundled_shapes(files: Mapping[str, str], *, gpu: str) -> list[str]:
+    """The known models' shapes that have entries in `files`, for a message: 'hiddenSize=.. (model ids)'."""
+    ids: dict[tuple[int, int, int], list[str]] = {}
+    shapes: dict[tuple[int, int, int], MoeShape] = {}
+    for model_id, shape in modelshapes.KNOWN_SHAPES.items():
+        ids.setdefault(modelshapes.key(shape), []).append(model_id)
+        shapes[modelshapes.key(shape)] = shape
+    return [f"{modelshapes.describe(shapes[k])} ({', '.join(ids[k])})" for k in ids
+            if for_shape(files, shapes[k], gpu=gpu)]
 
 
 def content_hash(files: Mapping[str, str]) -> str:
@@ -105,14 +178,21 @@ def plan(
     if gpu is None:
         raise SpecProblem("GPUUnknown", f"kernels.configs is auto, but nodeSelector has no {GPU_PRODUCT_LABEL} "
                           "label to pick the tuned set by")
-    files = read_bundle(gpu, root=root) if root is not None else {}
-    if not files:
+    bundle = read_bundle(gpu, root=root) if root is not None else {}
+    if not bundle:
         raise SpecProblem("KernelConfigsNotFound", f"no bundled kernel configs for GPU {gpu}; "
                           "use kernels.configs=configMap with your own, or none")
+    shape = modelshapes.model_shape(spec)
+    files = for_shape(bundle, shape, gpu=gpu)
+    if not files:
+        bundled = "; ".join(bundled_shapes(bundle, gpu=gpu)) or "none of a model moelora knows"
+        raise SpecProblem("KernelConfigsNotFound", f"no bundled kernel configs for GPU {gpu} and the model's shape "
+                          f"({modelshapes.describe(shape)}); bundled for {gpu}: {bundled}. "
+                          "Use kernels.configs=configMap with your own, or none")
     size = sum(len(text.encode()) for text in files.values())
     if size > MAX_CONFIG_BYTES:
-        raise SpecProblem("KernelConfigsTooLarge",
-                          f"bundled kernel configs for {gpu} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}")
+        raise SpecProblem("KernelConfigsTooLarge", f"bundled kernel configs for {gpu} and "
+                          f"{modelshapes.describe(shape)} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}")
     taken: set[str] = set()
     keyed = {config_map_key(file_name, taken): (file_name, text) for file_name, text in files.items()}
     cm_name = owned_config_map_name(name)
