@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from moelora.operator import apply
 
 
@@ -58,3 +60,26 @@ def test_our_annotations_go_when_the_template_has_none_left() -> None:
         "moelora.io/kernel-configs-hash": None}
     untouched = apply.update_patch(deployment({"containers": []}, annotations={"other": "x"}), desired)
     assert "annotations" not in untouched["spec"]["template"]["metadata"]
+
+
+def test_drift_is_a_changed_field_we_set_not_one_the_server_or_others_added() -> None:
+    desired = deployment({"containers": [{"name": "vllm", "image": "vllm:0.26", "env": [{"name": "A", "value": "1"}]}]},
+                         annotations={"moelora.io/desired-hash": "h"})
+    # The API server's defaults, status, and someone else's annotation: not drift.
+    served = deployment({"containers": [{"name": "vllm", "image": "vllm:0.26", "env": [{"name": "A", "value": "1"}],
+                                         "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/x"}],
+                         "dnsPolicy": "ClusterFirst"},
+                        annotations={"moelora.io/desired-hash": "h", "kubectl.kubernetes.io/restartedAt": "now"})
+    served["status"] = {"readyReplicas": 1}
+    served["metadata"]["resourceVersion"] = "7"
+    assert not apply.drifted(served, desired)
+    # A hand edit of a field we set, an env var added, a replica count changed: drift.
+    edited = json.loads(json.dumps(served))
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    assert apply.drifted(edited, desired)
+    added = json.loads(json.dumps(served))
+    added["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "B", "value": "2"})
+    assert apply.drifted(added, desired)
+    scaled = json.loads(json.dumps(served))
+    scaled["spec"]["replicas"] = 3
+    assert apply.drifted(scaled, desired)

@@ -1,8 +1,10 @@
 """The only module that talks to the Kubernetes API: reads, and idempotent create-or-patch of owned objects.
 
-Each owned object carries the hash of what the operator rendered (`moelora.io/desired-hash`); an unchanged hash
-means no write at all, so running a reconcile twice never writes twice. A changed one is a JSON merge patch of the
-desired object, plus nulls for the optional fields we stopped setting (merge patches never drop keys by themselves).
+Each owned object carries the hash of what the operator rendered (`moelora.io/desired-hash`). An unchanged hash on
+an object that still holds every field we set means no write at all, so running a reconcile twice never writes
+twice. Anything else is a JSON merge patch of the desired object, plus nulls for the optional fields we stopped
+setting (merge patches never drop keys by themselves): a new spec, and also a hand edit of a field we own (an image
+changed with `kubectl edit`, an env var added), which the Deployment's watch event brings back to us.
 """
 
 from __future__ import annotations
@@ -144,6 +146,26 @@ def update_patch(actual: dict[str, Any], desired: dict[str, Any]) -> dict[str, A
     return patch
 
 
+def drifted(actual: Any, desired: Any) -> bool:
+    """Whether `actual` differs from `desired` in a field `desired` sets. Fields only others set (API-server
+    defaults, status, foreign labels and annotations) are not compared; lists must match element by element.
+    A value the API server rewrites in its canonical form (a quantity "0.5" stored as "500m") reads as drift, and
+    costs one no-op patch per reconcile."""
+    if isinstance(desired, dict):
+        return not isinstance(actual, dict) or any(drifted(actual.get(key), value) for key, value in desired.items())
+    if isinstance(desired, list):
+        return (not isinstance(actual, list) or len(actual) != len(desired)
+                or any(drifted(a, d) for a, d in zip(actual, desired)))
+    return actual != desired
+
+
+def _owned_fields(desired: dict[str, Any]) -> dict[str, Any]:
+    """What `drifted` compares: everything rendered except the identity metadata the API server adds to."""
+    meta = desired["metadata"]
+    return {**{key: value for key, value in desired.items() if key != "metadata"},
+            "metadata": {key: meta[key] for key in ("labels", "annotations") if key in meta}}
+
+
 def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """Create `desired` or bring the existing object in line. Returns (the object, 'created'|'patched'|'unchanged').
 
@@ -164,8 +186,9 @@ def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[d
             actual = get(api, path=path)  # created concurrently by another reconcile of the same server
             if actual is None:
                 raise
-    if (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == \
-            metadata["annotations"][naming.ANNOTATION_HASH]:
+    same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == \
+        metadata["annotations"][naming.ANNOTATION_HASH]
+    if same_hash and not drifted(actual, _owned_fields(desired)):
         return actual, "unchanged"
     patched = _request(api, "PATCH", path, body=update_patch(actual, desired),
                        content_type="application/merge-patch+json")
