@@ -363,6 +363,8 @@ OPERATOR_NAMESPACED: set[Rule] = {
     *{("moelora.io", r, v) for r in ("modelservers/status", "loraadapters/status") for v in ("get", "patch")},
     *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},
     *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")},
+    ("", "configmaps", "delete"),
+    *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"), ("events.k8s.io", "events", "create"),
 }
@@ -474,3 +476,27 @@ def test_rbac_covers_every_resource_the_operators_kopf_registry_watches() -> Non
             needed |= {(selector.group or "", selector.any_name, verb) for verb in verbs}
     assert needed, "the registry has handlers"
     assert needed - OPERATOR_NAMESPACED == set()
+
+
+def test_rbac_covers_every_write_the_operator_makes() -> None:
+    """Tie the chart to apply.py: get/create/patch on every kind the operator renders, delete on the kinds it removes
+    when a ModelServer stops asking for them (a 403 there would fail every reconcile of that server)."""
+    from moelora.operator import apply
+    from moelora.operator.handlers import OPTIONAL_CHILDREN
+
+    def group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
+        path = apply._PATHS[(api_version, kind)]
+        parts = path.strip("/").split("/")
+        return ("" if parts[0] == "api" else parts[1]), parts[-1]
+
+    needed: set[Rule] = set()
+    for api_version, kind in apply._PATHS:
+        group, plural = group_and_plural(api_version, kind)
+        needed |= {(group, plural, verb) for verb in ("get", "create", "patch")}
+    for api_version, kind in OPTIONAL_CHILDREN:
+        needed.add((*group_and_plural(api_version, kind), "delete"))
+    assert ("policy", "poddisruptionbudgets", "delete") in needed
+    for value_set in VALUE_SETS:
+        operator_rules = set().union(*(rules for (_, account, _), rules in grants(render(value_set)).items()
+                                       if account.endswith("operator")))
+        assert needed - operator_rules == set(), value_set

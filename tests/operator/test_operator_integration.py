@@ -26,6 +26,7 @@ EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 MS = "moelora.io/v1alpha1/modelservers"
 LORA = "moelora.io/v1alpha1/loraadapters"
 DEPLOYMENTS = "apps/v1/deployments"
+PDBS = "policy/v1/poddisruptionbudgets"
 
 
 @pytest.fixture(scope="module")
@@ -336,6 +337,7 @@ def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operato
     ns = "scale"
     apply(kube, manifest("modelserver.yaml", namespace=ns))
     wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    assert kube.get(PDBS, ns, "qwen-moe") is None  # one replica: no budget that would block its node's drain
     kube.kubectl("scale", "ms/qwen-moe", "-n", ns, "--replicas=3")
     scaled = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and d["spec"]["replicas"] == 3 and d,
                       what="3 replicas")
@@ -346,3 +348,14 @@ def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operato
     wait_for(lambda: json.loads(kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/"
                                              "modelservers/qwen-moe/scale").stdout)["status"].get("selector")
              == "moelora.io/model-server=qwen-moe", what="the selector an HPA needs")
+
+    # Three replicas: a PodDisruptionBudget lets drains take them one at a time; back to one: it goes again.
+    budget = wait_for(lambda: kube.get(PDBS, ns, "qwen-moe"), what="the PodDisruptionBudget")
+    server = kube.get(MS, ns, "qwen-moe")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert [ref["uid"] for ref in budget["metadata"]["ownerReferences"]] == [server["metadata"]["uid"]]
+    pod_labels = scaled["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    kube.kubectl("scale", "ms/qwen-moe", "-n", ns, "--replicas=1")
+    wait_for(lambda: kube.get(PDBS, ns, "qwen-moe") is None or None, what="the budget deleted at one replica")
+    assert kube.get(DEPLOYMENTS, ns, "qwen-moe")["spec"]["replicas"] == 1

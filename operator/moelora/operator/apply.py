@@ -25,6 +25,7 @@ _PATHS = {
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
 }
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
@@ -95,6 +96,10 @@ def patch_status(api: kubernetes.client.ApiClient, *, plural: str, namespace: st
         if exc.status == 404:
             return None
         raise
+
+
+def object_path(api_version: str, kind: str, *, namespace: str, name: str) -> str:
+    return f"{_PATHS[(api_version, kind)].format(namespace=namespace)}/{name}"
 
 
 def delete_if_owned(api: kubernetes.client.ApiClient, *, path: str, owner_uid: str) -> bool:

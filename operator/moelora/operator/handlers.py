@@ -30,6 +30,7 @@ import pydantic
 from moelora.api import GROUP, VERSION, ModelServerSpec, ModelServerStatus
 from moelora.operator import apply, kernelconfigs, naming, status
 from moelora.operator.deployment import deployment
+from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
@@ -37,6 +38,11 @@ from moelora.operator.settings import Settings
 MODEL_SERVERS = (GROUP, VERSION, "modelservers")
 LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
 MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+# Children rendered only sometimes -> their name: when one is not rendered, the one we own is deleted.
+OPTIONAL_CHILDREN = {
+    ("v1", "ConfigMap"): kernelconfigs.owned_config_map_name,  # kernels.configs=auto
+    ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
+}
 PREFIX = "moelora.io"
 
 logger = logging.getLogger(__name__)
@@ -153,6 +159,9 @@ def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubern
                 service(name=name, namespace=namespace)]
     if plan is not None and plan.owned_config_map is not None:
         children.insert(0, plan.owned_config_map)
+    budget = disruption_budget(spec, name=name, namespace=namespace)
+    if budget is not None:
+        children.append(budget)
     return children
 
 
@@ -200,11 +209,13 @@ def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) 
                 logger.info("%s %s/%s %s", child["kind"], namespace, child["metadata"]["name"], action)
             if child["kind"] == "Deployment":
                 actual_deployment = obj
-        if not any(child["kind"] == "ConfigMap" for child in children):  # kernel configs no longer rendered
-            config_map = kernelconfigs.owned_config_map_name(name)
-            if apply.delete_if_owned(api, path=f"/api/v1/namespaces/{namespace}/configmaps/{config_map}",
-                                     owner_uid=meta["uid"]):
-                logger.info("ConfigMap %s/%s deleted", namespace, config_map)
+        rendered = {(child["apiVersion"], child["kind"]) for child in children}
+        for (api_version, kind), child_name in OPTIONAL_CHILDREN.items():
+            if (api_version, kind) in rendered:
+                continue
+            path = apply.object_path(api_version, kind, namespace=namespace, name=child_name(name))
+            if apply.delete_if_owned(api, path=path, owner_uid=meta["uid"]):
+                logger.info("%s %s/%s deleted", kind, namespace, child_name(name))
     if actual_deployment is None:
         actual_deployment = apply.get_deployment(api, namespace=namespace, name=name)
 
