@@ -15,6 +15,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import urllib.parse
 from typing import Any
 
 import helm_python as helm
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from moelora.api.__main__ import rendered_files
+from moelora.operator.settings import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moelora"
@@ -306,6 +308,13 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     assert env["MOELORA_NAMESPACES"] == ""
     assert env["MOELORA_PEERING"] == ""
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # The liveness probe asks the endpoint the operator is told to serve (parsed the operator's own way).
+    container = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    endpoint = Settings.from_env({"MOELORA_LIVENESS_ENDPOINT": env["MOELORA_LIVENESS_ENDPOINT"]}).liveness_endpoint
+    parts = urllib.parse.urlsplit(endpoint)
+    probe = container["livenessProbe"]["httpGet"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert (probe["path"], ports[probe["port"]]) == (parts.path, parts.port)
 
     env = operator_env(render("custom"))
     assert env["MOELORA_AGENT_IMAGE"] == "registry.example.com/moelora/agent:0.1.0-vllm0.26.0"

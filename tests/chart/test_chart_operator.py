@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import pathlib
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -160,11 +162,19 @@ def stack(values: dict[str, Any], *, operators: int = 1,
                 api.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
         with contextlib.ExitStack() as replicas:
             for _ in range(operators):
-                replicas.enter_context(OperatorThread(settings=settings))
+                replicas.enter_context(OperatorThread(settings=own_liveness_port(settings)))
             yield api, emulator, objects, settings
 
 
 wait_for = functools.partial(process.wait_for, timeout=20)
+
+
+def own_liveness_port(settings: Settings) -> Settings:
+    """The chart's liveness endpoint moved to a loopback port of its own: in a cluster each replica has its own
+    network namespace, here they share one."""
+    parts = urllib.parse.urlsplit(settings.liveness_endpoint or "")
+    assert parts.path == "/healthz", settings.liveness_endpoint
+    return dataclasses.replace(settings, liveness_endpoint=f"http://127.0.0.1:{process.free_port()}{parts.path}")
 
 
 def example(path: str, *, namespace: str) -> dict[str, Any]:

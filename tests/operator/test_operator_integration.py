@@ -12,6 +12,8 @@ import functools
 import json
 import pathlib
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,7 +56,8 @@ def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThread]:
     settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1",
-                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0, kernel_configs_dir=str(kernel_bundle))
+                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0, kernel_configs_dir=str(kernel_bundle),
+                        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz")
     with OperatorThread(settings=settings) as running:
         yield running
 
@@ -166,6 +169,24 @@ def test_reconcile_is_idempotent_and_repairs_drift(kube: KubeAPI, operator: Oper
     kube.kubectl("delete", "deployment", "qwen-moe", "-n", ns)
     back = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the re-created Deployment")
     assert back["metadata"]["uid"] != dep["metadata"]["uid"] and back["spec"] == dep["spec"]
+
+
+def test_liveness_endpoint_answers_while_the_operator_runs(operator: OperatorThread) -> None:
+    # What the chart's livenessProbe asks (kopf serves it; a wedged event loop stops answering and the pod restarts).
+    # kopf starts the server as one of its root tasks, possibly just after it reports ready: allow a moment.
+    def answer() -> tuple[int, bytes] | None:
+        try:
+            with urllib.request.urlopen(operator.settings.liveness_endpoint, timeout=5) as response:
+                return response.status, response.read()
+        except ConnectionRefusedError:
+            return None
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ConnectionRefusedError):
+                return None
+            raise
+
+    code, body = wait_for(answer, what="the liveness endpoint")
+    assert code == 200 and isinstance(json.loads(body), dict)
 
 
 def test_status_follows_the_deployment(kube: KubeAPI, operator: OperatorThread) -> None:

@@ -1,8 +1,9 @@
 """The moelora operator: kopf handlers (thin) around pure manifest builders.
 
 Modules, one concern each: `settings` (env -> Settings), `naming` (labels, names), `engine` (vLLM args/env,
-refused flags), `kernelconfigs` (the tuned-config volume), `deployment`, `service`, `status` (conditions and
-roll-ups), `apply` (the only module that writes to the Kubernetes API), `handlers` (kopf wiring).
+refused flags), `kernelconfigs` (the tuned-config volume), `deployment`, `service`, `disruption` (the
+PodDisruptionBudget), `status` (conditions and roll-ups), `apply` (the only module that writes to the Kubernetes
+API), `handlers` (kopf wiring).
 Run it with `python3 -m moelora.operator`.
 
 Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace):
@@ -14,6 +15,7 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | apps | deployments | get, list, watch, create, patch |
 | "" (core) | services | get, list, watch, create, patch |
 | "" (core) | configmaps | get, list, watch, create, patch, delete |
+| policy | poddisruptionbudgets | get, create, patch, delete |
 | "" (core) | pods | get, list, watch |
 | "" (core) | secrets | get |
 | "" (core) | events | create |
@@ -21,10 +23,12 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
 | kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
-Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps, delete the ConfigMap it rendered;
+Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps/PodDisruptionBudgets, delete the
+ConfigMap and the PodDisruptionBudget it rendered once the server stops asking for them;
 get Secrets (only to check that spec.s3.credentialsSecret exists) and ConfigMaps (kernels.configs=configMap);
 patch status of both kinds.
 
 Owned objects carry ownerReferences to their ModelServer, and Kubernetes' garbage collector removes them with it;
-the one deletion of its own is the kernel-config ConfigMap it rendered, once a server stops asking for it.
+its own deletions are the kernel-config ConfigMap and the PodDisruptionBudget it rendered, once a server stops
+asking for them (kernels.configs no longer auto; fewer than two replicas).
 """

@@ -393,6 +393,6 @@ async def run(*, settings: Settings, namespaces: Collection[str] = (), registry:
         clusterwide=not namespaces, namespaces=namespaces,
         # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
         standalone=settings.peering is None, peering_name=settings.peering,
-        priority=peering_priority(settings),
+        priority=peering_priority(settings), liveness_endpoint=settings.liveness_endpoint,
         stop_flag=stop_flag, ready_flag=ready_flag,
     )

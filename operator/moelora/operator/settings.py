@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Mapping
 
 DEFAULT_SERVER_IMAGE = "ghcr.io/moelora/moelora-server:0.1.0"
@@ -24,6 +25,8 @@ class Settings:
     resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
+    # kopf's health endpoint for the pod's liveness probe, e.g. http://0.0.0.0:8080/healthz; None: not served.
+    liveness_endpoint: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -47,6 +50,7 @@ class Settings:
             resync_seconds=resync_seconds,
             kubeconfig=env.get("KUBECONFIG") or None,
             kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
+            liveness_endpoint=_liveness_endpoint(env),
         )
 
 
@@ -58,3 +62,13 @@ def _optional_int(env: Mapping[str, str], key: str) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"{key} must be an integer, got {value!r}") from None
+
+
+def _liveness_endpoint(env: Mapping[str, str]) -> str | None:
+    value = (env.get("MOELORA_LIVENESS_ENDPOINT") or "").strip()
+    if not value:
+        return None
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+        raise ValueError(f"MOELORA_LIVENESS_ENDPOINT must be http://host:port/path, got {value!r}")
+    return value
