@@ -68,7 +68,9 @@ def test_kind_examples_are_valid() -> None:
 
 STUB = """#!/usr/bin/env bash
 # Stand-in for {name}: records its arguments, answers like the real tool where the script reads the answer.
-{{ printf '%q ' "$(basename "$0")" "$@"; echo; }} >> "$STUB_LOG"
+# One write per line: the script runs some of these in the background, and two appends of one line each would
+# interleave (a port-forward's words, then a curl's, then the port-forward's newline).
+line=$(printf '%q ' "$(basename "$0")" "$@"); printf '%s\n' "$line" >> "$STUB_LOG"
 case "$(basename "$0") $*" in
   "kubectl "*" create namespace "*) echo "apiVersion: v1"; echo "kind: Namespace" ;;
   "kubectl "*" apply -f -"*) cat > /dev/null ;;
