@@ -88,3 +88,40 @@ def test_loaded_count_follows_the_pod_turning_ready_without_a_resync(kube: KubeA
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
     make_ready(kube, POD_FIRST)
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
+
+
+async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapters fail at once; the index has seen neither write yet. Whichever reconcile runs last must count
+    both: it reads the phases under the server's lock, with every phase the operator has written so far."""
+    import asyncio
+    import concurrent.futures
+    import threading
+    from types import SimpleNamespace
+
+    from moelora.operator import handlers
+
+    key = ("ns", "srv")
+    index = {key: [{"name": "a", "phase": "Pending"}, {"name": "b", "phase": "Pending"}]}
+    seen: list[dict[str, str]] = []
+    first_started, release_first = threading.Event(), threading.Event()
+
+    def fake_reconcile(body, *, memo, adapters):  # holds the lock until the second recount is queued behind it
+        seen.append({entry["name"]: entry["phase"] for entry in adapters})
+        if len(seen) == 1:
+            first_started.set()
+            release_first.wait(5)
+
+    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
+    memo = SimpleNamespace(pool=concurrent.futures.ThreadPoolExecutor(2), locks={key: asyncio.Lock()},
+                           written_phases={key: {}})
+    server = {"metadata": {"namespace": "ns", "name": "srv"}}
+    first = asyncio.create_task(handlers.recount([server], key, memo=memo, adapters_index=index,
+                                                 new_phases={"a": "Failed"}))
+    await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
+    second = asyncio.create_task(handlers.recount([server], key, memo=memo, adapters_index=index,
+                                                  new_phases={"b": "Failed"}))
+    await asyncio.sleep(0.05)
+    release_first.set()
+    await asyncio.gather(first, second)
+    memo.pool.shutdown()
+    assert seen[-1] == {"a": "Failed", "b": "Failed"}, seen

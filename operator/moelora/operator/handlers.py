@@ -86,6 +86,8 @@ def configure(memo: kopf.Memo, **_: Any) -> None:
     # The kubernetes client blocks: handlers are async (indexes are read in the loop) and do API work in a pool.
     memo.pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="moelora-api")
     memo.locks = collections.defaultdict(asyncio.Lock)
+    # (namespace, server) -> {adapter: the phase this operator last wrote}; see adapter_phases.
+    memo.written_phases = collections.defaultdict(dict)
 
 
 def cleanup(memo: kopf.Memo, **_: Any) -> None:
@@ -177,10 +179,26 @@ def snapshot(index: Any, key: tuple[str, str]) -> list[Any]:
     return list(index.get(key, []))
 
 
-async def reconcile_serially(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) -> None:
-    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here)."""
+def adapter_phases(memo: kopf.Memo, adapters_index: Any, key: tuple[str, str]) -> list[dict[str, Any]]:
+    """A server's adapters with their latest phases: the index's, except where this operator has written a newer
+    phase whose watch event has not come back yet (the index learns a write only then). Without this, two adapters
+    failing at once could each be counted from an index that lacks the other, and the last status write would
+    keep the stale count until the next resync: nothing else prompts a recount once the events have come back."""
+    written = memo.written_phases[key]
+    adapters = snapshot(adapters_index, key)
+    for gone in set(written) - {entry["name"] for entry in adapters}:
+        del written[gone]
+    return [{**entry, "phase": written[entry["name"]]} if entry["name"] in written else entry
+            for entry in adapters]
+
+
+async def reconcile_serially(body: Mapping[str, Any], *, memo: kopf.Memo, adapters_index: Any) -> None:
+    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here).
+    Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
+    before it."""
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
     async with memo.locks[key]:
+        adapters = adapter_phases(memo, adapters_index, key)
         await in_pool(memo, reconcile, body, memo=memo, adapters=adapters)
 
 
@@ -248,7 +266,7 @@ def _degraded_reason(raw_status: Mapping[str, Any]) -> str | None:
 
 async def model_server_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, adapters_index: Any,
                                **_: Any) -> None:
-    await reconcile_serially(dict(body), memo=memo, adapters=snapshot(adapters_index, (namespace, name)))
+    await reconcile_serially(dict(body), memo=memo, adapters_index=adapters_index)
 
 
 async def deployment_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
@@ -256,7 +274,7 @@ async def deployment_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
     """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
     server = labels.get(naming.LABEL_SERVER, "")
     for body in snapshot(model_servers_index, (namespace, server)):
-        await reconcile_serially(body, memo=memo, adapters=snapshot(adapters_index, (namespace, server)))
+        await reconcile_serially(body, memo=memo, adapters_index=adapters_index)
 
 
 async def model_server_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo,
@@ -313,17 +331,13 @@ async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo
 
 async def recount(servers: list[Any], key: tuple[str, str], *, memo: kopf.Memo, adapters_index: Any,
                   new_phases: Mapping[str, str]) -> None:
-    """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once.
-
-    The index learns a phase the operator itself wrote only when that write's watch event comes back: count with
-    the new phases already.
-    """
+    """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
+    new phases already: see adapter_phases)."""
     if not new_phases:
         return
-    adapters = [{**entry, "phase": new_phases[entry["name"]]} if entry.get("name") in new_phases else entry
-                for entry in snapshot(adapters_index, key)]
+    memo.written_phases[key].update(new_phases)
     for server_body in servers:
-        await reconcile_serially(server_body, memo=memo, adapters=adapters)
+        await reconcile_serially(server_body, memo=memo, adapters_index=adapters_index)
 
 
 def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool,
