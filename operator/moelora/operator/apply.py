@@ -79,11 +79,11 @@ def secret_exists(api: kubernetes.client.ApiClient, *, namespace: str, name: str
 
 
 def get_config_map(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
-    return get(api, path=f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+    return get(api, path=object_path("v1", "ConfigMap", namespace=namespace, name=name))
 
 
 def get_deployment(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
-    return get(api, path=f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}")
+    return get(api, path=object_path("apps/v1", "Deployment", namespace=namespace, name=name))
 
 
 def patch_status(api: kubernetes.client.ApiClient, *, plural: str, namespace: str, name: str,
