@@ -128,7 +128,7 @@ def _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M: tl.constexpr
     return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), offs_m, offs_m < end
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _shrink_kernel(
     # pointers
     x_ptr,  # (M, K) or (P, K): the op's input rows
@@ -190,7 +190,7 @@ def _shrink_kernel(
     tl.store(part, acc, mask=mask_m[:, None])
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _expand_kernel(
     # pointers
     part_ptr,  # (SPLIT_K, P, RANK_PAD) float32 partial sums from _shrink_kernel

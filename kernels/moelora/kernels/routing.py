@@ -107,7 +107,7 @@ def _route_count_kernel(
     tl.store(rank_ptr + offs, rank, mask=valid)
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _route_finish_kernel(
     # pointers
     topk_ids_ptr,  # (P,) int
@@ -153,7 +153,7 @@ def _route_finish_kernel(
         _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M)
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _route_tiny_kernel(
     # pointers
     topk_ids_ptr,  # (P,) int
