@@ -28,8 +28,9 @@ def _vllm_calls(shape):
 
 def test_vllm_files_cover_the_grid():
     files = {p.name: json.loads(p.read_text()) for p in VLLM_DIR.glob("*.json")}
-    assert sorted(files) == sorted(f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json"
-                                   for op in ("W13", "W2") for part in ("SHRINK", "EXPAND"))
+    assert sorted(files) == sorted([f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json"
+                                    for op in ("W13", "W2") for part in ("SHRINK", "EXPAND")]
+                                   + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json"])
     missing = []
     for shape, rank, loras, m in GRID:
         for op, slices, inter in _vllm_calls(shape):
@@ -80,3 +81,33 @@ def test_our_table_covers_the_grid_and_default_config_reads_it(shape):
                                   max_loras=loras, max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16))
         got = default_config(routing=routing, k=k, n=n, rank=rank, device=torch.device("cpu"), config_file=OURS)
         assert got == KernelConfig(**cfg)
+
+
+# The dense files (tune_dense.py) cover GPT-OSS-20B's attention and router projections at rank 32 and 8 adapters.
+DENSE = [("shrink", 3, 2880, 32), ("shrink", 1, 4096, 32), ("shrink", 1, 2880, 32),  # qkv, o, router: k, n
+         ("expand", 3, 32, 4096), ("expand", 1, 32, 2880), ("expand", 1, 32, 32)]
+
+
+@pytest.mark.parametrize("op, slices, k, n", DENSE)
+def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, monkeypatch):
+    from vllm.lora.ops.triton_ops import utils as vllm_utils
+
+    name = "NVIDIA_H200_SHRINK.json" if op == "shrink" else "NVIDIA_H200_EXPAND_TRUE.json"
+    tree = json.loads((VLLM_DIR / name).read_text())
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(VLLM_DIR))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **kw: "NVIDIA H200")
+    monkeypatch.setattr(vllm_utils, "is_batch_invariant", False, raising=False)
+    vllm_utils.load_lora_op_config.cache_clear()
+    vllm_utils.get_lora_op_configs.cache_clear()
+    try:
+        for m in (1, 16, 64, 1024):
+            want = tree["9"][str(slices)][str(m)][str(k)][str(n)]  # vLLM keys max_loras as its id table's length, 8 + 1
+            # hidden_size/rank as the ops pass them: the shrink's K and rank, the expand's widest slice and rank
+            hidden, rank = (k, n) if op == "shrink" else (n, k)
+            got = vllm_utils.get_lora_op_configs(op_type=op, max_loras=9, batch=m, hidden_size=hidden, rank=rank,
+                                                 num_slices=slices, add_inputs=True if op == "expand" else None)
+            assert got == want
+            assert {"block_m", "block_n", "block_k", "num_warps", "num_ctas", "num_stages"} <= set(got)
+    finally:
+        vllm_utils.load_lora_op_config.cache_clear()
+        vllm_utils.get_lora_op_configs.cache_clear()
