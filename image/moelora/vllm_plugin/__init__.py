@@ -21,9 +21,14 @@ log = logging.getLogger("vllm.moelora_plugin")
 _done: str | None = None
 
 
+COMPILE_LOG_ENV = "MOELORA_LOG_COMPILES"
+
+
 def register() -> None:
     """Called by vLLM in every process at start-up; swaps in moelora's fused MoE-LoRA kernel when asked to."""
     global _done
+    if os.environ.get(COMPILE_LOG_ENV) == "1":
+        _log_triton_compiles()
     choice = os.environ.get(ENV, "").strip().lower()
     if choice in ("", "vllm", "default"):
         log.debug("moelora: %s=%r, vLLM's fused_moe_lora kernel is kept", ENV, choice)
@@ -47,3 +52,18 @@ def register() -> None:
     else:
         log.info("moelora: fused_moe_lora kernel is moelora's %s backend (%s)", result.backend, result.reason)
         _done = result.backend
+
+
+def _log_triton_compiles() -> None:
+    """A diagnostic: log every Triton JIT compile of this process (kernel, constexprs and specialisation), so a
+    stall in serving can be traced to the kernel that compiled in it."""
+    try:
+        import triton
+
+        def post_compile(*args, **kwargs):
+            log.info("moelora: Triton compiled %.300s", kwargs.get("repr", args[0] if args else "?"))
+            return None
+
+        triton.knobs.runtime.jit_post_compile_hook = post_compile
+    except Exception as exc:  # noqa: BLE001  (a Triton without the hook: no log, nothing else changes)
+        log.warning("moelora: cannot log Triton compiles: %r", exc)

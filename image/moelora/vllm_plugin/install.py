@@ -81,11 +81,36 @@ def install(*, backend: str | None = None) -> Installed:
     fn = make_op(original=original, backend=backend)
     if _LIBRARY is None:
         _LIBRARY = torch.library.Library("vllm", "IMPL")
-    _override(_LIBRARY, fn, dispatch_key)
+    _override(_LIBRARY, "fused_moe_lora", fn, dispatch_key)
     detail = f"vLLM {vllm.__version__}, dispatch key {dispatch_key}"
     if current_platform.is_cpu():
         detail += "; " + _install_cpu_moe()
+    elif backend == "triton":
+        detail += "; " + _install_cuda_extras(dispatch_key)
     return Installed(backend, detail, dispatch_key)
+
+
+def _install_cuda_extras(dispatch_key: str) -> str:
+    """Two optional parts on CUDA, each kept out (and said so) when its pinned signatures do not match: the MoE
+    hooks above the op (moe_hooks.py) and the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py)."""
+    parts = []
+    try:
+        from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+        from .moe_hooks import install_moe_hooks
+
+        reason = install_moe_hooks(PunicaWrapperGPU)
+    except Exception as exc:  # noqa: BLE001  (the op stays ours; only the hooks are missing)
+        reason = repr(exc)
+    parts.append("MoE LoRA from topk_ids: " + ("on" if reason is None else f"off ({reason})"))
+    try:
+        from .dense_warmup import install_dense_warmup
+
+        reason = install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
+    except Exception as exc:  # noqa: BLE001
+        reason = repr(exc)
+    parts.append("dense LoRA kernels compiled at start-up: " + ("on" if reason is None else f"off ({reason})"))
+    return "; ".join(parts)
 
 
 def _install_cpu_moe() -> str:
@@ -110,6 +135,10 @@ def uninstall() -> None:
 
     if "moelora.vllm_plugin.cpu_moe" in sys.modules:
         sys.modules["moelora.vllm_plugin.cpu_moe"].uninstall_cpu_moe()
+    if "moelora.vllm_plugin.moe_hooks" in sys.modules:
+        sys.modules["moelora.vllm_plugin.moe_hooks"].uninstall_moe_hooks()
+    if "moelora.vllm_plugin.dense_warmup" in sys.modules:
+        sys.modules["moelora.vllm_plugin.dense_warmup"].reset()
 
 
 def _has_op() -> bool:
@@ -119,16 +148,16 @@ def _has_op() -> bool:
         return False
 
 
-def _override(lib: torch.library.Library, fn: Callable[..., None], dispatch_key: str) -> None:
+def _override(lib: torch.library.Library, op_name: str, fn: Callable[..., None], dispatch_key: str) -> None:
     # The dispatcher warns (once, from C++) that a kernel is being overridden: that is the point, so silence it.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            lib.impl("fused_moe_lora", fn, dispatch_key)
+            lib.impl(op_name, fn, dispatch_key)
         except RuntimeError as exc:
             # Torch releases without `allow_override` refuse a second Python kernel for the same key; forget the
             # first one's bookkeeping entry (the dispatcher itself allows overriding) and register again.
             if "not allowed" not in str(exc):
                 raise
-            torch.library._impls.discard(f"vllm/fused_moe_lora/{dispatch_key}")
-            lib.impl("fused_moe_lora", fn, dispatch_key)
+            torch.library._impls.discard(f"vllm/{op_name}/{dispatch_key}")
+            lib.impl(op_name, fn, dispatch_key)

@@ -1,0 +1,150 @@
+"""Compile vLLM's dense LoRA kernels at start-up instead of in the middle of serving (CUDA only).
+
+vLLM's `lora_shrink` / `lora_expand` Triton kernels are compiled per launch configuration (one per token bucket of
+the tuned file, or vLLM's two defaults) and per token-count class (Triton specialises M: 1, a multiple of 16, any
+other). Start-up compiles only what the profile run (M = max_num_batched_tokens) and CUDA-graph capture (M <= 32)
+touch; the first requests then stall on the rest. Measured on the H200 kit (GPT-OSS-20B shape, 8 adapters): the
+first burst of 16 requests waited 2.5-6 s for their first token, and 0.3-0.6 s once everything was compiled.
+
+We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per
+weight shape it runs vLLM's own function on scratch buffers at every token bucket of the tuned file (both classes),
+then every call goes straight to vLLM's function.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "warm_ms"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+
+# vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py, identical in 0.26.0 and 0.32.0.
+SHRINK_PARAMETERS = ("inputs", "lora_a_weights", "output_tensor", "token_lora_mapping",
+                     "token_indices_sorted_by_lora_ids", "num_tokens_per_lora", "lora_token_start_loc", "lora_ids",
+                     "no_lora_flag_cpu", "num_active_loras", "scaling")
+EXPAND_PARAMETERS = ("inputs", "lora_b_weights", "output_tensor", "token_lora_mapping",
+                     "token_indices_sorted_by_lora_ids", "num_tokens_per_lora", "lora_token_start_loc", "lora_ids",
+                     "no_lora_flag_cpu", "num_active_loras", "offset_start", "add_inputs")
+WARMUP_ENV = "MOELORA_WARMUP"
+# vLLM's defaults switch at 128 tokens (get_lora_op_configs).
+_DEFAULT_SWITCH = (1, 128)
+
+_warmed: set[tuple] = set()
+
+
+# Bucket keys above this are not warmed (the scratch buffers grow with M).
+MAX_WARM_M = 16384
+
+
+def warm_ms(file_ms: set[int], cap: int = MAX_WARM_M) -> list[int]:
+    """Token counts that compile every configuration and M class: each bucket key k and k + 1 (1 is its own class,
+    k a multiple of 16 or not, k + 1 usually the other), vLLM's default switch points, none above cap."""
+    ms = set()
+    for k in set(file_ms) | set(_DEFAULT_SWITCH):
+        ms |= {k, k + 1}
+    return sorted(m for m in ms if 1 <= m <= cap)
+
+
+def _file_ms(op_type: str, add_inputs: bool | None) -> set[int]:
+    """Every token bucket in vLLM's tuned file for this op (data[max_loras][num_slices][m]...), or none."""
+    from vllm.lora.ops.triton_ops.utils import load_lora_op_config
+
+    data = load_lora_op_config(op_type, add_inputs) or {}
+    return {int(m) for by_slices in data.values() for by_m in by_slices.values() for m in by_m}
+
+
+def _meta(max_loras: int, m: int, device: torch.device) -> tuple:
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    meta = LoRAKernelMeta.make(max_loras, m, device=device)
+    meta.prepare_tensors(torch.arange(m, device=device, dtype=torch.int32) % max_loras)
+    return meta.meta_args(m, False)
+
+
+def _should_warm(key: tuple, inputs: torch.Tensor, no_lora_flag_cpu: torch.Tensor) -> bool:
+    if key in _warmed or os.environ.get(WARMUP_ENV, "1") == "0" or inputs.device.type != "cuda":
+        return False
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    _warmed.add(key)
+    return True
+
+
+def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
+    def lora_shrink(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                    num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
+                    scaling):
+        key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
+        if _should_warm(key, inputs, no_lora_flag_cpu):
+            t0 = time.monotonic()
+            ms = warm_ms(_file_ms("shrink", None))
+            dev, k = inputs.device, inputs.size(1)
+            for m in ms:
+                original(torch.zeros(m, k, device=dev, dtype=inputs.dtype), lora_a_weights,
+                         torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev,
+                                     dtype=output_tensor.dtype), *_meta(lora_ids.size(0) - 1, m, dev), scaling)
+            torch.cuda.synchronize(dev)
+            log.info("moelora: vLLM's lora_shrink compiled for K=%d, %d slice(s), M in %s in %.1f s", k,
+                     len(lora_a_weights), ms, time.monotonic() - t0)
+        original(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                 num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling)
+
+    lora_shrink.__qualname__ = "moelora_warm_lora_shrink"
+    return lora_shrink
+
+
+def make_expand(original: Callable[..., None]) -> Callable[..., None]:
+    def lora_expand(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                    num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
+                    offset_start=0, add_inputs=False):
+        key = ("expand", tuple(tuple(w.shape) for w in lora_b_weights), inputs.dtype, output_tensor.dtype,
+               output_tensor.size(-1), offset_start, bool(add_inputs), lora_ids.size(0))
+        if _should_warm(key, inputs, no_lora_flag_cpu):
+            t0 = time.monotonic()
+            ms = warm_ms(_file_ms("expand", bool(add_inputs)))
+            dev = inputs.device
+            for m in ms:
+                original(torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype),
+                         lora_b_weights,
+                         torch.zeros(m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype),
+                         *_meta(lora_ids.size(0) - 1, m, dev), offset_start=offset_start, add_inputs=add_inputs)
+            torch.cuda.synchronize(dev)
+            log.info("moelora: vLLM's lora_expand compiled for N=%d, %d slice(s), M in %s in %.1f s",
+                     output_tensor.size(-1), len(lora_b_weights), ms, time.monotonic() - t0)
+        original(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
+                 num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
+                 offset_start=offset_start, add_inputs=add_inputs)
+
+    lora_expand.__qualname__ = "moelora_warm_lora_expand"
+    return lora_expand
+
+
+def install_dense_warmup(override: Callable[[str, Callable[..., None]], None]) -> str | None:
+    """Register the warming wrappers as the CUDA kernels of vllm::lora_shrink / lora_expand through `override(op
+    name, fn)`; None when done, else why not (nothing changed)."""
+    import inspect
+
+    from vllm.lora.ops.triton_ops import lora_expand_op, lora_shrink_op
+
+    pairs = (("lora_shrink", lora_shrink_op, "_lora_shrink", SHRINK_PARAMETERS, make_shrink),
+             ("lora_expand", lora_expand_op, "_lora_expand", EXPAND_PARAMETERS, make_expand))
+    for op_name, module, fn_name, params, _ in pairs:
+        fn = getattr(module, fn_name, None)
+        if fn is None or tuple(inspect.signature(fn).parameters) != params:
+            return f"vLLM's {fn_name} is missing or its signature differs from the pinned one"
+        packet = getattr(torch.ops.vllm, op_name, None)
+        if packet is None or tuple(a.name for a in packet.default._schema.arguments) != params:
+            return f"torch.ops.vllm.{op_name} is missing or its schema differs"
+    for op_name, module, fn_name, _, make in pairs:
+        override(op_name, make(getattr(module, fn_name)))
+    return None
+
+
+def reset() -> None:
+    _warmed.clear()

@@ -1,0 +1,223 @@
+"""Our kernel one level above the op: vLLM's `PunicaWrapperGPU.add_lora_w13` and `add_lora_w2` (CUDA only).
+
+vLLM's add_lora_w13 receives the layer's `topk_ids` and runs its own align kernel (moe_lora_align_block_size, ~10 us
+per GPT-OSS layer on an H200 at 16 tokens, most of a decode step's MoE-LoRA bookkeeping) only to hand the
+fused_moe_lora op a blocked layout, which the op-level plugin then inverts back to topk_ids (layout.py, ~2 us more).
+Hooked here, our routing is built straight from topk_ids and both are skipped. The w13 call returns vLLM's four
+routing values as (None, None, None, token_lora_mapping): vLLM only passes them on to the same layer's add_lora_w2,
+which is hooked too and takes that form as "the w13 call was ours" and reuses the routing kept from it (the two calls
+follow each other on one stream, at run time and during CUDA-graph capture alike). Whatever we do not cover (expert
+parallelism, fully sharded LoRA, shared-expert-dim LoRA, rank > 128) goes to vLLM's own methods, whose
+fused_moe_lora op is still ours.
+
+The first eager call per layer shape also compiles every launch configuration the bundled table can pick for it
+(warm-up), so no request later pays a Triton compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["W13_PARAMETERS", "W2_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+
+# PunicaWrapperGPU's methods as read in vLLM 0.26.0 and 0.32.0 (identical).
+W13_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_ids", "topk_weights", "expert_map",
+                  "w1", "w2", "num_tokens", "top_k_num", "max_loras", "adapter_enabled", "local_num_experts",
+                  "top_k", "num_slices", "fully_sharded", "use_tuned_config", "add_inputs", "token_lora_mapping")
+W2_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_weights", "sorted_token_ids_lora",
+                 "expert_ids_lora", "num_tokens_post_padded_lora", "token_lora_mapping", "num_tokens", "w1", "w2",
+                 "top_k_num", "max_loras", "adapter_enabled", "top_k", "fully_sharded", "tp_rank", "use_tuned_config",
+                 "add_inputs")
+_MAX_RANK = 128
+WARMUP_ENV = "MOELORA_WARMUP"
+
+_originals: dict[str, Callable[..., object]] = {}
+
+
+@dataclass
+class _Kept:
+    """The routing of the last w13 call, for the w2 call of the same layer."""
+
+    routing: object | None = None
+    mapping_ptr: int = -1
+    num_tokens: int = -1
+
+
+_kept = _Kept()
+_warmed: set[tuple] = set()
+
+
+def _unsupported(lora_a_stacked, expert_map, fully_sharded: bool, x: torch.Tensor) -> str | None:
+    if fully_sharded:
+        return "fully sharded LoRA"
+    if expert_map is not None:
+        return "expert parallelism"
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"no Triton backend on {x.device.type}"
+    a = lora_a_stacked[0]
+    if a.shape[2] > _MAX_RANK:
+        return f"rank {a.shape[2]} > {_MAX_RANK}"
+    if a.stride(1) == 0:
+        return "LoRA A shared across experts"
+    return None
+
+
+def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None, num_tokens: int) -> torch.Tensor:
+    if token_lora_mapping is None:  # what vLLM's moe_lora_align_block_size reads when none is passed
+        token_lora_mapping = wrapper.token_mapping_meta.meta_args(
+            num_tokens, wrapper.lora_config.specialize_active_lora)[0]
+    return token_lora_mapping[:num_tokens]
+
+
+def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, expert_map, w1, w2, num_tokens,
+                 top_k_num, max_loras, adapter_enabled, local_num_experts, top_k, num_slices, fully_sharded,
+                 use_tuned_config, add_inputs=True, token_lora_mapping=None):
+    reason = _unsupported(lora_a_stacked, expert_map, fully_sharded, x)
+    if reason is not None:
+        _kept.routing = None
+        _once(f"moelora: vLLM's add_lora_w13 for this layer ({reason})")
+        return _originals["add_lora_w13"](self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights,
+                                          expert_map, w1, w2, num_tokens, top_k_num, max_loras, adapter_enabled,
+                                          local_num_experts, top_k, num_slices, fully_sharded, use_tuned_config,
+                                          add_inputs=add_inputs, token_lora_mapping=token_lora_mapping)
+    from .triton_path import Router, run_triton
+
+    mapping = _token_mapping(self, token_lora_mapping, num_tokens)
+    ids = topk_ids.view(num_tokens, -1)
+    if ids.dtype not in (torch.int32, torch.int64):
+        ids = ids.to(torch.int32)
+    _warm_up(lora_a_stacked=lora_a_stacked, lora_b_stacked=lora_b_stacked, w2_inter=w2.shape[-1],
+             top_k=ids.shape[1], x=x)
+    routing = Router().route(key=(), reuse=False, make_topk_ids=lambda: ids, token_lora_mapping=mapping,
+                             num_experts=lora_a_stacked[0].shape[1], max_loras=lora_a_stacked[0].shape[0])
+    out = y.view(num_tokens, ids.shape[1], -1)
+    if not add_inputs:
+        out.zero_()
+    width = lora_b_stacked[0].shape[2]
+    for i, (a, b) in enumerate(zip(lora_a_stacked, lora_b_stacked)):
+        run_triton(output=out[:, :, i * width:(i + 1) * width], x=x, lora_a=a, lora_b=b, routing=routing,
+                   topk_weights=topk_weights, mul_routed_weight=False)
+    _kept.routing, _kept.mapping_ptr, _kept.num_tokens = routing, mapping.data_ptr(), num_tokens
+    _once("moelora: MoE LoRA runs from topk_ids (vLLM's align kernel skipped)")
+    return None, None, None, mapping
+
+
+def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids_lora, expert_ids_lora,
+                num_tokens_post_padded_lora, token_lora_mapping, num_tokens, w1, w2, top_k_num, max_loras,
+                adapter_enabled, top_k, fully_sharded, tp_rank, use_tuned_config, add_inputs=True):
+    ours = (sorted_token_ids_lora is None and expert_ids_lora is None and token_lora_mapping is not None
+            and _kept.routing is not None and _kept.mapping_ptr == token_lora_mapping.data_ptr()
+            and _kept.num_tokens == num_tokens)
+    if not ours:
+        return _originals["add_lora_w2"](self, y, x, lora_a_stacked, lora_b_stacked, topk_weights,
+                                         sorted_token_ids_lora, expert_ids_lora, num_tokens_post_padded_lora,
+                                         token_lora_mapping, num_tokens, w1, w2, top_k_num, max_loras,
+                                         adapter_enabled, top_k, fully_sharded, tp_rank, use_tuned_config,
+                                         add_inputs=add_inputs)
+    from .triton_path import run_triton
+
+    routing, _kept.routing = _kept.routing, None
+    top = routing.top_k
+    out = y.view(num_tokens, top, -1)
+    if not add_inputs:
+        out.zero_()
+    run_triton(output=out, x=x.reshape(num_tokens, top, x.shape[-1]), lora_a=lora_a_stacked[0],
+               lora_b=lora_b_stacked[0], routing=routing, topk_weights=topk_weights.view(num_tokens, top),
+               mul_routed_weight=True)
+    return None
+
+
+def _warm_up(*, lora_a_stacked, lora_b_stacked, w2_inter: int, top_k: int, x: torch.Tensor) -> None:
+    """Compile, once per layer shape and outside CUDA-graph capture, every configuration the table can pick: one
+    w13-shaped and one w2-shaped call on scratch buffers at each token bucket of the table."""
+    if os.environ.get(WARMUP_ENV, "1") == "0" or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return
+    a, b = lora_a_stacked[0], lora_b_stacked[0]
+    key = (tuple(a.shape), tuple(b.shape), len(lora_a_stacked), w2_inter, top_k, x.dtype, x.device)
+    if key in _warmed:
+        return
+    _warmed.add(key)
+    import time
+
+    from moelora.kernels import moe_lora_routing
+    from moelora.kernels.fused import default_block_m
+
+    from .triton_path import run_triton
+
+    max_loras, experts, rank, hidden = a.shape
+    t0 = time.monotonic()
+    ms = _table_ms(device=x.device)
+    for m in ms:
+        g = torch.Generator(device=x.device).manual_seed(m)
+        ids = torch.randint(0, experts, (m, top_k), device=x.device, generator=g, dtype=torch.int32)
+        mapping = torch.arange(m, device=x.device, dtype=torch.int32) % max_loras
+        routing = moe_lora_routing(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts,
+                                   max_loras=max_loras,
+                                   block_m=default_block_m(num_pairs=m * top_k, num_groups=experts * max_loras))
+        weights = torch.full((m, top_k), 1.0 / top_k, device=x.device, dtype=torch.float32)
+        out13 = torch.zeros(m, top_k, b.shape[2], device=x.device, dtype=x.dtype)
+        run_triton(output=out13, x=torch.zeros(m, hidden, device=x.device, dtype=x.dtype), lora_a=a, lora_b=b,
+                   routing=routing, topk_weights=weights, mul_routed_weight=False)
+        # the w2 weights have the mirrored shapes (L, E, r, inter) and (L, E, hidden, r); zeros do for compiling
+        a2 = torch.zeros(max_loras, experts, rank, w2_inter, device=x.device, dtype=x.dtype)
+        b2 = torch.zeros(max_loras, experts, hidden, rank, device=x.device, dtype=x.dtype)
+        run_triton(output=torch.zeros(m, top_k, hidden, device=x.device, dtype=x.dtype),
+                   x=torch.zeros(m, top_k, w2_inter, device=x.device, dtype=x.dtype), lora_a=a2, lora_b=b2,
+                   routing=routing, topk_weights=weights, mul_routed_weight=True)
+    torch.cuda.synchronize(x.device)
+    log.info("moelora: MoE-LoRA kernels compiled for M in %s (E=%d, hidden %d, rank %d, %d adapters) in %.1f s",
+             list(ms), experts, hidden, rank, max_loras, time.monotonic() - t0)
+
+
+def _table_ms(*, device: torch.device) -> tuple[int, ...]:
+    """Token buckets of the config table default_config reads on this device (plus 1 and 16 if absent)."""
+    from moelora.kernels.fused import _config_file, _load_configs
+
+    path = _config_file(device)
+    ms = {1, 16}
+    if path is not None:
+        ms |= {int(e["m"]) for e in _load_configs(path)}
+    return tuple(sorted(ms))
+
+
+_seen: set[str] = set()
+
+
+def _once(msg: str) -> None:
+    if msg not in _seen:
+        _seen.add(msg)
+        log.info("%s", msg)
+
+
+def install_moe_hooks(cls: type) -> str | None:
+    """Hook cls.add_lora_w13 / add_lora_w2 (PunicaWrapperGPU); None when done, else why not (nothing changed)."""
+    import inspect
+
+    for name, want in (("add_lora_w13", W13_PARAMETERS), ("add_lora_w2", W2_PARAMETERS)):
+        fn = cls.__dict__.get(name)
+        if fn is None:
+            return f"{cls.__name__} has no {name}"
+        got = tuple(inspect.signature(fn).parameters)
+        if got != want:
+            return f"{cls.__name__}.{name} signature differs from the pinned one"
+    for name, hook in (("add_lora_w13", add_lora_w13), ("add_lora_w2", add_lora_w2)):
+        _originals[name] = cls.__dict__[name]
+        setattr(cls, name, hook)
+    _originals["cls"] = cls
+    return None
+
+
+def uninstall_moe_hooks() -> None:
+    cls = _originals.pop("cls", None)
+    if cls is not None:
+        for name in ("add_lora_w13", "add_lora_w2"):
+            setattr(cls, name, _originals.pop(name))
+    _kept.routing = None
+    _warmed.clear()

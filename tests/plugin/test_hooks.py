@@ -1,0 +1,150 @@
+"""The plugin's CUDA extras, exercised on the CPU: the MoE hooks above the op (Triton's interpreter) and the
+start-up compile of vLLM's dense LoRA kernels (its plan and its pinned contract)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from moelora.vllm_plugin import dense_warmup, moe_hooks
+
+
+def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, slices=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale  # noqa: E731
+    topk_ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
+    mapping = torch.randint(-1, loras, (m,), generator=g, dtype=torch.int32)
+    mapping[0] = 1  # at least one token with an adapter, one without
+    mapping[1] = -1
+    w13_n = 2 * inter // slices
+    return SimpleNamespace(
+        m=m, top_k=top_k, experts=experts, loras=loras, hidden=hidden, inter=inter, slices=slices,
+        x=rnd(m, hidden), topk_ids=topk_ids, topk_w=torch.rand(m, top_k, generator=g), mapping=mapping,
+        a13=tuple(rnd(loras, experts, rank, hidden, scale=0.3) for _ in range(slices)),
+        b13=tuple(rnd(loras, experts, w13_n, rank, scale=0.3) for _ in range(slices)),
+        a2=(rnd(loras, experts, rank, inter, scale=0.3),), b2=(rnd(loras, experts, hidden, rank, scale=0.3),),
+        y13=rnd(m, top_k, 2 * inter), act=rnd(m * top_k, inter), y2=rnd(m, top_k, hidden),
+        w1=torch.empty(experts, 2 * inter, hidden), w2=torch.empty(experts, hidden, inter))
+
+
+def _w13(layer, wrapper=None, **overrides):
+    args = dict(y=layer.y13, x=layer.x, lora_a_stacked=layer.a13, lora_b_stacked=layer.b13, topk_ids=layer.topk_ids,
+                topk_weights=layer.topk_w, expert_map=None, w1=layer.w1, w2=layer.w2, num_tokens=layer.m,
+                top_k_num=layer.top_k, max_loras=layer.loras, adapter_enabled=torch.ones(layer.loras + 1),
+                local_num_experts=layer.experts, top_k=layer.top_k, num_slices=layer.slices, fully_sharded=False,
+                use_tuned_config=False, add_inputs=True, token_lora_mapping=layer.mapping) | overrides
+    return moe_hooks.add_lora_w13(wrapper, **args)
+
+
+def _w2(layer, routing_values, wrapper=None, **overrides):
+    sorted_ids, expert_ids, npad, mapping = routing_values
+    args = dict(y=layer.y2, x=layer.act, lora_a_stacked=layer.a2, lora_b_stacked=layer.b2, topk_weights=layer.topk_w,
+                sorted_token_ids_lora=sorted_ids, expert_ids_lora=expert_ids, num_tokens_post_padded_lora=npad,
+                token_lora_mapping=mapping, num_tokens=layer.m, w1=layer.w1, w2=layer.w2, top_k_num=layer.top_k,
+                max_loras=layer.loras, adapter_enabled=torch.ones(layer.loras + 1), top_k=layer.top_k,
+                fully_sharded=False, tp_rank=0, use_tuned_config=False, add_inputs=True) | overrides
+    return moe_hooks.add_lora_w2(wrapper, **args)
+
+
+@pytest.mark.parametrize("slices", [1, 2])
+def test_w13_then_w2_match_the_oracle(slices, naive):
+    layer = _layer(slices=slices)
+    want13 = torch.cat([naive(output=layer.y13.view(layer.m, layer.top_k, -1)[:, :, i * (2 * layer.inter // slices):
+                                                                                (i + 1) * (2 * layer.inter // slices)],
+                              x=layer.x, lora_a=a, lora_b=b, topk_ids=layer.topk_ids,
+                              token_lora_mapping=layer.mapping, topk_weights=layer.topk_w, mul_routed_weight=False)
+                        for i, (a, b) in enumerate(zip(layer.a13, layer.b13))], dim=-1)
+    want2 = naive(output=layer.y2, x=layer.act.view(layer.m, layer.top_k, -1), lora_a=layer.a2[0],
+                  lora_b=layer.b2[0], topk_ids=layer.topk_ids, token_lora_mapping=layer.mapping,
+                  topk_weights=layer.topk_w, mul_routed_weight=True)
+    values = _w13(layer)
+    # vLLM only carries the four values over to the layer's w2 call: ours say "no blocked layout"
+    assert values[:3] == (None, None, None) and torch.equal(values[3], layer.mapping)
+    _w2(layer, values)
+    torch.testing.assert_close(layer.y13.double(), want13, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(layer.y2.double(), want2, rtol=1e-4, atol=1e-4)
+    assert moe_hooks._kept.routing is None  # consumed: a stray w2 call cannot reuse it
+
+
+def test_add_inputs_false_overwrites(naive):
+    layer = _layer(slices=1)
+    layer.y13.fill_(123.0)
+    _w13(layer, add_inputs=False)
+    want = naive(output=torch.zeros_like(layer.y13), x=layer.x, lora_a=layer.a13[0], lora_b=layer.b13[0],
+                 topk_ids=layer.topk_ids, token_lora_mapping=layer.mapping, topk_weights=layer.topk_w,
+                 mul_routed_weight=False)
+    torch.testing.assert_close(layer.y13.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_and_foreign_calls_go_to_vllm(monkeypatch):
+    calls = []
+    monkeypatch.setitem(moe_hooks._originals, "add_lora_w13", lambda *a, **k: calls.append("w13") or ("s", "e", "n", "m"))
+    monkeypatch.setitem(moe_hooks._originals, "add_lora_w2", lambda *a, **k: calls.append("w2"))
+    layer = _layer()
+    before = layer.y13.clone()
+    values = _w13(layer, expert_map=torch.arange(layer.experts))
+    assert calls == ["w13"] and values == ("s", "e", "n", "m") and torch.equal(layer.y13, before)
+    # a w2 call carrying vLLM's blocked layout (its own w13 ran) is vLLM's too
+    _w2(layer, (torch.zeros(1), torch.zeros(1), torch.zeros(1), layer.mapping))
+    assert calls == ["w13", "w2"]
+    _w13(layer, fully_sharded=True)
+    assert calls == ["w13", "w2", "w13"]
+
+
+def test_hooks_install_on_vllms_punica_wrapper_and_come_off():
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    before = (PunicaWrapperGPU.add_lora_w13, PunicaWrapperGPU.add_lora_w2)
+    assert moe_hooks.install_moe_hooks(PunicaWrapperGPU) is None  # the installed vLLM has the pinned signatures
+    try:
+        assert PunicaWrapperGPU.add_lora_w13 is moe_hooks.add_lora_w13
+        assert PunicaWrapperGPU.add_lora_w2 is moe_hooks.add_lora_w2
+    finally:
+        moe_hooks.uninstall_moe_hooks()
+    assert (PunicaWrapperGPU.add_lora_w13, PunicaWrapperGPU.add_lora_w2) == before
+
+
+def test_hooks_refuse_a_changed_signature():
+    class Changed:
+        def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids):  # not vLLM's
+            return "kept"
+
+        def add_lora_w2(self, *args):
+            return "kept"
+
+    assert "signature differs" in moe_hooks.install_moe_hooks(Changed)
+    assert Changed().add_lora_w13(1, 2, 3, 4, 5) == "kept"
+
+
+def test_dense_warmup_covers_every_bucket_and_m_class():
+    ms = dense_warmup.warm_ms({1, 16, 24, 1024, 8192}, cap=8192)
+    for k in (1, 16, 24, 1024, 8192, 128):  # the file's buckets and vLLM's default switch
+        assert k in ms
+    assert 2 in ms and 17 in ms and 1025 in ms and 129 in ms  # the other M class next to each bucket
+    assert max(ms) == 8192 and ms == sorted(set(ms))
+    assert dense_warmup.warm_ms({4096}, cap=1000) == [1, 2, 128, 129]
+    assert 65536 not in dense_warmup.warm_ms({65536})  # bounded scratch buffers
+
+
+def test_dense_warmup_contract_matches_the_installed_vllm():
+    registered = {}
+    assert dense_warmup.install_dense_warmup(lambda name, fn: registered.__setitem__(name, fn)) is None
+    assert sorted(registered) == ["lora_expand", "lora_shrink"]
+    assert registered["lora_shrink"].__qualname__ == "moelora_warm_lora_shrink"
+
+
+def test_compile_log_hook_logs_and_returns_none(monkeypatch, plugin_log):
+    import triton
+
+    import moelora.vllm_plugin as plugin
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setenv(plugin.COMPILE_LOG_ENV, "1")
+    monkeypatch.setenv(plugin.ENV, "")  # only the diagnostic, no kernel swap
+    plugin.register()
+    hook = triton.knobs.runtime.jit_post_compile_hook
+    assert hook is not None
+    assert hook(repr="_shrink_kernel[num_warps=4](M: i32)") is None  # a truthy return would mean "skip" to Triton
+    assert any("Triton compiled _shrink_kernel" in line for line in plugin_log)
