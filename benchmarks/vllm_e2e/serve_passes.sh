@@ -1,0 +1,65 @@
+#!/bin/bash
+# One vLLM server (the kit's model, adapters and server flags), then PASSES runs of the kit's bench against it,
+# each saved with per-request TTFTs. Pass 1 is the kit's measurement; pass 2 shows what is left once every kernel
+# has been compiled and every adapter used. Optionally a short profiled load (PROFILE=1: 16 requests, 1600-token
+# prompts, 64 output tokens) whose per-kernel CUDA-time table vLLM's torch profiler writes.
+# Usage (repo root on the device, kit + archive in .bundle/): NAME=plugin OUT=dir bash benchmarks/vllm_e2e/serve_passes.sh
+# Env: MODE (plugin | tuned | stock | nolora), PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."),
+# SERVER_ARGS (more vLLM flags, e.g. --enable-logging-iteration-details), PASS_S (timeout per pass).
+set -uo pipefail
+R=$(pwd); KIT=$R/.bundle/kit; ARCH=$R/.bundle/vllm-site.tar.xz; SITE=/tmp/vllm-site
+NAME=${NAME:?}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}; OUTD=${OUT:?}/$NAME; mkdir -p $OUTD
+T0=$(date +%s); log(){ echo "[$NAME $(( $(date +%s)-T0 ))s] $*"; }
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
+export CUDA_CACHE_MAXSIZE=4294967296
+if [ ! -f $SITE/.done ]; then
+  mkdir -p $SITE && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" $ARCH $SITE && touch $SITE/.done || exit 3
+fi
+[ -d /tmp/moelora-ep ] || python3 benchmarks/vllm_e2e/make_entry_point.py /tmp/moelora-ep >/dev/null
+M=/tmp/m_bf16; [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M
+[ -d /tmp/loras ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py /tmp/loras 8 32 --device cuda
+CFG=$R/kernels/moelora/kernels/configs/NVIDIA_H200
+LM=""; NAMES=""; for i in $(seq 1 8); do LM="$LM lora$i=/tmp/loras/lora$i"; NAMES="$NAMES lora$i"; done
+SRV_LORA="--enable-lora --max-loras 8 --max-cpu-loras 8 --max-lora-rank 32 --lora-modules $LM"
+BENCH_LORA="--lora-modules $NAMES --lora-assignment round-robin"
+PP=$SITE; ENVS=""
+case $MODE in
+  plugin) PP=$R/image:$R/kernels:/tmp/moelora-ep:$SITE; ENVS="VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
+  tuned)  ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
+  stock)  ;;
+  nolora) SRV_LORA=""; BENCH_LORA="" ;;
+esac
+PROF=(); [ "${PROFILE:-0}" = 1 ] && PROF=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$OUTD/prof\", \"torch_profiler_with_stack\": false}")
+env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name gpt-oss-20b \
+  --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size 32 --port 8000 \
+  ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
+SP=$!
+for s in $(seq 1 400); do
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
+  kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1
+done
+log "server ready"
+for p in $(seq 1 $PASSES); do
+  PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
+    --base-url http://127.0.0.1:8000 --model gpt-oss-20b --tokenizer $M --dataset-name random --random-input-len 1600 \
+    --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
+    --num-warmups 16 $BENCH_LORA --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
+    --result-dir $OUTD --result-filename pass$p.json --seed $p 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
+  log "pass $p done"
+done
+if [ ${#PROF[@]} -gt 0 ]; then
+  python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/start_profile', method='POST'))"
+  PYTHONPATH=$SITE timeout 90 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
+    --base-url http://127.0.0.1:8000 --model gpt-oss-20b --tokenizer $M --dataset-name random --random-input-len 1600 \
+    --random-output-len 64 --random-range-ratio 0 --num-prompts 16 --max-concurrency 16 --ignore-eos \
+    $BENCH_LORA --seed 99 2>&1 | grep -E "TPOT" | head -3
+  python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/stop_profile', method='POST'), timeout=120)"
+  log "profile done"
+fi
+kill $SP; sleep 4
+grep -E "moelora|Using .*MoE|LoRA kernel config" $OUTD/server.log | sort -u | head -12
+# Keep the per-step lines (if --enable-logging-iteration-details was given in SERVER_ARGS) and cut a long log.
+grep -oE "Iteration\([0-9]+\): [0-9]+ context requests, [0-9]+ context tokens, [0-9]+ generation requests, [0-9]+ generation tokens, iteration elapsed time: [0-9.]+" \
+  $OUTD/server.log > $OUTD/iterations.txt
+grep -v "Iteration(" $OUTD/server.log | tail -c 2000000 > $OUTD/server.tmp && mv $OUTD/server.tmp $OUTD/server.log
+log "done"
