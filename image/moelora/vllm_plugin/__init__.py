@@ -4,8 +4,11 @@ With `MOELORA_KERNEL=moelora` (the operator sets it when a ModelServer asks for 
 vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels on CUDA, a torch implementation on
 the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
 replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
-server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid). Modules: contract (what is pinned), install (the swap), op (vLLM's arguments -> ours), layout (routing
-inversion), triton_path / torch_path (the two backends).
+server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid).
+On CUDA two extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
+from topk_ids, one level above the op) and dense_warmup (vLLM's dense LoRA kernels compiled at start-up).
+`MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), install (the
+swap), op (vLLM's arguments -> ours), layout (routing inversion), triton_path / torch_path (the two backends).
 """
 
 from __future__ import annotations
