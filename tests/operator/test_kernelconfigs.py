@@ -23,6 +23,9 @@ TABLE_KEYS = {GPT_OSS: {(2880, 5760, 32), (2880, 2880, 32)},
 LEAF = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3, "split_k": 1}
 VLLM_FILES = ("NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json", "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
               "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json")
+# vLLM's dense LoRA ops (attention and router projections): data[max_loras+1][num_slices][m][k][n] -> leaf, keyed by
+# sizes a MoE shape does not carry, so mounted whole.
+DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json")
 
 
 def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
@@ -35,6 +38,12 @@ def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
                 node = node.setdefault(key, {})
             node[str(inter)] = dict(LEAF)
     return tree
+
+
+def dense_tree(k: int, n: int) -> dict:
+    """vLLM's dense-op nesting data[max_loras+1][num_slices][m][k][n], for one (k, n) and a few m."""
+    return {"5": {"1": {m: {str(k): {str(n): dict(LEAF)}} for m in ("1", "64")},
+                  "3": {"1": {str(k): {str(n): dict(LEAF)}}}}}
 
 
 def table_entry(k: int, n: int, experts: int, **config: object) -> dict:
@@ -74,8 +83,15 @@ def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
     # (4096, 2880): another model with GPT-OSS' intermediate size, of a hidden size no one here has.
     (gpu / w2_shrink).write_text(json.dumps(vllm_tree((1, 2880, 2880), (1, 2048, 768), (1, 4096, 2880))))
     (gpu / w2_expand).write_text(json.dumps(vllm_tree((1, 2048, 768))))  # tuned for Qwen3 only
+    shrink, expand = DENSE_FILES
+    (gpu / shrink).write_text(json.dumps(dense_tree(2880, 16)))
+    (gpu / expand).write_text(json.dumps(dense_tree(16, 4096)))
     (gpu / "README.txt").write_text("not a config")
     return tmp_path
+
+
+def shape_of(model: str) -> object:
+    return kc.modelshapes.model_shape(make_spec(model={"name": model}))
 
 
 def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
@@ -87,6 +103,12 @@ def mounted(plan: kc.KernelConfigPlan | None) -> dict[str, object]:
     """{file name as vLLM sees it: parsed JSON} of an `auto` plan."""
     assert plan is not None and plan.owned_config_map is not None
     return {item["path"]: json.loads(plan.owned_config_map["data"][item["key"]]) for item in plan.items or []}
+
+
+def pop_dense(files: dict[str, object], bundled: pathlib.Path) -> None:
+    """Take the dense-op files out of `files`, checking they are there and whole: as bundled, not cut."""
+    for name in DENSE_FILES:
+        assert files.pop(name) == json.loads((bundled / name).read_text()), name
 
 
 def assert_only_shape(files: dict[str, object], model: str) -> None:
@@ -120,8 +142,9 @@ def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Pa
     assert plan.config_map_name == "srv-kernel-configs"
     assert plan.owned_config_map["metadata"]["labels"] == LABELS
     paths = {item["key"]: item["path"] for item in plan.items or []}
-    # The W2 expand file holds Qwen3 entries only: nothing of it is GPT-OSS', so it is not mounted.
-    assert paths == {name: name for name in ("NVIDIA_H200.json", *VLLM_FILES[:2])}
+    # The W2 expand file holds Qwen3 entries only: nothing of it is GPT-OSS', so it is not mounted; the dense-op
+    # files are, whole.
+    assert paths == {name: name for name in ("NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES)}
     assert set(plan.owned_config_map["data"]) == set(paths)
 
 
@@ -129,16 +152,58 @@ def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Pa
 def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> None:
     files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
     canonical = GPT_OSS if "gpt" in model.lower() else QWEN3
+    pop_dense(files, bundle / "NVIDIA_H200")
     assert_only_shape(files, canonical)
     assert len(files) == (2 if canonical == GPT_OSS else 3)  # vLLM files left after the table was popped
 
 
 @pytest.mark.parametrize("model", [GPT_OSS, QWEN3])
 def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
-    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=kc.bundle_root()))
+    root = kc.bundle_root()
+    assert root is not None
+    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
+    pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200")
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
     assert_only_shape(files, model)
+
+
+def test_the_real_dense_files_are_mounted_whole() -> None:
+    """vLLM's dense LoRA-op files (attention and router projections, keyed by sizes the MoE shape does not carry;
+    vLLM takes the nearest key at each level) go with GPT-OSS' fused ones on the H200, unchanged."""
+    root = kc.bundle_root()
+    assert root is not None
+    plan = kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=root)
+    files = mounted(plan)
+    assert set(DENSE_FILES) <= set(files) and any(name.startswith("NVIDIA_H200_FUSED_MOE_LORA_") for name in files)
+    for name in DENSE_FILES:
+        assert files[name] == json.loads((pathlib.Path(str(root)) / "NVIDIA_H200" / name).read_text())
+
+
+def test_dense_files_are_kept_whole_by_their_exact_names(bundle: pathlib.Path) -> None:
+    gpu = bundle / "NVIDIA_H200"
+    (gpu / "NVIDIA_H200_EXPAND_FALSE.json").write_text(json.dumps(dense_tree(16, 2880)))
+    (gpu / "NVIDIA_H100_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))  # another GPU's name
+    (gpu / "MY_NVIDIA_H200_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))
+    files = mounted(kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    # Not exactly a dense file's name: cut like a fused file, where they have no leaves of GPT-OSS' sizes.
+    assert set(files) == {"NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES, "NVIDIA_H200_EXPAND_FALSE.json"}
+    assert files["NVIDIA_H200_EXPAND_FALSE.json"] == dense_tree(16, 2880)
+    cut = kc.for_shape(kc.read_bundle("NVIDIA_H200", root=bundle), shape_of(GPT_OSS), gpu="NVIDIA_H200")
+    assert cut["NVIDIA_H200_SHRINK.json"] == json.dumps(dense_tree(2880, 16), indent=1) + "\n"  # as bundled files
+
+
+def test_dense_files_count_toward_a_config_maps_limit(bundle: pathlib.Path) -> None:
+    shrink = bundle / "NVIDIA_H200" / DENSE_FILES[0]
+    tree = dense_tree(2880, 16)
+    tree["5"]["3"]["1"]["2880"]["16"]["pad"] = "x" * (kc.MAX_CONFIG_BYTES - 1024)
+    shrink.write_text(json.dumps(tree))
+    cut = kc.for_shape(kc.read_bundle("NVIDIA_H200", root=bundle), shape_of(GPT_OSS), gpu="NVIDIA_H200")
+    size = {name: len(text.encode()) for name, text in cut.items()}
+    assert size[DENSE_FILES[0]] <= kc.MAX_CONFIG_BYTES < sum(size.values())  # under the limit alone, not in all
+    with pytest.raises(SpecProblem) as caught:
+        kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert caught.value.reason == "KernelConfigsTooLarge"
 
 
 def test_every_bundled_entry_belongs_to_a_known_model() -> None:
@@ -147,10 +212,14 @@ def test_every_bundled_entry_belongs_to_a_known_model() -> None:
     assert root is not None
     for gpu in sorted(p.stem for p in pathlib.Path(str(root)).glob("*.json")):
         bundle = kc.read_bundle(gpu, root=root)
+        dense = {name: bundle.pop(name) for name in kc.dense_file_names(gpu) if name in bundle}  # mounted whole
         covered: dict[str, set] = {name: set() for name in bundle}
         for shape in {kc.modelshapes.key(s): s for s in kc.modelshapes.KNOWN_SHAPES.values()}.values():
-            for name, text in kc.for_shape(bundle, shape, gpu=gpu).items():
+            for name, text in kc.for_shape({**bundle, **dense}, shape, gpu=gpu).items():
                 data = json.loads(text)
+                if name in dense:
+                    assert data == json.loads(dense[name]), f"{gpu}/{name} was cut"
+                    continue
                 covered[name] |= ({json.dumps(e, sort_keys=True) for e in data["entries"]} if name == f"{gpu}.json"
                                   else set(vllm_leaves(data)))
         for name, text in bundle.items():
@@ -166,10 +235,14 @@ def test_an_explicit_shape_serves_a_model_moelora_does_not_know(bundle: pathlib.
     spec = auto_spec("my-org/my-qwen3-finetune", kernels={"configs": "auto", "shape": shape})
     plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert plan is not None and qwen is not None and plan.content_hash == qwen.content_hash
-    assert_only_shape(mounted(plan), QWEN3)
+    files = mounted(plan)
+    pop_dense(files, bundle / "NVIDIA_H200")
+    assert_only_shape(files, QWEN3)
     # Given, the shape wins over the one moelora knows for the id.
     spec = auto_spec(GPT_OSS, kernels={"configs": "auto", "shape": shape})
-    assert_only_shape(mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)), QWEN3)
+    files = mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
+    pop_dense(files, bundle / "NVIDIA_H200")
+    assert_only_shape(files, QWEN3)
 
 
 def test_an_unknown_model_without_a_shape_is_a_problem(bundle: pathlib.Path) -> None:
@@ -189,6 +262,7 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
     assert "hiddenSize=4096 moeIntermediateSize=1536 numExperts=128" in message
     assert "hiddenSize=2880 moeIntermediateSize=2880 numExperts=32 (openai/gpt-oss-20b)" in message
     assert "hiddenSize=2048 moeIntermediateSize=768 numExperts=128 (Qwen/Qwen3-30B-A3B" in message
+    assert message.count("hiddenSize=") == 3  # the dense-op files, fitting any shape, do not make one bundled
     # Same hidden size, another intermediate size: nothing of GPT-OSS' leaks in.
     spec = auto_spec("x/y", kernels={"configs": "auto", "shape": {**shape, "hiddenSize": 2880}})
     with pytest.raises(SpecProblem, match="numExperts=128"):
@@ -199,7 +273,8 @@ def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_H200" / "E=32,N=5760,device_name=NVIDIA_H200.json").write_text(
         json.dumps({"1": {"BLOCK_SIZE_M": 16}}))
     plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and {item["path"] for item in plan.items or []} == {"NVIDIA_H200.json", *VLLM_FILES[:2]}
+    assert plan is not None and {item["path"] for item in plan.items or []} == {"NVIDIA_H200.json", *VLLM_FILES[:2],
+                                                                               *DENSE_FILES}
 
 
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
@@ -207,7 +282,7 @@ def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
     spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
     plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert plan is not None and plan.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
-    assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"NVIDIA_H200.json", *VLLM_FILES}
+    assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"NVIDIA_H200.json", *VLLM_FILES, *DENSE_FILES}
 
 
 def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:

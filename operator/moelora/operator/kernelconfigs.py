@@ -3,9 +3,12 @@
 `configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
 bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
 e.g. NVIDIA_H200), picked by the GPU product in the node selector, and cut down to the entries tuned for the
-model's MoE shape (moelora.operator.modelshapes). Nothing is ever guessed: no set for the GPU, no entries for the
-shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback to vLLM's defaults. A hash of the
-content goes on the pod template, so new configs (or another model's) roll the pods.
+model's MoE shape (moelora.operator.modelshapes). vLLM's files for its dense LoRA ops (`<GPU>_SHRINK.json`,
+`<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router projections) go in whole, with the shape's: they are keyed
+by sizes the MoE shape does not carry, and vLLM takes the nearest key at each level. Nothing is ever guessed: no
+set for the GPU, no entries for the shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback
+to vLLM's defaults. A hash of the content goes on the pod template, so new configs (or another model's) roll the
+pods.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def _table_for_shape(text: str, shape: MoeShape) -> str | None:
     return _dump({**table, "entries": entries}) if entries else None
 
 
-# vLLM's nesting: data[max_loras][num_slices][m][rank][hidden][inter] -> leaf (moelora.kernels.vllm_configs).
+# vLLM's fused MoE-LoRA nesting: data[max_loras][num_slices][m][rank][hidden][inter] -> leaf
+# (moelora.kernels.vllm_configs).
 _VLLM_DEPTH = 6
 _HIDDEN_LEVEL, _INTER_LEVEL = 4, 5
 
@@ -119,14 +123,35 @@ def _dump(data: Any) -> str:
     return json.dumps(data, indent=1) + "\n"  # as moelora.kernels writes them
 
 
+def dense_file_names(gpu: str) -> frozenset[str]:
+    """vLLM's per-GPU files for its dense LoRA ops (lora/ops/triton_ops/utils.py: `<GPU>_<OP>[_<ADD_INPUTS>].json`)."""
+    return frozenset({f"{gpu}_SHRINK.json", f"{gpu}_EXPAND_TRUE.json", f"{gpu}_EXPAND_FALSE.json"})
+
+
+def _dense_file(text: str) -> str | None:
+    """A dense-op file, whole: data[max_loras+1][num_slices][m][k][n] is keyed by attention and router sizes, not
+    by the MoE shape, and vLLM takes the nearest key at each level (the files are a few KB). None if not a table."""
+    data = json.loads(text)
+    return _dump(data) if isinstance(data, dict) and data else None
+
+
 def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[str, str]:
-    """read_bundle's files cut to the entries tuned for `shape`; files with none are left out."""
-    kept = {}
+    """read_bundle's files cut to the entries tuned for `shape`; files with none are left out. The dense-op files
+    come whole, but only with something tuned for the shape: alone they do not make a shape bundled."""
+    kept, dense = {}, {}
     for file_name, text in files.items():
-        cut = _table_for_shape(text, shape) if file_name == f"{gpu}.json" else _vllm_file_for_shape(text, shape)
+        if file_name in dense_file_names(gpu):
+            cut, into = _dense_file(text), dense
+        elif file_name == f"{gpu}.json":
+            cut, into = _table_for_shape(text, shape), kept
+        else:
+            cut, into = _vllm_file_for_shape(text, shape), kept
         if cut is not None:
-            kept[file_name] = cut
-    return kept
+            into[file_name] = cut
+    if not kept:
+        return {}
+    kept |= dense
+    return {name: kept[name] for name in files if name in kept}  # in the bundle's order
 
 
 def bundled_shapes(files: Mapping[str, str], *, gpu: str) -> list[str]:
