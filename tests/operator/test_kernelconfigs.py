@@ -24,7 +24,7 @@ LEAF = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_war
 VLLM_FILES = ("NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json", "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
               "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json")
 # vLLM's dense LoRA ops (attention and router projections): data[max_loras+1][num_slices][m][k][n] -> leaf, keyed by
-# sizes a MoE shape does not carry, so mounted whole.
+# sizes a MoE shape does not carry, so mounted whole, for the model whose hidden size they were tuned with.
 DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json")
 
 
@@ -85,7 +85,7 @@ def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
     (gpu / w2_expand).write_text(json.dumps(vllm_tree((1, 2048, 768))))  # tuned for Qwen3 only
     shrink, expand = DENSE_FILES
     (gpu / shrink).write_text(json.dumps(dense_tree(2880, 16)))
-    (gpu / expand).write_text(json.dumps(dense_tree(16, 4096)))
+    (gpu / expand).write_text(json.dumps(dense_tree(16, 2880)))  # o_proj's output: GPT-OSS' hidden size
     (gpu / "README.txt").write_text("not a config")
     return tmp_path
 
@@ -105,10 +105,14 @@ def mounted(plan: kc.KernelConfigPlan | None) -> dict[str, object]:
     return {item["path"]: json.loads(plan.owned_config_map["data"][item["key"]]) for item in plan.items or []}
 
 
-def pop_dense(files: dict[str, object], bundled: pathlib.Path) -> None:
-    """Take the dense-op files out of `files`, checking they are there and whole: as bundled, not cut."""
+def pop_dense(files: dict[str, object], bundled: pathlib.Path, model: str = GPT_OSS) -> None:
+    """Take the dense-op files out of `files`, checking they are there and whole (as bundled, not cut) for GPT-OSS,
+    whose hidden size they were tuned with, and absent for another model."""
     for name in DENSE_FILES:
-        assert files.pop(name) == json.loads((bundled / name).read_text()), name
+        if model == GPT_OSS:
+            assert files.pop(name) == json.loads((bundled / name).read_text()), name
+        else:
+            assert name not in files, f"{name}, tuned for GPT-OSS' attention, mounted for {model}"
 
 
 def assert_only_shape(files: dict[str, object], model: str) -> None:
@@ -152,7 +156,7 @@ def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Pa
 def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> None:
     files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
     canonical = GPT_OSS if "gpt" in model.lower() else QWEN3
-    pop_dense(files, bundle / "NVIDIA_H200")
+    pop_dense(files, bundle / "NVIDIA_H200", canonical)
     assert_only_shape(files, canonical)
     assert len(files) == (2 if canonical == GPT_OSS else 3)  # vLLM files left after the table was popped
 
@@ -162,7 +166,7 @@ def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
     root = kc.bundle_root()
     assert root is not None
     files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
-    pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200")
+    pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200", model)
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
     assert_only_shape(files, model)
@@ -236,12 +240,12 @@ def test_an_explicit_shape_serves_a_model_moelora_does_not_know(bundle: pathlib.
     plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert plan is not None and qwen is not None and plan.content_hash == qwen.content_hash
     files = mounted(plan)
-    pop_dense(files, bundle / "NVIDIA_H200")
+    pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
     # Given, the shape wins over the one moelora knows for the id.
     spec = auto_spec(GPT_OSS, kernels={"configs": "auto", "shape": shape})
     files = mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
-    pop_dense(files, bundle / "NVIDIA_H200")
+    pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
 
 

@@ -4,8 +4,9 @@
 bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
 e.g. NVIDIA_H200), picked by the GPU product in the node selector, and cut down to the entries tuned for the
 model's MoE shape (moelora.operator.modelshapes). vLLM's files for its dense LoRA ops (`<GPU>_SHRINK.json`,
-`<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router projections) go in whole, with the shape's: they are keyed
-by sizes the MoE shape does not carry, and vLLM takes the nearest key at each level. Nothing is ever guessed: no
+`<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router projections) go in whole, with the shape's, when they were
+tuned for the model's hidden size: their other keys are sizes the MoE shape does not carry, and vLLM takes the
+nearest key at each level. Nothing is ever guessed: no
 set for the GPU, no entries for the shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback
 to vLLM's defaults. A hash of the content goes on the pod template, so new configs (or another model's) roll the
 pods.
@@ -128,20 +129,34 @@ def dense_file_names(gpu: str) -> frozenset[str]:
     return frozenset({f"{gpu}_SHRINK.json", f"{gpu}_EXPAND_TRUE.json", f"{gpu}_EXPAND_FALSE.json"})
 
 
-def _dense_file(text: str) -> str | None:
-    """A dense-op file, whole: data[max_loras+1][num_slices][m][k][n] is keyed by attention and router sizes, not
-    by the MoE shape, and vLLM takes the nearest key at each level (the files are a few KB). None if not a table."""
+def _dense_file(text: str, shape: MoeShape) -> str | None:
+    """A dense-op file, whole, if it was tuned for this model: data[max_loras+1][num_slices][m][k][n] has the
+    model's hidden size as a shrink input (k: q/k/v and router take it in) or an expand output (n: o puts it out).
+    Its other keys are attention sizes the MoE shape does not carry and vLLM takes the nearest key at each level,
+    so it is not cut. Tuned for another hidden size (another model's attention): None, vLLM keeps its defaults."""
     data = json.loads(text)
-    return _dump(data) if isinstance(data, dict) and data else None
+    if not isinstance(data, dict) or not data:
+        return None
+    hidden = str(shape.hidden_size)
+    return _dump(data) if hidden in _keys_at(data, 3) | _keys_at(data, 4) else None
+
+
+def _keys_at(node: Any, depth: int) -> set[str]:
+    if not isinstance(node, dict):
+        return set()
+    if depth == 0:
+        return set(node)
+    return set().union(*(_keys_at(child, depth - 1) for child in node.values()))
 
 
 def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[str, str]:
     """read_bundle's files cut to the entries tuned for `shape`; files with none are left out. The dense-op files
-    come whole, but only with something tuned for the shape: alone they do not make a shape bundled."""
+    come whole (if tuned for the shape's hidden size), and only with something tuned for the shape: alone they do
+    not make a shape bundled."""
     kept, dense = {}, {}
     for file_name, text in files.items():
         if file_name in dense_file_names(gpu):
-            cut, into = _dense_file(text), dense
+            cut, into = _dense_file(text, shape), dense
         elif file_name == f"{gpu}.json":
             cut, into = _table_for_shape(text, shape), kept
         else:
