@@ -13,7 +13,7 @@ def test_plan_covers_each_projection_once():
     buckets = td.plan(models=[td.DENSE_MODELS["gpt-oss-20b"]], ranks=[16, 32], max_loras=[8], ms=[1, 16])
     assert len(buckets) == 2 * 2 * 3 * 2  # ranks x ms x (qkv, o, router) x (shrink, expand)
     assert len({b.key for b in buckets}) == len(buckets)
-    qkv = [b for b in buckets if b.proj == "qkv"][0]
+    qkv = next(b for b in buckets if b.proj == "qkv")
     assert td.projections(qkv.model)["qkv"] == (2880, (4096, 512, 512))
 
 

@@ -13,7 +13,7 @@ from moelora.vllm_plugin import dense_warmup, moe_hooks
 
 def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, slices=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale  # noqa: E731
+    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale
     topk_ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
     mapping = torch.randint(-1, loras, (m,), generator=g, dtype=torch.int32)
     mapping[0] = 1  # at least one token with an adapter, one without
@@ -30,22 +30,28 @@ def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, sli
 
 
 def _w13(layer, wrapper=None, **overrides):
-    args = dict(y=layer.y13, x=layer.x, lora_a_stacked=layer.a13, lora_b_stacked=layer.b13, topk_ids=layer.topk_ids,
-                topk_weights=layer.topk_w, expert_map=None, w1=layer.w1, w2=layer.w2, num_tokens=layer.m,
-                top_k_num=layer.top_k, max_loras=layer.loras, adapter_enabled=torch.ones(layer.loras + 1),
-                local_num_experts=layer.experts, top_k=layer.top_k, num_slices=layer.slices, fully_sharded=False,
-                use_tuned_config=False, add_inputs=True, token_lora_mapping=layer.mapping) | overrides
-    return moe_hooks.add_lora_w13(wrapper, **args)
+    args = {
+        "y": layer.y13, "x": layer.x, "lora_a_stacked": layer.a13, "lora_b_stacked": layer.b13,
+        "topk_ids": layer.topk_ids, "topk_weights": layer.topk_w, "expert_map": None, "w1": layer.w1, "w2": layer.w2,
+        "num_tokens": layer.m, "top_k_num": layer.top_k, "max_loras": layer.loras,
+        "adapter_enabled": torch.ones(layer.loras + 1), "local_num_experts": layer.experts, "top_k": layer.top_k,
+        "num_slices": layer.slices, "fully_sharded": False, "use_tuned_config": False, "add_inputs": True,
+        "token_lora_mapping": layer.mapping,
+    }
+    return moe_hooks.add_lora_w13(wrapper, **(args | overrides))
 
 
 def _w2(layer, routing_values, wrapper=None, **overrides):
     sorted_ids, expert_ids, npad, mapping = routing_values
-    args = dict(y=layer.y2, x=layer.act, lora_a_stacked=layer.a2, lora_b_stacked=layer.b2, topk_weights=layer.topk_w,
-                sorted_token_ids_lora=sorted_ids, expert_ids_lora=expert_ids, num_tokens_post_padded_lora=npad,
-                token_lora_mapping=mapping, num_tokens=layer.m, w1=layer.w1, w2=layer.w2, top_k_num=layer.top_k,
-                max_loras=layer.loras, adapter_enabled=torch.ones(layer.loras + 1), top_k=layer.top_k,
-                fully_sharded=False, tp_rank=0, use_tuned_config=False, add_inputs=True) | overrides
-    return moe_hooks.add_lora_w2(wrapper, **args)
+    args = {
+        "y": layer.y2, "x": layer.act, "lora_a_stacked": layer.a2, "lora_b_stacked": layer.b2,
+        "topk_weights": layer.topk_w, "sorted_token_ids_lora": sorted_ids, "expert_ids_lora": expert_ids,
+        "num_tokens_post_padded_lora": npad, "token_lora_mapping": mapping, "num_tokens": layer.m, "w1": layer.w1,
+        "w2": layer.w2, "top_k_num": layer.top_k, "max_loras": layer.loras,
+        "adapter_enabled": torch.ones(layer.loras + 1), "top_k": layer.top_k, "fully_sharded": False, "tp_rank": 0,
+        "use_tuned_config": False, "add_inputs": True,
+    }
+    return moe_hooks.add_lora_w2(wrapper, **(args | overrides))
 
 
 @pytest.mark.parametrize("slices", [1, 2])

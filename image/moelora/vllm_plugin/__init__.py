@@ -63,9 +63,8 @@ def _log_triton_compiles() -> None:
     try:
         import triton
 
-        def post_compile(*args, **kwargs):
+        def post_compile(*args, **kwargs):  # returns None: a truthy value would tell Triton to skip the kernel
             log.info("moelora: Triton compiled %.300s", kwargs.get("repr", args[0] if args else "?"))
-            return None
 
         triton.knobs.runtime.jit_post_compile_hook = post_compile
     except Exception as exc:  # noqa: BLE001  (a Triton without the hook: no log, nothing else changes)

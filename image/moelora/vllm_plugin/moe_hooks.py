@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["W13_PARAMETERS", "W2_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
+__all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 

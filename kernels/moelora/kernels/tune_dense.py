@@ -33,7 +33,7 @@ import torch
 from .tune import _ints, load_state, save_state, search
 from .vllm_configs import gpu_prefix
 
-__all__ = ["DENSE_MODELS", "DenseModel", "DenseBucket", "plan", "projections", "tune_dense", "write_dense_files"]
+__all__ = ["DENSE_MODELS", "DenseBucket", "DenseModel", "plan", "projections", "tune_dense", "write_dense_files"]
 
 STATE_FILE = "tune_dense_state.json"
 SHRINK_FIELDS = ("block_m", "block_n", "block_k", "split_k", "group_size_m", "num_warps", "num_ctas", "num_stages")
