@@ -154,3 +154,78 @@ def test_compile_log_hook_logs_and_returns_none(monkeypatch, plugin_log):
     assert hook is not None
     assert hook(repr="_shrink_kernel[num_warps=4](M: i32)") is None  # a truthy return would mean "skip" to Triton
     assert any("Triton compiled _shrink_kernel" in line for line in plugin_log)
+
+
+def test_model_warmup_counts_cover_every_class_above_the_graph_sizes():
+    from moelora.vllm_plugin.model_warmup import ANCHORS, warm_token_counts
+
+    counts = warm_token_counts(8192, graph_max=32)
+    assert min(counts) > 32 and max(counts) == 8192 and counts == sorted(set(counts))
+    classes = {(m % 16 == 0, (m * 4) % 16 == 0, (m * 8) % 16 == 0) for m in counts}
+    assert classes == {(True, True, True), (False, False, False), (False, False, True), (False, True, True)}
+    for anchor in ANCHORS[1:]:  # every configuration boundary, with its neighbours of the other classes
+        assert {anchor, anchor + 1, anchor + 2, anchor + 4} & set(counts) >= {anchor}
+    assert warm_token_counts(2048, graph_max=512)[0] > 512 and max(warm_token_counts(2048, 512)) <= 2048
+
+
+class _Runner:
+    def __init__(self, fail_at=None):
+        self.calls, self.removed, self.fail_at = [], 0, fail_at
+        self.lora_config = SimpleNamespace(max_loras=8)
+
+    def _dummy_run(self, num_tokens, **kwargs):
+        if num_tokens == self.fail_at:
+            raise RuntimeError("boom")
+        self.calls.append((num_tokens, kwargs))
+
+    def maybe_remove_all_loras(self, lora_config):
+        self.removed += 1
+
+
+def _worker(runner, eager=False):
+    return SimpleNamespace(model_runner=runner, scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
+                           vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(
+                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 24, 32])),
+                           model_config=SimpleNamespace(enforce_eager=eager))
+
+
+def test_model_warmup_runs_vllms_dummy_pass_with_every_lora_slot_then_cleans_up(plugin_log):
+    from moelora.vllm_plugin.model_warmup import warm_model, warm_token_counts
+
+    runner = _Runner()
+    warm_model(_worker(runner))
+    assert [m for m, _ in runner.calls] == list(reversed(warm_token_counts(8192, 32)))
+    assert all(kw == {"skip_eplb": True, "remove_lora": False, "num_active_loras": 8} for _, kw in runner.calls)
+    assert runner.removed == 1 and any("model warm-up ran" in line for line in plugin_log)
+    eager = _Runner()
+    warm_model(_worker(eager, eager=True))  # nothing captured: the small counts run too
+    assert min(m for m, _ in eager.calls) == 32
+
+
+def test_model_warmup_never_stops_the_server(plugin_log, monkeypatch):
+    from moelora.vllm_plugin.model_warmup import warm_model
+
+    runner = _Runner(fail_at=4096)
+    warm_model(_worker(runner))
+    assert runner.removed == 1 and any("warm-up stopped" in line for line in plugin_log)
+    monkeypatch.setenv("MOELORA_WARMUP", "0")
+    quiet = _Runner()
+    warm_model(_worker(quiet))
+    assert quiet.calls == [] and quiet.removed == 0
+
+
+def test_model_warmup_wraps_vllms_kernel_warmup_and_comes_off(monkeypatch):
+    from vllm.v1.worker import gpu_worker
+
+    from moelora.vllm_plugin import model_warmup
+
+    seen = []
+    monkeypatch.setattr(gpu_worker, "kernel_warmup", lambda worker, **kw: seen.append(("vllm", kw)))
+    monkeypatch.setattr(model_warmup, "warm_model", lambda worker: seen.append(("ours", worker)))
+    assert model_warmup.install_model_warmup() is None  # the installed vLLM (0.32) has what it pins
+    try:
+        gpu_worker.kernel_warmup("w", process_local_only=True)
+        assert seen == [("ours", "w"), ("vllm", {"process_local_only": True})]  # ours first, vLLM's untouched
+    finally:
+        model_warmup.uninstall_model_warmup()
+    assert gpu_worker.kernel_warmup.__qualname__ != "moelora_kernel_warmup"

@@ -91,8 +91,9 @@ def install(*, backend: str | None = None) -> Installed:
 
 
 def _install_cuda_extras(dispatch_key: str) -> str:
-    """Two optional parts on CUDA, each kept out (and said so) when its pinned signatures do not match: the MoE
-    hooks above the op (moe_hooks.py) and the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py)."""
+    """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
+    the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the
+    whole model at every token-count class (model_warmup.py)."""
     parts = []
     try:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -110,6 +111,13 @@ def _install_cuda_extras(dispatch_key: str) -> str:
     except Exception as exc:  # noqa: BLE001
         reason = repr(exc)
     parts.append("dense LoRA kernels compiled at start-up: " + ("on" if reason is None else f"off ({reason})"))
+    try:
+        from .model_warmup import install_model_warmup
+
+        reason = install_model_warmup()
+    except Exception as exc:  # noqa: BLE001
+        reason = repr(exc)
+    parts.append("model warm-up at every token-count class: " + ("on" if reason is None else f"off ({reason})"))
     return "; ".join(parts)
 
 
@@ -139,6 +147,8 @@ def uninstall() -> None:
         sys.modules["moelora.vllm_plugin.moe_hooks"].uninstall_moe_hooks()
     if "moelora.vllm_plugin.dense_warmup" in sys.modules:
         sys.modules["moelora.vllm_plugin.dense_warmup"].reset()
+    if "moelora.vllm_plugin.model_warmup" in sys.modules:
+        sys.modules["moelora.vllm_plugin.model_warmup"].uninstall_model_warmup()
 
 
 def _has_op() -> bool:

@@ -1,0 +1,108 @@
+"""Run the whole model at every token-count class before serving, so no request pays a Triton JIT compile (CUDA).
+
+vLLM compiles at start-up only what its profile run (max_num_batched_tokens) and CUDA-graph capture (<= the
+largest capture size) touch. A batch of another size can still meet a Triton kernel variant not compiled yet:
+launch configurations change with the token count, and Triton specialises integer arguments on their value class
+(1, a multiple of 16, other), and the token count and its multiples by top_k reach kernels as such arguments. On the
+H200 kit, with our kernels and vLLM's dense LoRA kernels compiled at start-up (moe_hooks, dense_warmup), the first
+burst still stalled ~2.9 s, compiling vLLM's base `fused_moe_kernel` (and ours, since fixed).
+
+This wraps vLLM's `kernel_warmup` (which the GPU worker calls once, before graph capture) so that it first runs
+vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-up makes, with every LoRA slot
+active, at token counts next to each configuration boundary in each class; then vLLM's own warm-up. Any failure is
+logged and serving starts as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable
+
+__all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "uninstall_model_warmup", "warm_token_counts"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+WARMUP_ENV = "MOELORA_WARMUP"
+
+# Where launch configurations change (vLLM's fused-MoE defaults, our table's buckets 16..1024 on a log scale,
+# the dense tuned files' 1..8192) and a point between each pair of them.
+ANCHORS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+# M % 16 == 0; odd M (M and M x top_k both "other"); M = 2 mod 4 (M x 8 a multiple of 16, M x 4 not);
+# M = 4 mod 16 (M x 4 a multiple of 16, M not).
+OFFSETS = (0, 1, 2, 4)
+_DUMMY_RUN_PARAMETERS = {"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"}
+
+_original: dict[str, Callable[..., object]] = {}
+
+
+def warm_token_counts(max_tokens: int, graph_max: int) -> list[int]:
+    """Token counts to run: each anchor plus each offset, above the graph-captured sizes (capture compiles those,
+    and smaller batches are padded to a captured size) and up to the scheduler's token budget."""
+    counts = {anchor + offset for anchor in ANCHORS for offset in OFFSETS}
+    return sorted(m for m in counts if graph_max < m <= max_tokens)
+
+
+def warm_model(worker: object) -> None:
+    """Dummy forward passes at warm_token_counts, every LoRA slot active; never raises."""
+    if os.environ.get(WARMUP_ENV, "1") == "0":
+        return
+    runner = getattr(worker, "model_runner", None)
+    if getattr(worker, "use_v2_model_runner", False) or not hasattr(runner, "_dummy_run"):
+        log.info("moelora: model warm-up skipped (not vLLM's V1 GPU model runner)")
+        return
+    t0 = time.monotonic()
+    counts: list[int] = []
+    try:
+        max_tokens = int(worker.scheduler_config.max_num_batched_tokens)
+        capture = worker.vllm_config.compilation_config.cudagraph_capture_sizes or []
+        graph_max = 0 if worker.model_config.enforce_eager else max(capture, default=0)
+        counts = warm_token_counts(max_tokens, graph_max)
+        lora_config = getattr(runner, "lora_config", None)
+        active = lora_config.max_loras if lora_config is not None else 0
+        for m in reversed(counts):  # largest first, as vLLM's own warm-up: the allocator's pool is sized once
+            runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
+        log.info("moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots) in %.1f s", len(counts),
+                 counts[0] if counts else 0, counts[-1] if counts else 0, active, time.monotonic() - t0)
+    except Exception as exc:  # noqa: BLE001  (a warm-up must never stop the server)
+        log.warning("moelora: model warm-up stopped: %r", exc)
+    finally:
+        try:
+            runner.maybe_remove_all_loras(getattr(runner, "lora_config", None))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("moelora: removing the warm-up's dummy LoRAs failed: %r", exc)
+
+
+def install_model_warmup() -> str | None:
+    """Wrap vllm.v1.worker.gpu_worker.kernel_warmup; None when done, else why not (nothing changed)."""
+    from vllm.v1.worker import gpu_worker
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = getattr(gpu_worker, "kernel_warmup", None)
+    if original is None:
+        return "vLLM's gpu_worker has no kernel_warmup"
+    if "worker" not in inspect.signature(original).parameters:
+        return "vLLM's kernel_warmup takes no worker"
+    missing = _DUMMY_RUN_PARAMETERS - set(inspect.signature(GPUModelRunner._dummy_run).parameters)
+    if missing or not hasattr(GPUModelRunner, "maybe_remove_all_loras"):
+        return f"vLLM's GPUModelRunner lacks {sorted(missing) or ['maybe_remove_all_loras']}"
+    if "kernel_warmup" in _original:
+        return None
+
+    def kernel_warmup(worker, *args, **kwargs):
+        warm_model(worker)
+        return original(worker, *args, **kwargs)
+
+    kernel_warmup.__qualname__ = "moelora_kernel_warmup"
+    _original["kernel_warmup"] = original
+    gpu_worker.kernel_warmup = kernel_warmup
+    return None
+
+
+def uninstall_model_warmup() -> None:
+    original = _original.pop("kernel_warmup", None)
+    if original is not None:
+        from vllm.v1.worker import gpu_worker
+
+        gpu_worker.kernel_warmup = original
