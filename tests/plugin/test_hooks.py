@@ -173,10 +173,12 @@ class _Runner:
         self.calls, self.removed, self.fail_at = [], 0, fail_at
         self.lora_config = SimpleNamespace(max_loras=8)
 
-    def _dummy_run(self, num_tokens, **kwargs):
+    def _dummy_run(self, num_tokens, cudagraph_runtime_mode=None, skip_eplb=False, remove_lora=True,
+                   num_active_loras=0):  # the parameters vLLM 0.26 and 0.32 share
         if num_tokens == self.fail_at:
             raise RuntimeError("boom")
-        self.calls.append((num_tokens, kwargs))
+        self.calls.append((num_tokens, {"skip_eplb": skip_eplb, "remove_lora": remove_lora,
+                                        "num_active_loras": num_active_loras}))
 
     def maybe_remove_all_loras(self, lora_config):
         self.removed += 1
@@ -215,17 +217,36 @@ def test_model_warmup_never_stops_the_server(plugin_log, monkeypatch):
 
 
 def test_model_warmup_wraps_vllms_kernel_warmup_and_comes_off(monkeypatch):
+    from vllm.model_executor.warmup import kernel_warmup as warmup_module
     from vllm.v1.worker import gpu_worker
 
     from moelora.vllm_plugin import model_warmup
 
     seen = []
-    monkeypatch.setattr(gpu_worker, "kernel_warmup", lambda worker, **kw: seen.append(("vllm", kw)))
+
+    def vllms(worker, **kw):
+        seen.append(("vllm", kw))
+
+    monkeypatch.setattr(warmup_module, "kernel_warmup", vllms)
+    monkeypatch.setattr(gpu_worker, "kernel_warmup", vllms)  # as bound by the worker module's own import
     monkeypatch.setattr(model_warmup, "warm_model", lambda worker: seen.append(("ours", worker)))
     assert model_warmup.install_model_warmup() is None  # the installed vLLM (0.32) has what it pins
     try:
+        assert warmup_module.kernel_warmup is gpu_worker.kernel_warmup  # both names wrapped
         gpu_worker.kernel_warmup("w", process_local_only=True)
         assert seen == [("ours", "w"), ("vllm", {"process_local_only": True})]  # ours first, vLLM's untouched
     finally:
         model_warmup.uninstall_model_warmup()
-    assert gpu_worker.kernel_warmup.__qualname__ != "moelora_kernel_warmup"
+    assert warmup_module.kernel_warmup is vllms and gpu_worker.kernel_warmup is vllms
+
+
+def test_model_warmup_skips_a_runner_without_the_pinned_dummy_run(plugin_log):
+    from moelora.vllm_plugin.model_warmup import warm_model
+
+    class Old(_Runner):
+        def _dummy_run(self, num_tokens, skip_eplb=False, remove_lora=True):  # no num_active_loras
+            self.calls.append(num_tokens)
+
+    runner = Old()
+    warm_model(_worker(runner))
+    assert runner.calls == [] and any("num_active_loras" in line for line in plugin_log)

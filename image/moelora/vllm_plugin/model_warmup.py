@@ -52,6 +52,11 @@ def warm_model(worker: object) -> None:
     if getattr(worker, "use_v2_model_runner", False) or not hasattr(runner, "_dummy_run"):
         log.info("moelora: model warm-up skipped (not vLLM's V1 GPU model runner)")
         return
+    missing = _DUMMY_RUN_PARAMETERS - set(inspect.signature(runner._dummy_run).parameters)
+    if missing or not hasattr(runner, "maybe_remove_all_loras"):
+        log.info("moelora: model warm-up skipped (vLLM's model runner lacks %s)",
+                 sorted(missing) or ["maybe_remove_all_loras"])
+        return
     t0 = time.monotonic()
     counts: list[int] = []
     try:
@@ -75,18 +80,20 @@ def warm_model(worker: object) -> None:
 
 
 def install_model_warmup() -> str | None:
-    """Wrap vllm.v1.worker.gpu_worker.kernel_warmup; None when done, else why not (nothing changed)."""
-    from vllm.v1.worker import gpu_worker
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    """Wrap vLLM's kernel_warmup; None when done, else why not (nothing changed).
 
-    original = getattr(gpu_worker, "kernel_warmup", None)
+    The wrapper goes into vllm.model_executor.warmup.kernel_warmup, so the GPU worker module binds it when it is
+    imported later (`from ... import kernel_warmup`), and into that module too if it already is. The plugin is
+    loaded in every vLLM process, the API server's included: the worker module itself is not imported from here."""
+    import importlib
+    import sys
+
+    module = importlib.import_module("vllm.model_executor.warmup.kernel_warmup")
+    original = getattr(module, "kernel_warmup", None)
     if original is None:
-        return "vLLM's gpu_worker has no kernel_warmup"
+        return "vLLM has no kernel_warmup"
     if "worker" not in inspect.signature(original).parameters:
         return "vLLM's kernel_warmup takes no worker"
-    missing = _DUMMY_RUN_PARAMETERS - set(inspect.signature(GPUModelRunner._dummy_run).parameters)
-    if missing or not hasattr(GPUModelRunner, "maybe_remove_all_loras"):
-        return f"vLLM's GPUModelRunner lacks {sorted(missing) or ['maybe_remove_all_loras']}"
     if "kernel_warmup" in _original:
         return None
 
@@ -96,13 +103,21 @@ def install_model_warmup() -> str | None:
 
     kernel_warmup.__qualname__ = "moelora_kernel_warmup"
     _original["kernel_warmup"] = original
-    gpu_worker.kernel_warmup = kernel_warmup
+    module.kernel_warmup = kernel_warmup
+    worker_module = sys.modules.get("vllm.v1.worker.gpu_worker")
+    if worker_module is not None and getattr(worker_module, "kernel_warmup", None) is original:
+        worker_module.kernel_warmup = kernel_warmup
     return None
 
 
 def uninstall_model_warmup() -> None:
-    original = _original.pop("kernel_warmup", None)
-    if original is not None:
-        from vllm.v1.worker import gpu_worker
+    import sys
 
-        gpu_worker.kernel_warmup = original
+    original = _original.pop("kernel_warmup", None)
+    if original is None:
+        return
+    for name in ("vllm.model_executor.warmup.kernel_warmup", "vllm.v1.worker.gpu_worker"):
+        module = sys.modules.get(name)
+        current = getattr(module, "kernel_warmup", None)
+        if getattr(current, "__qualname__", "") == "moelora_kernel_warmup":  # ours, bound at or after install
+            module.kernel_warmup = original
