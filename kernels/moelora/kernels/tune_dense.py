@@ -79,7 +79,9 @@ class DenseBucket:
 
 def plan(*, models: list[DenseModel], ranks: list[int], max_loras: list[int], ms: list[int]) -> list[DenseBucket]:
     buckets, seen = [], set()
-    for model, r, n_l, m in itertools.product(models, ranks, max_loras, ms):
+    # Rank and adapter count outermost, in the order given, so a time-limited run covers every model at the first
+    # (most used) rank and count before the next.
+    for r, n_l, model, m in itertools.product(ranks, max_loras, models, ms):
         for proj, op in itertools.product(projections(model), ("shrink", "expand")):
             b = DenseBucket(model, proj, op, r, n_l, m)
             if b.key not in seen:  # two models may share a projection's shape
@@ -308,7 +310,7 @@ DEFAULT_M = (1, 8, 16, 32, 64, 256, 1024, 4096, 8192)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m moelora.kernels.tune_dense", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", choices=sorted(DENSE_MODELS), required=True)
+    p.add_argument("--model", action="append", choices=sorted(DENSE_MODELS))
     p.add_argument("--ranks", type=_ints, default=[16, 32, 64])
     p.add_argument("--max-loras", type=_ints, default=[1, 4, 8])
     p.add_argument("--m", type=_ints, default=list(DEFAULT_M), help="token-count buckets")
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(load_state(args.output / STATE_FILE)))
         return 0
+    if not args.model:
+        p.error("give --model")
     if any(r < 1 or r > 128 for r in args.ranks) or any(v < 1 for v in args.max_loras + args.m):
         p.error("ranks must be 1..128, max_loras and m positive")
     buckets = plan(models=[DENSE_MODELS[m] for m in args.model], ranks=args.ranks, max_loras=args.max_loras,
