@@ -6,6 +6,7 @@ Run as tests/gpu is (its own pytest process, PYTHONPATH=kernels:image, no TRITON
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -48,10 +49,12 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
     want2 = _oracle(y2, act.view(m, top_k, inter), a2, b2, ids, mapping, w, True)
     w1, w2 = torch.empty(experts, 2 * inter, hidden, device=dev, dtype=dt), torch.empty(experts, hidden, inter,
                                                                                          device=dev, dtype=dt)
-    values = moe_hooks.add_lora_w13(None, y13, x, (a13,), (b13,), ids, w, None, w1, w2, m, top_k, loras,
+    punica = SimpleNamespace(lora_config=SimpleNamespace(specialize_active_lora=False), token_mapping_meta=SimpleNamespace(
+        meta_args=lambda n, spec: (None,) * 5 + (torch.tensor([False]), None)))  # "adapters in this batch"
+    values = moe_hooks.add_lora_w13(punica, y13, x, (a13,), (b13,), ids, w, None, w1, w2, m, top_k, loras,
                                     torch.ones(loras + 1, device=dev), experts, top_k, 1, False, False,
                                     add_inputs=True, token_lora_mapping=mapping)
-    moe_hooks.add_lora_w2(None, y2, act, (a2,), (b2,), w, *values, m, w1, w2, top_k, loras,
+    moe_hooks.add_lora_w2(punica, y2, act, (a2,), (b2,), w, *values, m, w1, w2, top_k, loras,
                           torch.ones(loras + 1, device=dev), top_k, False, 0, False, add_inputs=True)
     torch.cuda.synchronize()
     for got, want in ((y13, want13), (y2, want2)):

@@ -29,6 +29,14 @@ def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, sli
         w1=torch.empty(experts, 2 * inter, hidden), w2=torch.empty(experts, hidden, inter))
 
 
+def _punica(no_lora=False):
+    """What the hooks read of vLLM's PunicaWrapperGPU: its token-mapping metadata (meta_args()[5] is the CPU
+    "no adapter in this batch" flag)."""
+    flag = torch.tensor([no_lora])
+    return SimpleNamespace(lora_config=SimpleNamespace(specialize_active_lora=False),
+                           token_mapping_meta=SimpleNamespace(meta_args=lambda n, spec: (None,) * 5 + (flag, None)))
+
+
 def _w13(layer, wrapper=None, **overrides):
     args = {
         "y": layer.y13, "x": layer.x, "lora_a_stacked": layer.a13, "lora_b_stacked": layer.b13,
@@ -38,7 +46,7 @@ def _w13(layer, wrapper=None, **overrides):
         "num_slices": layer.slices, "fully_sharded": False, "use_tuned_config": False, "add_inputs": True,
         "token_lora_mapping": layer.mapping,
     }
-    return moe_hooks.add_lora_w13(wrapper, **(args | overrides))
+    return moe_hooks.add_lora_w13(wrapper or _punica(), **(args | overrides))
 
 
 def _w2(layer, routing_values, wrapper=None, **overrides):
@@ -51,7 +59,7 @@ def _w2(layer, routing_values, wrapper=None, **overrides):
         "adapter_enabled": torch.ones(layer.loras + 1), "top_k": layer.top_k, "fully_sharded": False, "tp_rank": 0,
         "use_tuned_config": False, "add_inputs": True,
     }
-    return moe_hooks.add_lora_w2(wrapper, **(args | overrides))
+    return moe_hooks.add_lora_w2(wrapper or _punica(), **(args | overrides))
 
 
 @pytest.mark.parametrize("slices", [1, 2])
@@ -82,6 +90,20 @@ def test_add_inputs_false_overwrites(naive):
                  topk_ids=layer.topk_ids, token_lora_mapping=layer.mapping, topk_weights=layer.topk_w,
                  mul_routed_weight=False)
     torch.testing.assert_close(layer.y13.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_without_adapters_gets_nothing_added(monkeypatch):
+    """vLLM does not refresh the token map for such a batch (it keeps an earlier batch's slots): read it and the
+    base model's requests would get an adapter's delta. As vLLM, add nothing; the w2 call is vLLM's, which returns
+    on the same flag."""
+    calls = []
+    monkeypatch.setitem(moe_hooks._originals, "add_lora_w2", lambda *a, **k: calls.append("w2"))
+    layer = _layer()
+    before13, before2 = layer.y13.clone(), layer.y2.clone()
+    values = _w13(layer, wrapper=_punica(no_lora=True))  # layer.mapping still names adapters: stale
+    assert values[:3] == (None, None, None)
+    _w2(layer, values, wrapper=_punica(no_lora=True))
+    assert torch.equal(layer.y13, before13) and torch.equal(layer.y2, before2) and calls == ["w2"]
 
 
 def test_unsupported_and_foreign_calls_go_to_vllm(monkeypatch):
@@ -184,10 +206,11 @@ class _Runner:
         self.removed += 1
 
 
-def _worker(runner, eager=False):
+def _worker(runner, eager=False, mode="FULL_AND_PIECEWISE"):
     return SimpleNamespace(model_runner=runner, scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
                            vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(
-                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 24, 32])),
+                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 24, 32],
+                               cudagraph_mode=SimpleNamespace(name=mode))),
                            model_config=SimpleNamespace(enforce_eager=eager))
 
 
@@ -202,6 +225,9 @@ def test_model_warmup_runs_vllms_dummy_pass_with_every_lora_slot_then_cleans_up(
     eager = _Runner()
     warm_model(_worker(eager, eager=True))  # nothing captured: the small counts run too
     assert min(m for m, _ in eager.calls) == 32
+    decode_only = _Runner()
+    warm_model(_worker(decode_only, mode="FULL_DECODE_ONLY"))  # prefills of <= 32 tokens run eagerly, unpadded
+    assert min(m for m, _ in decode_only.calls) == 32
 
 
 def test_model_warmup_never_stops_the_server(plugin_log, monkeypatch):
@@ -250,3 +276,18 @@ def test_model_warmup_skips_a_runner_without_the_pinned_dummy_run(plugin_log):
     runner = Old()
     warm_model(_worker(runner))
     assert runner.calls == [] and any("num_active_loras" in line for line in plugin_log)
+
+
+def test_dense_warmup_waits_for_a_batch_with_adapters_and_caps_its_scratch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x = SimpleNamespace(device=torch.device("cuda"))  # only its device is looked at
+    key = ("shrink", "test-key")
+    dense_warmup._warmed.discard(key)
+    assert not dense_warmup._should_warm(key, x, torch.tensor([True]))  # no adapter: e.g. vLLM's profile run
+    assert key not in dense_warmup._warmed  # not marked: the next call with adapters warms
+    assert dense_warmup._should_warm(key, x, torch.tensor([False]))
+    assert not dense_warmup._should_warm(key, x, torch.tensor([False]))  # once per key
+    dense_warmup._warmed.discard(key)
+    buffer = torch.zeros(8192, dtype=torch.int32)  # vLLM's metadata buffer, max_num_batched_tokens long
+    assert dense_warmup._cap(buffer[:100], row_bytes=16) == 8192  # a view: the buffer's capacity counts
+    assert dense_warmup._cap(buffer, row_bytes=201_088 * 2) == dense_warmup.MAX_SCRATCH_BYTES // (201_088 * 2)

@@ -67,13 +67,26 @@ def _meta(max_loras: int, m: int, device: torch.device) -> tuple:
     return meta.meta_args(m, False)
 
 
+# Scratch buffers of one warm-up call are kept under this (an lm_head expand is M x vocab wide).
+MAX_SCRATCH_BYTES = 1 << 29
+
+
 def _should_warm(key: tuple, inputs: torch.Tensor, no_lora_flag_cpu: torch.Tensor) -> bool:
     if key in _warmed or os.environ.get(WARMUP_ENV, "1") == "0" or inputs.device.type != "cuda":
         return False
-    if torch.cuda.is_current_stream_capturing():
+    # Not during a batch without adapters (vLLM's memory-profiling run is one: scratch buffers there would count
+    # toward its peak), nor inside graph capture; the next eager call with adapters warms.
+    if bool(no_lora_flag_cpu.item()) or torch.cuda.is_current_stream_capturing():
         return False
     _warmed.add(key)
     return True
+
+
+def _cap(token_lora_mapping: torch.Tensor, row_bytes: int) -> int:
+    """The largest token count to warm: what vLLM's metadata buffer holds (max_num_batched_tokens; the mapping is
+    a view of it) and what keeps one call's scratch under MAX_SCRATCH_BYTES."""
+    capacity = token_lora_mapping.untyped_storage().nbytes() // token_lora_mapping.element_size()
+    return max(1, min(capacity, MAX_WARM_M, MAX_SCRATCH_BYTES // max(1, row_bytes)))
 
 
 def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
@@ -83,8 +96,9 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
         key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
             t0 = time.monotonic()
-            ms = warm_ms(_file_ms("shrink", None))
             dev, k = inputs.device, inputs.size(1)
+            row_bytes = k * inputs.element_size() + len(lora_a_weights) * output_tensor.size(-1) * 4
+            ms = warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes))
             for m in ms:
                 original(torch.zeros(m, k, device=dev, dtype=inputs.dtype), lora_a_weights,
                          torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev,
@@ -107,8 +121,10 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
                output_tensor.size(-1), offset_start, bool(add_inputs), lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
             t0 = time.monotonic()
-            ms = warm_ms(_file_ms("expand", bool(add_inputs)))
             dev = inputs.device
+            row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + \
+                output_tensor.size(-1) * output_tensor.element_size()
+            ms = warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes))
             for m in ms:
                 original(torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype),
                          lora_b_weights,

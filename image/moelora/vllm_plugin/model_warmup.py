@@ -61,8 +61,7 @@ def warm_model(worker: object) -> None:
     counts: list[int] = []
     try:
         max_tokens = int(worker.scheduler_config.max_num_batched_tokens)
-        capture = worker.vllm_config.compilation_config.cudagraph_capture_sizes or []
-        graph_max = 0 if worker.model_config.enforce_eager else max(capture, default=0)
+        graph_max = _graphed_max(worker)
         counts = warm_token_counts(max_tokens, graph_max)
         lora_config = getattr(runner, "lora_config", None)
         active = lora_config.max_loras if lora_config is not None else 0
@@ -70,13 +69,31 @@ def warm_model(worker: object) -> None:
             runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
         log.info("moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots) in %.1f s", len(counts),
                  counts[0] if counts else 0, counts[-1] if counts else 0, active, time.monotonic() - t0)
-    except Exception as exc:  # noqa: BLE001  (a warm-up must never stop the server)
+    except Exception as exc:
         log.warning("moelora: model warm-up stopped: %r", exc)
+        if _world_size() > 1:  # ...but a rank that stopped half-way would leave the others waiting in collectives
+            raise
     finally:
         try:
             runner.maybe_remove_all_loras(getattr(runner, "lora_config", None))
         except Exception as exc:  # noqa: BLE001
             log.warning("moelora: removing the warm-up's dummy LoRAs failed: %r", exc)
+
+
+def _graphed_max(worker: object) -> int:
+    """The largest token count a mixed (prefill) batch is padded to a captured graph for; 0 when such batches run
+    eagerly (enforce_eager, or graphs for decode-only batches): then every size above 0 can meet a new variant."""
+    compilation = worker.vllm_config.compilation_config
+    mode = getattr(compilation.cudagraph_mode, "name", str(compilation.cudagraph_mode))
+    if worker.model_config.enforce_eager or mode not in ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE"):
+        return 0
+    return max(compilation.cudagraph_capture_sizes or [], default=0)
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def install_model_warmup() -> str | None:

@@ -69,11 +69,15 @@ def _unsupported(lora_a_stacked, expert_map, fully_sharded: bool, x: torch.Tenso
     return None
 
 
-def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None, num_tokens: int) -> torch.Tensor:
-    if token_lora_mapping is None:  # what vLLM's moe_lora_align_block_size reads when none is passed
-        token_lora_mapping = wrapper.token_mapping_meta.meta_args(
-            num_tokens, wrapper.lora_config.specialize_active_lora)[0]
-    return token_lora_mapping[:num_tokens]
+def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None,
+                   num_tokens: int) -> tuple[torch.Tensor, bool]:
+    """The batch's token -> adapter-slot map and whether no token has an adapter, as vLLM's add_lora_fused_moe
+    reads them. With no adapter in the batch vLLM does not even refresh the map (LoRAKernelMeta.prepare_tensors
+    returns first), so it must not be read then: it still holds an earlier batch's slots."""
+    meta = wrapper.token_mapping_meta.meta_args(num_tokens, wrapper.lora_config.specialize_active_lora)
+    if token_lora_mapping is None:
+        token_lora_mapping = meta[0]
+    return token_lora_mapping[:num_tokens], bool(meta[5].item())  # meta[5]: a CPU tensor, no device sync
 
 
 def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, expert_map, w1, w2, num_tokens,
@@ -89,12 +93,15 @@ def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weig
                                           add_inputs=add_inputs, token_lora_mapping=token_lora_mapping)
     from .triton_path import Router, run_triton
 
-    mapping = _token_mapping(self, token_lora_mapping, num_tokens)
+    mapping, no_lora = _token_mapping(self, token_lora_mapping, num_tokens)
+    _kept.routing = None
+    if no_lora:  # as vLLM: nothing to add (and with add_inputs=False its callers pass a zeroed buffer)
+        return None, None, None, mapping
     ids = topk_ids.view(num_tokens, -1)
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int32)
-    _warm_up(lora_a_stacked=lora_a_stacked, lora_b_stacked=lora_b_stacked, w2_inter=w2.shape[-1],
-             top_k=ids.shape[1], x=x)
+    _warm_up("w13", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=len(lora_a_stacked),
+             top_k=ids.shape[1], x=x, topk_weights=topk_weights)
     routing = Router().route(key=(), reuse=False, make_topk_ids=lambda: ids, token_lora_mapping=mapping,
                              num_experts=lora_a_stacked[0].shape[1], max_loras=lora_a_stacked[0].shape[0])
     out = y.view(num_tokens, ids.shape[1], -1)
@@ -125,6 +132,8 @@ def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_weights, sorted
 
     routing, _kept.routing = _kept.routing, None
     top = routing.top_k
+    _warm_up("w2", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=1, top_k=top, x=x,
+             topk_weights=topk_weights)
     out = y.view(num_tokens, top, -1)
     if not add_inputs:
         out.zero_()
@@ -134,13 +143,14 @@ def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_weights, sorted
     return None
 
 
-def _warm_up(*, lora_a_stacked, lora_b_stacked, w2_inter: int, top_k: int, x: torch.Tensor) -> None:
-    """Compile, once per layer shape and outside CUDA-graph capture, every configuration the table can pick: one
-    w13-shaped and one w2-shaped call on scratch buffers at each token bucket of the table."""
+def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int, top_k: int, x: torch.Tensor,
+             topk_weights: torch.Tensor) -> None:
+    """Compile, once per op and layer shape and outside CUDA-graph capture, every configuration the table can pick:
+    one call on scratch buffers laid out as the real ones (w13: a column slice of a `slices`-wide output; w2: one
+    input row per (token, slot)) at each token bucket of the table."""
     if os.environ.get(WARMUP_ENV, "1") == "0" or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return
-    a, b = lora_a_stacked[0], lora_b_stacked[0]
-    key = (tuple(a.shape), tuple(b.shape), len(lora_a_stacked), w2_inter, top_k, x.dtype, x.device)
+    key = (op, tuple(lora_a.shape), tuple(lora_b.shape), slices, top_k, x.dtype, topk_weights.dtype, x.device)
     if key in _warmed:
         return
     _warmed.add(key)
@@ -151,29 +161,30 @@ def _warm_up(*, lora_a_stacked, lora_b_stacked, w2_inter: int, top_k: int, x: to
 
     from .triton_path import run_triton
 
-    max_loras, experts, rank, hidden = a.shape
+    max_loras, experts, rank, k = lora_a.shape
+    n = lora_b.shape[2]
+    dev, dt = x.device, x.dtype
     t0 = time.monotonic()
-    ms = _table_ms(device=x.device)
+    ms = _table_ms(device=dev)
     for m in ms:
-        g = torch.Generator(device=x.device).manual_seed(m)
-        ids = torch.randint(0, experts, (m, top_k), device=x.device, generator=g, dtype=torch.int32)
-        mapping = torch.arange(m, device=x.device, dtype=torch.int32) % max_loras
+        g = torch.Generator(device=dev).manual_seed(m)
+        ids = torch.randint(0, experts, (m, top_k), device=dev, generator=g, dtype=torch.int32)
+        mapping = torch.arange(m, device=dev, dtype=torch.int32) % max_loras
         routing = moe_lora_routing(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts,
                                    max_loras=max_loras,
                                    block_m=default_block_m(num_pairs=m * top_k, num_groups=experts * max_loras))
-        weights = torch.full((m, top_k), 1.0 / top_k, device=x.device, dtype=torch.float32)
-        out13 = torch.zeros(m, top_k, b.shape[2], device=x.device, dtype=x.dtype)
-        run_triton(output=out13, x=torch.zeros(m, hidden, device=x.device, dtype=x.dtype), lora_a=a, lora_b=b,
-                   routing=routing, topk_weights=weights, mul_routed_weight=False)
-        # the w2 weights have the mirrored shapes (L, E, r, inter) and (L, E, hidden, r); zeros do for compiling
-        a2 = torch.zeros(max_loras, experts, rank, w2_inter, device=x.device, dtype=x.dtype)
-        b2 = torch.zeros(max_loras, experts, hidden, rank, device=x.device, dtype=x.dtype)
-        run_triton(output=torch.zeros(m, top_k, hidden, device=x.device, dtype=x.dtype),
-                   x=torch.zeros(m, top_k, w2_inter, device=x.device, dtype=x.dtype), lora_a=a2, lora_b=b2,
-                   routing=routing, topk_weights=weights, mul_routed_weight=True)
-    torch.cuda.synchronize(x.device)
-    log.info("moelora: MoE-LoRA kernels compiled for M in %s (E=%d, hidden %d, rank %d, %d adapters) in %.1f s",
-             list(ms), experts, hidden, rank, max_loras, time.monotonic() - t0)
+        weights = torch.full((m, top_k), 1.0 / top_k, device=dev, dtype=topk_weights.dtype)
+        if op == "w13":
+            out = torch.zeros(m, top_k, slices * n, device=dev, dtype=dt)[:, :, :n]
+            inp = torch.zeros(m, k, device=dev, dtype=dt)
+        else:
+            out = torch.zeros(m, top_k, n, device=dev, dtype=dt)
+            inp = torch.zeros(m, top_k, k, device=dev, dtype=dt)
+        run_triton(output=out, x=inp, lora_a=lora_a, lora_b=lora_b, routing=routing, topk_weights=weights,
+                   mul_routed_weight=op == "w2")
+    torch.cuda.synchronize(dev)
+    log.info("moelora: MoE-LoRA %s kernels compiled for M in %s (E=%d, K=%d, N=%d, rank %d, %d adapters) in %.1f s",
+             op, list(ms), experts, k, n, rank, max_loras, time.monotonic() - t0)
 
 
 def _table_ms(*, device: torch.device) -> tuple[int, ...]:
