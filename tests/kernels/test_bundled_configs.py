@@ -43,15 +43,8 @@ def test_vllm_files_cover_the_grid():
     assert not missing, missing[:5]
 
 
-def test_vllms_own_lookup_returns_the_bundled_leaves(monkeypatch):
-    from vllm.lora.ops.triton_ops import utils as vllm_utils
-
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(VLLM_DIR))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H200")
-    monkeypatch.setattr(vllm_utils, "is_batch_invariant", False, raising=False)
-    vllm_utils.load_lora_op_config.cache_clear()
-    vllm_utils.get_lora_op_configs.cache_clear()
-    try:
+def test_vllms_own_lookup_returns_the_bundled_leaves(vllm_lookup):
+    with vllm_lookup(VLLM_DIR) as vllm_utils:
         for shape in MODEL_PRESETS.values():
             for op, slices, inter in _vllm_calls(shape):
                 for part in ("shrink", "expand"):
@@ -62,9 +55,6 @@ def test_vllms_own_lookup_returns_the_bundled_leaves(monkeypatch):
                         op_type=f"fused_moe_lora_{op}_{part}", max_loras=8, batch=16, hidden_size=shape.hidden,
                         rank=32, num_slices=slices, moe_intermediate_size=inter)
                     assert got == want
-    finally:
-        vllm_utils.load_lora_op_config.cache_clear()
-        vllm_utils.get_lora_op_configs.cache_clear()
 
 
 @pytest.mark.parametrize("shape", MODEL_PRESETS.values(), ids=lambda s: s.name)
@@ -89,17 +79,10 @@ DENSE = [("shrink", 3, 2880, 32), ("shrink", 1, 4096, 32), ("shrink", 1, 2880, 3
 
 
 @pytest.mark.parametrize("op, slices, k, n", DENSE)
-def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, monkeypatch):
-    from vllm.lora.ops.triton_ops import utils as vllm_utils
-
+def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
     name = "NVIDIA_H200_SHRINK.json" if op == "shrink" else "NVIDIA_H200_EXPAND_TRUE.json"
     tree = json.loads((VLLM_DIR / name).read_text())
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(VLLM_DIR))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **kw: "NVIDIA H200")
-    monkeypatch.setattr(vllm_utils, "is_batch_invariant", False, raising=False)
-    vllm_utils.load_lora_op_config.cache_clear()
-    vllm_utils.get_lora_op_configs.cache_clear()
-    try:
+    with vllm_lookup(VLLM_DIR) as vllm_utils:
         for m in (1, 16, 64, 1024):
             want = tree["9"][str(slices)][str(m)][str(k)][str(n)]  # vLLM keys max_loras as its id table's length, 8 + 1
             # hidden_size/rank as the ops pass them: the shrink's K and rank, the expand's widest slice and rank
@@ -108,6 +91,3 @@ def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, monkeypatch):
                                                  num_slices=slices, add_inputs=True if op == "expand" else None)
             assert got == want
             assert {"block_m", "block_n", "block_k", "num_warps", "num_ctas", "num_stages"} <= set(got)
-    finally:
-        vllm_utils.load_lora_op_config.cache_clear()
-        vllm_utils.get_lora_op_configs.cache_clear()

@@ -40,9 +40,7 @@ def test_reference_matches_a_per_token_loop(op):
     torch.testing.assert_close(got, want)
 
 
-def test_written_files_are_read_back_by_vllm(tmp_path, monkeypatch):
-    from vllm.lora.ops.triton_ops import utils as vllm_utils
-
+def test_written_files_are_read_back_by_vllm(tmp_path, vllm_lookup):
     leaf_s = {"block_m": 16, "block_n": 32, "block_k": 64, "split_k": 4, "group_size_m": 8, "num_warps": 2,
               "num_ctas": 1, "num_stages": 3}
     leaf_e = {"block_m": 16, "block_n": 128, "block_k": 32, "num_warps": 4, "num_ctas": 1, "num_stages": 2}
@@ -53,20 +51,12 @@ def test_written_files_are_read_back_by_vllm(tmp_path, monkeypatch):
                                                        "k": 2880, "slices": [4096, 512, 512]}}}}
     files = td.write_dense_files(out_dir=tmp_path, state=state, device_name="NVIDIA H200")
     assert sorted(f.name for f in files) == ["NVIDIA_H200_EXPAND_TRUE.json", "NVIDIA_H200_SHRINK.json"]
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "NVIDIA H200")
-    monkeypatch.setattr(vllm_utils, "is_batch_invariant", False, raising=False)
-    vllm_utils.load_lora_op_config.cache_clear()
-    vllm_utils.get_lora_op_configs.cache_clear()
-    try:
+    with vllm_lookup(tmp_path) as vllm_utils:
         # exactly as vLLM's ops ask: max_loras = len(lora_ids) = 9, nearest m
         assert vllm_utils.get_lora_op_configs("shrink", max_loras=9, batch=20, hidden_size=2880, rank=32,
                                               num_slices=3) == leaf_s
         assert vllm_utils.get_lora_op_configs("expand", max_loras=9, batch=16, hidden_size=4096, rank=32,
                                               num_slices=3, add_inputs=True) == leaf_e
-    finally:
-        vllm_utils.load_lora_op_config.cache_clear()
-        vllm_utils.get_lora_op_configs.cache_clear()
     assert json.loads(files[0].read_text())  # valid JSON on disk
 
 

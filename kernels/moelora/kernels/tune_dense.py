@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import math
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .tune import _ints, load_state, save_state, search
-from .vllm_configs import gpu_prefix
+from .vllm_configs import gpu_prefix, write_tree
 
 __all__ = ["DENSE_MODELS", "DenseBucket", "DenseModel", "plan", "projections", "tune_dense", "write_dense_files"]
 
@@ -226,22 +225,7 @@ def write_dense_files(*, out_dir: Path, state: dict, device_name: str) -> list[P
             node = node.setdefault(str(key), {})
         node[str(n)] = rec["result"]["config"]
     names = {"shrink": f"{gpu_prefix(device_name)}_SHRINK.json", "expand": f"{gpu_prefix(device_name)}_EXPAND_TRUE.json"}
-    written = []
-    for op, tree in trees.items():
-        if not tree:
-            continue
-        path = out_dir / names[op]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_sorted(tree), indent=1) + "\n")
-        tmp.replace(path)
-        written.append(path)
-    return written
-
-
-def _sorted(node):
-    if isinstance(node, dict) and node and all(k.isdigit() for k in node):
-        return {k: _sorted(node[k]) for k in sorted(node, key=int)}
-    return node
+    return [write_tree(out_dir / names[op], tree) for op, tree in trees.items() if tree]
 
 
 def _forget_pointer_tables() -> None:

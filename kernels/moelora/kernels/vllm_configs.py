@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LEAF_FIELDS", "VllmEntry", "align_blocks", "gpu_prefix", "vllm_file_name", "vllm_op", "write_vllm_files"]
+__all__ = ["LEAF_FIELDS", "VllmEntry", "align_blocks", "gpu_prefix", "vllm_file_name", "vllm_op", "write_tree",
+           "write_vllm_files"]
 
 LEAF_FIELDS = ("block_m", "block_n", "block_k", "group_size_m", "num_warps", "num_stages", "split_k")
 OPS = ("w13_shrink", "w13_expand", "w2_shrink", "w2_expand")
@@ -56,16 +57,16 @@ def write_vllm_files(*, out_dir: Path, device_name: str, entries: Iterable[VllmE
             node = node.setdefault(str(key), {})
         node[str(e.inter)] = {f: e.leaf[f] for f in LEAF_FIELDS}
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for op, tree in trees.items():
-        if not tree:
-            continue
-        path = out_dir / vllm_file_name(device_name, op)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_sorted_tree(tree), indent=1) + "\n")
-        tmp.replace(path)
-        written.append(path)
-    return written
+    return [write_tree(out_dir / vllm_file_name(device_name, op), tree) for op, tree in trees.items() if tree]
+
+
+def write_tree(path: Path, tree: dict) -> Path:
+    """One of vLLM's nested config files, integer keys in numeric order; atomic (a cut-short run never leaves a
+    torn file)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_sorted_tree(tree), indent=1) + "\n")
+    tmp.replace(path)
+    return path
 
 
 def _sorted_tree(node):
