@@ -34,7 +34,7 @@ env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main ser
   --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size 32 --port 8000 \
   ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
 SP=$!
-for s in $(seq 1 400); do
+for _ in $(seq 1 400); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
   kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1
 done
