@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import warmups_on
+
 __all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
 
 log = logging.getLogger("vllm.moelora_plugin")
@@ -36,7 +38,6 @@ W2_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_wei
                  "top_k_num", "max_loras", "adapter_enabled", "top_k", "fully_sharded", "tp_rank", "use_tuned_config",
                  "add_inputs")
 _MAX_RANK = 128
-WARMUP_ENV = "MOELORA_WARMUP"
 
 _originals: dict[str, Callable[..., object]] = {}
 
@@ -91,7 +92,7 @@ def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weig
                                           expert_map, w1, w2, num_tokens, top_k_num, max_loras, adapter_enabled,
                                           local_num_experts, top_k, num_slices, fully_sharded, use_tuned_config,
                                           add_inputs=add_inputs, token_lora_mapping=token_lora_mapping)
-    from .triton_path import Router, run_triton
+    from .triton_path import route, run_triton
 
     mapping, no_lora = _token_mapping(self, token_lora_mapping, num_tokens)
     _kept.routing = None
@@ -102,8 +103,8 @@ def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weig
         ids = ids.to(torch.int32)
     _warm_up("w13", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=len(lora_a_stacked),
              top_k=ids.shape[1], x=x, topk_weights=topk_weights)
-    routing = Router().route(key=(), reuse=False, make_topk_ids=lambda: ids, token_lora_mapping=mapping,
-                             num_experts=lora_a_stacked[0].shape[1], max_loras=lora_a_stacked[0].shape[0])
+    routing = route(topk_ids=ids, token_lora_mapping=mapping, num_experts=lora_a_stacked[0].shape[1],
+                    max_loras=lora_a_stacked[0].shape[0])
     out = y.view(num_tokens, ids.shape[1], -1)
     if not add_inputs:
         out.zero_()
@@ -148,7 +149,7 @@ def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int
     """Compile, once per op and layer shape and outside CUDA-graph capture, every configuration the table can pick:
     one call on scratch buffers laid out as the real ones (w13: a column slice of a `slices`-wide output; w2: one
     input row per (token, slot)) at each token bucket of the table."""
-    if os.environ.get(WARMUP_ENV, "1") == "0" or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if not warmups_on() or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return
     key = (op, tuple(lora_a.shape), tuple(lora_b.shape), slices, top_k, x.dtype, topk_weights.dtype, x.device)
     if key in _warmed:
@@ -156,10 +157,7 @@ def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int
     _warmed.add(key)
     import time
 
-    from moelora.kernels import moe_lora_routing
-    from moelora.kernels.fused import default_block_m
-
-    from .triton_path import run_triton
+    from .triton_path import route, run_triton
 
     max_loras, experts, rank, k = lora_a.shape
     n = lora_b.shape[2]
@@ -170,9 +168,7 @@ def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int
         g = torch.Generator(device=dev).manual_seed(m)
         ids = torch.randint(0, experts, (m, top_k), device=dev, generator=g, dtype=torch.int32)
         mapping = torch.arange(m, device=dev, dtype=torch.int32) % max_loras
-        routing = moe_lora_routing(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts,
-                                   max_loras=max_loras,
-                                   block_m=default_block_m(num_pairs=m * top_k, num_groups=experts * max_loras))
+        routing = route(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts, max_loras=max_loras)
         weights = torch.full((m, top_k), 1.0 / top_k, device=dev, dtype=topk_weights.dtype)
         if op == "w13":
             out = torch.zeros(m, top_k, slices * n, device=dev, dtype=dt)[:, :, :n]

@@ -13,7 +13,7 @@ import torch
 
 from moelora.kernels import default_block_m, default_config, fused_moe_lora, moe_lora_routing
 
-__all__ = ["Router"]
+__all__ = ["Router", "route", "run_triton"]
 
 
 class Router:
@@ -29,13 +29,18 @@ class Router:
         full_key = key + ((torch.cuda.current_stream(dev).cuda_stream,) if dev.type == "cuda" else ())
         if reuse and self._key == full_key and self._routing is not None:
             return self._routing
-        topk_ids = make_topk_ids()
-        m, top_k = topk_ids.shape
-        block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
-        routing = moe_lora_routing(topk_ids=topk_ids, token_lora_mapping=token_lora_mapping,
-                                   num_experts=num_experts, max_loras=max_loras, block_m=block_m)
+        routing = route(topk_ids=make_topk_ids(), token_lora_mapping=token_lora_mapping, num_experts=num_experts,
+                        max_loras=max_loras)
         self._key, self._routing = full_key, routing
         return routing
+
+
+def route(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int) -> object:
+    """moelora's routing of (M, top_k) expert ids, with the kernel's default block size."""
+    m, top_k = topk_ids.shape
+    block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
+    return moe_lora_routing(topk_ids=topk_ids, token_lora_mapping=token_lora_mapping, num_experts=num_experts,
+                            max_loras=max_loras, block_m=block_m)
 
 
 def run_triton(*, output: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, routing: object,
