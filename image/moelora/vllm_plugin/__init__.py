@@ -26,6 +26,11 @@ _done: str | None = None
 
 
 COMPILE_LOG_ENV = "MOELORA_LOG_COMPILES"
+WARMUP_ENV = "MOELORA_WARMUP"  # "0": none of the start-up compiles (moe_hooks, dense_warmup, model_warmup)
+
+
+def warmups_on() -> bool:
+    return os.environ.get(WARMUP_ENV, "1") != "0"
 
 
 def register() -> None:

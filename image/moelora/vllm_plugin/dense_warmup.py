@@ -14,11 +14,12 @@ then every call goes straight to vLLM's function.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
 import torch
+
+from . import warmups_on
 
 __all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "warm_ms"]
 
@@ -31,7 +32,6 @@ SHRINK_PARAMETERS = ("inputs", "lora_a_weights", "output_tensor", "token_lora_ma
 EXPAND_PARAMETERS = ("inputs", "lora_b_weights", "output_tensor", "token_lora_mapping",
                      "token_indices_sorted_by_lora_ids", "num_tokens_per_lora", "lora_token_start_loc", "lora_ids",
                      "no_lora_flag_cpu", "num_active_loras", "offset_start", "add_inputs")
-WARMUP_ENV = "MOELORA_WARMUP"
 # vLLM's defaults switch at 128 tokens (get_lora_op_configs).
 _DEFAULT_SWITCH = (1, 128)
 
@@ -72,7 +72,7 @@ MAX_SCRATCH_BYTES = 1 << 29
 
 
 def _should_warm(key: tuple, inputs: torch.Tensor, no_lora_flag_cpu: torch.Tensor) -> bool:
-    if key in _warmed or os.environ.get(WARMUP_ENV, "1") == "0" or inputs.device.type != "cuda":
+    if key in _warmed or not warmups_on() or inputs.device.type != "cuda":
         return False
     # Not during a batch without adapters (vLLM's memory-profiling run is one: scratch buffers there would count
     # toward its peak), nor inside graph capture; the next eager call with adapters warms.
@@ -89,23 +89,31 @@ def _cap(token_lora_mapping: torch.Tensor, row_bytes: int) -> int:
     return max(1, min(capacity, MAX_WARM_M, MAX_SCRATCH_BYTES // max(1, row_bytes)))
 
 
+def _compile_at(ms: list[int], dev: torch.device, what: str, call: Callable[[int], None]) -> None:
+    """vLLM's op once at each token count (call(m) on scratch buffers), so each variant compiles now."""
+    t0 = time.monotonic()
+    for m in ms:
+        call(m)
+    torch.cuda.synchronize(dev)
+    log.info("moelora: vLLM's %s compiled, M in %s, in %.1f s", what, ms, time.monotonic() - t0)
+
+
 def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
     def lora_shrink(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
                     num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
                     scaling):
         key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
-            t0 = time.monotonic()
             dev, k = inputs.device, inputs.size(1)
             row_bytes = k * inputs.element_size() + len(lora_a_weights) * output_tensor.size(-1) * 4
-            ms = warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes))
-            for m in ms:
-                original(torch.zeros(m, k, device=dev, dtype=inputs.dtype), lora_a_weights,
-                         torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev,
-                                     dtype=output_tensor.dtype), *_meta(lora_ids.size(0) - 1, m, dev), scaling)
-            torch.cuda.synchronize(dev)
-            log.info("moelora: vLLM's lora_shrink compiled for K=%d, %d slice(s), M in %s in %.1f s", k,
-                     len(lora_a_weights), ms, time.monotonic() - t0)
+
+            def on_scratch(m: int) -> None:
+                out = torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype)
+                original(torch.zeros(m, k, device=dev, dtype=inputs.dtype), lora_a_weights, out,
+                         *_meta(lora_ids.size(0) - 1, m, dev), scaling)
+
+            _compile_at(warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes)), dev,
+                        f"lora_shrink for K={k}, {len(lora_a_weights)} slice(s)", on_scratch)
         original(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
                  num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling)
 
@@ -120,19 +128,16 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
         key = ("expand", tuple(tuple(w.shape) for w in lora_b_weights), inputs.dtype, output_tensor.dtype,
                output_tensor.size(-1), offset_start, bool(add_inputs), lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
-            t0 = time.monotonic()
-            dev = inputs.device
-            row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + \
-                output_tensor.size(-1) * output_tensor.element_size()
-            ms = warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes))
-            for m in ms:
-                original(torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype),
-                         lora_b_weights,
-                         torch.zeros(m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype),
+            dev, n = inputs.device, output_tensor.size(-1)
+            row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + n * output_tensor.element_size()
+
+            def on_scratch(m: int) -> None:
+                part = torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype)
+                original(part, lora_b_weights, torch.zeros(m, n, device=dev, dtype=output_tensor.dtype),
                          *_meta(lora_ids.size(0) - 1, m, dev), offset_start=offset_start, add_inputs=add_inputs)
-            torch.cuda.synchronize(dev)
-            log.info("moelora: vLLM's lora_expand compiled for N=%d, %d slice(s), M in %s in %.1f s",
-                     output_tensor.size(-1), len(lora_b_weights), ms, time.monotonic() - t0)
+
+            _compile_at(warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes)), dev,
+                        f"lora_expand for N={n}, {len(lora_b_weights)} slice(s)", on_scratch)
         original(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
                  num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
                  offset_start=offset_start, add_inputs=add_inputs)

@@ -94,30 +94,33 @@ def _install_cuda_extras(dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
     the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the
     whole model at every token-count class (model_warmup.py)."""
-    parts = []
-    try:
+
+    def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
         from .moe_hooks import install_moe_hooks
 
-        reason = install_moe_hooks(PunicaWrapperGPU)
-    except Exception as exc:  # noqa: BLE001  (the op stays ours; only the hooks are missing)
-        reason = repr(exc)
-    parts.append("MoE LoRA from topk_ids: " + ("on" if reason is None else f"off ({reason})"))
-    try:
+        return install_moe_hooks(PunicaWrapperGPU)
+
+    def dense_warmup() -> str | None:
         from .dense_warmup import install_dense_warmup
 
-        reason = install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
-    except Exception as exc:  # noqa: BLE001
-        reason = repr(exc)
-    parts.append("dense LoRA kernels compiled at start-up: " + ("on" if reason is None else f"off ({reason})"))
-    try:
+        return install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
+
+    def model_warmup() -> str | None:
         from .model_warmup import install_model_warmup
 
-        reason = install_model_warmup()
-    except Exception as exc:  # noqa: BLE001
-        reason = repr(exc)
-    parts.append("model warm-up at every token-count class: " + ("on" if reason is None else f"off ({reason})"))
+        return install_model_warmup()
+
+    parts = []
+    for label, part in (("MoE LoRA from topk_ids", moe_hooks),
+                        ("dense LoRA kernels compiled at start-up", dense_warmup),
+                        ("model warm-up at every token-count class", model_warmup)):
+        try:
+            reason = part()
+        except Exception as exc:  # noqa: BLE001  (the op stays ours; only this part is missing)
+            reason = repr(exc)
+        parts.append(f"{label}: " + ("on" if reason is None else f"off ({reason})"))
     return "; ".join(parts)
 
 

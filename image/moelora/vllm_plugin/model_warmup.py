@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import time
 from collections.abc import Callable
+
+from . import warmups_on
 
 __all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "uninstall_model_warmup", "warm_token_counts"]
 
 log = logging.getLogger("vllm.moelora_plugin")
-WARMUP_ENV = "MOELORA_WARMUP"
 
 # Where launch configurations change (vLLM's fused-MoE defaults, our table's buckets 16..1024 on a log scale,
 # the dense tuned files' 1..8192) and a point between each pair of them.
@@ -46,7 +46,7 @@ def warm_token_counts(max_tokens: int, graph_max: int) -> list[int]:
 
 def warm_model(worker: object) -> None:
     """Dummy forward passes at warm_token_counts, every LoRA slot active; never raises."""
-    if os.environ.get(WARMUP_ENV, "1") == "0":
+    if not warmups_on():
         return
     runner = getattr(worker, "model_runner", None)
     if getattr(worker, "use_v2_model_runner", False) or not hasattr(runner, "_dummy_run"):
