@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the headline benchmark with a launch-parameter sweep, then a quick subset.
-# Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|sweep|bench]...
+# Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|headline|sweep|quick|
+#   routes|sweep_direct|full]...  (routes: the layer with each routing method; sweep_direct: a sweep with direct routing)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/moelora-out}; mkdir -p "$OUT"
@@ -13,7 +14,15 @@ for step in $steps; do
     headline) timeout 200 python3 -m moelora.kernels.bench --breakdown --json "$OUT/headline.json" 2>"$OUT/headline.err" | tee "$OUT/headline.md" ;;
     sweep) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --sweep --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.md" ;;
     quick) timeout ${QUICK_S:-150} python3 -m moelora.kernels.bench --preset quick --json "$OUT/quick.json" 2>"$OUT/quick.err" | tee "$OUT/quick.md" ;;
+    routes) for r in ${ROUTES:-grouped direct}; do
+        timeout ${ROUTES_S:-120} python3 -m moelora.kernels.bench --m ${ROUTES_M:-1,16,64,256} --route $r \
+          --json "$OUT/route_$r.json" 2>"$OUT/route_$r.err" | tee "$OUT/route_$r.md"; done ;;
+    sweep_direct) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
+        --m ${SWEEP_M:-16,64} --route direct --sweep --breakdown --json "$OUT/sweep_direct.json" \
+        2>"$OUT/sweep_direct.err" | tee "$OUT/sweep_direct.md" ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done
 tail -5 "$OUT"/*.err 2>/dev/null
+# The device tool fetches only a few files per call: PACK=1 leaves one archive.
+if [ -n "${PACK:-}" ]; then (cd "$OUT" && tar czf /tmp/gpu_run.tgz --exclude gpu_run.tgz . && rm -rf ./* && mv /tmp/gpu_run.tgz .); fi

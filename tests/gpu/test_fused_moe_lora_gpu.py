@@ -7,6 +7,7 @@ the bf16-rounded rank intermediate land near 4e-3; the bound is 2e-2.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -34,7 +35,7 @@ def delta_err(out, ref, base):
     return ((out.double() - ref).norm() / (ref - base.double()).norm()).item()
 
 
-def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0):
+def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"):
     kernels, bench = k
     inp = bench.make_inputs(model, rank, adapters, m, seed=seed)
     # Base outputs of the LoRA delta's size: a bf16 output of magnitude 1 would round the (routed-weight-scaled,
@@ -48,7 +49,7 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0):
         gate_up_out=cpu["gate_up_out"], down_out=cpu["down_out"], hidden=cpu["hidden"], down_in=cpu["down_in"],
         w13_a=cpu["w13_a"], w13_b=cpu["w13_b"], w2_a=cpu["w2_a"], w2_b=cpu["w2_b"], topk_ids=cpu["topk_ids"],
         topk_weights=cpu["topk_weights"], token_lora_mapping=cpu["lora_map"])
-    cfg = bench.default_layer_config(inp)
+    cfg = dataclasses.replace(bench.default_layer_config(inp), route_method=route)
     bench.run_layer(inp, cfg)
     torch.cuda.synchronize()
     none = cpu["lora_map"] < 0
@@ -65,6 +66,14 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0):
 ])
 def test_layer_matches_reference(k, model, rank, adapters, m):
     e13, e2 = layer_check(k, model, rank, adapters, m)
+    assert e13 < TOL and e2 < TOL, (e13, e2)
+
+
+@pytest.mark.parametrize("model, rank, adapters, m", [
+    ("gpt-oss", 32, 8, 16), ("gpt-oss", 32, 8, 64), ("qwen3", 32, 8, 16), ("qwen3", 16, 3, 5),
+])
+def test_direct_routing_matches_reference(k, model, rank, adapters, m):
+    e13, e2 = layer_check(k, model, rank, adapters, m, route="direct", seed=m)
     assert e13 < TOL and e2 < TOL, (e13, e2)
 
 

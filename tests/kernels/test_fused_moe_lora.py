@@ -63,12 +63,27 @@ def test_op_matches_reference(dtype, per_pair, rank, k, n, cfg):
     assert delta_error(case, out, per_pair) < TOL[dtype]
 
 
-@pytest.mark.parametrize("method", ["tiny", "single", "multi"])
+@pytest.mark.parametrize("method", ["direct", "tiny", "single", "multi"])
 def test_every_routing_method_gives_the_same_result(method):
     case = make_case(m=30, top_k=4, e=5, loras=2, rank=16, k=32, n=24, dtype=torch.float32, per_pair=True, seed=2)
     out = run_op(case, method=method, mul_routed_weight=True, config=KernelConfig(split_k=2, shrink_block_k=16,
                                                                                   expand_block_n=32))
     assert delta_error(case, out, True) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("method", ["direct", "tiny", "single"])
+def test_pairs_off_this_rank_are_skipped(method):
+    # expert -1 (expert parallelism: not on this rank) and adapter slots past max_loras take no part; the output
+    # rows of those pairs keep their exact base values.
+    case = make_case(m=12, top_k=3, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=13,
+                     none_frac=0.0)
+    case["topk_ids"][::4, 1] = -1
+    case["token_lora_mapping"][1::5] = 2
+    out = run_op(case, method=method, config=KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16))
+    skipped = (case["topk_ids"] < 0) | (case["token_lora_mapping"] >= 2)[:, None]
+    assert skipped.any() and (~skipped).any()
+    assert torch.equal(out[skipped], case["output"][skipped])
+    assert delta_error(case, out) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("block_m", [16, 32, 64])

@@ -4,8 +4,9 @@
     python -m moelora.kernels.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
     python -m moelora.kernels.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
 
-Time: CUDA-graph replay median, one graph holding one layer call per rotated input set, the sets together larger
-than 3x the L2 so every call reads its weights from HBM. Minimum bytes: each touched (adapter, expert) A and B of
+Time: CUDA-graph replay median over 40 layer calls per graph (the graph's launch cost spread thin, as in a served
+model), cycling through rotated input sets whose touched weights together exceed 3x the L2, so every call reads its
+weights from HBM. Minimum bytes: each touched (adapter, expert) A and B of
 both ops once, the inputs once, both outputs read and written. Copy bandwidth: a device-to-device copy measured in
 the same run (bytes read + written).
 """
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from .fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from .routing import moe_lora_routing
+from .routing import auto_method, moe_lora_routing
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
@@ -206,21 +207,30 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (best * 1e-6)
 
 
-class Case:
-    """One benchmark point with its rotated input sets."""
+# Layer calls per captured graph: the graph's own launch (~7 us on an H200, measured as an empty graph) is a fixed
+# cost per replay, which a served model pays once for all its layers; 40 calls leave < 0.2 us of it per call.
+CALLS_PER_GRAPH = 40
 
-    def __init__(self, model: str, rank: int, adapters: int, m: int):
+
+class Case:
+    """One benchmark point with its rotated input sets: together they touch more than 3x the L2 in weights, so
+    every call reads its weights from HBM; the graph cycles through them CALLS_PER_GRAPH times or more."""
+
+    def __init__(self, model: str, rank: int, adapters: int, m: int, *, calls: int = CALLS_PER_GRAPH):
         self.model, self.rank, self.adapters, self.m = model, rank, adapters, m
         first = make_inputs(model, rank, adapters, m, seed=0)
-        n_sets = max(2, min(64, math.ceil(3 * l2_bytes() / first.nbytes())))
+        # At most ~32 GB of sets: at M = 1 a set touches ~4 MB of its 0.2-2 GB of weights.
+        cap = max(2, (32 << 30) // first.nbytes())
+        n_sets = max(2, min(64, cap, math.ceil(3 * l2_bytes() / min_bytes(first))))
         self.sets = [first] + [make_inputs(model, rank, adapters, m, seed=i) for i in range(1, n_sets)]
         self.bytes = statistics.mean(min_bytes(s) for s in self.sets)
+        self.calls = max(calls, n_sets)
 
     def time(self, cfg: LayerConfig, stages: int = 5) -> float:
         def calls() -> None:
-            for s in self.sets:
-                run_layer(s, cfg, stages=stages)
-        return time_graph(calls) / len(self.sets)
+            for i in range(self.calls):
+                run_layer(self.sets[i % len(self.sets)], cfg, stages=stages)
+        return time_graph(calls) / self.calls
 
 
 def vllm_status() -> str:
@@ -247,9 +257,12 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         "expand_stages": (1, 2),
     }
     pairs = case.sets[0].topk_ids.numel()
-    methods = [m for m, cap in (("tiny", 256), ("single", 1024), ("multi", 1 << 30)) if pairs <= cap]
+    groups = case.sets[0].w13_a.shape[0] * case.sets[0].w13_a.shape[1]
+    current = auto_method(pairs, groups) if best.route_method == "auto" else best.route_method
+    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("single", 1024), ("multi", 1 << 30))
+               if pairs <= cap]
     for method in methods:
-        if method == best.route_method or (best.route_method == "auto" and method == methods[0]):
+        if method == current:
             continue
         us = case.time(replace(best, route_method=method))
         log(f"    route {method}: {us:.1f} us")
@@ -280,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adapters", help="comma list, e.g. 1,4,8,16")
     p.add_argument("--m", help="comma list of token counts")
     p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
+    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
+                   help="routing method of every case (default: what the op picks)")
+    p.add_argument("--calls", type=int, default=CALLS_PER_GRAPH,
+                   help="layer calls per captured graph (1: one pass over the input sets, the method before "
+                        "2026-11-30, which leaves the graph's launch cost in small-M figures)")
     p.add_argument("--json", help="write all rows here")
     p.add_argument("--breakdown", action="store_true",
                    help="also time routing alone and routing + gate_up op, and the layer without PDL")
@@ -308,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {dev}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
+    print(f"# routing {args.route}; {args.calls} or more layer calls per captured graph")
     header = ("| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
               + (" default-config µs |" if args.sweep else ""))
     print(header)
@@ -315,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     tuned: list[dict] = []
     for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
-        case = Case(model, rank, n_ad, m)
-        cfg = default_layer_config(case.sets[0])
+        case = Case(model, rank, n_ad, m, calls=args.calls)
+        cfg = replace(default_layer_config(case.sets[0]), route_method=args.route)
         us = default_us = case.time(cfg)
         if args.sweep:
             cfg, us = sweep(case, cfg, log)

@@ -118,14 +118,35 @@ def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device:
 
 
 @triton.jit
-def _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M: tl.constexpr):
-    """Block pid_b of the routing's block table (3, max_blocks): its (adapter, expert) and its rows of the
-    sorted pairs, shared by the shrink and the expand so both read the table the same way."""
-    group = tl.load(table_ptr + pid_b)
-    start = tl.load(table_ptr + max_blocks + pid_b)
-    end = tl.load(table_ptr + 2 * max_blocks + pid_b)
-    offs_m = start + tl.arange(0, BLOCK_M)
-    return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), offs_m, offs_m < end
+def _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras,
+                BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+    """Block pid_b of the routing, shared by the shrink and the expand so both read it the same way: its adapter
+    and expert, its BLOCK_M rows (positions in sorted_pairs and the partial sums) with their mask, and whether the
+    block exists at all (read nothing else of a block that does not). Grouped routing: row pid_b of the block table
+    (3, max_blocks). Direct: pair pid_b alone, in row 0, live when its token has an adapter and its expert is on
+    this rank."""
+    rows = tl.arange(0, BLOCK_M)
+    if DIRECT:
+        expert = tl.load(topk_ptr + pid_b).to(tl.int32)
+        adapter = tl.load(lora_ptr + pid_b // top_k).to(tl.int32)
+        live = (expert >= 0) & (expert < num_experts) & (adapter >= 0) & (adapter < max_loras)
+        return adapter.to(tl.int64), expert.to(tl.int64), pid_b + rows, rows == 0, live
+    else:
+        live = pid_b < tl.load(num_blocks_ptr)
+        group = tl.load(table_ptr + pid_b)
+        start = tl.load(table_ptr + max_blocks + pid_b)
+        end = tl.load(table_ptr + 2 * max_blocks + pid_b)
+        offs_m = start + rows
+        return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), offs_m, offs_m < end, live
+
+
+@triton.jit
+def _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT: tl.constexpr):
+    """Pair ids (t * top_k + k) of a live block's rows: the rows themselves when direct."""
+    if DIRECT:
+        return offs_m
+    else:
+        return tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
@@ -137,13 +158,15 @@ def _shrink_kernel(
     sorted_ptr,  # (P,) int32 pair ids grouped by (adapter, expert)
     table_ptr,  # (3, max_blocks) int32 block table: group, start, end
     num_blocks_ptr,  # (1,) int32
+    topk_ptr,  # (P,) expert ids, read when DIRECT
+    lora_ptr,  # (M,) adapter slots, read when DIRECT
     # sizes
-    K, rank, num_experts, top_k, num_pairs, max_blocks,
+    K, rank, num_experts, top_k, max_loras, num_pairs, max_blocks,
     # strides
     stride_xm, stride_xk, stride_al, stride_ae, stride_ar, stride_ak,
     # meta
     X_PER_PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RANK_PAD: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -152,10 +175,11 @@ def _shrink_kernel(
         # routing's tables and B before their own wait.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if pid_b >= tl.load(num_blocks_ptr):
+    adapter, expert, offs_m, mask_m, live = _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b,
+                                                        max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
+    if not live:
         return
-    adapter, expert, offs_m, mask_m = _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
+    pair = _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT)
     if X_PER_PAIR:
         row = pair.to(tl.int64)
     else:
@@ -200,21 +224,24 @@ def _expand_kernel(
     sorted_ptr,  # (P,) int32
     table_ptr,  # (3, max_blocks) int32
     num_blocks_ptr,  # (1,) int32
+    topk_ptr,  # (P,) expert ids, read when DIRECT
+    lora_ptr,  # (M,) adapter slots, read when DIRECT
     # sizes
-    N, rank, num_experts, num_pairs, max_blocks,
+    N, rank, num_experts, top_k, max_loras, num_pairs, max_blocks,
     # strides
     stride_bl, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_w,
     # meta
     MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
     RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_b >= tl.load(num_blocks_ptr):
+    adapter, expert, offs_m, mask_m, live = _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b,
+                                                        max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
+    if not live:
         return
-    adapter, expert, offs_m, mask_m = _block_rows(table_ptr, pid_b, max_blocks, num_experts, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    pair = _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT).to(tl.int64)
     offs_r = tl.arange(0, RANK_PAD)
     offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
     b_ptrs = b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
@@ -356,11 +383,12 @@ def _run_shrink(p: _Plan) -> None:
     r, cfg = p.routing, p.cfg
     p.partials = torch.empty((p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
     _shrink_kernel[(r.max_blocks, p.split_k)](
-        p.x_rows, p.lora_a, p.partials, r.sorted_pairs, r.block_table, r.num_blocks,
-        p.k, p.rank, r.num_experts, r.top_k, r.num_pairs, r.max_blocks,
+        p.x_rows, p.lora_a, p.partials, r.sorted_pairs, r.block_table, r.num_blocks, r.topk_ids, r.token_lora,
+        p.k, p.rank, r.num_experts, r.top_k, r.max_loras, r.num_pairs, r.max_blocks,
         p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
         X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
-        SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, USE_PDL=p.pdl,
+        SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
+        USE_PDL=p.pdl,
         num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **({"launch_pdl": True} if p.pdl else {}),
     )
 
@@ -372,12 +400,12 @@ def _run_expand(p: _Plan) -> None:
     span = cfg.expand_block_n * n_tiles
     _expand_kernel[(r.max_blocks, triton.cdiv(p.n, span))](
         p.partials, p.lora_b, p.output, p.weights if p.weights is not None else p.partials,
-        r.sorted_pairs, r.block_table, r.num_blocks,
-        p.n, p.rank, r.num_experts, r.num_pairs, r.max_blocks,
+        r.sorted_pairs, r.block_table, r.num_blocks, r.topk_ids, r.token_lora,
+        p.n, p.rank, r.num_experts, r.top_k, r.max_loras, r.num_pairs, r.max_blocks,
         *p.lora_b.stride(), p.output.stride(1), p.output.stride(2),
         p.weights.stride(1) if p.weights is not None else 0,
         MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
         RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
-        USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
+        DIRECT=r.direct, USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
         **({"launch_pdl": True} if p.pdl else {}),
     )

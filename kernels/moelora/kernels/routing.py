@@ -14,6 +14,10 @@ Counting sort in two or one launches:
 When all pairs fit in one CTA (decode sizes) a single launch does both with the counters zeroed in-kernel, which
 saves the memset and one dependent launch (a few microseconds each inside a CUDA graph).
 
+Or no grouping at all ("direct"): every pair is its own block, found by the compute kernels from topk_ids and the
+token map themselves. No routing launch sits in front of the op; pairs that share an (adapter, expert) read its
+weights once each, the repeats mostly from L2. That pays only while few pairs share a group (decode).
+
 Block capacity is static so the launch grids are known on the host: there are at most
 min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group plus full ones).
 """
@@ -39,6 +43,11 @@ _ROUTE_BLOCK = 1024
 # pairs (Qwen3 M=16) slower (40.9 vs 34.4 us), and at 256 pairs its 16-warp matrices cost ~200 us (274 vs 75 us).
 _TINY_BLOCK = 256
 _TINY_AUTO = 32
+# `auto` leaves pairs ungrouped ("direct") while they are at most this fraction of the (adapter, expert) groups, so
+# that few pairs share a group's weights. H200, rank 32, 8 adapters (docs/benchmarks.md, Kernels): direct won at
+# GPT-OSS M = 1 and 16 (P/G = 1/64, 1/4) and Qwen3 M = 16 and 64 (1/8, 1/2), lost at GPT-OSS M = 64 (1) and Qwen3
+# M = 256 (2).
+_DIRECT_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ class MoeLoraRouting:
     sorted_pairs: (P,) int32, pair ids t * top_k + k, group by group; entries past the valid ones are unused.
     block_table: (3, max_blocks) int32, rows: group id, first and one-past-last position in sorted_pairs.
     num_blocks: (1,) int32, the number of valid rows of block_table.
+    topk_ids: (P,) the flattened expert ids; token_lora: (M,) the adapter slots (read by the kernels when direct).
+    direct: no grouping was done; block b is pair b, and sorted_pairs / block_table / num_blocks are not read.
     """
 
     sorted_pairs: torch.Tensor
@@ -59,6 +70,9 @@ class MoeLoraRouting:
     max_loras: int
     block_m: int
     max_blocks: int
+    topk_ids: torch.Tensor
+    token_lora: torch.Tensor
+    direct: bool = False
 
 
 @triton.jit
@@ -187,6 +201,18 @@ def _route_tiny_kernel(
     tl.store(num_blocks_ptr, tl.sum(first.to(tl.int32), 0))
 
 
+def auto_method(num_pairs: int, num_groups: int) -> str:
+    """The routing method `auto` takes for this many (token, slot) pairs over this many (adapter, expert) groups;
+    `grouped` takes the same but never "direct"."""
+    if num_pairs <= _DIRECT_MAX_SHARE * num_groups:
+        return "direct"
+    return grouped_method(num_pairs)
+
+
+def grouped_method(num_pairs: int) -> str:
+    return "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
+
+
 def max_blocks_for(num_pairs: int, num_groups: int, block_m: int) -> int:
     """Static upper bound on the number of non-empty blocks (see the module docstring)."""
     return max(1, min(num_pairs, num_groups) + num_pairs // block_m)
@@ -208,8 +234,10 @@ def moe_lora_routing(
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
     pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
-    method: "tiny" (<= 256 pairs, one launch, all in registers), "single" (<= 1024 pairs, one launch with global
-        atomics), "multi" (two launches and a memset), or "auto": the first that fits.
+    method: "direct" (no launch: one block per pair, see the module docstring), "tiny" (<= 256 pairs, one launch,
+        all in registers), "single" (<= 1024 pairs, one launch with global atomics), "multi" (two launches and a
+        memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most
+        half the groups (adapters x experts), else grouped.
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
     if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
@@ -220,18 +248,27 @@ def moe_lora_routing(
     m, top_k = topk_ids.shape
     num_pairs = m * top_k
     num_groups = num_experts * max_loras
-    max_blocks = max_blocks_for(num_pairs, num_groups, block_m)
     dev = topk_ids.device
     topk_flat = topk_ids.contiguous().view(-1)
     lora = token_lora_mapping.contiguous()
+    if method == "auto":
+        method = auto_method(num_pairs, num_groups)
+    elif method == "grouped":
+        method = grouped_method(num_pairs)
+    if method == "direct":
+        return MoeLoraRouting(sorted_pairs=topk_flat, block_table=topk_flat, num_blocks=topk_flat,
+                              num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
+                              block_m=block_m, max_blocks=max(1, num_pairs), topk_ids=topk_flat, token_lora=lora,
+                              direct=True)
+    max_blocks = max_blocks_for(num_pairs, num_groups, block_m)
     sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
     block_table = torch.empty((3, max_blocks), dtype=torch.int32, device=dev)
     num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
     pdl = use_pdl(dev) if pdl is None else pdl
-    if method == "auto":
-        method = "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
+    if method not in ("tiny", "single", "multi"):
+        raise ValueError(f"unknown routing method {method!r}")
     if (method == "tiny" and num_pairs > _TINY_BLOCK) or (method == "single" and num_pairs > _ROUTE_BLOCK):
         raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
     if method == "tiny":
@@ -243,7 +280,7 @@ def moe_lora_routing(
         )
         return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
                               num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                              block_m=block_m, max_blocks=max_blocks)
+                              block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora)
     single = method == "single"
     # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
     if single:
@@ -264,4 +301,4 @@ def moe_lora_routing(
     )
     return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
                           num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                          block_m=block_m, max_blocks=max_blocks)
+                          block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora)
