@@ -141,12 +141,16 @@ def _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks
 
 
 @triton.jit
-def _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT: tl.constexpr):
-    """Pair ids (t * top_k + k) of a live block's rows: the rows themselves when direct."""
-    if DIRECT:
-        return offs_m
+def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
+    """The (BLOCK_K, RANK_PAD) tile of A at K offset k0, zero past K and past the rank."""
+    if EVEN_K:
+        if EVEN_R:
+            at = tl.load(a_ptrs)
+        else:
+            at = tl.load(a_ptrs, mask=(offs_r < rank)[None, :], other=0.0)
     else:
-        return tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
+        at = tl.load(a_ptrs, mask=(k0 + offs_k < K)[:, None] & (offs_r < rank)[None, :], other=0.0)
+    return at
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
@@ -179,39 +183,53 @@ def _shrink_kernel(
                                                         max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
     if not live:
         return
-    pair = _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT)
-    if X_PER_PAIR:
-        row = pair.to(tl.int64)
-    else:
-        row = (pair // top_k).to(tl.int64)
     offs_r = tl.arange(0, RANK_PAD)
     offs_k = tl.arange(0, BLOCK_K)
-
     k_iters = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(k_iters, SPLIT_K)
     it_lo = pid_s * per_split
     it_hi = tl.minimum(it_lo + per_split, k_iters)
-    x_ptrs = x_ptr + row[:, None] * stride_xm + (it_lo * BLOCK_K + offs_k)[None, :] * stride_xk
     a_ptrs = (a_ptr + adapter * stride_al + expert * stride_ae + offs_r[None, :] * stride_ar
               + (it_lo * BLOCK_K + offs_k)[:, None] * stride_ak)
-    acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
-    for it in range(it_lo, it_hi):
-        # A first: its address does not wait on the sorted-pairs load that x's does.
-        if EVEN_K:
-            if EVEN_R:
-                at = tl.load(a_ptrs)
-            else:
-                at = tl.load(a_ptrs, mask=(offs_r < rank)[None, :], other=0.0)
-            xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+    part = part_ptr + pid_s * num_pairs * RANK_PAD
+    if DIRECT:
+        # One row: a broadcast multiply and a sum over K rather than a 16-row tl.dot with 15 rows masked off,
+        # which frees the registers those rows held (more CTAs per SM, more loads in flight).
+        if X_PER_PAIR:
+            row = pid_b.to(tl.int64)
         else:
-            k_ok = it * BLOCK_K + offs_k < K
-            at = tl.load(a_ptrs, mask=k_ok[:, None] & (offs_r < rank)[None, :], other=0.0)
-            xt = tl.load(x_ptrs, mask=mask_m[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(xt, at.to(xt.dtype))
-        x_ptrs += BLOCK_K * stride_xk
-        a_ptrs += BLOCK_K * stride_ak
-    part = part_ptr + pid_s * num_pairs * RANK_PAD + offs_m[:, None] * RANK_PAD + offs_r[None, :]
-    tl.store(part, acc, mask=mask_m[:, None])
+            row = (pid_b // top_k).to(tl.int64)
+        x_ptrs = x_ptr + row * stride_xm + (it_lo * BLOCK_K + offs_k) * stride_xk
+        acc = tl.zeros((RANK_PAD,), dtype=tl.float32)
+        for it in range(it_lo, it_hi):
+            at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            if EVEN_K:
+                xt = tl.load(x_ptrs)
+            else:
+                xt = tl.load(x_ptrs, mask=it * BLOCK_K + offs_k < K, other=0.0)
+            acc += tl.sum(at.to(tl.float32) * xt.to(tl.float32)[:, None], axis=0)
+            x_ptrs += BLOCK_K * stride_xk
+            a_ptrs += BLOCK_K * stride_ak
+        tl.store(part + pid_b * RANK_PAD + offs_r, acc)
+    else:
+        pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
+        if X_PER_PAIR:
+            row = pair.to(tl.int64)
+        else:
+            row = (pair // top_k).to(tl.int64)
+        x_ptrs = x_ptr + row[:, None] * stride_xm + (it_lo * BLOCK_K + offs_k)[None, :] * stride_xk
+        acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
+        for it in range(it_lo, it_hi):
+            # A first: its address does not wait on the sorted-pairs load that x's does.
+            at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            if EVEN_K:
+                xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            else:
+                xt = tl.load(x_ptrs, mask=mask_m[:, None] & (it * BLOCK_K + offs_k < K)[None, :], other=0.0)
+            acc += tl.dot(xt, at.to(xt.dtype))
+            x_ptrs += BLOCK_K * stride_xk
+            a_ptrs += BLOCK_K * stride_ak
+        tl.store(part + offs_m[:, None] * RANK_PAD + offs_r[None, :], acc, mask=mask_m[:, None])
 
 
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
@@ -241,11 +259,9 @@ def _expand_kernel(
                                                         max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
     if not live:
         return
-    pair = _block_pairs(sorted_ptr, offs_m, mask_m, DIRECT).to(tl.int64)
     offs_r = tl.arange(0, RANK_PAD)
     offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
     b_ptrs = b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
-    out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     else:
@@ -254,39 +270,67 @@ def _expand_kernel(
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    # The output tile's load goes out before the partial sums' so the two round trips overlap.
-    if EVEN_N:
-        old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
-    else:
-        old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
-    part_ptrs = part_ptr + offs_m[:, None] * RANK_PAD + offs_r[None, :]
-    inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
-        inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0)
-    inter = inter.to(bt.dtype)
-    if MUL_ROUTED_WEIGHT:
-        w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
-
-    for t in tl.static_range(N_TILES):
-        if t > 0:
-            b_ptrs += BLOCK_N * stride_bn
-            out_ptrs += BLOCK_N * stride_on
-            offs_n += BLOCK_N
-            if EVEN_N and EVEN_R:
-                bt = tl.load(b_ptrs)
-            else:
-                bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
-            if EVEN_N:
-                old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
-            else:
-                old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
-        acc = tl.dot(inter, bt)
+    if DIRECT:
+        # One row (pair pid_b): a broadcast multiply and a sum over the rank, not a 16-row tl.dot (see the shrink).
+        out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_om + offs_n * stride_on
+        old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
+        part_ptrs = part_ptr + pid_b * RANK_PAD + offs_r
+        inter = tl.load(part_ptrs)
+        for s in tl.static_range(1, SPLIT_K):
+            inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD)
+        inter = inter.to(bt.dtype).to(tl.float32)  # rounded like the 2-D path's (and vLLM's) intermediate
         if MUL_ROUTED_WEIGHT:
-            acc = acc * w[:, None]
+            w = tl.load(topk_w_ptr + pid_b * stride_w).to(tl.float32)
+        for t in tl.static_range(N_TILES):
+            if t > 0:
+                b_ptrs += BLOCK_N * stride_bn
+                out_ptrs += BLOCK_N * stride_on
+                offs_n += BLOCK_N
+                if EVEN_N and EVEN_R:
+                    bt = tl.load(b_ptrs)
+                else:
+                    bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+                old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
+            acc = tl.sum(inter[:, None] * bt.to(tl.float32), axis=0)
+            if MUL_ROUTED_WEIGHT:
+                acc = acc * w
+            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=offs_n < N)
+    else:
+        pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+        out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
+        # The output tile's load goes out before the partial sums' so the two round trips overlap.
         if EVEN_N:
-            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
+            old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
         else:
-            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None] & (offs_n < N)[None, :])
+            old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
+        part_ptrs = part_ptr + offs_m[:, None] * RANK_PAD + offs_r[None, :]
+        inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0)
+        for s in tl.static_range(1, SPLIT_K):
+            inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0)
+        inter = inter.to(bt.dtype)
+        if MUL_ROUTED_WEIGHT:
+            w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
+        for t in tl.static_range(N_TILES):
+            if t > 0:
+                b_ptrs += BLOCK_N * stride_bn
+                out_ptrs += BLOCK_N * stride_on
+                offs_n += BLOCK_N
+                if EVEN_N and EVEN_R:
+                    bt = tl.load(b_ptrs)
+                else:
+                    bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+                if EVEN_N:
+                    old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
+                else:
+                    old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
+            acc = tl.dot(inter, bt)
+            if MUL_ROUTED_WEIGHT:
+                acc = acc * w[:, None]
+            if EVEN_N:
+                tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
+            else:
+                tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype),
+                         mask=mask_m[:, None] & (offs_n < N)[None, :])
 
 
 @dataclass
