@@ -44,9 +44,9 @@ _ROUTE_BLOCK = 1024
 _TINY_BLOCK = 256
 _TINY_AUTO = 32
 # `auto` leaves pairs ungrouped ("direct") while they are at most this fraction of the (adapter, expert) groups, so
-# that few pairs share a group's weights. H200, rank 32, 8 adapters (docs/benchmarks.md, Kernels): direct won at
-# GPT-OSS M = 1 and 16 (P/G = 1/64, 1/4) and Qwen3 M = 16 and 64 (1/8, 1/2), lost at GPT-OSS M = 64 (1) and Qwen3
-# M = 256 (2).
+# that few pairs share a group's weights. H200, rank 32, 8 adapters, same launch configs (docs/benchmarks.md,
+# Kernels), direct vs grouped layer µs: GPT-OSS M = 16 (pairs/groups 1/4) 26.3 vs 33.7, Qwen3 M = 16 (1/8) 20.6 vs
+# 28.8, Qwen3 M = 64 (1/2) 54.6 vs 64.3; GPT-OSS M = 64 (1) 67.8 vs 63.1, Qwen3 M = 256 (2) 185 vs 119.
 _DIRECT_MAX_SHARE = 0.5
 
 
