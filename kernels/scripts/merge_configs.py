@@ -1,5 +1,5 @@
 """Merge a tuner run's configs/<GPU>.json into the bundled one: a tuned entry replaces the bundled entry with the
-same (k, n, num_experts, rank, max_loras, m); every other bundled entry stays.
+same (k, n, num_experts, rank, max_loras, m, route); every other bundled entry stays.
 
     python3 kernels/scripts/merge_configs.py OUT/tune/configs/NVIDIA_H200.json kernels/moelora/kernels/configs/NVIDIA_H200.json
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def key(e: dict) -> tuple:
-    return e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"]
+    return e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], e.get("route", "grouped")
 
 
 def main(tuned_path: str, bundled_path: str) -> None:

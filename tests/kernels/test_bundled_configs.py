@@ -60,17 +60,31 @@ def test_vllms_own_lookup_returns_the_bundled_leaves(vllm_lookup):
 @pytest.mark.parametrize("shape", MODEL_PRESETS.values(), ids=lambda s: s.name)
 def test_our_table_covers_the_grid_and_default_config_reads_it(shape):
     entries = json.loads(OURS.read_text())["entries"]
-    by_key = {(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"]): e["config"] for e in entries}
+    by_key = {(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], e.get("route", "grouped")):
+              e["config"] for e in entries}
     # The tuner calls our op once per vLLM slice, as the plugin does (Qwen3's w13: two calls of N = inter).
     ops = {"w13": (shape.hidden, 2 * shape.inter // shape.w13_slices), "w2": (shape.inter, shape.hidden)}
     for (_, rank, loras, m), (k, n) in itertools.product(
             [g for g in GRID if g[0] is shape], ops.values()):
-        cfg = by_key.get((k, n, shape.experts, rank, loras, m))
+        cfg = by_key.get((k, n, shape.experts, rank, loras, m, "grouped"))
         assert cfg is not None, (shape.name, k, n, rank, loras, m)
-        routing = SimpleNamespace(num_pairs=m * shape.top_k, top_k=shape.top_k, num_experts=shape.experts,
-                                  max_loras=loras, max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16))
-        got = default_config(routing=routing, k=k, n=n, rank=rank, device=torch.device("cpu"), config_file=OURS)
-        assert got == KernelConfig(**cfg)
+        assert default_config(routing=table_routing(shape, loras, m, direct=False), k=k, n=n, rank=rank,
+                              device=torch.device("cpu"), config_file=OURS) == KernelConfig(**cfg)
+    # Entries tuned with direct routing are read for direct routing only.
+    direct = [e for e in entries if e.get("route") == "direct" and e["num_experts"] == shape.experts]
+    assert direct
+    for e in direct:
+        assert default_config(routing=table_routing(shape, e["max_loras"], e["m"], direct=True), k=e["k"], n=e["n"],
+                              rank=e["rank"], device=torch.device("cpu"), config_file=OURS) == KernelConfig(**e["config"])
+        grouped = by_key[(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], "grouped")]
+        assert default_config(routing=table_routing(shape, e["max_loras"], e["m"], direct=False), k=e["k"], n=e["n"],
+                              rank=e["rank"], device=torch.device("cpu"), config_file=OURS) == KernelConfig(**grouped)
+
+
+def table_routing(shape, loras, m, *, direct):
+    """The fields of a MoeLoraRouting that the table lookup reads."""
+    return SimpleNamespace(num_pairs=m * shape.top_k, top_k=shape.top_k, num_experts=shape.experts, max_loras=loras,
+                           max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16), direct=direct)
 
 
 # The dense files (tune_dense.py) cover GPT-OSS-20B's attention and router projections at rank 32 and 8 adapters.

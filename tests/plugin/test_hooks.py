@@ -291,3 +291,15 @@ def test_dense_warmup_waits_for_a_batch_with_adapters_and_caps_its_scratch(monke
     buffer = torch.zeros(8192, dtype=torch.int32)  # vLLM's metadata buffer, max_num_batched_tokens long
     assert dense_warmup._cap(buffer[:100], row_bytes=16) == 8192  # a view: the buffer's capacity counts
     assert dense_warmup._cap(buffer, row_bytes=201_088 * 2) == dense_warmup.MAX_SCRATCH_BYTES // (201_088 * 2)
+
+
+def test_served_routing_is_grouped_unless_the_environment_says_otherwise(monkeypatch):
+    # 4 tokens x top-2 over 2 adapters x 8 experts: few enough pairs that the library's `auto` goes direct.
+    from moelora.vllm_plugin import triton_path
+
+    args = {"topk_ids": torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32),
+            "token_lora_mapping": torch.tensor([0, 1, 0, -1]), "num_experts": 8, "max_loras": 2}
+    monkeypatch.delenv("MOELORA_ROUTING", raising=False)
+    assert not triton_path.route(**args).direct
+    monkeypatch.setenv("MOELORA_ROUTING", "auto")
+    assert triton_path.route(**args).direct

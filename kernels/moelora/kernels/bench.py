@@ -354,8 +354,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep:
             h, inter, e, _ = MODELS[model]
             for op, (k, n) in (("w13", (h, 2 * inter)), ("w2", (inter, h))):
+                direct = cfg.route_method == "direct" or (cfg.route_method == "auto"
+                                                          and auto_method(m * MODELS[model][3], n_ad * e) == "direct")
                 tuned.append({"k": k, "n": n, "rank": rank, "num_experts": e, "max_loras": n_ad, "m": m,
-                              "config": asdict(getattr(cfg, op)) | {"pdl": None}})
+                              "config": asdict(getattr(cfg, op)) | {"pdl": None}}
+                             | ({"route": "direct"} if direct else {}))
         print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
               f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
               + (f" {default_us:.1f} |" if args.sweep else ""), flush=True)

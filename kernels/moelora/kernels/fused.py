@@ -107,6 +107,9 @@ def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device:
         return None
     m = max(1, routing.num_pairs // routing.top_k)
     candidates = [e for e in _load_configs(path) if (e["k"], e["n"], e["num_experts"]) == (k, n, routing.num_experts)]
+    # An entry tuned with direct routing says so ("route": "direct"); prefer entries tuned with this routing's kind.
+    kind = "direct" if routing.direct else "grouped"
+    candidates = [e for e in candidates if e.get("route", "grouped") == kind] or candidates
     if not candidates:
         return None
 
