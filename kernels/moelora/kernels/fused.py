@@ -1,7 +1,8 @@
 """The fused MoE-LoRA op: output[t, k] += scale * (x_row @ A[a, e].T) @ B[a, e].T for every routed pair.
 
-Two kernels per op, both walking the block table of a `MoeLoraRouting` (one block = up to BLOCK_M pairs that share
-one (adapter, expert)):
+Two kernels per op, both walking the blocks of a `MoeLoraRouting`: grouped, a block is up to BLOCK_M pairs that
+share one (adapter, expert), listed in the routing's block table; direct (decode sizes), a block is one pair, found
+from topk_ids and the token map, and both kernels do vector math on that one row instead of a 16-row tl.dot.
 - shrink: grid (blocks, SPLIT_K). Each CTA reduces one K-range of x_rows @ A.T into a float32 partial sum of
   shape (BLOCK_M, r), stored, not atomically added: the expand sums the SPLIT_K partials. That keeps the op
   deterministic and needs no zeroed buffer (a memset node saved), and the partials are tiny (P x r x 4 bytes,
@@ -11,7 +12,7 @@ one (adapter, expert)):
   place (the add is fused: one read and one write of each output element).
 Splitting shrink and expand, rather than vLLM's one-shot kernel that recomputes the shrink in every N-tile CTA,
 reads each A slice once instead of once per N-tile CTA (estimate, GPT-OSS w13 at M=16 split 8 ways over N: 1.5 MB
-of L2 reads of A per 0.55 MB of weights). Measured on an H200, the whole layer (routing + both ops) runs 1.6-3.4x
+of L2 reads of A per 0.55 MB of weights). Measured on an H200, the whole layer (routing + both ops) runs 1.8-3.5x
 faster than vLLM 0.33's best path (docs/benchmarks.md, Kernels).
 Programmatic dependent launch (SM90+) chains routing -> shrink -> expand: 3-5 us saved per layer at M <= 64.
 """
