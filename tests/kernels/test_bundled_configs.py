@@ -105,3 +105,13 @@ def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
                                                  num_slices=slices, add_inputs=True if op == "expand" else None)
             assert got == want
             assert {"block_m", "block_n", "block_k", "num_warps", "num_ctas", "num_stages"} <= set(got)
+
+
+def test_table_token_counts_are_the_bundled_buckets(monkeypatch):
+    from moelora.kernels import fused, table_token_counts
+
+    assert table_token_counts(torch.device("cpu")) == ()  # no table off CUDA
+    monkeypatch.setattr(fused, "_config_file", lambda device: OURS)
+    counts = table_token_counts(torch.device("cpu"))
+    assert counts == tuple(sorted({e["m"] for e in json.loads(OURS.read_text())["entries"]}))
+    assert {1, 16, 64, 256, 1024} <= set(counts)

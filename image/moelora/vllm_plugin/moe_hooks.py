@@ -185,13 +185,9 @@ def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int
 
 def _table_ms(*, device: torch.device) -> tuple[int, ...]:
     """Token buckets of the config table default_config reads on this device (plus 1 and 16 if absent)."""
-    from moelora.kernels.fused import _config_file, _load_configs
+    from moelora.kernels import table_token_counts
 
-    path = _config_file(device)
-    ms = {1, 16}
-    if path is not None:
-        ms |= {int(e["m"]) for e in _load_configs(path)}
-    return tuple(sorted(ms))
+    return tuple(sorted({1, 16, *table_token_counts(device)}))
 
 
 _seen: set[str] = set()

@@ -1,7 +1,7 @@
 """Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference,
 the benchmark (`python -m moelora.kernels.bench`). Needs only torch and triton."""
 
-from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora
+from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora, table_token_counts
 from .reference import moe_lora_layer_reference, moe_lora_reference
 from .routing import MoeLoraRouting, moe_lora_routing
 
@@ -14,4 +14,5 @@ __all__ = [
     "moe_lora_layer_reference",
     "moe_lora_reference",
     "moe_lora_routing",
+    "table_token_counts",
 ]

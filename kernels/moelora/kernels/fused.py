@@ -33,7 +33,8 @@ import triton.language as tl
 from ._pdl import use_pdl
 from .routing import MoeLoraRouting
 
-__all__ = ["KernelConfig", "default_block_m", "default_config", "fused_moe_lora", "use_pdl"]
+__all__ = ["KernelConfig", "default_block_m", "default_config", "fused_moe_lora", "table_token_counts",
+           "use_pdl"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def _config_file(device: torch.device) -> Path | None:
 @functools.lru_cache(maxsize=8)
 def _load_configs(path: Path) -> tuple[dict, ...]:
     return tuple(json.loads(path.read_text())["entries"])
+
+
+def table_token_counts(device: torch.device) -> tuple[int, ...]:
+    """The token counts (M) of the config table default_config reads on this device; () without one. Each is a
+    boundary where the launch configuration may change, so a warm-up that runs these compiles every variant."""
+    path = _config_file(device)
+    return tuple(sorted({int(e["m"]) for e in _load_configs(path)})) if path is not None else ()
 
 
 def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device,
