@@ -165,6 +165,16 @@ def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN
     return at
 
 
+@triton.jit
+def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr):
+    """The (RANK_PAD, BLOCK_N) tile of B at columns offs_n, zero past N and past the rank."""
+    if EVEN_N and EVEN_R:
+        bt = tl.load(b_ptrs)
+    else:
+        bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+    return bt
+
+
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _shrink_kernel(
     # pointers
@@ -274,10 +284,7 @@ def _expand_kernel(
     offs_r = tl.arange(0, RANK_PAD)
     offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
     b_ptrs = b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
-    if EVEN_N and EVEN_R:
-        bt = tl.load(b_ptrs)
-    else:
-        bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+    bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
     if USE_PDL:
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
@@ -298,10 +305,7 @@ def _expand_kernel(
                 b_ptrs += BLOCK_N * stride_bn
                 out_ptrs += BLOCK_N * stride_on
                 offs_n += BLOCK_N
-                if EVEN_N and EVEN_R:
-                    bt = tl.load(b_ptrs)
-                else:
-                    bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+                bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
                 old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
             acc = tl.sum(inter[:, None] * bt.to(tl.float32), axis=0)
             if MUL_ROUTED_WEIGHT:
@@ -327,10 +331,7 @@ def _expand_kernel(
                 b_ptrs += BLOCK_N * stride_bn
                 out_ptrs += BLOCK_N * stride_on
                 offs_n += BLOCK_N
-                if EVEN_N and EVEN_R:
-                    bt = tl.load(b_ptrs)
-                else:
-                    bt = tl.load(b_ptrs, mask=(offs_n < N)[None, :] & (offs_r < rank)[:, None], other=0.0)
+                bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
                 if EVEN_N:
                     old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
                 else:
