@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the headline benchmark with a launch-parameter sweep, then a quick subset.
 # Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|headline|sweep|quick|
-#   routes|sweep_direct|full]...  (routes: the layer with each routing method; sweep_direct: a sweep with direct routing)
+#   routes|sweep_direct|sweep_cases|kernel_test|full]...  (routes: the layer with each routing method; sweep_direct:
+#   a sweep with direct routing; sweep_cases: a sweep of SWEEP_MODELS x SWEEP_M; kernel_test: the kernel's GPU tests)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/moelora-out}; mkdir -p "$OUT"
@@ -20,6 +21,11 @@ for step in $steps; do
     sweep_direct) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
         --m ${SWEEP_M:-16,64} --route direct --sweep --breakdown --json "$OUT/sweep_direct.json" \
         2>"$OUT/sweep_direct.err" | tee "$OUT/sweep_direct.md" ;;
+    sweep_cases) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
+        --m ${SWEEP_M:-64} --route ${SWEEP_ROUTE:-auto} --sweep --breakdown --json "$OUT/sweep_cases.json" \
+        2>"$OUT/sweep_cases.err" | tee "$OUT/sweep_cases.md" ;;
+    kernel_test) timeout ${TEST_S:-200} python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x \
+        tests/gpu/test_fused_moe_lora_gpu.py 2>&1 | tee "$OUT/kernel_tests.log" ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done

@@ -35,7 +35,7 @@ def delta_err(out, ref, base):
     return ((out.double() - ref).norm() / (ref - base.double()).norm()).item()
 
 
-def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"):
+def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto", row_loop=None):
     kernels, bench = k
     inp = bench.make_inputs(model, rank, adapters, m, seed=seed)
     # Base outputs of the LoRA delta's size: a bf16 output of magnitude 1 would round the (routed-weight-scaled,
@@ -50,6 +50,9 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"
         w13_a=cpu["w13_a"], w13_b=cpu["w13_b"], w2_a=cpu["w2_a"], w2_b=cpu["w2_b"], topk_ids=cpu["topk_ids"],
         topk_weights=cpu["topk_weights"], token_lora_mapping=cpu["lora_map"])
     cfg = dataclasses.replace(bench.default_layer_config(inp), route_method=route)
+    if row_loop is not None:
+        cfg = dataclasses.replace(cfg, w13=dataclasses.replace(cfg.w13, row_loop=row_loop),
+                                  w2=dataclasses.replace(cfg.w2, row_loop=row_loop))
     bench.run_layer(inp, cfg)
     torch.cuda.synchronize()
     none = cpu["lora_map"] < 0
@@ -74,6 +77,14 @@ def test_layer_matches_reference(k, model, rank, adapters, m):
 ])
 def test_direct_routing_matches_reference(k, model, rank, adapters, m):
     e13, e2 = layer_check(k, model, rank, adapters, m, route="direct", seed=m)
+    assert e13 < TOL and e2 < TOL, (e13, e2)
+
+
+@pytest.mark.parametrize("model, rank, adapters, m, route", [
+    ("gpt-oss", 32, 8, 64, "grouped"), ("qwen3", 32, 8, 256, "grouped"), ("gpt-oss", 16, 2, 300, "multi"),
+])
+def test_row_loop_matches_reference(k, model, rank, adapters, m, route):
+    e13, e2 = layer_check(k, model, rank, adapters, m, route=route, seed=m + 1, row_loop=True)
     assert e13 < TOL and e2 < TOL, (e13, e2)
 
 

@@ -7,6 +7,8 @@ contribution fails; fp32 lands near 1e-7, fp16 near 5e-4 (operands and the rank 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -69,6 +71,20 @@ def test_every_routing_method_gives_the_same_result(method):
     out = run_op(case, method=method, mul_routed_weight=True, config=KernelConfig(split_k=2, shrink_block_k=16,
                                                                                   expand_block_n=32))
     assert delta_error(case, out, True) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("method", ["tiny", "single", "multi"])
+@pytest.mark.parametrize("per_pair", [False, True])
+def test_row_loop_matches_the_tile_path(method, per_pair):
+    # Few groups (2 adapters x 3 experts) and 40 tokens: blocks hold up to 16 rows, so the row loop runs many rows
+    # per block through one B tile; uneven K and N, split-K and several N tiles per CTA.
+    case = make_case(m=40, top_k=2, e=3, loras=2, rank=12, k=40, n=36, dtype=torch.float32, per_pair=per_pair,
+                     seed=21)
+    cfg = KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16, expand_tiles=2)
+    looped = run_op(case, method=method, mul_routed_weight=per_pair, config=replace(cfg, row_loop=True))
+    tiled = run_op(case, method=method, mul_routed_weight=per_pair, config=cfg)
+    assert delta_error(case, looped, per_pair) < TOL[torch.float32]
+    assert (looped - tiled).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("method", ["direct", "tiny", "single"])

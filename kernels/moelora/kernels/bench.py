@@ -255,6 +255,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     best, best_us = base, case.time(base)
     log(f"    sweep start {best_us:.1f} us {best}")
     choices = {
+        "row_loop": (False, True),
         "split_k": (1, 2, 4, 8, 16),
         "shrink_block_k": (64, 128, 256),
         "shrink_stages": (2, 3, 4),
@@ -276,6 +277,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         if us < best_us * 0.99:
             best, best_us = replace(best, route_method=method), us
     for op, (field, values) in itertools.product(("w13", "w2"), choices.items()):
+        if field == "row_loop" and routing_method(best, case.sets[0]) == "direct":
+            continue  # direct blocks always go row by row
         for v in values:
             cand_op = replace(getattr(best, op), **{field: v})
             cand = replace(best, **{op: cand_op})

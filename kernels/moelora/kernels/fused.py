@@ -49,6 +49,7 @@ class KernelConfig:
     expand_warps: int = 4
     expand_stages: int = 1
     expand_tiles: int = 1  # BLOCK_N tiles per expand CTA
+    row_loop: bool = False  # grouped routing: vector math row by row instead of a BLOCK_M-row tl.dot (few pairs a block)
     pdl: bool | None = None  # None: on where supported (use_pdl)
 
 
@@ -130,26 +131,32 @@ def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device:
 
 
 @triton.jit
-def _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras,
-                BLOCK_M: tl.constexpr, DIRECT: tl.constexpr):
+def _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras,
+                DIRECT: tl.constexpr):
     """Block pid_b of the routing, shared by the shrink and the expand so both read it the same way: its adapter
-    and expert, its BLOCK_M rows (positions in sorted_pairs and the partial sums) with their mask, and whether the
-    block exists at all (read nothing else of a block that does not). Grouped routing: row pid_b of the block table
-    (3, max_blocks). Direct: pair pid_b alone, in row 0, live when its token has an adapter and its expert is on
-    this rank."""
-    rows = tl.arange(0, BLOCK_M)
+    and expert, its rows [start, end) (positions in sorted_pairs and in the partial sums), and whether the block
+    exists at all (read nothing else of a block that does not). Grouped routing: row pid_b of the block table
+    (3, max_blocks). Direct: pair pid_b alone, live when its token has an adapter and its expert is on this rank."""
     if DIRECT:
         expert = tl.load(topk_ptr + pid_b).to(tl.int32)
         adapter = tl.load(lora_ptr + pid_b // top_k).to(tl.int32)
         live = (expert >= 0) & (expert < num_experts) & (adapter >= 0) & (adapter < max_loras)
-        return adapter.to(tl.int64), expert.to(tl.int64), pid_b + rows, rows == 0, live
+        return adapter.to(tl.int64), expert.to(tl.int64), pid_b, pid_b + 1, live
     else:
         live = pid_b < tl.load(num_blocks_ptr)
         group = tl.load(table_ptr + pid_b)
         start = tl.load(table_ptr + max_blocks + pid_b)
         end = tl.load(table_ptr + 2 * max_blocks + pid_b)
-        offs_m = start + rows
-        return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), offs_m, offs_m < end, live
+        return (group // num_experts).to(tl.int64), (group % num_experts).to(tl.int64), start, end, live
+
+
+@triton.jit
+def _pair_at(sorted_ptr, pos, DIRECT: tl.constexpr):
+    """The pair id at position pos of the routing's order (direct: the identity), as int64 for row offsets."""
+    if DIRECT:
+        return tl.cast(pos, tl.int64)
+    else:
+        return tl.load(sorted_ptr + pos).to(tl.int64)
 
 
 @triton.jit
@@ -175,6 +182,26 @@ def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: 
     return bt
 
 
+@triton.jit
+def _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n, offs_r, N, num_pairs, stride_om, stride_on,
+                stride_w, MUL_ROUTED_WEIGHT: tl.constexpr, RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr,
+                DIRECT: tl.constexpr):
+    """Row pos of a block through the (RANK_PAD, BLOCK_N) tile bt: sum its SPLIT_K partials, multiply, scale, and
+    add into its output row; a broadcast multiply and a sum over the rank, not a tl.dot."""
+    pair = _pair_at(sorted_ptr, pos, DIRECT)
+    out_ptrs = out_ptr + pair * stride_om + offs_n * stride_on
+    old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
+    part_ptrs = part_ptr + pos * RANK_PAD + offs_r
+    inter = tl.load(part_ptrs)
+    for s in tl.static_range(1, SPLIT_K):
+        inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD)
+    inter = inter.to(bt.dtype).to(tl.float32)  # rounded like the tile path's (and vLLM's) intermediate
+    acc = tl.sum(inter[:, None] * bt.to(tl.float32), axis=0)
+    if MUL_ROUTED_WEIGHT:
+        acc = acc * tl.load(topk_w_ptr + pair * stride_w).to(tl.float32)
+    tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=offs_n < N)
+
+
 @triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
 def _shrink_kernel(
     # pointers
@@ -192,7 +219,8 @@ def _shrink_kernel(
     stride_xm, stride_xk, stride_al, stride_ae, stride_ar, stride_ak,
     # meta
     X_PER_PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RANK_PAD: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, ROW_LOOP: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -201,8 +229,8 @@ def _shrink_kernel(
         # routing's tables and B before their own wait.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    adapter, expert, offs_m, mask_m, live = _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b,
-                                                        max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
+    adapter, expert, start, end, live = _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks,
+                                                    num_experts, top_k, max_loras, DIRECT)
     if not live:
         return
     offs_r = tl.arange(0, RANK_PAD)
@@ -211,29 +239,36 @@ def _shrink_kernel(
     per_split = tl.cdiv(k_iters, SPLIT_K)
     it_lo = pid_s * per_split
     it_hi = tl.minimum(it_lo + per_split, k_iters)
-    a_ptrs = (a_ptr + adapter * stride_al + expert * stride_ae + offs_r[None, :] * stride_ar
-              + (it_lo * BLOCK_K + offs_k)[:, None] * stride_ak)
+    a_block = a_ptr + adapter * stride_al + expert * stride_ae + it_lo * BLOCK_K * stride_ak
+    a_offs = offs_r[None, :] * stride_ar + offs_k[:, None] * stride_ak
     part = part_ptr + pid_s * num_pairs * RANK_PAD
-    if DIRECT:
-        # One row: a broadcast multiply and a sum over K rather than a 16-row tl.dot with 15 rows masked off,
-        # which frees the registers those rows held (more CTAs per SM, more loads in flight).
-        if X_PER_PAIR:
-            row = pid_b.to(tl.int64)
-        else:
-            row = (pid_b // top_k).to(tl.int64)
-        x_ptrs = x_ptr + row * stride_xm + (it_lo * BLOCK_K + offs_k) * stride_xk
-        acc = tl.zeros((RANK_PAD,), dtype=tl.float32)
-        for it in range(it_lo, it_hi):
-            at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
-            if EVEN_K:
-                xt = tl.load(x_ptrs)
+    if DIRECT or ROW_LOOP:
+        # Row by row: a broadcast multiply and a sum over K rather than a BLOCK_M-row tl.dot that is mostly masked
+        # off when blocks hold one or two pairs (decode); the registers the empty rows held go to more CTAs per SM
+        # and more loads in flight. A block's second row reads A again, from L1/L2.
+        for pos in range(start, end):
+            pair = _pair_at(sorted_ptr, pos, DIRECT)
+            if X_PER_PAIR:
+                row = pair
             else:
-                xt = tl.load(x_ptrs, mask=it * BLOCK_K + offs_k < K, other=0.0)
-            acc += tl.sum(at.to(tl.float32) * xt.to(tl.float32)[:, None], axis=0)
-            x_ptrs += BLOCK_K * stride_xk
-            a_ptrs += BLOCK_K * stride_ak
-        tl.store(part + pid_b * RANK_PAD + offs_r, acc)
+                row = pair // top_k
+            x_ptrs = x_ptr + row * stride_xm + (it_lo * BLOCK_K + offs_k) * stride_xk
+            a_ptrs = a_block + a_offs
+            acc = tl.zeros((RANK_PAD,), dtype=tl.float32)
+            for it in range(it_lo, it_hi):
+                at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+                if EVEN_K:
+                    xt = tl.load(x_ptrs)
+                else:
+                    xt = tl.load(x_ptrs, mask=it * BLOCK_K + offs_k < K, other=0.0)
+                acc += tl.sum(at.to(tl.float32) * xt.to(tl.float32)[:, None], axis=0)
+                x_ptrs += BLOCK_K * stride_xk
+                a_ptrs += BLOCK_K * stride_ak
+            tl.store(part + pos * RANK_PAD + offs_r, acc)
     else:
+        offs_m = start + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < end
+        a_ptrs = a_block + a_offs
         pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0)
         if X_PER_PAIR:
             row = pair.to(tl.int64)
@@ -273,12 +308,12 @@ def _expand_kernel(
     # meta
     MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
     RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
-    DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, ROW_LOOP: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
-    adapter, expert, offs_m, mask_m, live = _block_rows(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b,
-                                                        max_blocks, num_experts, top_k, max_loras, BLOCK_M, DIRECT)
+    adapter, expert, start, end, live = _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks,
+                                                    num_experts, top_k, max_loras, DIRECT)
     if not live:
         return
     offs_r = tl.arange(0, RANK_PAD)
@@ -289,29 +324,19 @@ def _expand_kernel(
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if DIRECT:
-        # One row (pair pid_b): a broadcast multiply and a sum over the rank, not a 16-row tl.dot (see the shrink).
-        out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_om + offs_n * stride_on
-        old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
-        part_ptrs = part_ptr + pid_b * RANK_PAD + offs_r
-        inter = tl.load(part_ptrs)
-        for s in tl.static_range(1, SPLIT_K):
-            inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD)
-        inter = inter.to(bt.dtype).to(tl.float32)  # rounded like the 2-D path's (and vLLM's) intermediate
-        if MUL_ROUTED_WEIGHT:
-            w = tl.load(topk_w_ptr + pid_b * stride_w).to(tl.float32)
+    if DIRECT or ROW_LOOP:
+        # Row by row (see the shrink): the B tile stays in registers while the block's rows go through it.
         for t in tl.static_range(N_TILES):
             if t > 0:
                 b_ptrs += BLOCK_N * stride_bn
-                out_ptrs += BLOCK_N * stride_on
                 offs_n += BLOCK_N
                 bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
-                old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
-            acc = tl.sum(inter[:, None] * bt.to(tl.float32), axis=0)
-            if MUL_ROUTED_WEIGHT:
-                acc = acc * w
-            tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=offs_n < N)
+            for pos in range(start, end):
+                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n, offs_r, N, num_pairs,
+                            stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K, DIRECT)
     else:
+        offs_m = start + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < end
         pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
         # The output tile's load goes out before the partial sums' so the two round trips overlap.
@@ -445,7 +470,7 @@ def _run_shrink(p: _Plan) -> None:
         p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
         X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
         SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
-        USE_PDL=p.pdl,
+        ROW_LOOP=cfg.row_loop and not r.direct, USE_PDL=p.pdl,
         num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **({"launch_pdl": True} if p.pdl else {}),
     )
 
@@ -463,6 +488,6 @@ def _run_expand(p: _Plan) -> None:
         p.weights.stride(1) if p.weights is not None else 0,
         MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
         RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
-        DIRECT=r.direct, USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
+        DIRECT=r.direct, ROW_LOOP=cfg.row_loop and not r.direct, USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
         **({"launch_pdl": True} if p.pdl else {}),
     )
