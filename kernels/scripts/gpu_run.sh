@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the headline benchmark with a launch-parameter sweep, then a quick subset.
 # Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|headline|sweep|quick|
-#   routes|sweep_direct|sweep_cases|kernel_test|full]...  (routes: the layer with each routing method; sweep_direct:
-#   a sweep with direct routing; sweep_cases: a sweep of SWEEP_MODELS x SWEEP_M; kernel_test: the kernel's GPU tests)
+#   routes|sweep_direct|sweep_cases|kernel_test|grid|full]...  (routes: the layer with each routing method; sweep_direct:
+#   a sweep with direct routing; sweep_cases: a sweep of SWEEP_MODELS x SWEEP_M; kernel_test: the kernel's GPU tests;
+#   grid: op_grid.py for each GRIDS entry)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/moelora-out}; mkdir -p "$OUT"
@@ -26,6 +27,8 @@ for step in $steps; do
         2>"$OUT/sweep_cases.err" | tee "$OUT/sweep_cases.md" ;;
     kernel_test) timeout ${TEST_S:-200} python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x \
         tests/gpu/test_fused_moe_lora_gpu.py 2>&1 | tee "$OUT/kernel_tests.log" ;;
+    grid) for g in ${GRIDS:-"w13 expand" "w2 expand"}; do set -- $g; timeout ${GRID_S:-150} python3 kernels/scripts/op_grid.py \
+        ${GRID_MODEL:-gpt-oss} ${GRID_M:-64} $1 $2 --route ${GRID_ROUTE:-auto} 2>&1 | tee "$OUT/grid_$1_$2.txt"; done ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done

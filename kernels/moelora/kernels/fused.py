@@ -325,51 +325,59 @@ def _expand_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     if DIRECT or ROW_LOOP:
-        # Row by row (see the shrink): the B tile stays in registers while the block's rows go through it.
+        # Row by row (see the shrink): the B tile stays in registers while the block's rows go through it, and the
+        # next tile's load goes out before this tile's rows, so a CTA always has B in flight.
         for t in tl.static_range(N_TILES):
-            if t > 0:
-                b_ptrs += BLOCK_N * stride_bn
-                offs_n += BLOCK_N
-                bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
+            if t + 1 < N_TILES:
+                bt_next = _load_b_tile(b_ptrs + (t + 1) * BLOCK_N * stride_bn, offs_n + (t + 1) * BLOCK_N, offs_r, N,
+                                       rank, EVEN_N, EVEN_R)
             for pos in range(start, end):
-                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n, offs_r, N, num_pairs,
-                            stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K, DIRECT)
+                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n + t * BLOCK_N, offs_r, N,
+                            num_pairs, stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K, DIRECT)
+            if t + 1 < N_TILES:
+                bt = bt_next
     else:
         offs_m = start + tl.arange(0, BLOCK_M)
         mask_m = offs_m < end
         pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
         # The output tile's load goes out before the partial sums' so the two round trips overlap.
-        if EVEN_N:
-            old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
-        else:
-            old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
+        old = _load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N)
         part_ptrs = part_ptr + offs_m[:, None] * RANK_PAD + offs_r[None, :]
         inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0)
         for s in tl.static_range(1, SPLIT_K):
             inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0)
         inter = inter.to(bt.dtype)
+        w = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if MUL_ROUTED_WEIGHT:
             w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
-        for t in tl.static_range(N_TILES):
-            if t > 0:
-                b_ptrs += BLOCK_N * stride_bn
-                out_ptrs += BLOCK_N * stride_on
-                offs_n += BLOCK_N
-                bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
-                if EVEN_N:
-                    old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
-                else:
-                    old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
-            acc = tl.dot(inter, bt)
-            if MUL_ROUTED_WEIGHT:
-                acc = acc * w[:, None]
-            if EVEN_N:
-                tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
-            else:
-                tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype),
-                         mask=mask_m[:, None] & (offs_n < N)[None, :])
+        _store_out_tile(out_ptrs, old, tl.dot(inter, bt), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N)
+        for t in range(1, N_TILES):
+            offs_t = offs_n + t * BLOCK_N
+            bt = _load_b_tile(b_ptrs + t * BLOCK_N * stride_bn, offs_t, offs_r, N, rank, EVEN_N, EVEN_R)
+            old = _load_out_tile(out_ptrs + t * BLOCK_N * stride_on, offs_t, mask_m, N, EVEN_N)
+            _store_out_tile(out_ptrs + t * BLOCK_N * stride_on, old, tl.dot(inter, bt), w, offs_t, mask_m, N,
+                            MUL_ROUTED_WEIGHT, EVEN_N)
 
+
+@triton.jit
+def _load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N: tl.constexpr):
+    if EVEN_N:
+        old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
+    else:
+        old = tl.load(out_ptrs, mask=mask_m[:, None] & (offs_n < N)[None, :], other=0.0)
+    return old
+
+
+@triton.jit
+def _store_out_tile(out_ptrs, old, acc, w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT: tl.constexpr, EVEN_N: tl.constexpr):
+    """old + acc (scaled by the rows' routed weights) back into the output rows, in their dtype."""
+    if MUL_ROUTED_WEIGHT:
+        acc = acc * w[:, None]
+    if EVEN_N:
+        tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
+    else:
+        tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None] & (offs_n < N)[None, :])
 
 @dataclass
 class _Plan:
