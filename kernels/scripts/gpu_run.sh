@@ -27,8 +27,8 @@ for step in $steps; do
         2>"$OUT/sweep_cases.err" | tee "$OUT/sweep_cases.md" ;;
     kernel_test) timeout ${TEST_S:-200} python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x \
         tests/gpu/test_fused_moe_lora_gpu.py 2>&1 | tee "$OUT/kernel_tests.log" ;;
-    grid) for g in ${GRIDS:-"w13 expand" "w2 expand"}; do set -- $g; timeout ${GRID_S:-150} python3 kernels/scripts/op_grid.py \
-        ${GRID_MODEL:-gpt-oss} ${GRID_M:-64} $1 $2 --route ${GRID_ROUTE:-auto} 2>&1 | tee "$OUT/grid_$1_$2.txt"; done ;;
+    grid) for g in ${GRIDS:-w13:expand w2:expand}; do timeout ${GRID_S:-150} python3 kernels/scripts/op_grid.py \
+        ${GRID_MODEL:-gpt-oss} ${GRID_M:-64} ${g%:*} ${g#*:} --route ${GRID_ROUTE:-auto} 2>&1 | tee "$OUT/grid_${g/:/_}.txt"; done ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done
