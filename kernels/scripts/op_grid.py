@@ -16,8 +16,8 @@ from moelora.kernels.bench import Case, default_layer_config
 GRIDS = {
     "shrink": {"row_loop": (False, True), "split_k": (1, 2, 4, 8), "shrink_block_k": (64, 128, 256),
                "shrink_warps": (2, 4, 8), "shrink_stages": (3,)},
-    "expand": {"row_loop": (False, True), "expand_block_n": (128, 256, 512, 1024), "expand_tiles": (1, 2, 4, 8),
-               "expand_warps": (4, 8)},
+    "expand": {"expand_block_n": (64, 128, 256), "expand_tiles": (1, 4, 8, 16), "expand_stages": (1, 2, 3, 4),
+               "expand_warps": (4,)},
 }
 STAGE = {("w13", "shrink"): 2, ("w13", "expand"): 3, ("w2", "shrink"): 4, ("w2", "expand"): 5}
 

@@ -262,8 +262,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         "shrink_warps": (2, 4, 8),
         "expand_block_n": (64, 128, 256, 512, 1024),
         "expand_warps": (4, 8),
-        "expand_tiles": (1, 2, 4),
-        "expand_stages": (1, 2),
+        "expand_tiles": (1, 2, 4, 8, 16),
+        "expand_stages": (1, 2, 3, 4),
     }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
