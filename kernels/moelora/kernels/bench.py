@@ -389,11 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"  {model} r{rank} L{n_ad} M{m}: {us:.1f} us, {cfg}")
         del case
         torch.cuda.empty_cache()
+        if args.json:  # after every case: a run cut short by a time limit keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"device": dev, "copy_bw": bw, "rows": rows, "tuned": tuned}, f, indent=1)
     bw_end = copy_bandwidth()
     print(f"# copy bandwidth again at the end: {bw_end / 1e12:.2f} TB/s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": dev, "copy_bw": bw, "rows": rows, "tuned": tuned}, f, indent=1)
     return 0
 
 

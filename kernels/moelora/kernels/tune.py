@@ -64,7 +64,7 @@ SPACES: dict[str, dict[str, dict[str, tuple]]] = {
         "ours": {
             "split_k": (1, 2, 4, 8, 16), "shrink_block_k": (64, 128, 256), "shrink_warps": (2, 4, 8),
             "shrink_stages": (2, 3, 4), "expand_block_n": (64, 128, 256, 512), "expand_warps": (4, 8),
-            "expand_tiles": (1, 2), "expand_stages": (1, 2),
+            "expand_tiles": (1, 2, 8), "expand_stages": (1, 3),
         },
         "vllm": {
             "block_m": (16, 32, 64), "shrink.block_k": (32, 64, 128), "shrink.split_k": (1, 2, 4),
