@@ -17,7 +17,7 @@ for step in $steps; do
     sweep) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --sweep --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.md" ;;
     quick) timeout ${QUICK_S:-150} python3 -m moelora.kernels.bench --preset quick --json "$OUT/quick.json" 2>"$OUT/quick.err" | tee "$OUT/quick.md" ;;
     routes) for r in ${ROUTES:-grouped direct}; do
-        timeout ${ROUTES_S:-120} python3 -m moelora.kernels.bench --m ${ROUTES_M:-1,16,64,256} --route $r \
+        timeout ${ROUTES_S:-120} python3 -m moelora.kernels.bench --models ${ROUTES_MODELS:-gpt-oss,qwen3} --m ${ROUTES_M:-1,16,64,256} --route $r \
           --json "$OUT/route_$r.json" 2>"$OUT/route_$r.err" | tee "$OUT/route_$r.md"; done ;;
     sweep_direct) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
         --m ${SWEEP_M:-16,64} --route direct --sweep --breakdown --json "$OUT/sweep_direct.json" \

@@ -88,6 +88,14 @@ def test_row_loop_matches_reference(k, model, rank, adapters, m, route):
     assert e13 < TOL and e2 < TOL, (e13, e2)
 
 
+@pytest.mark.parametrize("model, rank, adapters, m", [
+    ("gpt-oss", 32, 8, 64), ("gpt-oss", 32, 8, 256), ("qwen3", 32, 8, 128), ("qwen3", 16, 3, 7),
+])
+def test_sort_routing_matches_reference(k, model, rank, adapters, m):
+    e13, e2 = layer_check(k, model, rank, adapters, m, route="sort", seed=m + 2)
+    assert e13 < TOL and e2 < TOL, (e13, e2)
+
+
 def test_large_batch_matches_reference(k):
     # 1600 tokens: the multi-CTA routing path and block_m > 16
     e13, e2 = layer_check(k, "gpt-oss", 32, 8, 1600, seed=4)

@@ -65,7 +65,7 @@ def test_op_matches_reference(dtype, per_pair, rank, k, n, cfg):
     assert delta_error(case, out, per_pair) < TOL[dtype]
 
 
-@pytest.mark.parametrize("method", ["direct", "tiny", "single", "multi"])
+@pytest.mark.parametrize("method", ["direct", "tiny", "sort", "single", "multi"])
 def test_every_routing_method_gives_the_same_result(method):
     case = make_case(m=30, top_k=4, e=5, loras=2, rank=16, k=32, n=24, dtype=torch.float32, per_pair=True, seed=2)
     out = run_op(case, method=method, mul_routed_weight=True, config=KernelConfig(split_k=2, shrink_block_k=16,
@@ -73,7 +73,7 @@ def test_every_routing_method_gives_the_same_result(method):
     assert delta_error(case, out, True) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("method", ["tiny", "single", "multi"])
+@pytest.mark.parametrize("method", ["tiny", "sort", "single", "multi"])
 @pytest.mark.parametrize("per_pair", [False, True])
 def test_row_loop_matches_the_tile_path(method, per_pair):
     # Few groups (2 adapters x 3 experts) and 40 tokens: blocks hold up to 16 rows, so the row loop runs many rows
@@ -87,7 +87,7 @@ def test_row_loop_matches_the_tile_path(method, per_pair):
     assert (looped - tiled).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("method", ["direct", "tiny", "single"])
+@pytest.mark.parametrize("method", ["direct", "tiny", "sort", "single"])
 def test_pairs_off_this_rank_are_skipped(method):
     # expert -1 (expert parallelism: not on this rank) and adapter slots past max_loras take no part; the output
     # rows of those pairs keep their exact base values.
@@ -147,7 +147,7 @@ def test_output_column_slice_of_wider_buffer():
 
 @pytest.mark.parametrize("m, top_k, block_m, method", [
     (7, 3, 16, "tiny"), (7, 3, 16, "single"), (7, 3, 16, "multi"), (42, 3, 16, "tiny"), (60, 4, 16, "tiny"),
-    (200, 5, 16, "single"),
+    (200, 5, 16, "single"), (7, 3, 16, "sort"), (200, 5, 16, "sort"), (256, 4, 16, "sort"),
     (500, 4, 32, "multi"),
 ])
 def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):

@@ -267,7 +267,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
-    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("single", 1024), ("multi", 1 << 30))
+    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("sort", 1024), ("single", 1024), ("multi", 1 << 30))
                if pairs <= cap]
     for method in methods:
         if method == current:
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adapters", help="comma list, e.g. 1,4,8,16")
     p.add_argument("--m", help="comma list of token counts")
     p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
-    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
+    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "sort", "single", "multi"),
                    help="routing method of every case (default: what the op picks)")
     p.add_argument("--calls", type=int, default=CALLS_PER_GRAPH,
                    help="layer calls per captured graph (1: one pass over the input sets, the method before "
