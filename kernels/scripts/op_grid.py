@@ -14,7 +14,7 @@ from dataclasses import replace
 from moelora.kernels.bench import Case, default_layer_config
 
 GRIDS = {
-    "shrink": {"row_loop": (False, True), "split_k": (1, 2, 4, 8), "shrink_block_k": (64, 128, 256),
+    "shrink": {"split_k": (1, 2, 4, 8), "shrink_block_k": (64, 128, 256),
                "shrink_warps": (2, 4, 8), "shrink_stages": (3,)},
     "expand": {"expand_block_n": (64, 128, 256), "expand_tiles": (1, 4, 8, 16), "expand_stages": (1, 2, 3, 4),
                "expand_warps": (4,)},
@@ -32,7 +32,7 @@ p.add_argument("--adapters", type=int, default=8)
 args = p.parse_args()
 
 case = Case(args.model, args.rank, args.adapters, args.m)
-base = replace(default_layer_config(case.sets[0]), route_method=args.route)
+base = default_layer_config(case.sets[0], route_method=args.route)
 stage = STAGE[(args.op, args.kernel)]
 print(f"# {args.model} M={args.m} {args.op} {args.kernel}, route {args.route}, layer prefix of {stage} steps; "
       f"base {base}", flush=True)

@@ -91,17 +91,18 @@ class LayerConfig:
         return replace(self, pdl=False, w13=replace(self.w13, pdl=False), w2=replace(self.w2, pdl=False))
 
 
-def default_layer_config(inp: LayerInputs) -> LayerConfig:
+def default_layer_config(inp: LayerInputs, route_method: str = "auto") -> LayerConfig:
+    """The op's own choice for these inputs: bundled configs of the routing kind that route_method gives."""
     m, top_k = inp.topk_ids.shape
     adapters, e = inp.w13_a.shape[:2]
     block_m = default_block_m(num_pairs=m * top_k, num_groups=adapters * e)
     routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
-                               max_loras=adapters, block_m=block_m)
+                               max_loras=adapters, block_m=block_m, method=route_method)
     dev = inp.hidden.device
     rank = inp.w13_a.shape[2]
     w13 = default_config(routing=routing, k=inp.w13_a.shape[3], n=inp.w13_b.shape[2], rank=rank, device=dev)
     w2 = default_config(routing=routing, k=inp.w2_a.shape[3], n=inp.w2_b.shape[2], rank=rank, device=dev)
-    return LayerConfig(block_m=block_m, w13=w13, w2=w2)
+    return LayerConfig(block_m=block_m, w13=w13, w2=w2, route_method=route_method)
 
 
 def routing_method(cfg: LayerConfig, inp: LayerInputs) -> str:
@@ -255,7 +256,6 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     best, best_us = base, case.time(base)
     log(f"    sweep start {best_us:.1f} us {best}")
     choices = {
-        "row_loop": (False, True),
         "split_k": (1, 2, 4, 8, 16),
         "shrink_block_k": (64, 128, 256),
         "shrink_stages": (2, 3, 4),
@@ -267,7 +267,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
-    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("sort", 1024), ("single", 1024), ("multi", 1 << 30))
+    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("single", 1024), ("multi", 1 << 30))
                if pairs <= cap]
     for method in methods:
         if method == current:
@@ -277,8 +277,6 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         if us < best_us * 0.99:
             best, best_us = replace(best, route_method=method), us
     for op, (field, values) in itertools.product(("w13", "w2"), choices.items()):
-        if field == "row_loop" and routing_method(best, case.sets[0]) == "direct":
-            continue  # direct blocks always go row by row
         for v in values:
             cand_op = replace(getattr(best, op), **{field: v})
             cand = replace(best, **{op: cand_op})
@@ -318,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adapters", help="comma list, e.g. 1,4,8,16")
     p.add_argument("--m", help="comma list of token counts")
     p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
-    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "sort", "single", "multi"),
+    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
                    help="routing method of every case (default: what the op picks)")
     p.add_argument("--calls", type=int, default=CALLS_PER_GRAPH,
                    help="layer calls per captured graph (1: one pass over the input sets, the method before "
@@ -360,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     tuned: list[dict] = []
     for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
         case = Case(model, rank, n_ad, m, calls=args.calls)
-        cfg = replace(default_layer_config(case.sets[0]), route_method=args.route)
+        cfg = default_layer_config(case.sets[0], route_method=args.route)
         us = default_us = case.time(cfg)
         if args.sweep:
             cfg, us = sweep(case, cfg, log)

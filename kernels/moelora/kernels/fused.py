@@ -9,7 +9,9 @@ from topk_ids and the token map, and both kernels do vector math on that one row
   L2-resident) while at decode only the valid rows are loaded.
 - expand: grid (blocks, N / BLOCK_N). Each CTA sums the partials, rounds them to the weights' dtype (as vLLM does),
   multiplies by its (r, BLOCK_N) tile of B, scales by the routed weight if asked, and adds into the output rows in
-  place (the add is fused: one read and one write of each output element).
+  place (the add is fused: one read and one write of each output element). A CTA may take N_TILES tiles in a row:
+  grouped, they are a loop that Triton software-pipelines with num_stages > 1 (cp.async into shared memory, so the
+  B bytes in flight do not cost registers); direct, the next tile's load is issued before this tile's arithmetic.
 Splitting shrink and expand, rather than vLLM's one-shot kernel that recomputes the shrink in every N-tile CTA,
 reads each A slice once instead of once per N-tile CTA (estimate, GPT-OSS w13 at M=16 split 8 ways over N: 1.5 MB
 of L2 reads of A per 0.55 MB of weights). Measured on an H200, the whole layer (routing + both ops) runs 1.8-3.5x
@@ -49,7 +51,6 @@ class KernelConfig:
     expand_warps: int = 4
     expand_stages: int = 1
     expand_tiles: int = 1  # BLOCK_N tiles per expand CTA
-    row_loop: bool = False  # grouped routing: vector math row by row instead of a BLOCK_M-row tl.dot (few pairs a block)
     pdl: bool | None = None  # None: on where supported (use_pdl)
 
 
@@ -151,15 +152,6 @@ def _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks
 
 
 @triton.jit
-def _pair_at(sorted_ptr, pos, DIRECT: tl.constexpr):
-    """The pair id at position pos of the routing's order (direct: the identity), as int64 for row offsets."""
-    if DIRECT:
-        return tl.cast(pos, tl.int64)
-    else:
-        return tl.load(sorted_ptr + pos).to(tl.int64)
-
-
-@triton.jit
 def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
     """The (BLOCK_K, RANK_PAD) tile of A at K offset k0, zero past K and past the rank."""
     if EVEN_K:
@@ -190,12 +182,11 @@ def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: 
 
 
 @triton.jit
-def _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n, offs_r, N, num_pairs, stride_om, stride_on,
-                stride_w, MUL_ROUTED_WEIGHT: tl.constexpr, RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr,
-                DIRECT: tl.constexpr):
-    """Row pos of a block through the (RANK_PAD, BLOCK_N) tile bt: sum its SPLIT_K partials, multiply, scale, and
-    add into its output row; a broadcast multiply and a sum over the rank, not a tl.dot."""
-    pair = _pair_at(sorted_ptr, pos, DIRECT)
+def _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, offs_n, offs_r, N, num_pairs, stride_om, stride_on, stride_w,
+                MUL_ROUTED_WEIGHT: tl.constexpr, RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Direct pair pos through the (RANK_PAD, BLOCK_N) tile bt: sum its SPLIT_K partials, multiply, scale, and add
+    into its output row; a broadcast multiply and a sum over the rank, not a tl.dot."""
+    pair = tl.cast(pos, tl.int64)
     out_ptrs = out_ptr + pair * stride_om + offs_n * stride_on
     old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
     part_ptrs = part_ptr + pos * RANK_PAD + offs_r
@@ -226,8 +217,7 @@ def _shrink_kernel(
     stride_xm, stride_xk, stride_al, stride_ae, stride_ar, stride_ak,
     # meta
     X_PER_PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RANK_PAD: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, ROW_LOOP: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -249,12 +239,12 @@ def _shrink_kernel(
     a_block = a_ptr + adapter * stride_al + expert * stride_ae + it_lo * BLOCK_K * stride_ak
     a_offs = offs_r[None, :] * stride_ar + offs_k[:, None] * stride_ak
     part = part_ptr + pid_s * num_pairs * RANK_PAD
-    if DIRECT or ROW_LOOP:
-        # Row by row: a broadcast multiply and a sum over K rather than a BLOCK_M-row tl.dot that is mostly masked
-        # off when blocks hold one or two pairs (decode); the registers the empty rows held go to more CTAs per SM
-        # and more loads in flight. A block's second row reads A again, from L1/L2.
+    if DIRECT:
+        # The block's one pair (position = pair id): a broadcast multiply and a sum over K rather than a
+        # BLOCK_M-row tl.dot with the other rows masked off; the registers those rows held go to more CTAs per SM
+        # and more loads in flight.
         for pos in range(start, end):
-            pair = _pair_at(sorted_ptr, pos, DIRECT)
+            pair = tl.cast(pos, tl.int64)
             if X_PER_PAIR:
                 row = pair
             else:
@@ -315,7 +305,7 @@ def _expand_kernel(
     # meta
     MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
     RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
-    DIRECT: tl.constexpr, ROW_LOOP: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -331,16 +321,16 @@ def _expand_kernel(
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if DIRECT or ROW_LOOP:
-        # Row by row (see the shrink): the B tile stays in registers while the block's rows go through it, and the
-        # next tile's load goes out before this tile's rows, so a CTA always has B in flight.
+    if DIRECT:
+        # Vector math on the block's one pair (see the shrink); the next tile's load goes out before this tile's
+        # arithmetic, so a CTA always has B in flight.
         for t in tl.static_range(N_TILES):
             if t + 1 < N_TILES:
                 bt_next = _load_b_tile(b_ptrs + (t + 1) * BLOCK_N * stride_bn, offs_n + (t + 1) * BLOCK_N, offs_r, N,
                                        rank, EVEN_N, EVEN_R)
             for pos in range(start, end):
-                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, sorted_ptr, offs_n + t * BLOCK_N, offs_r, N,
-                            num_pairs, stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K, DIRECT)
+                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, offs_n + t * BLOCK_N, offs_r, N, num_pairs,
+                            stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K)
             if t + 1 < N_TILES:
                 bt = bt_next
     else:
@@ -485,7 +475,7 @@ def _run_shrink(p: _Plan) -> None:
         p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
         X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
         SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
-        ROW_LOOP=cfg.row_loop and not r.direct, USE_PDL=p.pdl,
+        USE_PDL=p.pdl,
         num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **({"launch_pdl": True} if p.pdl else {}),
     )
 
@@ -503,6 +493,6 @@ def _run_expand(p: _Plan) -> None:
         p.weights.stride(1) if p.weights is not None else 0,
         MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
         RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
-        DIRECT=r.direct, ROW_LOOP=cfg.row_loop and not r.direct, USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
+        DIRECT=r.direct, USE_PDL=p.pdl, num_warps=cfg.expand_warps, num_stages=cfg.expand_stages,
         **({"launch_pdl": True} if p.pdl else {}),
     )

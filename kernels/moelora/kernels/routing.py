@@ -201,38 +201,6 @@ def _route_tiny_kernel(
     tl.store(num_blocks_ptr, tl.sum(first.to(tl.int32), 0))
 
 
-@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
-def _route_sort_kernel(
-    # pointers
-    topk_ids_ptr,  # (P,) int
-    lora_ptr,  # (M,) int
-    sorted_ptr,  # (P,) int32, out
-    table_ptr,  # (3, max_blocks) int32, out
-    num_blocks_ptr,  # (1,) int32, out
-    # sizes
-    num_pairs, top_k, num_experts, max_loras, max_blocks,
-    # meta
-    BLOCK: tl.constexpr, BINS: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """One CTA, registers only: sort the keys group * BLOCK + pair (invalid pairs last), which lists the pairs group
-    by group in a single store, and count the groups with a histogram for the block table. No atomics, no barriers,
-    no read-back of scratch memory: the round trips that made "single" cost ~3 us at 256 pairs."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    offs = tl.arange(0, BLOCK)
-    group, valid = _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, max_loras)
-    num_groups = num_experts * max_loras
-    keys = tl.sort(tl.where(valid, group * BLOCK + offs, 2147483647))
-    tl.store(sorted_ptr + offs, keys % BLOCK, mask=keys != 2147483647)
-    counts = tl.histogram(tl.where(valid, group, num_groups), BINS)
-    groups = tl.arange(0, BINS)
-    group_mask = groups < num_groups
-    counts = tl.where(group_mask, counts, 0)
-    _write_block_table(counts, tl.cumsum(counts, 0), groups, group_mask, table_ptr, num_blocks_ptr, max_blocks,
-                       BLOCK_M)
-
-
 def auto_method(num_pairs: int, num_groups: int) -> str:
     """The routing method `auto` takes for this many (token, slot) pairs over this many (adapter, expert) groups;
     `grouped` takes the same but never "direct"."""
@@ -267,8 +235,8 @@ def moe_lora_routing(
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
     pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
     method: "direct" (no launch: one block per pair, see the module docstring), "tiny" (<= 256 pairs, one launch,
-        all in registers), "sort" (<= 1024 pairs, one launch, a register sort and a histogram), "single" (<= 1024
-        pairs, one launch with global atomics), "multi" (two launches and a memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most
+        all in registers), "single" (<= 1024 pairs, one launch with global atomics), "multi" (two launches and a
+        memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most
         half the groups (adapters x experts), else grouped.
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
@@ -299,21 +267,10 @@ def moe_lora_routing(
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
     pdl = use_pdl(dev) if pdl is None else pdl
-    if method not in ("tiny", "sort", "single", "multi"):
+    if method not in ("tiny", "single", "multi"):
         raise ValueError(f"unknown routing method {method!r}")
-    if ((method == "tiny" and num_pairs > _TINY_BLOCK)
-            or (method in ("single", "sort") and num_pairs > _ROUTE_BLOCK)):
+    if (method == "tiny" and num_pairs > _TINY_BLOCK) or (method == "single" and num_pairs > _ROUTE_BLOCK):
         raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
-    if method == "sort":
-        _route_sort_kernel[(1,)](
-            topk_flat, lora, sorted_pairs, block_table, num_blocks, num_pairs, top_k, num_experts, max_loras,
-            max_blocks, BLOCK=max(16, triton.next_power_of_2(num_pairs)),
-            BINS=triton.next_power_of_2(num_groups + 1), BLOCK_M=block_m, USE_PDL=pdl,
-            num_warps=4 if num_pairs <= 256 else 8, **({"launch_pdl": True} if pdl else {}),
-        )
-        return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
-                              num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                              block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora)
     if method == "tiny":
         _route_tiny_kernel[(1,)](
             topk_flat, lora, sorted_pairs, block_table, num_blocks, num_pairs, top_k, num_experts, max_loras,
