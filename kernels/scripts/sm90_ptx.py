@@ -1,0 +1,75 @@
+"""Compile the op's kernels for sm_90 on a machine without a GPU: registers, spills and a PTX fingerprint per
+launch configuration, with the specialisation Triton applies at run time (16-byte aligned pointers, sizes and
+strides divisible by 16, unit strides as constants).
+
+    .venv/bin/python kernels/scripts/sm90_ptx.py            # one line per configuration
+
+Two checkouts giving the same fingerprints compile to the same code (debug line info aside): how a refactor is
+checked when no GPU is at hand. Without the run-time specialisation every B load compiles to a 2-byte load and the
+register counts are wrong, so it matters that the signature below says what the launcher passes.
+"""
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from moelora.kernels import fused
+
+TARGET = GPUTarget("cuda", 90, 32)
+POINTERS = {"x_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
+            "topk_w_ptr": "*fp32", "sorted_ptr": "*i32", "table_ptr": "*i32", "num_blocks_ptr": "*i32",
+            "topk_ptr": "*i32", "lora_ptr": "*i32"}
+UNIT_STRIDES = {"stride_xk", "stride_ak", "stride_br", "stride_on"}
+NOT_DIVISIBLE = {"num_pairs", "max_blocks", "top_k", "num_experts", "max_loras", "rank", "stride_w"}
+CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+
+
+def compile_sm90(kernel, consts: dict, warps: int, stages: int):
+    consts = dict(consts, **{n: 1 for n in kernel.arg_names if n in UNIT_STRIDES})
+    signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n not in consts and n not in NOT_DIVISIBLE}
+    return triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=attrs), target=TARGET,
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def describe(compiled) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], check=True,
+                           capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    code = compiled.asm["ptx"].split(".section\t.debug")[0]
+    code = re.sub(r"^\s*\.(loc|file).*$|//.*$", "", code, flags=re.MULTILINE)
+    fingerprint = hashlib.sha1(code[code.index(".entry"):].encode()).hexdigest()[:10]
+    return f"regs {regs[1]:>3} stack {regs[2]:>4} ptx {fingerprint}"
+
+
+def main() -> None:
+    for direct in (False, True):
+        for block_n, tiles, stages, even_n in ((512, 1, 1, False), (64, 16, 3, False), (256, 2, 1, True),
+                                               (128, 8, 3, True)):
+            consts = {"MUL_ROUTED_WEIGHT": True, "BLOCK_M": 16, "BLOCK_N": block_n, "N_TILES": tiles,
+                      "RANK_PAD": 32, "SPLIT_K": 2, "EVEN_N": even_n, "EVEN_R": True, "DIRECT": direct,
+                      "USE_PDL": True}
+            print(f"expand direct={direct:d} block_n={block_n} tiles={tiles} stages={stages} even_n={even_n:d}: "
+                  + describe(compile_sm90(fused._expand_kernel, consts, 4, stages)))
+        for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True)):
+            consts = {"X_PER_PAIR": per_pair, "BLOCK_M": 16, "BLOCK_K": block_k, "RANK_PAD": 32, "SPLIT_K": 2,
+                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "USE_PDL": True}
+            print(f"shrink direct={direct:d} block_k={block_k} warps={warps} stages={stages} per_pair={per_pair:d}: "
+                  + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
+
+
+if __name__ == "__main__":
+    main()
