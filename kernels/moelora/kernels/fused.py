@@ -349,6 +349,7 @@ def _expand_kernel(
         if MUL_ROUTED_WEIGHT:
             w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
         _store_out_tile(out_ptrs, old, tl.dot(inter, bt), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N)
+        # A loop, not unrolled: with num_stages > 1 Triton pipelines its B loads (cp.async into shared memory).
         for t in range(1, N_TILES):
             offs_t = offs_n + t * BLOCK_N
             bt = _load_b_tile(b_ptrs + t * BLOCK_N * stride_bn, offs_t, offs_r, N, rank, EVEN_N, EVEN_R)
