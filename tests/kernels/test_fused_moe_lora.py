@@ -157,6 +157,16 @@ def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):
     assert sorted(seen) == torch.nonzero(valid).view(-1).tolist()
 
 
+def test_routing_method_names_resolve_by_pair_count():
+    from moelora.kernels.routing import resolve_method
+
+    # 256 groups: direct while pairs <= 128; grouped by size: tiny <= 32, single <= 1024, multi beyond
+    assert [resolve_method("auto", p, 256) for p in (4, 128, 129, 1024, 1025)] == [
+        "direct", "direct", "single", "single", "multi"]
+    assert [resolve_method("grouped", p, 256) for p in (32, 33, 128)] == ["tiny", "single", "single"]
+    assert resolve_method("multi", 4, 256) == "multi"
+
+
 def test_rejects_bad_shapes():
     case = make_case(m=4, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=1)
     routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],

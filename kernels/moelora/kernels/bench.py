@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from .fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from .routing import auto_method, grouped_method, moe_lora_routing
+from .routing import moe_lora_routing, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
@@ -107,10 +107,7 @@ def default_layer_config(inp: LayerInputs, route_method: str = "auto") -> LayerC
 
 def routing_method(cfg: LayerConfig, inp: LayerInputs) -> str:
     """The routing method cfg runs on these inputs ("auto" and "grouped" resolved as moe_lora_routing does)."""
-    pairs = inp.topk_ids.numel()
-    if cfg.route_method == "auto":
-        return auto_method(pairs, inp.w13_a.shape[0] * inp.w13_a.shape[1])
-    return grouped_method(pairs) if cfg.route_method == "grouped" else cfg.route_method
+    return resolve_method(cfg.route_method, inp.topk_ids.numel(), inp.w13_a.shape[0] * inp.w13_a.shape[1])
 
 
 def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:

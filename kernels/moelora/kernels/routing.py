@@ -201,16 +201,15 @@ def _route_tiny_kernel(
     tl.store(num_blocks_ptr, tl.sum(first.to(tl.int32), 0))
 
 
-def auto_method(num_pairs: int, num_groups: int) -> str:
-    """The routing method `auto` takes for this many (token, slot) pairs over this many (adapter, expert) groups;
-    `grouped` takes the same but never "direct"."""
-    if num_pairs <= _DIRECT_MAX_SHARE * num_groups:
+def resolve_method(method: str, num_pairs: int, num_groups: int) -> str:
+    """The routing method `method` stands for with this many (token, slot) pairs over this many (adapter, expert)
+    groups: "auto" is direct while pairs are at most _DIRECT_MAX_SHARE of the groups, else as "grouped"; "grouped"
+    is the first of tiny, single, multi that fits; any other name stands for itself."""
+    if method == "auto" and num_pairs <= _DIRECT_MAX_SHARE * num_groups:
         return "direct"
-    return grouped_method(num_pairs)
-
-
-def grouped_method(num_pairs: int) -> str:
-    return "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
+    if method in ("auto", "grouped"):
+        return "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
+    return method
 
 
 def max_blocks_for(num_pairs: int, num_groups: int, block_m: int) -> int:
@@ -251,10 +250,7 @@ def moe_lora_routing(
     dev = topk_ids.device
     topk_flat = topk_ids.contiguous().view(-1)
     lora = token_lora_mapping.contiguous()
-    if method == "auto":
-        method = auto_method(num_pairs, num_groups)
-    elif method == "grouped":
-        method = grouped_method(num_pairs)
+    method = resolve_method(method, num_pairs, num_groups)
     if method == "direct":
         return MoeLoraRouting(sorted_pairs=topk_flat, block_table=topk_flat, num_blocks=topk_flat,
                               num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
