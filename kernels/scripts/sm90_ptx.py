@@ -22,14 +22,15 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moelora.kernels import fused
+from moelora.kernels import fused, routing
 
 TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {"x_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
             "topk_w_ptr": "*fp32", "sorted_ptr": "*i32", "table_ptr": "*i32", "num_blocks_ptr": "*i32",
-            "topk_ptr": "*i32", "lora_ptr": "*i32"}
+            "topk_ptr": "*i32", "lora_ptr": "*i32", "ready_ptr": "*i32",
+            "topk_ids_ptr": "*i32", "counts_ptr": "*i32", "rank_ptr": "*i32", "group_end_ptr": "*i32"}
 UNIT_STRIDES = {"stride_xk", "stride_ak", "stride_br", "stride_on"}
-NOT_DIVISIBLE = {"num_pairs", "max_blocks", "top_k", "num_experts", "max_loras", "rank", "stride_w"}
+NOT_DIVISIBLE = {"num_pairs", "max_blocks", "ready_len", "top_k", "num_experts", "max_loras", "rank", "stride_w"}
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 
@@ -56,19 +57,27 @@ def describe(compiled) -> str:
 
 
 def main() -> None:
-    for direct in (False, True):
+    for direct, ready in ((False, False), (False, True), (True, False)):
         for block_n, tiles, stages, even_n in ((512, 1, 1, False), (64, 16, 3, False), (256, 2, 1, True),
                                                (128, 8, 3, True)):
             consts = {"MUL_ROUTED_WEIGHT": True, "BLOCK_M": 16, "BLOCK_N": block_n, "N_TILES": tiles,
                       "RANK_PAD": 32, "SPLIT_K": 2, "EVEN_N": even_n, "EVEN_R": True, "DIRECT": direct,
-                      "USE_PDL": True}
-            print(f"expand direct={direct:d} block_n={block_n} tiles={tiles} stages={stages} even_n={even_n:d}: "
-                  + describe(compile_sm90(fused._expand_kernel, consts, 4, stages)))
+                      "READY": ready, "USE_PDL": True}
+            print(f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
+                  f"even_n={even_n:d}: " + describe(compile_sm90(fused._expand_kernel, consts, 4, stages)))
         for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True)):
             consts = {"X_PER_PAIR": per_pair, "BLOCK_M": 16, "BLOCK_K": block_k, "RANK_PAD": 32, "SPLIT_K": 2,
-                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "USE_PDL": True}
-            print(f"shrink direct={direct:d} block_k={block_k} warps={warps} stages={stages} per_pair={per_pair:d}: "
-                  + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
+                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "READY": ready, "USE_PDL": True}
+            print(f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
+                  f"per_pair={per_pair:d}: " + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
+    # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
+    print("route tiny: " + describe(compile_sm90(routing._route_tiny_kernel,
+                                                 {"BLOCK": 256, "BLOCK_M": 16, "USE_PDL": True}, 16, 1)))
+    for single in (True, False):
+        print(f"route finish single={single:d}: " + describe(compile_sm90(
+            routing._route_finish_kernel, {"BLOCK": 1024, "GROUPS_PAD": 256, "BLOCK_M": 16, "SINGLE": single,
+                                           "USE_PDL": True}, 8, 1)))
+    print("route count: " + describe(compile_sm90(routing._route_count_kernel, {"BLOCK": 1024}, 4, 1)))
 
 
 if __name__ == "__main__":

@@ -94,6 +94,36 @@ def test_many_pairs_multi_cta_routing(block_m):
     assert delta_error(case, out) < TOL[torch.float32]
 
 
+def test_each_op_counts_its_blocks_ready_in_its_own_slot():
+    # The shrink's split-K CTAs each add one to their block's counter; the expand waits for SPLIT_K there. Ops on
+    # one routing take slots in launch order; past READY_SLOTS they wait for the whole shrink grid instead.
+    from moelora.kernels.routing import READY_SLOTS
+    case = make_case(m=20, top_k=2, e=4, loras=2, rank=8, k=48, n=16, dtype=torch.float32, per_pair=False, seed=19)
+    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
+                               num_experts=4, max_loras=2, block_m=16, method="single")
+    assert routing.ready is not None and routing.ready.shape == (READY_SLOTS, routing.max_blocks)
+    assert not routing.ready.any()  # zeroed by the routing kernel (torch.empty before)
+    out = case["output"].clone()
+    live = int(routing.num_blocks)
+    for op, split_k in enumerate((3, 2, 1, 3, 2)):
+        fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
+                       config=KernelConfig(split_k=split_k, shrink_block_k=16, expand_block_n=16))
+        if op < READY_SLOTS:
+            assert routing.ready[op, :live].tolist() == [split_k] * live
+            assert not routing.ready[op, live:].any()
+    # Five additions of the same contribution, each through a different path (counters or the grid-wide wait).
+    base = case["output"].double()
+    one = moe_lora_reference(**case) - base
+    assert ((out.double() - base - 5 * one).norm() / (5 * one).norm()).item() < TOL[torch.float32]
+
+
+def test_direct_routing_has_no_counters():
+    case = make_case(m=4, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=23)
+    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
+                               num_experts=4, max_loras=2, block_m=16, method="direct")
+    assert routing.ready is None and routing.take_ready_slot() is None
+
+
 def test_default_config_and_rank_128():
     case = make_case(m=5, top_k=2, e=3, loras=2, rank=128, k=48, n=32, dtype=torch.float32, per_pair=True, seed=7)
     out = run_op(case, mul_routed_weight=True)
@@ -147,6 +177,7 @@ def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):
     group_of = pairs_lora * e + flat
     nb = int(r.num_blocks)
     assert nb <= r.max_blocks
+    assert not r.ready.any()  # every grouping kernel zeroes the readiness counters
     seen = []
     for b in range(nb):
         grp, start, end = (int(v) for v in r.block_table[:, b])

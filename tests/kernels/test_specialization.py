@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 # Every integer argument of our kernels whose value follows the batch's token count.
-TOKEN_DEPENDENT = {"num_pairs", "max_blocks", "M", "m", "num_tokens"}
+TOKEN_DEPENDENT = {"num_pairs", "max_blocks", "ready_len", "M", "m", "num_tokens"}
 
 PROBE = """
 import json

@@ -261,6 +261,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         "expand_warps": (4, 8),
         "expand_tiles": (1, 2, 4, 8, 16),
         "expand_stages": (1, 2, 3, 4),
+        "wait_per_block": (False, True),
     }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])

@@ -20,11 +20,15 @@ weights once each, the repeats mostly from L2. That pays only while few pairs sh
 
 Block capacity is static so the launch grids are known on the host: there are at most
 min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group plus full ones).
+
+The grouping kernels also zero `ready`, one counter per block for each of the first READY_SLOTS ops launched on
+the routing: an op's shrink CTAs count into their block's counter once their partial sums are stored, and the
+expand's CTAs wait for their own block's count instead of for the whole shrink grid (see fused.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -48,6 +52,9 @@ _TINY_AUTO = 32
 # Kernels), direct vs grouped layer µs: GPT-OSS M = 16 (pairs/groups 1/4) 26.3 vs 33.7, Qwen3 M = 16 (1/8) 20.6 vs
 # 28.8, Qwen3 M = 64 (1/2) 54.6 vs 64.3; GPT-OSS M = 64 (1) 67.8 vs 63.1, Qwen3 M = 256 (2) 185 vs 119.
 _DIRECT_MAX_SHARE = 0.5
+# Ops on one routing that get per-block readiness counters (a layer has two, or three when vLLM splits gate_up);
+# later ones wait for their shrink grid as a whole.
+READY_SLOTS = 4
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,17 @@ class MoeLoraRouting:
     topk_ids: torch.Tensor
     token_lora: torch.Tensor
     direct: bool = False
+    ready: torch.Tensor | None = None  # (READY_SLOTS, max_blocks) int32, zeroed by the grouping kernel
+    _ops_taken: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+
+    def take_ready_slot(self) -> torch.Tensor | None:
+        """The readiness counters (max_blocks,) for the next op launched on this routing, or None when there are
+        none (direct routing) or all READY_SLOTS are taken. Ops launched on one routing must share its stream."""
+        slot = self._ops_taken[0]
+        self._ops_taken[0] += 1
+        if self.ready is None or slot >= self.ready.shape[0]:
+            return None
+        return self.ready[slot]
 
 
 @triton.jit
@@ -83,6 +101,13 @@ def _pair_groups(topk_ids_ptr, lora_ptr, offs, num_pairs, top_k, num_experts, ma
     adapter = tl.load(lora_ptr + offs // top_k, mask=in_range, other=-1).to(tl.int32)
     valid = in_range & (expert >= 0) & (expert < num_experts) & (adapter >= 0) & (adapter < max_loras)
     return adapter * num_experts + expert, valid
+
+
+@triton.jit
+def _zero(ptr, n, BLOCK: tl.constexpr):
+    for i in range(0, n, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        tl.store(ptr + offs, tl.zeros([BLOCK], tl.int32), mask=offs < n)
 
 
 @triton.jit
@@ -121,7 +146,7 @@ def _route_count_kernel(
     tl.store(rank_ptr + offs, rank, mask=valid)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks", "ready_len"])
 def _route_finish_kernel(
     # pointers
     topk_ids_ptr,  # (P,) int
@@ -132,8 +157,9 @@ def _route_finish_kernel(
     sorted_ptr,  # (P,) int32, out
     table_ptr,  # (3, max_blocks) int32, out
     num_blocks_ptr,  # (1,) int32, out
+    ready_ptr,  # (ready_len,) int32, out: zeroed
     # sizes
-    num_pairs, top_k, num_experts, max_loras, max_blocks,
+    num_pairs, top_k, num_experts, max_loras, max_blocks, ready_len,
     # meta
     BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SINGLE: tl.constexpr,
     USE_PDL: tl.constexpr,
@@ -165,9 +191,10 @@ def _route_finish_kernel(
     tl.store(sorted_ptr + start + rank, offs, mask=valid)
     if pid == 0:
         _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M)
+        _zero(ready_ptr, ready_len, BLOCK)
 
 
-@triton.jit(do_not_specialize=["num_pairs", "max_blocks"])
+@triton.jit(do_not_specialize=["num_pairs", "max_blocks", "ready_len"])
 def _route_tiny_kernel(
     # pointers
     topk_ids_ptr,  # (P,) int
@@ -175,8 +202,9 @@ def _route_tiny_kernel(
     sorted_ptr,  # (P,) int32, out
     table_ptr,  # (3, max_blocks) int32, out
     num_blocks_ptr,  # (1,) int32, out
+    ready_ptr,  # (ready_len,) int32, out: zeroed
     # sizes
-    num_pairs, top_k, num_experts, max_loras, max_blocks,
+    num_pairs, top_k, num_experts, max_loras, max_blocks, ready_len,
     # meta
     BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -199,6 +227,7 @@ def _route_tiny_kernel(
     tl.store(table_ptr + max_blocks + block, pos, mask=first)
     tl.store(table_ptr + 2 * max_blocks + block, pos + tl.minimum(count - rank, BLOCK_M), mask=first)
     tl.store(num_blocks_ptr, tl.sum(first.to(tl.int32), 0))
+    _zero(ready_ptr, ready_len, BLOCK)
 
 
 def resolve_method(method: str, num_pairs: int, num_groups: int) -> str:
@@ -260,6 +289,7 @@ def moe_lora_routing(
     sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
     block_table = torch.empty((3, max_blocks), dtype=torch.int32, device=dev)
     num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
+    ready = torch.empty((READY_SLOTS, max_blocks), dtype=torch.int32, device=dev)
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
     pdl = use_pdl(dev) if pdl is None else pdl
@@ -269,14 +299,16 @@ def moe_lora_routing(
         raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
     if method == "tiny":
         _route_tiny_kernel[(1,)](
-            topk_flat, lora, sorted_pairs, block_table, num_blocks, num_pairs, top_k, num_experts, max_loras,
-            max_blocks, BLOCK=max(16, triton.next_power_of_2(num_pairs)), BLOCK_M=block_m, USE_PDL=pdl,
+            topk_flat, lora, sorted_pairs, block_table, num_blocks, ready, num_pairs, top_k, num_experts,
+            max_loras, max_blocks, ready.numel(), BLOCK=max(16, triton.next_power_of_2(num_pairs)), BLOCK_M=block_m,
+            USE_PDL=pdl,
             num_warps=8 if num_pairs <= 128 else 16,
             **({"launch_pdl": True} if pdl else {}),
         )
         return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
                               num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                              block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora)
+                              block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora,
+                              ready=ready)
     single = method == "single"
     # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
     if single:
@@ -290,11 +322,12 @@ def moe_lora_routing(
         _route_count_kernel[grid](topk_flat, lora, counts, rank, num_pairs, top_k, num_experts, max_loras,
                                   BLOCK=_ROUTE_BLOCK)
     _route_finish_kernel[grid](
-        topk_flat, lora, counts, rank, group_end, sorted_pairs, block_table, num_blocks,
-        num_pairs, top_k, num_experts, max_loras, max_blocks,
+        topk_flat, lora, counts, rank, group_end, sorted_pairs, block_table, num_blocks, ready,
+        num_pairs, top_k, num_experts, max_loras, max_blocks, ready.numel(),
         BLOCK=_ROUTE_BLOCK, GROUPS_PAD=groups_pad, BLOCK_M=block_m, SINGLE=single, USE_PDL=pdl, num_warps=8,
         **({"launch_pdl": True} if pdl else {}),
     )
     return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
                           num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                          block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora)
+                          block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora,
+                          ready=ready)
