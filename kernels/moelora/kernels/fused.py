@@ -446,6 +446,8 @@ def fused_moe_lora(
         power of two >= 16 inside). Same dtype as x (bf16/fp16 on the GPU; fp32 works too, and is what the CPU
         interpreter tests use).
     routing: from `moe_lora_routing` on the same topk_ids / token_lora_mapping (M, top_k, E, max_loras must match).
+        Ops that share a routing run on the stream it was made on: each takes the next of its readiness-counter
+        slots (see `wait_per_block`).
     topk_weights: (M, top_k) float, multiplied into the contribution when mul_routed_weight (vLLM: the down op).
     Pairs whose token has adapter -1 are left untouched. Results are deterministic (no atomics on the data path).
     """
