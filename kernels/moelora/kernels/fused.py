@@ -363,14 +363,10 @@ def _expand_kernel(
                 pass
             if USE_PDL:
                 tl.extra.cuda.gdc_launch_dependents()
-            inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_K):
-                inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0,
-                                 cache_modifier=".cg")
-        else:
-            inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0)
-            for s in tl.static_range(1, SPLIT_K):
-                inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0)
+        inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg" if READY else "")
+        for s in tl.static_range(1, SPLIT_K):
+            inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0,
+                             cache_modifier=".cg" if READY else "")
         inter = inter.to(bt.dtype)
         w = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if MUL_ROUTED_WEIGHT:
