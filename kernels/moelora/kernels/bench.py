@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from .fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from .routing import moe_lora_routing, resolve_method
+from .routing import method_takes, moe_lora_routing, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
@@ -265,8 +265,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
-    methods = [m for m, cap in (("direct", 1 << 30), ("tiny", 256), ("single", 1024), ("multi", 1 << 30))
-               if pairs <= cap]
+    methods = [m for m in ("direct", "tiny", "single", "multi") if method_takes(m, pairs)]
     for method in methods:
         if method == current:
             continue

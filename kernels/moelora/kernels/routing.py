@@ -241,6 +241,12 @@ def resolve_method(method: str, num_pairs: int, num_groups: int) -> str:
     return method
 
 
+def method_takes(method: str, num_pairs: int) -> bool:
+    """Whether routing method `method` can group this many pairs: "tiny" holds them in one CTA's registers, "single"
+    in one CTA; the others take any number."""
+    return not ((method == "tiny" and num_pairs > _TINY_BLOCK) or (method == "single" and num_pairs > _ROUTE_BLOCK))
+
+
 def max_blocks_for(num_pairs: int, num_groups: int, block_m: int) -> int:
     """Static upper bound on the number of non-empty blocks (see the module docstring)."""
     return max(1, min(num_pairs, num_groups) + num_pairs // block_m)
@@ -295,7 +301,7 @@ def moe_lora_routing(
     pdl = use_pdl(dev) if pdl is None else pdl
     if method not in ("tiny", "single", "multi"):
         raise ValueError(f"unknown routing method {method!r}")
-    if (method == "tiny" and num_pairs > _TINY_BLOCK) or (method == "single" and num_pairs > _ROUTE_BLOCK):
+    if not method_takes(method, num_pairs):
         raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
     if method == "tiny":
         _route_tiny_kernel[(1,)](
