@@ -211,3 +211,13 @@ def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match="block_m"):
         moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3,
                          max_loras=2, block_m=24)
+
+
+def test_each_routing_method_takes_the_pair_counts_it_can_hold():
+    from moelora.kernels.routing import method_takes
+    assert [method_takes("tiny", p) for p in (256, 257)] == [True, False]
+    assert [method_takes("single", p) for p in (1024, 1025)] == [True, False]
+    assert method_takes("multi", 1 << 20) and method_takes("direct", 1 << 20)
+    with pytest.raises(ValueError, match="cannot take 260 pairs"):
+        moe_lora_routing(topk_ids=torch.zeros(65, 4, dtype=torch.int32), token_lora_mapping=torch.zeros(65),
+                         num_experts=4, max_loras=2, block_m=16, method="tiny")
