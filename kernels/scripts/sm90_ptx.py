@@ -65,11 +65,16 @@ def main() -> None:
                       "READY": ready, "USE_PDL": True}
             print(f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
                   f"even_n={even_n:d}: " + describe(compile_sm90(fused._expand_kernel, consts, 4, stages)))
-        for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True)):
+        # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
+        # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
+        for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True), (512, 4, 1, True)):
+            early = per_pair and not direct
             consts = {"X_PER_PAIR": per_pair, "BLOCK_M": 16, "BLOCK_K": block_k, "RANK_PAD": 32, "SPLIT_K": 2,
-                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "READY": ready, "USE_PDL": True}
+                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "READY": ready, "USE_PDL": True,
+                      "A_BEFORE_WAIT": early}
             print(f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
-                  f"per_pair={per_pair:d}: " + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
+                  f"per_pair={per_pair:d} a_before_wait={early:d}: "
+                  + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
     # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
     print("route tiny: " + describe(compile_sm90(routing._route_tiny_kernel,
                                                  {"BLOCK": 256, "BLOCK_M": 16, "USE_PDL": True}, 16, 1)))

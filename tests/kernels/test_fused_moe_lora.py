@@ -221,3 +221,39 @@ def test_each_routing_method_takes_the_pair_counts_it_can_hold():
     with pytest.raises(ValueError, match="cannot take 260 pairs"):
         moe_lora_routing(topk_ids=torch.zeros(65, 4, dtype=torch.int32), token_lora_mapping=torch.zeros(65),
                          num_experts=4, max_loras=2, block_m=16, method="tiny")
+
+
+def test_splits_are_whole_and_never_empty():
+    # 5 K steps in 4 splits would leave the last split empty: the op runs 3 splits of 2, 2 and 1 steps, and the
+    # expand waits for 3 ready counts.
+    case = make_case(m=6, top_k=2, e=2, loras=2, rank=8, k=40, n=16, dtype=torch.float32, per_pair=False, seed=29)
+    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
+                               num_experts=2, max_loras=2, block_m=16, method="single")
+    out = case["output"].clone()
+    fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
+                   config=KernelConfig(split_k=4, shrink_block_k=8, expand_block_n=16))
+    live = int(routing.num_blocks)
+    assert routing.ready[0, :live].tolist() == [3] * live
+    assert delta_error(case, out) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_second_op_on_a_routing_matches_reference(dtype):
+    # A layer's gate_up op, then its down op (x per pair, routed weights) on the same routing. The second op's
+    # shrink takes its first A tile before its wait (the routing is settled): K = 56 in 16-wide steps is 4 steps in
+    # 2 splits, the last step ragged, so the early tile and the loop after it both count.
+    up = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=False, seed=23)
+    down = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=True, seed=24)
+    down["topk_ids"], down["token_lora_mapping"] = up["topk_ids"], up["token_lora_mapping"]
+    routing = moe_lora_routing(topk_ids=up["topk_ids"], token_lora_mapping=up["token_lora_mapping"], num_experts=3,
+                               max_loras=2, block_m=16, method="single")
+    cfg = KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16)
+    outs = []
+    for case, routed in ((up, False), (down, True)):
+        out = case["output"].clone()
+        fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
+                       topk_weights=case["topk_weights"], mul_routed_weight=routed, config=cfg)
+        outs.append(out)
+    assert routing.begin_op()  # two ops began before this call
+    assert delta_error(up, outs[0]) < TOL[dtype]
+    assert delta_error(down, outs[1], True) < TOL[dtype]

@@ -58,6 +58,9 @@ class KernelConfig:
     # The expand waits for its own block's shrink CTAs (readiness counters; grouped routing) rather than for the
     # whole shrink grid.
     wait_per_block: bool = True
+    # A register cap per thread (ptxas -maxnreg), None: the compiler's choice. Fewer registers, more CTAs per SM.
+    shrink_maxnreg: int | None = None
+    expand_maxnreg: int | None = None
     pdl: bool | None = None  # None: on where supported (use_pdl)
 
 
@@ -226,11 +229,11 @@ def _shrink_kernel(
     # meta
     X_PER_PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RANK_PAD: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, READY: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, A_BEFORE_WAIT: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
-    if USE_PDL:
+    if USE_PDL and not A_BEFORE_WAIT:
         # Wait for the routing (and whatever wrote x), then let the expand's CTAs start: they only read the
         # routing's tables and B before their own wait.
         tl.extra.cuda.gdc_wait()
@@ -282,7 +285,23 @@ def _shrink_kernel(
             row = (pair // top_k).to(tl.int64)
         x_ptrs = x_ptr + row[:, None] * stride_xm + (it_lo * BLOCK_K + offs_k)[None, :] * stride_xk
         acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
-        for it in range(it_lo, it_hi):
+        it_first = it_lo
+        if A_BEFORE_WAIT:
+            # The routing is complete (an earlier op on it waited for it) and A is the adapter's weights: the first
+            # A tile is fetched while this CTA waits for whatever wrote x, most often a whole split's A slice.
+            at = _load_a_tile(a_ptrs, it_lo * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            if USE_PDL:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            if EVEN_K:
+                xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+            else:
+                xt = tl.load(x_ptrs, mask=mask_m[:, None] & (it_lo * BLOCK_K + offs_k < K)[None, :], other=0.0)
+            acc += tl.dot(xt, at.to(xt.dtype))
+            x_ptrs += BLOCK_K * stride_xk
+            a_ptrs += BLOCK_K * stride_ak
+            it_first = it_lo + 1
+        for it in range(it_first, it_hi):
             # A first: its address does not wait on the sorted-pairs load that x's does.
             at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
             if EVEN_K:
@@ -323,6 +342,10 @@ def _expand_kernel(
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if USE_PDL and READY:
+        # The next kernel waits for this whole grid before it reads anything of ours; starting it now lets its
+        # CTAs take free SMs and fetch what does not depend on us (the down op's shrink: routing and A).
+        tl.extra.cuda.gdc_launch_dependents()
     adapter, expert, start, end, live = _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks,
                                                     num_experts, top_k, max_loras, DIRECT)
     if not live:
@@ -361,8 +384,6 @@ def _expand_kernel(
             # shrink passed its own wait before it let this grid start. The partial sums bypass L1 (.cg).
             while tl.atomic_add(ready_ptr + pid_b, 0, sem="acquire", scope="gpu") < SPLIT_K:
                 pass
-            if USE_PDL:
-                tl.extra.cuda.gdc_launch_dependents()
         inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg" if READY else "")
         for s in tl.static_range(1, SPLIT_K):
             inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0,
@@ -419,6 +440,7 @@ class _Plan:
     rank_pad: int
     split_k: int
     pdl: bool
+    routing_settled: bool  # an earlier op on this routing waited for it (routing.begin_op)
     ready: torch.Tensor | None = None  # this op's readiness counters (grouped routing), else None
     partials: torch.Tensor | None = None
 
@@ -486,11 +508,13 @@ def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mu
     weights = topk_weights
     if weights is not None and weights.stride(0) != top_k * weights.stride(1):
         weights = weights.contiguous()
+    # Splits of whole K iterations, none empty: 23 iterations in 16 splits is 12 splits of two.
+    k_iters = triton.cdiv(k, cfg.shrink_block_k)
+    split_k = triton.cdiv(k_iters, triton.cdiv(k_iters, max(1, min(cfg.split_k, k_iters))))
     return _Plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
                  weights=weights, mul_routed_weight=mul_routed_weight, cfg=cfg, k=k, n=n, rank=rank,
-                 rank_pad=max(16, triton.next_power_of_2(rank)),
-                 split_k=max(1, min(cfg.split_k, triton.cdiv(k, cfg.shrink_block_k))),
-                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl,
+                 rank_pad=max(16, triton.next_power_of_2(rank)), split_k=split_k,
+                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl, routing_settled=routing.begin_op(),
                  ready=routing.take_ready_slot() if cfg.wait_per_block else None)
 
 
@@ -504,8 +528,8 @@ def _run_shrink(p: _Plan) -> None:
         p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
         X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
         SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
-        READY=p.ready is not None, USE_PDL=p.pdl,
-        num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **({"launch_pdl": True} if p.pdl else {}),
+        READY=p.ready is not None, USE_PDL=p.pdl, A_BEFORE_WAIT=p.routing_settled and not r.direct,
+        num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **_launch_options(p.pdl, cfg.shrink_maxnreg),
     )
 
 
@@ -524,6 +548,9 @@ def _run_expand(p: _Plan) -> None:
         MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
         RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
         DIRECT=r.direct, READY=p.ready is not None, USE_PDL=p.pdl, num_warps=cfg.expand_warps,
-        num_stages=cfg.expand_stages,
-        **({"launch_pdl": True} if p.pdl else {}),
+        num_stages=cfg.expand_stages, **_launch_options(p.pdl, cfg.expand_maxnreg),
     )
+
+
+def _launch_options(pdl: bool, maxnreg: int | None) -> dict:
+    return ({"launch_pdl": True} if pdl else {}) | ({"maxnreg": maxnreg} if maxnreg is not None else {})

@@ -82,6 +82,15 @@ class MoeLoraRouting:
     direct: bool = False
     ready: torch.Tensor | None = None  # (READY_SLOTS, max_blocks) int32, zeroed by the grouping kernel
     _ops_taken: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+    _ops_begun: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+
+    def begin_op(self) -> bool:
+        """Count one more op launched on this routing; True when an earlier op was. Such an op's kernels may read
+        the routing before their wait for the previous kernel: the first op's shrink waited for the routing kernel
+        to finish before it let anything after it start."""
+        earlier = self._ops_begun[0] > 0
+        self._ops_begun[0] += 1
+        return earlier
 
     def take_ready_slot(self) -> torch.Tensor | None:
         """The readiness counters (max_blocks,) for the next op launched on this routing, or None when there are
