@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then the headline benchmark with a launch-parameter sweep, then a quick subset.
 # Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|headline|sweep|quick|
-#   routes|sweep_direct|sweep_cases|kernel_test|grid|full]...  (routes: the layer with each routing method; sweep_direct:
+#   routes|sweep_direct|sweep_cases|kernel_test|grid|ab|full]...  (routes: the layer with each routing method; sweep_direct:
 #   a sweep with direct routing; sweep_cases: a sweep of SWEEP_MODELS x SWEEP_M; kernel_test: the kernel's GPU tests;
-#   grid: op_grid.py for each GRIDS entry)
+#   grid: op_grid.py for each GRIDS entry; ab: kernels/scripts/$AB_SCRIPT $AB_ARGS, an A/B comparison script)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/moelora-out}; mkdir -p "$OUT"
@@ -29,6 +29,7 @@ for step in $steps; do
         tests/gpu/test_fused_moe_lora_gpu.py 2>&1 | tee "$OUT/kernel_tests.log" ;;
     grid) for g in ${GRIDS:-w13:expand w2:expand}; do timeout ${GRID_S:-150} python3 kernels/scripts/op_grid.py \
         ${GRID_MODEL:-gpt-oss} ${GRID_M:-64} ${g%:*} ${g#*:} --route ${GRID_ROUTE:-auto} 2>&1 | tee "$OUT/grid_${g/:/_}.txt"; done ;;
+    ab) timeout ${AB_S:-300} python3 kernels/scripts/$AB_SCRIPT $AB_ARGS 2>&1 | tee "$OUT/ab_${AB_SCRIPT%.py}.txt" ;;
     full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done

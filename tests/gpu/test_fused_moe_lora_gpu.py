@@ -131,3 +131,27 @@ def test_per_block_wait_gives_the_grid_wait_result_on_every_replay(k, model, m):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(inp.gate_up_out, results[0][0]) and torch.equal(inp.down_out, results[0][1])
+
+
+def test_register_caps_change_no_bits(k):
+    # shrink_maxnreg / expand_maxnreg only bound the registers ptxas may use (spilling the rest): the same
+    # arithmetic in the same order, so the same bits as the uncapped kernels, at a decode size and a prefill size.
+    from dataclasses import replace
+    _, bench = k
+    for m in (64, 300):
+        inp = bench.make_inputs("gpt-oss", 32, 8, m, seed=8)
+        base13, base2 = inp.gate_up_out.clone(), inp.down_out.clone()
+        uncapped = bench.default_layer_config(inp, route_method="grouped")
+        uncapped = replace(uncapped, w13=replace(uncapped.w13, shrink_maxnreg=None, expand_maxnreg=None),
+                           w2=replace(uncapped.w2, shrink_maxnreg=None, expand_maxnreg=None))
+        capped = replace(uncapped, w13=replace(uncapped.w13, shrink_maxnreg=64, expand_maxnreg=72),
+                         w2=replace(uncapped.w2, shrink_maxnreg=96, expand_maxnreg=48))
+        results = []
+        for cfg in (uncapped, capped):
+            inp.gate_up_out.copy_(base13)
+            inp.down_out.copy_(base2)
+            bench.run_layer(inp, cfg)
+            results.append((inp.gate_up_out.clone(), inp.down_out.clone()))
+        assert not torch.equal(results[0][0], base13)  # the layer did add something
+        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
