@@ -20,7 +20,9 @@ Programmatic dependent launch (SM90+) chains routing -> shrink -> expand: 3-5 us
 With grouped routing the expand does not wait for the whole shrink grid either (wait_per_block): each shrink CTA
 adds one to its block's readiness counter (zeroed by the routing kernel) once its partial sums are stored, and an
 expand CTA, having fetched its first B tile, waits until its own block's counter reaches SPLIT_K. H200, GPT-OSS
-layer: 2-4 us less at M = 256 and 1600 tokens.
+layer: 2-4 us less at M = 256 and 1600 tokens. Such an expand lets the next kernel start at once (that kernel waits
+for the whole grid before it reads our output), and the next op on the same routing (the down op) fetches its
+block and first A tile before its own wait, as the routing is complete by then: 0.9 us less at M = 64.
 """
 
 from __future__ import annotations
