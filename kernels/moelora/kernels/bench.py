@@ -255,7 +255,7 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     choices = {
         "split_k": (1, 2, 4, 8, 16),
         "shrink_block_k": (64, 128, 256),
-        "shrink_stages": (2, 3, 4),
+        "shrink_stages": (2, 3, 4, 5, 6),
         "shrink_warps": (2, 4, 8),
         "expand_block_n": (64, 128, 256, 512, 1024),
         "expand_warps": (4, 8),
