@@ -68,7 +68,7 @@ def main() -> None:
         # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
         # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
         for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True), (512, 4, 1, True)):
-            early = per_pair and not direct
+            early = per_pair and not direct and fused.early_a_fits(block_k, 32, warps)
             consts = {"X_PER_PAIR": per_pair, "BLOCK_M": 16, "BLOCK_K": block_k, "RANK_PAD": 32, "SPLIT_K": 2,
                       "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "READY": ready, "USE_PDL": True,
                       "A_BEFORE_WAIT": early}

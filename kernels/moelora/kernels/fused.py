@@ -524,6 +524,13 @@ def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mu
                  ready=routing.take_ready_slot() if cfg.wait_per_block else None)
 
 
+def early_a_fits(block_k: int, rank_pad: int, warps: int) -> bool:
+    """Whether a shrink may hold its first A tile across its wait: at most 64 elements a thread. The tile roughly
+    doubles the kernel's registers (sm_90: 80 -> 175 at 256 x 32 over 4 warps); past 64 elements it reached 255 and
+    spilled (256 x 64 over 2 warps), in configurations where the early tile was never measured to pay."""
+    return block_k * rank_pad <= 64 * 32 * warps
+
+
 def _run_shrink(p: _Plan) -> None:
     r, cfg = p.routing, p.cfg
     p.partials = torch.empty((p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
@@ -534,7 +541,8 @@ def _run_shrink(p: _Plan) -> None:
         p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
         X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
         SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
-        READY=p.ready is not None, USE_PDL=p.pdl, A_BEFORE_WAIT=p.routing_settled and not r.direct,
+        READY=p.ready is not None, USE_PDL=p.pdl,
+        A_BEFORE_WAIT=p.routing_settled and not r.direct and early_a_fits(cfg.shrink_block_k, p.rank_pad, cfg.shrink_warps),
         num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **_launch_options(p.pdl, cfg.shrink_maxnreg),
     )
 
