@@ -51,7 +51,9 @@ def describe(compiled) -> str:
     os.unlink(f.name)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     code = compiled.asm["ptx"].split(".section\t.debug")[0]
-    code = re.sub(r"^\s*\.(loc|file).*$|//.*$", "", code, flags=re.MULTILINE)
+    # Debug line info aside: .loc/.file directives, comments, and the $L__tmp labels that mark inlined helpers' scopes.
+    code = re.sub(r"^\s*\.(loc|file).*$|//.*$|^\$L__tmp\d+:$", "", code, flags=re.MULTILINE)
+    code = re.sub(r"\n\s*\n+", "\n", code)
     fingerprint = hashlib.sha1(code[code.index(".entry"):].encode()).hexdigest()[:10]
     return f"regs {regs[1]:>3} stack {regs[2]:>4} ptx {fingerprint}"
 

@@ -181,6 +181,17 @@ def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN
 
 
 @triton.jit
+def _load_x_tile(x_ptrs, k0, offs_k, mask_m, K, EVEN_K: tl.constexpr):
+    """The (BLOCK_M, BLOCK_K) tile of a grouped block's input rows at K offset k0, zero in rows past the block's
+    end and past K."""
+    if EVEN_K:
+        xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+    else:
+        xt = tl.load(x_ptrs, mask=mask_m[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
+    return xt
+
+
+@triton.jit
 def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr):
     """The (RANK_PAD, BLOCK_N) tile of B at columns offs_n, zero past N and past the rank.
 
@@ -294,15 +305,12 @@ def _shrink_kernel(
         it_first = it_lo
         if A_BEFORE_WAIT:
             # The routing is complete (an earlier op on it waited for it) and A is the adapter's weights: the first
-            # A tile is fetched while this CTA waits for whatever wrote x, most often a whole split's A slice.
+            # A tile is in flight while this CTA waits for whatever wrote x.
             at = _load_a_tile(a_ptrs, it_lo * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
             if USE_PDL:
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
-            if EVEN_K:
-                xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            else:
-                xt = tl.load(x_ptrs, mask=mask_m[:, None] & (it_lo * BLOCK_K + offs_k < K)[None, :], other=0.0)
+            xt = _load_x_tile(x_ptrs, it_lo * BLOCK_K, offs_k, mask_m, K, EVEN_K)
             acc += tl.dot(xt, at.to(xt.dtype))
             x_ptrs += BLOCK_K * stride_xk
             a_ptrs += BLOCK_K * stride_ak
@@ -310,10 +318,7 @@ def _shrink_kernel(
         for it in range(it_first, it_hi):
             # A first: its address does not wait on the sorted-pairs load that x's does.
             at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
-            if EVEN_K:
-                xt = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
-            else:
-                xt = tl.load(x_ptrs, mask=mask_m[:, None] & (it * BLOCK_K + offs_k < K)[None, :], other=0.0)
+            xt = _load_x_tile(x_ptrs, it * BLOCK_K, offs_k, mask_m, K, EVEN_K)
             acc += tl.dot(xt, at.to(xt.dtype))
             x_ptrs += BLOCK_K * stride_xk
             a_ptrs += BLOCK_K * stride_ak
