@@ -103,34 +103,42 @@ def test_deterministic_and_graph_capturable(k):
     assert torch.equal(inp.gate_up_out, eager13) and torch.equal(inp.down_out, eager2)
 
 
+def both_ops(cfg, **fields):
+    """cfg with the same fields changed in its gate_up and its down op."""
+    from dataclasses import replace
+    return replace(cfg, w13=replace(cfg.w13, **fields), w2=replace(cfg.w2, **fields))
+
+
+def layer_from(bench, inp, base, cfg):
+    """The two outputs after one layer call with cfg, starting from the base outputs."""
+    inp.gate_up_out.copy_(base[0])
+    inp.down_out.copy_(base[1])
+    bench.run_layer(inp, cfg)
+    return inp.gate_up_out.clone(), inp.down_out.clone()
+
+
 @pytest.mark.parametrize("model, m", [("gpt-oss", 64), ("gpt-oss", 300), ("qwen3", 256)])
 def test_per_block_wait_gives_the_grid_wait_result_on_every_replay(k, model, m):
     # Readiness counters (wait_per_block) against the grid-wide wait, same launch parameters otherwise: bitwise the
     # same sums, eagerly and over repeated replays of one graph (the routing kernel re-zeroes the counters each time).
-    from dataclasses import replace
     _, bench = k
     inp = bench.make_inputs(model, 32, 8, m, seed=6)
-    base13, base2 = inp.gate_up_out.clone(), inp.down_out.clone()
+    base = inp.gate_up_out.clone(), inp.down_out.clone()
     per_block = bench.default_layer_config(inp)
     assert per_block.w13.wait_per_block and per_block.w2.wait_per_block
-    grid_wait = replace(per_block, w13=replace(per_block.w13, wait_per_block=False),
-                        w2=replace(per_block.w2, wait_per_block=False))
-    results = []
-    for cfg in (grid_wait, per_block):
-        inp.gate_up_out.copy_(base13)
-        inp.down_out.copy_(base2)
-        bench.run_layer(inp, cfg)
-        results.append((inp.gate_up_out.clone(), inp.down_out.clone()))
-    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    grid_wait = both_ops(per_block, wait_per_block=False)
+    expected = layer_from(bench, inp, base, grid_wait)
+    got = layer_from(bench, inp, base, per_block)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         bench.run_layer(inp, per_block)
     for _ in range(3):
-        inp.gate_up_out.copy_(base13)
-        inp.down_out.copy_(base2)
+        inp.gate_up_out.copy_(base[0])
+        inp.down_out.copy_(base[1])
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(inp.gate_up_out, results[0][0]) and torch.equal(inp.down_out, results[0][1])
+        assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
 
 
 def test_register_caps_change_no_bits(k):
@@ -140,18 +148,12 @@ def test_register_caps_change_no_bits(k):
     _, bench = k
     for m in (64, 300):
         inp = bench.make_inputs("gpt-oss", 32, 8, m, seed=8)
-        base13, base2 = inp.gate_up_out.clone(), inp.down_out.clone()
-        uncapped = bench.default_layer_config(inp, route_method="grouped")
-        uncapped = replace(uncapped, w13=replace(uncapped.w13, shrink_maxnreg=None, expand_maxnreg=None),
-                           w2=replace(uncapped.w2, shrink_maxnreg=None, expand_maxnreg=None))
+        base = inp.gate_up_out.clone(), inp.down_out.clone()
+        uncapped = both_ops(bench.default_layer_config(inp, route_method="grouped"), shrink_maxnreg=None,
+                            expand_maxnreg=None)
         capped = replace(uncapped, w13=replace(uncapped.w13, shrink_maxnreg=64, expand_maxnreg=72),
                          w2=replace(uncapped.w2, shrink_maxnreg=96, expand_maxnreg=48))
-        results = []
-        for cfg in (uncapped, capped):
-            inp.gate_up_out.copy_(base13)
-            inp.down_out.copy_(base2)
-            bench.run_layer(inp, cfg)
-            results.append((inp.gate_up_out.clone(), inp.down_out.clone()))
-        assert not torch.equal(results[0][0], base13)  # the layer did add something
-        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
-
+        expected = layer_from(bench, inp, base, uncapped)
+        got = layer_from(bench, inp, base, capped)
+        assert not torch.equal(expected[0], base[0])  # the layer did add something
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
