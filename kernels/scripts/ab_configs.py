@@ -7,25 +7,17 @@ timed in each of three passes, interleaved. One JSON line per variant.
 
 import json
 import sys
-from dataclasses import replace
+
+from _cases import cases, changed
 
 from moelora.kernels import bench
 
 
 def main(specs: str, variants_json: str) -> None:
-    bw = bench.copy_bandwidth()
-    print(f"copy bw {bw / 1e12:.3f} TB/s", flush=True)
     variants = [{}] + json.loads(variants_json)
-    for spec in specs.split(","):
-        model, rank, adapters, m = spec.split(":")
-        case = bench.Case(model, int(rank), int(adapters), int(m))
+    for spec, case, bw in cases(specs):
         base = bench.default_layer_config(case.sets[0])
-        cfgs = []
-        for v in variants:
-            cfg = base
-            for op, fields in v.items():
-                cfg = replace(cfg, **{op: replace(getattr(cfg, op), **fields)})
-            cfgs.append(cfg)
+        cfgs = [changed(base, v) for v in variants]
         times = [[] for _ in cfgs]
         for _ in range(3):
             for i, cfg in enumerate(cfgs):

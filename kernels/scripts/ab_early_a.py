@@ -8,6 +8,8 @@ import json
 import sys
 from dataclasses import replace
 
+from _cases import cases
+
 from moelora.kernels import bench, routing
 
 # (shrink_block_k, split_k, shrink_warps, shrink_stages) for the down op; split_k is clamped to whole iterations.
@@ -16,12 +18,8 @@ VARIANTS = [None, (128, 4, 2, 1), (256, 16, 4, 1), (256, 16, 8, 1), (512, 16, 8,
 
 
 def main(specs: str) -> None:
-    bw = bench.copy_bandwidth()
-    print(f"copy bw {bw / 1e12:.3f} TB/s", flush=True)
     settled = routing.MoeLoraRouting.begin_op
-    for spec in specs.split(","):
-        model, rank, adapters, m = spec.split(":")
-        case = bench.Case(model, int(rank), int(adapters), int(m))
+    for spec, case, bw in cases(specs):
         base = bench.default_layer_config(case.sets[0])
         for v in VARIANTS:
             cfg = base if v is None else replace(base, w2=replace(base.w2, shrink_block_k=v[0], split_k=v[1],

@@ -12,6 +12,8 @@ import json
 import sys
 from dataclasses import replace
 
+from _cases import cases, changed
+
 from moelora.kernels import bench
 
 # (expand_block_n, expand_tiles, expand_stages, expand_warps); kept where block_n * tiles divides N, or when last.
@@ -22,14 +24,8 @@ SHRINKS = [(64, 3, 2, 4), (64, 3, 4, 4), (128, 2, 2, 4), (256, 1, 4, 3)]  # (blo
 
 
 def main(specs: str, base_json: str = "{}") -> None:
-    bw = bench.copy_bandwidth()
-    print(f"copy bw {bw / 1e12:.3f} TB/s", flush=True)
-    for spec in specs.split(","):
-        model, rank, adapters, m = spec.split(":")
-        case = bench.Case(model, int(rank), int(adapters), int(m))
-        base = bench.default_layer_config(case.sets[0])
-        for op, fields in json.loads(base_json).items():
-            base = replace(base, **{op: replace(getattr(base, op), **fields)})
+    for spec, case, bw in cases(specs):
+        base = changed(bench.default_layer_config(case.sets[0]), json.loads(base_json))
         base_us = min(case.time(base), case.time(base))
         print(json.dumps({"case": spec, "variant": "base", "us": round(base_us, 2), "config": str(base)}), flush=True)
         best = {}

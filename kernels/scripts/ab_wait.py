@@ -8,15 +8,13 @@ import json
 import sys
 from dataclasses import replace
 
+from _cases import cases
+
 from moelora.kernels import bench
 
 
 def main(specs: str) -> None:
-    bw = bench.copy_bandwidth()
-    print(f"copy bw {bw / 1e12:.3f} TB/s", flush=True)
-    for spec in specs.split(","):
-        model, rank, adapters, m = spec.split(":")
-        case = bench.Case(model, int(rank), int(adapters), int(m))
+    for spec, case, bw in cases(specs):
         per_block = bench.default_layer_config(case.sets[0])
         grid = replace(per_block, w13=replace(per_block.w13, wait_per_block=False),
                        w2=replace(per_block.w2, wait_per_block=False))
