@@ -121,7 +121,7 @@ def test_direct_routing_has_no_counters():
     case = make_case(m=4, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=23)
     routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
                                num_experts=4, max_loras=2, block_m=16, method="direct")
-    assert routing.ready is None and routing.take_ready_slot() is None
+    assert routing.ready is None and routing.begin_op(per_block_wait=True) == (False, None)
 
 
 def test_default_config_and_rank_128():
@@ -254,6 +254,6 @@ def test_second_op_on_a_routing_matches_reference(dtype):
         fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
                        topk_weights=case["topk_weights"], mul_routed_weight=routed, config=cfg)
         outs.append(out)
-    assert routing.begin_op()  # two ops began before this call
+    assert routing.begin_op(per_block_wait=True)[0]  # two ops began before this call
     assert delta_error(up, outs[0]) < TOL[dtype]
     assert delta_error(down, outs[1], True) < TOL[dtype]

@@ -451,7 +451,7 @@ class _Plan:
     rank_pad: int
     split_k: int
     pdl: bool
-    routing_settled: bool  # an earlier op on this routing waited for it (routing.begin_op)
+    routing_settled: bool  # an earlier op on this routing waited for it (MoeLoraRouting.begin_op)
     ready: torch.Tensor | None = None  # this op's readiness counters (grouped routing), else None
     partials: torch.Tensor | None = None
 
@@ -522,11 +522,11 @@ def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mu
     # Splits of whole K iterations, none empty: 23 iterations in 16 splits is 12 splits of two.
     k_iters = triton.cdiv(k, cfg.shrink_block_k)
     split_k = triton.cdiv(k_iters, triton.cdiv(k_iters, max(1, min(cfg.split_k, k_iters))))
+    settled, ready = routing.begin_op(per_block_wait=cfg.wait_per_block)
     return _Plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
                  weights=weights, mul_routed_weight=mul_routed_weight, cfg=cfg, k=k, n=n, rank=rank,
                  rank_pad=max(16, triton.next_power_of_2(rank)), split_k=split_k,
-                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl, routing_settled=routing.begin_op(),
-                 ready=routing.take_ready_slot() if cfg.wait_per_block else None)
+                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl, routing_settled=settled, ready=ready)
 
 
 def early_a_fits(block_k: int, rank_pad: int, warps: int) -> bool:

@@ -81,25 +81,19 @@ class MoeLoraRouting:
     token_lora: torch.Tensor
     direct: bool = False
     ready: torch.Tensor | None = None  # (READY_SLOTS, max_blocks) int32, zeroed by the grouping kernel
-    _ops_taken: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
     _ops_begun: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
 
-    def begin_op(self) -> bool:
-        """Count one more op launched on this routing; True when an earlier op was. Such an op's kernels may read
+    def begin_op(self, *, per_block_wait: bool) -> tuple[bool, torch.Tensor | None]:
+        """Count one more op launched on this routing. Returns whether an earlier op was (its kernels may then read
         the routing before their wait for the previous kernel: the first op's shrink waited for the routing kernel
-        to finish before it let anything after it start."""
-        earlier = self._ops_begun[0] > 0
+        before it let anything after it start), and, when per_block_wait, the op's readiness counters (max_blocks,):
+        slot i for the i-th op, None with direct routing or past READY_SLOTS ops. Ops launched on one routing must
+        share its stream."""
+        index = self._ops_begun[0]
         self._ops_begun[0] += 1
-        return earlier
-
-    def take_ready_slot(self) -> torch.Tensor | None:
-        """The readiness counters (max_blocks,) for the next op launched on this routing, or None when there are
-        none (direct routing) or all READY_SLOTS are taken. Ops launched on one routing must share its stream."""
-        slot = self._ops_taken[0]
-        self._ops_taken[0] += 1
-        if self.ready is None or slot >= self.ready.shape[0]:
-            return None
-        return self.ready[slot]
+        if not per_block_wait or self.ready is None or index >= self.ready.shape[0]:
+            return index > 0, None
+        return index > 0, self.ready[index]
 
 
 @triton.jit
