@@ -41,8 +41,11 @@ def _downloaded_bytes(agent_url: str, adapter: str) -> float:
     import urllib.request
 
     text = urllib.request.urlopen(f"{agent_url}/metrics", timeout=10).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("moelora_adapter_downloaded_bytes_total{") and f'"{adapter}"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("moelora_adapter_downloaded_bytes_total{") and f'"{adapter}"' in line
+    )
 
 
 def main() -> None:
@@ -56,15 +59,22 @@ def main() -> None:
         models.make_model(path=root / "model", shape=SHAPE)
     adapter = root / "adapter"
     if not (adapter / "adapter_model.safetensors").exists():
-        models.make_adapter(model_dir=root / "model", path=adapter, base_model_name=manifests.BASE_MODEL_NAME,
-                            rank=RANK)
+        models.make_adapter(
+            model_dir=root / "model", path=adapter, base_model_name=manifests.BASE_MODEL_NAME, rank=RANK
+        )
     size = (adapter / "adapter_model.safetensors").stat().st_size
     print(f"adapter: r={RANK}, {size / 1e6:.1f} MB of safetensors", flush=True)
 
     with stack.Stack(root=root, progress=lambda m: print(m, flush=True)) as local:
         assert local.s3 is not None
-        body = manifests.model_server(name=SERVER, s3_endpoint=local.s3.endpoint_url, replicas=2,
-                                      max_loras=1, max_lora_rank=RANK, cache_size="4Gi")
+        body = manifests.model_server(
+            name=SERVER,
+            s3_endpoint=local.s3.endpoint_url,
+            replicas=2,
+            max_loras=1,
+            max_lora_rank=RANK,
+            cache_size="4Gi",
+        )
         local.apply(body)
         local.wait_pods(SERVER, replicas=2, timeout=600)
         print("2 replicas ready; measuring", flush=True)
@@ -104,17 +114,22 @@ def main() -> None:
             previous = name
 
     print()
-    print(f"apply -> Loaded on both replicas, {size / 1e6:.0f} MB adapter, moto S3, {len(times)} rounds "
-          f"({platform.machine()}, {platform.python_version()})")
+    print(
+        f"apply -> Loaded on both replicas, {size / 1e6:.0f} MB adapter, moto S3, {len(times)} rounds "
+        f"({platform.machine()}, {platform.python_version()})"
+    )
     print("| metric | seconds |")
     print("|---|---|")
     print(f"| p50 | {statistics.median(times):.2f} |")
     print(f"| p95 | {_percentile(times, 0.95):.2f} |")
     print(f"| min | {min(times):.2f} |")
     print(f"| max | {max(times):.2f} |")
-    print(f"\nbytes downloaded from S3 per replica over {args.rounds + 1} rounds: "
-          + ", ".join(f"{b / 1e6:.0f} MB" for b in downloaded.values()) + f" (= {(args.rounds + 1) * size / 1e6:.0f} MB "
-          "if every round downloaded it in full)")
+    print(
+        f"\nbytes downloaded from S3 per replica over {args.rounds + 1} rounds: "
+        + ", ".join(f"{b / 1e6:.0f} MB" for b in downloaded.values())
+        + f" (= {(args.rounds + 1) * size / 1e6:.0f} MB "
+        "if every round downloaded it in full)"
+    )
 
 
 if __name__ == "__main__":

@@ -45,10 +45,19 @@ def main() -> None:
 
     with stack.Stack(root=root, operator="process", progress=lambda m: print(m, flush=True)) as local:
         assert local.s3 is not None and local.operator_pid is not None
-        adapter = models.make_adapter(model_dir=local.model_dir, path=root / "adapter",
-                                      base_model_name=manifests.BASE_MODEL_NAME, rank=8)
-        local.apply(manifests.model_server(name=SERVER, s3_endpoint=local.s3.endpoint_url, replicas=1, max_loras=4,
-                                           max_cpu_loras=args.max_cpu_loras, cache_size="2Gi"))
+        adapter = models.make_adapter(
+            model_dir=local.model_dir, path=root / "adapter", base_model_name=manifests.BASE_MODEL_NAME, rank=8
+        )
+        local.apply(
+            manifests.model_server(
+                name=SERVER,
+                s3_endpoint=local.s3.endpoint_url,
+                replicas=1,
+                max_loras=4,
+                max_cpu_loras=args.max_cpu_loras,
+                cache_size="2Gi",
+            )
+        )
         (pod,) = local.wait_pods(SERVER, replicas=1, timeout=600)
 
         print(f"uploading {args.adapters} adapters", flush=True)
@@ -60,8 +69,11 @@ def main() -> None:
         for name in names:
             bucket, prefix = s3.split_uri(manifests.adapter_uri(name))
             client.put_object(Bucket=bucket, Key=prefix + "adapter_model.safetensors", Body=weights)
-            client.put_object(Bucket=bucket, Key=prefix + "adapter_config.json",
-                              Body=json.dumps({**config, "revision": name}).encode())
+            client.put_object(
+                Bucket=bucket,
+                Key=prefix + "adapter_config.json",
+                Body=json.dumps({**config, "revision": name}).encode(),
+            )
 
         print(f"applying {args.adapters} LoRAAdapters", flush=True)
         start = time.monotonic()
@@ -76,8 +88,10 @@ def main() -> None:
             loaded = sum(p == "Loaded" for p in phases)
             failed = [o["metadata"]["name"] for o in items if (o.get("status") or {}).get("phase") == "Failed"]
             if failed:
-                raise RuntimeError(f"{len(failed)} failed, e.g. {failed[0]}: "
-                                   f"{json.dumps(next(o for o in items if o['metadata']['name'] == failed[0]))}")
+                raise RuntimeError(
+                    f"{len(failed)} failed, e.g. {failed[0]}: "
+                    f"{json.dumps(next(o for o in items if o['metadata']['name'] == failed[0]))}"
+                )
             if loaded == args.adapters:
                 break
             if time.monotonic() - last_report > 10:

@@ -72,10 +72,17 @@ def bench_fetch(server: local_s3.S3Server, *, label: str, size_mib: int, runs: i
             out.write(os.urandom(MiB))
     client.upload_file(str(blob), "fetch", "big/adapter_model.safetensors")
     client.put_object(Bucket="fetch", Key="big/adapter_config.json", Body=b"{}")
-    agent_client = make_client(ClientConfig(endpoint_url=server.endpoint_url, region="us-east-1", credentials=Credentials(
-        access_key_id=server.access_key_id, secret_access_key=server.secret_access_key)))
-    configs = {"ranged: 8 MiB parts x 8 (the agent's)": DEFAULT_TRANSFER,
-               "one GET per file": TransferConfig(multipart_threshold=1 << 40, max_concurrency=1)}
+    agent_client = make_client(
+        ClientConfig(
+            endpoint_url=server.endpoint_url,
+            region="us-east-1",
+            credentials=Credentials(access_key_id=server.access_key_id, secret_access_key=server.secret_access_key),
+        )
+    )
+    configs = {
+        "ranged: 8 MiB parts x 8 (the agent's)": DEFAULT_TRANSFER,
+        "one GET per file": TransferConfig(multipart_threshold=1 << 40, max_concurrency=1),
+    }
     rows = []
     for how, config in configs.items():
         times = []
@@ -87,8 +94,10 @@ def bench_fetch(server: local_s3.S3Server, *, label: str, size_mib: int, runs: i
             fetch(client=agent_client, listing=listing, cache_dir=cache, transfer_config=config)
             times.append(time.monotonic() - start)
         p50 = statistics.median(times)
-        rows.append(f"| {label} | {size_mib} MiB, {how} | {p50:.2f} s | {percentile(times, 0.95):.2f} s "
-                    f"| {size_mib / p50:.0f} MiB/s |")
+        rows.append(
+            f"| {label} | {size_mib} MiB, {how} | {p50:.2f} s | {percentile(times, 0.95):.2f} s "
+            f"| {size_mib / p50:.0f} MiB/s |"
+        )
     return rows
 
 
@@ -107,31 +116,55 @@ def main() -> int:
     s3 = local_s3.start_moto()
     vllm = None
     try:
-        fetch_rows = bench_fetch(s3, label="moto (a thread of this process)", size_mib=args.fetch_mib,
-                                 runs=args.fetch_runs, work=work / "moto")
+        fetch_rows = bench_fetch(
+            s3,
+            label="moto (a thread of this process)",
+            size_mib=args.fetch_mib,
+            runs=args.fetch_runs,
+            work=work / "moto",
+        )
         if local_s3.s3rver_available():
             other = local_s3.start_s3rver(data_dir=work / "s3rver", log_path=work / "s3rver.log")
             try:
-                fetch_rows += bench_fetch(other, label="s3rver (its own process)", size_mib=args.fetch_mib,
-                                          runs=args.fetch_runs, work=work / "s3rver-fetch")
+                fetch_rows += bench_fetch(
+                    other,
+                    label="s3rver (its own process)",
+                    size_mib=args.fetch_mib,
+                    runs=args.fetch_runs,
+                    work=work / "s3rver-fetch",
+                )
             finally:
                 other.stop()
         model = models.make_model(path=work / "model")
-        adapter = models.make_adapter(model_dir=model, path=work / "adapter", base_model_name=BASE, rank=8,
-                                      target_modules=("q_proj", "v_proj"))
+        adapter = models.make_adapter(
+            model_dir=model, path=work / "adapter", base_model_name=BASE, rank=8, target_modules=("q_proj", "v_proj")
+        )
         adapter_bytes = sum(p.stat().st_size for p in adapter.iterdir())
-        vllm = local_vllm.start(model_dir=model, served_name=BASE, log_path=work / "vllm.log", max_loras=4,
-                                max_lora_rank=16)
+        vllm = local_vllm.start(
+            model_dir=model, served_name=BASE, log_path=work / "vllm.log", max_loras=4, max_lora_rank=16
+        )
         s3_client = s3.client()
         local_s3.ensure_bucket(client=s3_client, bucket="adapters")
         with KubeAPI(namespace=NS) as api:
             port = process.free_port()
-            env = {**os.environ, "KUBECONFIG": str(api.kubeconfig), "MOELORA_NAMESPACE": NS, "MOELORA_POD_NAME": POD,
-                   "MOELORA_MODEL_SERVER": SERVER, "MOELORA_BASE_MODEL": BASE, "MOELORA_MAX_LORA_RANK": "16",
-                   "MOELORA_TARGET_MODULES": "", "MOELORA_VLLM_URL": vllm.url,
-                   "MOELORA_CACHE_DIR": str(work / "cache"), "MOELORA_CACHE_BYTES": str(20 * 2**30),
-                   "MOELORA_PORT": str(port), "AWS_ENDPOINT_URL_S3": s3.endpoint_url, "AWS_REGION": "us-east-1",
-                   "AWS_ACCESS_KEY_ID": s3.access_key_id, "AWS_SECRET_ACCESS_KEY": s3.secret_access_key}
+            env = {
+                **os.environ,
+                "KUBECONFIG": str(api.kubeconfig),
+                "MOELORA_NAMESPACE": NS,
+                "MOELORA_POD_NAME": POD,
+                "MOELORA_MODEL_SERVER": SERVER,
+                "MOELORA_BASE_MODEL": BASE,
+                "MOELORA_MAX_LORA_RANK": "16",
+                "MOELORA_TARGET_MODULES": "",
+                "MOELORA_VLLM_URL": vllm.url,
+                "MOELORA_CACHE_DIR": str(work / "cache"),
+                "MOELORA_CACHE_BYTES": str(20 * 2**30),
+                "MOELORA_PORT": str(port),
+                "AWS_ENDPOINT_URL_S3": s3.endpoint_url,
+                "AWS_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": s3.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+            }
             agent = process.spawn(argv=[sys.executable, "-m", "moelora.agent"], env=env, log_path=work / "agent.log")
             try:
                 process.wait_http_ok(f"http://127.0.0.1:{port}/readyz", timeout=60, process=agent)
@@ -140,9 +173,18 @@ def main() -> int:
                 custom = kubernetes.client.CustomObjectsApi(client)
 
                 def create(name: str, prefix: str) -> None:
-                    custom.create_namespaced_custom_object("moelora.io", "v1alpha1", NS, "loraadapters", {
-                        "apiVersion": "moelora.io/v1alpha1", "kind": "LoRAAdapter", "metadata": {"name": name},
-                        "spec": {"modelServer": SERVER, "source": {"uri": f"s3://adapters/{prefix}"}}})
+                    custom.create_namespaced_custom_object(
+                        "moelora.io",
+                        "v1alpha1",
+                        NS,
+                        "loraadapters",
+                        {
+                            "apiVersion": "moelora.io/v1alpha1",
+                            "kind": "LoRAAdapter",
+                            "metadata": {"name": name},
+                            "spec": {"modelServer": SERVER, "source": {"uri": f"s3://adapters/{prefix}"}},
+                        },
+                    )
 
                 latencies = []
                 for i in range(args.latency_runs):
@@ -159,8 +201,14 @@ def main() -> int:
                     time.sleep(0.1)
 
                 with concurrent.futures.ThreadPoolExecutor(16) as pool:
-                    list(pool.map(lambda i: upload_variant(s3_client, bucket="adapters", prefix=f"many/{i}/",
-                                                           adapter=adapter, tag=f"many-{i}"), range(args.adapters)))
+                    list(
+                        pool.map(
+                            lambda i: upload_variant(
+                                s3_client, bucket="adapters", prefix=f"many/{i}/", adapter=adapter, tag=f"many-{i}"
+                            ),
+                            range(args.adapters),
+                        )
+                    )
                 start = time.monotonic()
                 with concurrent.futures.ThreadPoolExecutor(8) as pool:
                     list(pool.map(lambda i: create(f"many-{i:04d}", f"many/{i}/"), range(args.adapters)))
@@ -187,8 +235,10 @@ def main() -> int:
     print("| server | adapter | p50 | p95 | throughput (p50) |")
     print("|---|---|---|---|---|")
     print("\n".join(fetch_rows))
-    print(f"\napply -> Loaded on one replica ({args.latency_runs} runs, a {adapter_bytes / 1024:.0f} KiB peft "
-          f"adapter, each a new version: listed, downloaded, validated, loaded into vLLM, status written)\n")
+    print(
+        f"\napply -> Loaded on one replica ({args.latency_runs} runs, a {adapter_bytes / 1024:.0f} KiB peft "
+        f"adapter, each a new version: listed, downloaded, validated, loaded into vLLM, status written)\n"
+    )
     print("| p50 | p95 | max |")
     print("|---|---|---|")
     print(f"| {statistics.median(latencies):.2f} s | {percentile(latencies, 0.95):.2f} s | {max(latencies):.2f} s |")
@@ -196,10 +246,14 @@ def main() -> int:
     print("| adapters | created in | all Loaded after | served by vLLM | agent peak RSS | agent RSS idle |")
     print("|---|---|---|---|---|---|")
     missing = args.adapters - done
-    print(f"| {args.adapters}{f' ({missing} not loaded)' if missing else ''} | {created:.1f} s | {all_loaded:.1f} s "
-          f"| {served} | {peak:.0f} MiB | {idle_rss:.0f} MiB |")
-    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
-          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)")
+    print(
+        f"| {args.adapters}{f' ({missing} not loaded)' if missing else ''} | {created:.1f} s | {all_loaded:.1f} s "
+        f"| {served} | {peak:.0f} MiB | {idle_rss:.0f} MiB |"
+    )
+    print(
+        f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)"
+    )
     if args.keep:
         print(f"logs: {work}")
     else:

@@ -30,15 +30,21 @@ MS = "moelora.io/v1alpha1/modelservers"
 
 
 def model_server(index: int) -> dict[str, object]:
-    return {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
-            "metadata": {"name": f"bench-{index:04d}", "namespace": "bench"},
-            "spec": {"model": {"name": "org/tiny-moe"}, "engineArgs": ["--max-model-len=4096"]}}
+    return {
+        "apiVersion": "moelora.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": f"bench-{index:04d}", "namespace": "bench"},
+        "spec": {"model": {"name": "org/tiny-moe"}, "engineArgs": ["--max-model-len=4096"]},
+    }
 
 
 def post(url: str, obj: dict[str, object]) -> float:
-    request = urllib.request.Request(f"{url}/apis/moelora.io/v1alpha1/namespaces/bench/modelservers",
-                                     data=json.dumps(obj).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/apis/moelora.io/v1alpha1/namespaces/bench/modelservers",
+        data=json.dumps(obj).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         response.read()
     return time.monotonic()
@@ -47,8 +53,13 @@ def post(url: str, obj: dict[str, object]) -> float:
 def deployment_names(kube: KubeAPI) -> list[str]:
     """Names only, read in the emulator's loop without copying objects (the poll must not slow the server)."""
     wanted = kmock.resource(DEPLOYMENTS)
-    return kube.call(lambda: [name for (res, ns, name), obj in kube.emulator.objects.items()
-                              if res == wanted and ns == "bench" and not obj.deleted])
+    return kube.call(
+        lambda: [
+            name
+            for (res, ns, name), obj in kube.emulator.objects.items()
+            if res == wanted and ns == "bench" and not obj.deleted
+        ]
+    )
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -73,8 +84,9 @@ def main() -> int:
     with KubeAPI(validate=True) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_RESYNC_SECONDS": "300"}
         log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-        operator = subprocess.Popen([sys.executable, "-m", "moelora.operator"], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT)
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "moelora.operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             time.sleep(3)  # kopf's startup: discovery, watches
             if operator.poll() is not None:
@@ -116,14 +128,20 @@ def main() -> int:
 
     missing = args.servers - len(seen)
     latencies = [seen[name] - created[name] for name in seen]
-    print("| servers | p50 create→Deployment | p95 | max | all Deployments | all statuses | operator peak RSS "
-          "| operator RSS idle |")
+    print(
+        "| servers | p50 create→Deployment | p95 | max | all Deployments | all statuses | operator peak RSS "
+        "| operator RSS idle |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| {args.servers}{f' ({missing} missing)' if missing else ''} | {statistics.median(latencies):.2f} s "
-          f"| {percentile(latencies, 0.95):.2f} s | {max(latencies):.2f} s | {all_deployments:.1f} s "
-          f"| {all_status:.1f} s | {peak_rss:.0f} MiB | {idle_rss:.0f} MiB |")
-    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"{args.workers} concurrent creating clients")
+    print(
+        f"| {args.servers}{f' ({missing} missing)' if missing else ''} | {statistics.median(latencies):.2f} s "
+        f"| {percentile(latencies, 0.95):.2f} s | {max(latencies):.2f} s | {all_deployments:.1f} s "
+        f"| {all_status:.1f} s | {peak_rss:.0f} MiB | {idle_rss:.0f} MiB |"
+    )
+    print(
+        f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{args.workers} concurrent creating clients"
+    )
     return 1 if missing else 0
 
 

@@ -39,11 +39,18 @@ def make_layer(m: int, seed: int) -> dict:
     lora_ids = torch.full((LORAS + 1,), -1, dtype=torch.int32, device="cuda")
     lora_ids[: uniq.numel()] = uniq.to(torch.int32)
     return {
-        "hidden": rnd(m, H), "act": rnd(m * TOP_K, INTER), "w13": rnd(m, TOP_K, 2 * INTER), "w2": rnd(m, TOP_K, H),
-        "w13_a": [rnd(LORAS, E, RANK, H, scale=H ** -0.5) for _ in range(2)],
+        "hidden": rnd(m, H),
+        "act": rnd(m * TOP_K, INTER),
+        "w13": rnd(m, TOP_K, 2 * INTER),
+        "w2": rnd(m, TOP_K, H),
+        "w13_a": [rnd(LORAS, E, RANK, H, scale=H**-0.5) for _ in range(2)],
         "w13_b": [rnd(LORAS, E, INTER, RANK, scale=0.05) for _ in range(2)],
-        "w2_a": [rnd(LORAS, E, RANK, INTER, scale=INTER ** -0.5)], "w2_b": [rnd(LORAS, E, H, RANK, scale=0.05)],
-        "ids": ids.to(torch.int32), "weights": w.float(), "mapping": mapping, "lora_ids": lora_ids,
+        "w2_a": [rnd(LORAS, E, RANK, INTER, scale=INTER**-0.5)],
+        "w2_b": [rnd(LORAS, E, H, RANK, scale=0.05)],
+        "ids": ids.to(torch.int32),
+        "weights": w.float(),
+        "mapping": mapping,
+        "lora_ids": lora_ids,
         "enabled": torch.ones(LORAS + 1, dtype=torch.int32, device="cuda"),
     }
 
@@ -62,18 +69,65 @@ def routing(layer: dict, m: int, block_m: int, naive: bool):
     sorted_ids = torch.empty(LORAS * padded, dtype=torch.int32, device="cuda")
     expert_ids = torch.full((LORAS * blocks,), -1, dtype=torch.int32, device="cuda")
     npad = torch.empty(LORAS, dtype=torch.int32, device="cuda")
-    ops.moe_lora_align_block_size(ids, layer["mapping"], E, block_m, LORAS, padded, blocks, sorted_ids, expert_ids,
-                                  npad, layer["enabled"], layer["lora_ids"], None)
+    ops.moe_lora_align_block_size(
+        ids,
+        layer["mapping"],
+        E,
+        block_m,
+        LORAS,
+        padded,
+        blocks,
+        sorted_ids,
+        expert_ids,
+        npad,
+        layer["enabled"],
+        layer["lora_ids"],
+        None,
+    )
     return sorted_ids.view(LORAS, -1), expert_ids.view(LORAS, -1), npad
 
 
 def call(op, layer: dict, out: torch.Tensor, which: str, route, block_m: int) -> None:
     sorted_ids, expert_ids, npad = route
-    x, a, b = ((layer["hidden"], layer["w13_a"], layer["w13_b"]) if which == "w13"
-               else (layer["act"], layer["w2_a"], layer["w2_b"]))
-    op(out, x, a, b, layer["weights"], sorted_ids, expert_ids, npad, layer["mapping"], RANK, TOP_K,
-       layer["lora_ids"], torch.tensor([LORAS + 1]), layer["enabled"],  # vLLM's default: max_loras + 1 (the -1 slot)
-       block_m, 64, 32, 8, 4, 3, 1, block_m, 64, 32, 8, 4, 3, 1, which == "w2", False, 0, True)
+    x, a, b = (
+        (layer["hidden"], layer["w13_a"], layer["w13_b"])
+        if which == "w13"
+        else (layer["act"], layer["w2_a"], layer["w2_b"])
+    )
+    op(
+        out,
+        x,
+        a,
+        b,
+        layer["weights"],
+        sorted_ids,
+        expert_ids,
+        npad,
+        layer["mapping"],
+        RANK,
+        TOP_K,
+        layer["lora_ids"],
+        torch.tensor([LORAS + 1]),
+        layer["enabled"],  # vLLM's default: max_loras + 1 (the -1 slot)
+        block_m,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        block_m,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        which == "w2",
+        False,
+        0,
+        True,
+    )
 
 
 def reference(layer: dict, out: torch.Tensor, which: str) -> None:
@@ -85,9 +139,16 @@ def reference(layer: dict, out: torch.Tensor, which: str) -> None:
     a, b = (layer["w13_a"], layer["w13_b"]) if which == "w13" else (layer["w2_a"], layer["w2_b"])
     width = b[0].shape[2]
     for i in range(len(a)):
-        moe_lora_torch(output=out[:, :, i * width:(i + 1) * width], x=x, lora_a=a[i], lora_b=b[i],
-                       topk_ids=layer["ids"], token_lora_mapping=layer["mapping"], topk_weights=layer["weights"],
-                       mul_routed_weight=which == "w2")
+        moe_lora_torch(
+            output=out[:, :, i * width : (i + 1) * width],
+            x=x,
+            lora_a=a[i],
+            lora_b=b[i],
+            topk_ids=layer["ids"],
+            token_lora_mapping=layer["mapping"],
+            topk_weights=layer["weights"],
+            mul_routed_weight=which == "w2",
+        )
 
 
 def graph_us(fn, replays: int = 50) -> float:
@@ -136,8 +197,10 @@ def main() -> int:
 
     ours = torch.ops.vllm.fused_moe_lora
     rows, ok = [], True
-    print("| tokens M | routing | op | moelora vs vLLM | moelora vs torch ref | vLLM vs torch ref | vLLM layer µs "
-          "| moelora layer µs |")
+    print(
+        "| tokens M | routing | op | moelora vs vLLM | moelora vs torch ref | vLLM vs torch ref | vLLM layer µs "
+        "| moelora layer µs |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for m in (4, 16, 64, 256, 1600):
         layer = make_layer(m, seed=m)
@@ -163,13 +226,26 @@ def main() -> int:
                     def fn():
                         call(op, layer, bufs["w13"], "w13", route, block_m)
                         call(op, layer, bufs["w2"], "w2", route, block_m)
+
                     return fn
 
                 timing = tuple(_timed(layer_fn(op)) for op in (vllm_op, ours))
-            rows.append({"m": m, "naive": naive, "op": which, "err": err, "err_ref": err_ref,
-                         "err_vllm_ref": err_vllm_ref, "vllm_us": timing[0], "moelora_us": timing[1]})
-            print(f"| {m} | {'naive' if naive else 'blocked'} | {which} | {err:.2e} | {err_ref:.2e} | "
-                  f"{err_vllm_ref:.2e} | {timing[0]} | {timing[1]} |")
+            rows.append(
+                {
+                    "m": m,
+                    "naive": naive,
+                    "op": which,
+                    "err": err,
+                    "err_ref": err_ref,
+                    "err_vllm_ref": err_vllm_ref,
+                    "vllm_us": timing[0],
+                    "moelora_us": timing[1],
+                }
+            )
+            print(
+                f"| {m} | {'naive' if naive else 'blocked'} | {which} | {err:.2e} | {err_ref:.2e} | "
+                f"{err_vllm_ref:.2e} | {timing[0]} | {timing[1]} |"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"owner": owner, "rows": rows, "ok": ok}, f, indent=1)

@@ -23,8 +23,18 @@ def main(specs: str, variants_json: str) -> None:
             for i, cfg in enumerate(cfgs):
                 times[i].append(round(case.time(cfg), 2))
         for v, t in zip(variants, times):
-            print(json.dumps({"case": spec, "variant": v or "bundled", "us": t, "min_us": min(t),
-                              "floor_us": round(case.bytes / bw * 1e6, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "case": spec,
+                        "variant": v or "bundled",
+                        "us": t,
+                        "min_us": min(t),
+                        "floor_us": round(case.bytes / bw * 1e6, 2),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

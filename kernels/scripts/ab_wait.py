@@ -16,12 +16,22 @@ from moelora.kernels import bench
 def main(specs: str) -> None:
     for spec, case, bw in cases(specs):
         per_block = bench.default_layer_config(case.sets[0])
-        grid = replace(per_block, w13=replace(per_block.w13, wait_per_block=False),
-                       w2=replace(per_block.w2, wait_per_block=False))
+        grid = replace(
+            per_block, w13=replace(per_block.w13, wait_per_block=False), w2=replace(per_block.w2, wait_per_block=False)
+        )
         t_grid, t_block = case.time(grid), case.time(per_block)
-        print(json.dumps({"case": spec, "route": bench.routing_method(per_block, case.sets[0]),
-                          "grid_wait_us": round(t_grid, 2), "per_block_us": round(t_block, 2),
-                          "floor_us": round(case.bytes / bw * 1e6, 2)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "case": spec,
+                    "route": bench.routing_method(per_block, case.sets[0]),
+                    "grid_wait_us": round(t_grid, 2),
+                    "per_block_us": round(t_block, 2),
+                    "floor_us": round(case.bytes / bw * 1e6, 2),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Merge a tuner run's configs/<GPU>.json into the bundled one: a tuned entry replaces the bundled entry with the
 same (k, n, num_experts, rank, max_loras, m, route); every other bundled entry stays.
 
-    python3 kernels/scripts/merge_configs.py OUT/tune/configs/NVIDIA_H200.json kernels/moelora/kernels/configs/NVIDIA_H200.json
+    python3 kernels/scripts/merge_configs.py OUT/tune/configs/NVIDIA_H200.json \
+        kernels/moelora/kernels/configs/NVIDIA_H200.json
 """
 
 import json
@@ -18,8 +19,11 @@ def main(tuned_path: str, bundled_path: str) -> None:
     merged = {key(e): e for e in bundled["entries"]}
     replaced = sum(key(e) in merged for e in tuned["entries"])
     merged.update({key(e): e for e in tuned["entries"]})
-    out = {"device": bundled["device"], "source": f"{bundled['source']}; merged: {tuned['source']}",
-           "entries": [merged[k] for k in sorted(merged)]}
+    out = {
+        "device": bundled["device"],
+        "source": f"{bundled['source']}; merged: {tuned['source']}",
+        "entries": [merged[k] for k in sorted(merged)],
+    }
     Path(bundled_path).write_text(json.dumps(out, indent=1) + "\n")
     print(f"{len(tuned['entries'])} tuned entries ({replaced} replaced), {len(out['entries'])} in {bundled_path}")
 

@@ -14,10 +14,18 @@ from dataclasses import replace
 from moelora.kernels.bench import Case, default_layer_config
 
 GRIDS = {
-    "shrink": {"split_k": (1, 2, 4, 8), "shrink_block_k": (64, 128, 256),
-               "shrink_warps": (2, 4, 8), "shrink_stages": (3,)},
-    "expand": {"expand_block_n": (64, 128, 256), "expand_tiles": (1, 4, 8, 16), "expand_stages": (1, 2, 3, 4),
-               "expand_warps": (4,)},
+    "shrink": {
+        "split_k": (1, 2, 4, 8),
+        "shrink_block_k": (64, 128, 256),
+        "shrink_warps": (2, 4, 8),
+        "shrink_stages": (3,),
+    },
+    "expand": {
+        "expand_block_n": (64, 128, 256),
+        "expand_tiles": (1, 4, 8, 16),
+        "expand_stages": (1, 2, 3, 4),
+        "expand_warps": (4,),
+    },
 }
 STAGE = {("w13", "shrink"): 2, ("w13", "expand"): 3, ("w2", "shrink"): 4, ("w2", "expand"): 5}
 
@@ -34,10 +42,15 @@ args = p.parse_args()
 case = Case(args.model, args.rank, args.adapters, args.m)
 base = default_layer_config(case.sets[0], route_method=args.route)
 stage = STAGE[(args.op, args.kernel)]
-print(f"# {args.model} M={args.m} {args.op} {args.kernel}, route {args.route}, layer prefix of {stage} steps; "
-      f"base {base}", flush=True)
-print(f"base {case.time(base, stages=stage):.1f} us; without this kernel {case.time(base, stages=stage - 1):.1f} us",
-      flush=True)
+print(
+    f"# {args.model} M={args.m} {args.op} {args.kernel}, route {args.route}, layer prefix of {stage} steps; "
+    f"base {base}",
+    flush=True,
+)
+print(
+    f"base {case.time(base, stages=stage):.1f} us; without this kernel {case.time(base, stages=stage - 1):.1f} us",
+    flush=True,
+)
 grid = GRIDS[args.kernel]
 results = []
 for values in itertools.product(*grid.values()):

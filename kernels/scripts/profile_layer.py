@@ -1,6 +1,7 @@
 """One GPT-OSS/Qwen3 layer call per M under Nsight Compute: per-kernel time, DRAM throughput, occupancy.
 
-    ncu --clock-control none --profile-from-start off --metrics ... python3 kernels/scripts/profile_layer.py gpt-oss 16 64
+    ncu --clock-control none --profile-from-start off --metrics ... \
+        python3 kernels/scripts/profile_layer.py gpt-oss 16 64
 Only the second call of each M is profiled (the first compiles); ncu runs kernels one at a time, so PDL overlap and
 graph replay are not what it shows: it answers "how fast is each kernel on its own", not "how long is the layer".
 """

@@ -25,10 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from moelora.kernels import fused, routing
 
 TARGET = GPUTarget("cuda", 90, 32)
-POINTERS = {"x_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32",
-            "topk_w_ptr": "*fp32", "sorted_ptr": "*i32", "table_ptr": "*i32", "num_blocks_ptr": "*i32",
-            "topk_ptr": "*i32", "lora_ptr": "*i32", "ready_ptr": "*i32",
-            "topk_ids_ptr": "*i32", "counts_ptr": "*i32", "rank_ptr": "*i32", "group_end_ptr": "*i32"}
+POINTERS = {
+    "x_ptr": "*bf16",
+    "a_ptr": "*bf16",
+    "b_ptr": "*bf16",
+    "out_ptr": "*bf16",
+    "part_ptr": "*fp32",
+    "topk_w_ptr": "*fp32",
+    "sorted_ptr": "*i32",
+    "table_ptr": "*i32",
+    "num_blocks_ptr": "*i32",
+    "topk_ptr": "*i32",
+    "lora_ptr": "*i32",
+    "ready_ptr": "*i32",
+    "topk_ids_ptr": "*i32",
+    "counts_ptr": "*i32",
+    "rank_ptr": "*i32",
+    "group_end_ptr": "*i32",
+}
 UNIT_STRIDES = {"stride_xk", "stride_ak", "stride_br", "stride_on"}
 NOT_DIVISIBLE = {"num_pairs", "max_blocks", "ready_len", "top_k", "num_experts", "max_loras", "rank", "stride_w"}
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
@@ -37,53 +51,98 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 def compile_sm90(kernel, consts: dict, warps: int, stages: int):
     consts = dict(consts, **{n: 1 for n in kernel.arg_names if n in UNIT_STRIDES})
     signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in consts and n not in NOT_DIVISIBLE}
-    return triton.compile(ASTSource(kernel, signature, constexprs=consts, attrs=attrs), target=TARGET,
-                          options={"num_warps": warps, "num_stages": stages})
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, n in enumerate(kernel.arg_names)
+        if n not in consts and n not in NOT_DIVISIBLE
+    }
+    return triton.compile(
+        ASTSource(kernel, signature, constexprs=consts, attrs=attrs),
+        target=TARGET,
+        options={"num_warps": warps, "num_stages": stages},
+    )
 
 
 def describe(compiled) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
-    usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", f.name], check=True,
-                           capture_output=True, text=True).stdout
+    usage = subprocess.run(
+        [str(CUOBJDUMP), "--dump-resource-usage", f.name], check=True, capture_output=True, text=True
+    ).stdout
     os.unlink(f.name)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     code = compiled.asm["ptx"].split(".section\t.debug")[0]
     # Debug line info aside: .loc/.file directives, comments, and the $L__tmp labels that mark inlined helpers' scopes.
     code = re.sub(r"^\s*\.(loc|file).*$|//.*$|^\$L__tmp\d+:$", "", code, flags=re.MULTILINE)
     code = re.sub(r"\n\s*\n+", "\n", code)
-    fingerprint = hashlib.sha1(code[code.index(".entry"):].encode()).hexdigest()[:10]
+    fingerprint = hashlib.sha1(code[code.index(".entry") :].encode()).hexdigest()[:10]
     return f"regs {regs[1]:>3} stack {regs[2]:>4} ptx {fingerprint}"
 
 
 def main() -> None:
     for direct, ready in ((False, False), (False, True), (True, False)):
-        for block_n, tiles, stages, even_n in ((512, 1, 1, False), (64, 16, 3, False), (256, 2, 1, True),
-                                               (128, 8, 3, True)):
-            consts = {"MUL_ROUTED_WEIGHT": True, "BLOCK_M": 16, "BLOCK_N": block_n, "N_TILES": tiles,
-                      "RANK_PAD": 32, "SPLIT_K": 2, "EVEN_N": even_n, "EVEN_R": True, "DIRECT": direct,
-                      "READY": ready, "USE_PDL": True}
-            print(f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
-                  f"even_n={even_n:d}: " + describe(compile_sm90(fused._expand_kernel, consts, 4, stages)))
+        for block_n, tiles, stages, even_n in (
+            (512, 1, 1, False),
+            (64, 16, 3, False),
+            (256, 2, 1, True),
+            (128, 8, 3, True),
+        ):
+            consts = {
+                "MUL_ROUTED_WEIGHT": True,
+                "BLOCK_M": 16,
+                "BLOCK_N": block_n,
+                "N_TILES": tiles,
+                "RANK_PAD": 32,
+                "SPLIT_K": 2,
+                "EVEN_N": even_n,
+                "EVEN_R": True,
+                "DIRECT": direct,
+                "READY": ready,
+                "USE_PDL": True,
+            }
+            print(
+                f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
+                f"even_n={even_n:d}: " + describe(compile_sm90(fused._expand_kernel, consts, 4, stages))
+            )
         # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
         # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
         for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True), (512, 4, 1, True)):
             early = per_pair and not direct and fused.early_a_fits(block_k, 32, warps)
-            consts = {"X_PER_PAIR": per_pair, "BLOCK_M": 16, "BLOCK_K": block_k, "RANK_PAD": 32, "SPLIT_K": 2,
-                      "EVEN_K": False, "EVEN_R": True, "DIRECT": direct, "READY": ready, "USE_PDL": True,
-                      "A_BEFORE_WAIT": early}
-            print(f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
-                  f"per_pair={per_pair:d} a_before_wait={early:d}: "
-                  + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages)))
+            consts = {
+                "X_PER_PAIR": per_pair,
+                "BLOCK_M": 16,
+                "BLOCK_K": block_k,
+                "RANK_PAD": 32,
+                "SPLIT_K": 2,
+                "EVEN_K": False,
+                "EVEN_R": True,
+                "DIRECT": direct,
+                "READY": ready,
+                "USE_PDL": True,
+                "A_BEFORE_WAIT": early,
+            }
+            print(
+                f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
+                f"per_pair={per_pair:d} a_before_wait={early:d}: "
+                + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages))
+            )
     # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
-    print("route tiny: " + describe(compile_sm90(routing._route_tiny_kernel,
-                                                 {"BLOCK": 256, "BLOCK_M": 16, "USE_PDL": True}, 16, 1)))
+    print(
+        "route tiny: "
+        + describe(compile_sm90(routing._route_tiny_kernel, {"BLOCK": 256, "BLOCK_M": 16, "USE_PDL": True}, 16, 1))
+    )
     for single in (True, False):
-        print(f"route finish single={single:d}: " + describe(compile_sm90(
-            routing._route_finish_kernel, {"BLOCK": 1024, "GROUPS_PAD": 256, "BLOCK_M": 16, "SINGLE": single,
-                                           "USE_PDL": True}, 8, 1)))
+        print(
+            f"route finish single={single:d}: "
+            + describe(
+                compile_sm90(
+                    routing._route_finish_kernel,
+                    {"BLOCK": 1024, "GROUPS_PAD": 256, "BLOCK_M": 16, "SINGLE": single, "USE_PDL": True},
+                    8,
+                    1,
+                )
+            )
+        )
     print("route count: " + describe(compile_sm90(routing._route_count_kernel, {"BLOCK": 1024}, 4, 1)))
 
 

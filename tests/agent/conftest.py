@@ -25,22 +25,38 @@ BASE_MODEL = "moelora-test/tiny-llama"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing-key-id", "AWS_SECRET_ACCESS_KEY": "testing-secret-key-value"}
 
 
-def adapter_files(*, rank: int = 8, base: str = BASE_MODEL, modules: list[str] | str | None = None,
-                  hidden: int = 32, seed: int = 0, extra_bytes: int = 0) -> dict[str, bytes]:
+def adapter_files(
+    *,
+    rank: int = 8,
+    base: str = BASE_MODEL,
+    modules: list[str] | str | None = None,
+    hidden: int = 32,
+    seed: int = 0,
+    extra_bytes: int = 0,
+) -> dict[str, bytes]:
     """adapter_config.json and adapter_model.safetensors shaped like a peft LoRA save (random weights)."""
     modules = ["q_proj", "v_proj"] if modules is None else modules
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": modules,
-              "base_model_name_or_path": base, "bias": "none", "task_type": "CAUSAL_LM"}
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": modules,
+        "base_model_name_or_path": base,
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
     rng = np.random.default_rng(seed)
     tensors = {}
-    for module in (modules if isinstance(modules, list) else ["q_proj"]):
+    for module in modules if isinstance(modules, list) else ["q_proj"]:
         prefix = f"base_model.model.model.layers.0.self_attn.{module}"
         tensors[f"{prefix}.lora_A.weight"] = rng.standard_normal((rank, hidden)).astype(np.float32)
         tensors[f"{prefix}.lora_B.weight"] = rng.standard_normal((hidden, rank)).astype(np.float32)
     if extra_bytes:
         tensors["padding"] = rng.integers(0, 255, extra_bytes, dtype=np.uint8)
-    return {"adapter_config.json": json.dumps(config).encode(),
-            "adapter_model.safetensors": safetensors.numpy.save(tensors)}
+    return {
+        "adapter_config.json": json.dumps(config).encode(),
+        "adapter_model.safetensors": safetensors.numpy.save(tensors),
+    }
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +78,13 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> str:
 
 
 def s3_client(endpoint: str) -> Any:
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 @pytest.fixture
@@ -112,8 +133,9 @@ def vllm_url(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
     from moelora.local import vllm as local_vllm
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = local_vllm.start(model_dir=tiny["model"], served_name=VLLM_BASE_NAME, log_path=log, max_loras=4,
-                              max_lora_rank=VLLM_MAX_RANK)
+    server = local_vllm.start(
+        model_dir=tiny["model"], served_name=VLLM_BASE_NAME, log_path=log, max_loras=4, max_lora_rank=VLLM_MAX_RANK
+    )
     yield server.url
     server.stop()
 
@@ -164,8 +186,10 @@ class MemoryDesired:
         return list(self.items.values())
 
     def put(self, name: str, spec: dict[str, Any], *, created: str = "2026-01-01T00:00:00Z") -> None:
-        obj = {"metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
-               "spec": {"modelServer": "srv", **spec}}
+        obj = {
+            "metadata": {"name": name, "uid": f"uid-{name}", "creationTimestamp": created},
+            "spec": {"modelServer": "srv", **spec},
+        }
         self.items[name] = Desired.from_object(obj)
         self.on_change()
 

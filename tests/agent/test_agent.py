@@ -49,15 +49,25 @@ def cache_bytes() -> int:
 
 
 @pytest.fixture
-def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float,
-            cache_bytes: int) -> Iterator[Running]:
-    settings = Settings(namespace="ns", pod_name=POD, model_server="srv", base_model=VLLM_BASE_NAME,
-                        max_lora_rank=VLLM_MAX_RANK, target_modules=frozenset(), vllm_url=clean_vllm,
-                        cache_dir=tmp_path / "cache", cache_bytes=cache_bytes, port=0, poll_seconds=0.3,
-                        resync_seconds=resync_seconds)
+def running(
+    s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float, cache_bytes: int
+) -> Iterator[Running]:
+    settings = Settings(
+        namespace="ns",
+        pod_name=POD,
+        model_server="srv",
+        base_model=VLLM_BASE_NAME,
+        max_lora_rank=VLLM_MAX_RANK,
+        target_modules=frozenset(),
+        vllm_url=clean_vllm,
+        cache_dir=tmp_path / "cache",
+        cache_bytes=cache_bytes,
+        port=0,
+        poll_seconds=0.3,
+        resync_seconds=resync_seconds,
+    )
     kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
-    agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm),
-                  metrics=metrics)
+    agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm), metrics=metrics)
     desired.on_change = agent.wake.set
     server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
     server.start()
@@ -69,7 +79,9 @@ def running(s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds
     server.stop()
 
 
-def upload_dir(endpoint: str, bucket: str, prefix: str, source: pathlib.Path, extra: dict[str, bytes] | None = None) -> None:
+def upload_dir(
+    endpoint: str, bucket: str, prefix: str, source: pathlib.Path, extra: dict[str, bytes] | None = None
+) -> None:
     client = s3_client(endpoint)
     for path in source.iterdir():
         client.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())
@@ -78,8 +90,8 @@ def upload_dir(endpoint: str, bucket: str, prefix: str, source: pathlib.Path, ex
 
 
 def test_serves_good_adapters_fails_bad_ones_alone_and_follows_changes(
-        running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str,
-        caplog: pytest.LogCaptureFixture) -> None:
+    running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.DEBUG)
     upload_dir(s3_env, bucket, "good/", tiny["v1"])
     upload_dir(s3_env, bucket, "rank32/", tiny["r32"])
@@ -93,8 +105,10 @@ def test_serves_good_adapters_fails_bad_ones_alone_and_follows_changes(
     running.desired.put("rank32", {"source": {"uri": f"s3://{bucket}/rank32/"}})
     running.desired.put("pickle", {"source": {"uri": f"s3://{bucket}/pickle/"}})
     running.kube.secrets["s3-creds"] = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET_VALUE}
-    running.desired.put("with-secret", {"source": {"uri": f"s3://{bucket}/v2/", "credentialsSecret": {"name": "s3-creds"}},
-                                        "servedName": "team/v2"})
+    running.desired.put(
+        "with-secret",
+        {"source": {"uri": f"s3://{bucket}/v2/", "credentialsSecret": {"name": "s3-creds"}}, "servedName": "team/v2"},
+    )
     running.desired.put("no-secret", {"source": {"uri": f"s3://{bucket}/v2/", "credentialsSecret": {"name": "absent"}}})
 
     eventually(lambda: get(running.url + "/readyz")[0] == 200)
@@ -140,16 +154,19 @@ def test_serves_good_adapters_fails_bad_ones_alone_and_follows_changes(
     assert SECRET_VALUE not in published
 
 
-def test_pin_mismatch_and_name_conflict(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
-                                        vllm_url: str) -> None:
+def test_pin_mismatch_and_name_conflict(
+    running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str
+) -> None:
     upload_dir(s3_env, bucket, "a/", tiny["v1"])
     upload_dir(s3_env, bucket, "b/", tiny["v2"])
     running.desired.synced.set()
     running.desired.put("pinned", {"source": {"uri": f"s3://{bucket}/a/"}, "pin": {"etag": "0123abcd"}})
-    running.desired.put("older", {"source": {"uri": f"s3://{bucket}/a/"}, "servedName": "shared"},
-                        created="2026-01-01T00:00:00Z")
-    running.desired.put("newer", {"source": {"uri": f"s3://{bucket}/b/"}, "servedName": "shared"},
-                        created="2026-01-02T00:00:00Z")
+    running.desired.put(
+        "older", {"source": {"uri": f"s3://{bucket}/a/"}, "servedName": "shared"}, created="2026-01-01T00:00:00Z"
+    )
+    running.desired.put(
+        "newer", {"source": {"uri": f"s3://{bucket}/b/"}, "servedName": "shared"}, created="2026-01-02T00:00:00Z"
+    )
     eventually(lambda: get(running.url + "/readyz")[0] == 200)
     assert running.state("pinned").reason == "VersionMismatch"
     assert (running.state("newer").reason, running.state("older").loaded) == ("NameConflict", True)
@@ -161,8 +178,9 @@ def test_pin_mismatch_and_name_conflict(running: Running, s3_env: str, bucket: s
 
 
 @pytest.mark.parametrize("resync_seconds", [1.0])
-def test_resync_follows_s3_without_spec_changes(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
-                                                vllm_url: str) -> None:
+def test_resync_follows_s3_without_spec_changes(
+    running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str
+) -> None:
     """New files under a loaded adapter's prefix are loaded in place; a failed adapter whose files are fixed is
     served; files already judged bad are not downloaded again."""
     upload_dir(s3_env, bucket, "live/", tiny["v1"])
@@ -176,8 +194,10 @@ def test_resync_follows_s3_without_spec_changes(running: Running, s3_env: str, b
     first_path = vllm.adapters()["live"].path
 
     def downloaded(name: str) -> float:
-        return running.agent.metrics.registry.get_sample_value(
-            "moelora_adapter_downloaded_bytes_total", {"adapter": name}) or 0.0
+        return (
+            running.agent.metrics.registry.get_sample_value("moelora_adapter_downloaded_bytes_total", {"adapter": name})
+            or 0.0
+        )
 
     broken_bytes = downloaded("broken")
     time.sleep(2.5)  # two resyncs: the bad files are listed again, not downloaded again
@@ -207,8 +227,9 @@ def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str
 
 
 @pytest.mark.parametrize("cache_bytes", [170_000])  # room for two of the ~68 KB adapters, not three
-def test_cache_evicts_what_is_no_longer_loaded(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any],
-                                               vllm_url: str) -> None:
+def test_cache_evicts_what_is_no_longer_loaded(
+    running: Running, s3_env: str, bucket: str, tiny: dict[str, Any], vllm_url: str
+) -> None:
     size = sum(p.stat().st_size for p in tiny["v1"].iterdir())
     assert 2 * size < 170_000 < 3 * size
     for name, source in (("a", "v1"), ("b", "v2"), ("c", "v1")):

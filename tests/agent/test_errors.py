@@ -13,8 +13,14 @@ def test_redact_replaces_every_secret_value() -> None:
 
 
 def test_credentials_never_print() -> None:
-    creds = Credentials.from_secret({"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI",
-                                     "AWS_SESSION_TOKEN": "tok-123456"}, secret_name="s3")
+    creds = Credentials.from_secret(
+        {
+            "AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI",
+            "AWS_SESSION_TOKEN": "tok-123456",
+        },
+        secret_name="s3",
+    )
     for text in (repr(creds), str(creds), f"{creds}"):
         assert "wJalrXUtnFEMI" not in text and "tok-123456" not in text and "AKIDEXAMPLE" not in text
     assert set(creds.values()) == {"AKIDEXAMPLE", "wJalrXUtnFEMI", "tok-123456"}
@@ -32,6 +38,7 @@ def test_a_secret_missing_its_keys_names_the_secret_not_the_values() -> None:
 
 def test_status_carries_only_redacted_messages() -> None:
     record = Record(uid="u", name="a", served_name="a", spec_hash="h")
-    record.fail(FailureReason.ACCESS_DENIED, redact("denied for wJalrXUtnFEMI", {"wJalrXUtnFEMI"}), permanent=True,
-                now=0)
+    record.fail(
+        FailureReason.ACCESS_DENIED, redact("denied for wJalrXUtnFEMI", {"wJalrXUtnFEMI"}), permanent=True, now=0
+    )
     assert "wJalrXUtnFEMI" not in record.state().model_dump_json()

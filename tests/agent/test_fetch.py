@@ -49,12 +49,18 @@ def test_large_files_come_in_concurrent_ranged_gets(s3_env: str, bucket: str, tm
     upload(s3_env, bucket, "big/", {"adapter_config.json": files["adapter_config.json"]})
     client = make_client(ClientConfig())
     ranges: list[str] = []
-    client.meta.events.register("before-parameter-build.s3.GetObject",
-                                lambda params, **_: ranges.append(params.get("Range", "")))
+    client.meta.events.register(
+        "before-parameter-build.s3.GetObject", lambda params, **_: ranges.append(params.get("Range", ""))
+    )
     listing = list_source(client, location=parse_s3_uri(f"s3://{bucket}/big/"))
     assert listing.get("adapter_model.safetensors").etag.strip('"').endswith("-2")
-    path = fetch(client=client, listing=listing, cache_dir=tmp_path / "cache", transfer_config=SMALL_PARTS,
-                 pin=VersionPin(etag=listing.get("adapter_model.safetensors").etag.strip('"')))
+    path = fetch(
+        client=client,
+        listing=listing,
+        cache_dir=tmp_path / "cache",
+        transfer_config=SMALL_PARTS,
+        pin=VersionPin(etag=listing.get("adapter_model.safetensors").etag.strip('"')),
+    )
     assert contents(path) == files
     assert sum(1 for r in ranges if r.startswith("bytes=")) == 6
 
@@ -83,7 +89,9 @@ def test_etag_pin_mismatch_fails_before_downloading(s3_env: str, bucket: str, tm
     assert not tmp_path.exists() or os.listdir(tmp_path) == []
 
 
-def test_object_replaced_after_listing_fails_and_leaves_nothing(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
+def test_object_replaced_after_listing_fails_and_leaves_nothing(
+    s3_env: str, bucket: str, tmp_path: pathlib.Path
+) -> None:
     upload(s3_env, bucket, "p/", adapter_files(seed=1))
     client = make_client(ClientConfig())
     listing = list_source(client, location=parse_s3_uri(f"s3://{bucket}/p"))
@@ -93,7 +101,9 @@ def test_object_replaced_after_listing_fails_and_leaves_nothing(s3_env: str, buc
     assert os.listdir(tmp_path) == []
 
 
-def test_object_deleted_after_listing_fails_and_leaves_nothing(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
+def test_object_deleted_after_listing_fails_and_leaves_nothing(
+    s3_env: str, bucket: str, tmp_path: pathlib.Path
+) -> None:
     upload(s3_env, bucket, "p/", adapter_files())
     client = make_client(ClientConfig())
     listing = list_source(client, location=parse_s3_uri(f"s3://{bucket}/p"))
@@ -158,8 +168,13 @@ def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPa
         client = make_client(ClientConfig(endpoint_url=server.endpoint_url, region="us-east-1", credentials=creds))
         listing = list_source(client, location=parse_s3_uri("s3://adapters/team/a"))
         etag = listing.get("adapter_model.safetensors").etag.strip('"')
-        path = fetch(client=client, listing=listing, cache_dir=tmp_path / "cache", transfer_config=SMALL_PARTS,
-                     pin=VersionPin(etag=etag))
+        path = fetch(
+            client=client,
+            listing=listing,
+            cache_dir=tmp_path / "cache",
+            transfer_config=SMALL_PARTS,
+            pin=VersionPin(etag=etag),
+        )
         assert contents(path) == files
         with pytest.raises(AdapterError) as caught:
             fetch(client=client, listing=listing, cache_dir=tmp_path / "cache2", pin=VersionPin(etag=etag + "0"))

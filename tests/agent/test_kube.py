@@ -37,8 +37,12 @@ def client(api: KubeAPI) -> Iterator[kubernetes.client.ApiClient]:
 
 
 def adapter(name: str, server: str = "srv", uri: str = "s3://bucket/a/") -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LoRAAdapter", "metadata": {"name": name},
-            "spec": {"modelServer": server, "source": {"uri": uri}}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "LoRAAdapter",
+        "metadata": {"name": name},
+        "spec": {"modelServer": server, "source": {"uri": uri}},
+    }
 
 
 def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -65,15 +69,17 @@ def test_watch_follows_this_servers_adapters(client: kubernetes.client.ApiClient
         custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, adapter("b", uri="s3://bucket/b/"))
         eventually(lambda: {d.name for d in watcher.snapshot()} == {"a", "b"})
 
-        custom.patch_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "a",
-                                              {"spec": {"source": {"uri": "s3://bucket/a2/"}}})
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, PLURAL, "a", {"spec": {"source": {"uri": "s3://bucket/a2/"}}}
+        )
         eventually(lambda: any(d.spec.source.uri == "s3://bucket/a2/" for d in watcher.snapshot()))
 
         # Status writes (ours and other replicas') change no spec: they must not wake the loop.
         while changes.acquire(timeout=0.3):
             pass
-        custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, "a",
-                                                     {"status": {"replicas": {"p": {"loaded": True}}}})
+        custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, NS, PLURAL, "a", {"status": {"replicas": {"p": {"loaded": True}}}}
+        )
         assert not changes.acquire(timeout=1.0)
 
         # Moved to another server: no longer ours.
@@ -98,7 +104,10 @@ def test_each_replica_patches_only_its_own_key(client: kubernetes.client.ApiClie
     assert obj["status"]["replicas"]["srv-1"]["reason"] == "SourceNotFound"
     assert obj["status"]["replicas"]["srv-0"]["loaded"] is True
     assert (obj["status"]["rank"], obj["status"]["targetModules"], obj["status"]["sizeBytes"]) == (
-        8, ["q_proj", "v_proj"], 1234)
+        8,
+        ["q_proj", "v_proj"],
+        1234,
+    )
     assert obj["spec"] == adapter("a")["spec"]
 
     # Recovered: the stale reason and error go (explicit nulls in the merge patch), the other replica stays.
@@ -112,8 +121,9 @@ def test_each_replica_patches_only_its_own_key(client: kubernetes.client.ApiClie
 def test_read_secret(client: kubernetes.client.ApiClient) -> None:
     core = kubernetes.client.CoreV1Api(client)
     data = {"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
-    core.create_namespaced_secret(NS, {"metadata": {"name": "creds"}, "data": {
-        k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+    core.create_namespaced_secret(
+        NS, {"metadata": {"name": "creds"}, "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+    )
     kube = Kube(client=client, namespace=NS)
     try:
         assert kube.read_secret(name="creds") == data
@@ -129,8 +139,9 @@ def test_watch_retries_until_the_api_answers_and_relists_after_each_watch() -> N
 
     port = process.free_port()
     client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{port}"))
-    watcher = AdapterWatcher(kube=Kube(client=client, namespace=NS), model_server="srv", on_change=lambda: None,
-                             watch_timeout=1)
+    watcher = AdapterWatcher(
+        kube=Kube(client=client, namespace=NS), model_server="srv", on_change=lambda: None, watch_timeout=1
+    )
     watcher.start()
     try:
         assert not watcher.synced.wait(1.0)

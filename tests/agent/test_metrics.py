@@ -19,8 +19,9 @@ def fetch(url: str) -> tuple[int, str, str]:
 def test_endpoints_follow_their_callbacks() -> None:
     metrics = Metrics()
     state = {"ready": False, "alive": True}
-    server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: state["ready"],
-                          alive=lambda: state["alive"])
+    server = StatusServer(
+        port=0, host="127.0.0.1", metrics=metrics, ready=lambda: state["ready"], alive=lambda: state["alive"]
+    )
     server.start()
     base = f"http://127.0.0.1:{server.port}"
     try:

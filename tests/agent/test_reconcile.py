@@ -7,16 +7,24 @@ from moelora.api import FailureReason, LoRAAdapterSpec
 CACHE = "/cache"
 
 
-def desired(name: str, *, created: str = "2026-01-01T00:00:00Z", served: str | None = None,
-            uri: str = "s3://bkt/a/") -> Desired:
+def desired(
+    name: str, *, created: str = "2026-01-01T00:00:00Z", served: str | None = None, uri: str = "s3://bkt/a/"
+) -> Desired:
     spec = LoRAAdapterSpec.model_validate({"modelServer": "srv", "source": {"uri": uri}, "servedName": served})
     return Desired(uid=f"uid-{name}", name=name, created=created, spec=spec)
 
 
 def record(item: Desired, stage: Stage, *, version: str = "v1", **changes: object) -> Record:
     path = f"{CACHE}/{version}" if stage in (Stage.READY, Stage.LOADED) else None
-    rec = Record(uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash, stage=stage,
-                 version=version if path else None, path=path)
+    rec = Record(
+        uid=item.uid,
+        name=item.name,
+        served_name=item.served_name,
+        spec_hash=item.spec_hash,
+        stage=stage,
+        version=version if path else None,
+        path=path,
+    )
     for key, value in changes.items():
         setattr(rec, key, value)
     return rec
@@ -26,10 +34,15 @@ def vllm(**paths: str) -> dict[str, LoadedAdapter]:
     return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in paths.items()}
 
 
-def run(items: list[Desired], records: list[Record], loaded: dict[str, LoadedAdapter] | None, *,
-        busy: set[str] = frozenset(), now: float = 100.0):  # type: ignore[assignment]
-    return plan(desired=items, records={r.uid: r for r in records}, loaded=loaded, busy=busy, cache_dir=CACHE,
-                now=now)
+def run(
+    items: list[Desired],
+    records: list[Record],
+    loaded: dict[str, LoadedAdapter] | None,
+    *,
+    busy: set[str] = frozenset(),
+    now: float = 100.0,
+):  # type: ignore[assignment]
+    return plan(desired=items, records={r.uid: r for r in records}, loaded=loaded, busy=busy, cache_dir=CACHE, now=now)
 
 
 def test_new_adapter_is_prepared_then_loaded() -> None:
@@ -37,7 +50,8 @@ def test_new_adapter_is_prepared_then_loaded() -> None:
     assert run([a], [], vllm()).prepare == [a.uid]
     assert run([a], [], vllm(), busy={a.uid}).prepare == []
     assert run([a], [record(a, Stage.READY)], vllm()).load == [
-        Load(uid=a.uid, served_name="a", path="/cache/v1", inplace=False)]
+        Load(uid=a.uid, served_name="a", path="/cache/v1", inplace=False)
+    ]
 
 
 def test_nothing_to_do_when_vllm_serves_the_right_files() -> None:
@@ -55,7 +69,8 @@ def test_vllm_restart_reloads_everything() -> None:
 def test_new_version_reloads_in_place() -> None:
     a = desired("a")
     assert run([a], [record(a, Stage.READY, version="v2")], vllm(a="/cache/v1")).load == [
-        Load(uid=a.uid, served_name="a", path="/cache/v2", inplace=True)]
+        Load(uid=a.uid, served_name="a", path="/cache/v2", inplace=True)
+    ]
 
 
 def test_found_already_loaded_after_an_agent_restart_is_adopted() -> None:
@@ -114,8 +129,10 @@ def test_conflict_loser_takes_over_when_the_winner_goes() -> None:
 
 def test_one_bad_adapter_does_not_block_the_others() -> None:
     bad, good = desired("bad"), desired("good", uri="s3://bkt/g/")
-    records = [record(bad, Stage.FAILED, reason=FailureReason.CONFIG_INVALID, permanent=True),
-               record(good, Stage.READY, version="vg")]
+    records = [
+        record(bad, Stage.FAILED, reason=FailureReason.CONFIG_INVALID, permanent=True),
+        record(good, Stage.READY, version="vg"),
+    ]
     assert [load.served_name for load in run([bad, good], records, vllm()).load] == ["good"]
 
 

@@ -20,12 +20,27 @@ from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, adapter_files,
 
 @pytest.fixture
 def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDesired, MemoryKube]]:
-    settings = Settings(namespace="ns", pod_name=POD, model_server="srv", base_model=BASE_MODEL, max_lora_rank=16,
-                        target_modules=frozenset(), vllm_url=f"http://127.0.0.1:{process.free_port()}",
-                        cache_dir=tmp_path / "cache", cache_bytes=1 << 30, port=0, poll_seconds=0.2)
+    settings = Settings(
+        namespace="ns",
+        pod_name=POD,
+        model_server="srv",
+        base_model=BASE_MODEL,
+        max_lora_rank=16,
+        target_modules=frozenset(),
+        vllm_url=f"http://127.0.0.1:{process.free_port()}",
+        cache_dir=tmp_path / "cache",
+        cache_bytes=1 << 30,
+        port=0,
+        poll_seconds=0.2,
+    )
     kube, desired = MemoryKube(), MemoryDesired()
-    agent = Agent(settings=settings, kube=kube, desired=desired,
-                  vllm=VllmClient(base_url=settings.vllm_url, attempts=1), metrics=Metrics())
+    agent = Agent(
+        settings=settings,
+        kube=kube,
+        desired=desired,
+        vllm=VllmClient(base_url=settings.vllm_url, attempts=1),
+        metrics=Metrics(),
+    )
     desired.on_change = agent.wake.set
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
@@ -35,7 +50,8 @@ def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDe
 
 
 def test_a_bad_config_fails_before_the_weights_are_downloaded(
-        agent: tuple[Agent, MemoryDesired, MemoryKube], s3_env: str, bucket: str) -> None:
+    agent: tuple[Agent, MemoryDesired, MemoryKube], s3_env: str, bucket: str
+) -> None:
     loop, desired, kube = agent
     files = adapter_files(rank=64, extra_bytes=4 << 20)  # 4 MiB of weights that must never be fetched
     upload(s3_env, bucket, "big/", files)
@@ -43,12 +59,15 @@ def test_a_bad_config_fails_before_the_weights_are_downloaded(
     desired.put("big", {"source": {"uri": f"s3://{bucket}/big/"}})
     eventually(lambda: "big" in kube.status and kube.status["big"][0].reason == "RankTooHigh")
     assert loop.metrics.registry.get_sample_value("moelora_adapter_downloaded_bytes_total", {"adapter": "big"}) in (
-        None, 0.0)
+        None,
+        0.0,
+    )
     assert not any(p for p in loop.settings.cache_dir.iterdir())
 
 
 def test_good_adapter_waits_for_vllm_and_the_pod_stays_unready(
-        agent: tuple[Agent, MemoryDesired, MemoryKube], s3_env: str, bucket: str) -> None:
+    agent: tuple[Agent, MemoryDesired, MemoryKube], s3_env: str, bucket: str
+) -> None:
     loop, desired, kube = agent
     files = adapter_files()
     upload(s3_env, bucket, "ok/", files)
@@ -61,5 +80,3 @@ def test_good_adapter_waits_for_vllm_and_the_pod_stays_unready(
     assert not loop.is_ready and not loop.vllm_up
     (entry,) = loop.settings.cache_dir.iterdir()
     assert json.loads((entry / "adapter_config.json").read_text())["r"] == 8
-
-

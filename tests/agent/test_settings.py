@@ -6,9 +6,15 @@ import pytest
 from moelora.agent.settings import SettingsError, from_env
 
 ENV = {
-    "MOELORA_NAMESPACE": "ns", "MOELORA_POD_NAME": "srv-abc", "MOELORA_MODEL_SERVER": "srv",
-    "MOELORA_BASE_MODEL": "org/model", "MOELORA_MAX_LORA_RANK": "16", "MOELORA_TARGET_MODULES": "q_proj, v_proj,",
-    "MOELORA_VLLM_URL": "http://127.0.0.1:8000/", "MOELORA_CACHE_DIR": "/tmp/cache", "MOELORA_CACHE_BYTES": "1048576",
+    "MOELORA_NAMESPACE": "ns",
+    "MOELORA_POD_NAME": "srv-abc",
+    "MOELORA_MODEL_SERVER": "srv",
+    "MOELORA_BASE_MODEL": "org/model",
+    "MOELORA_MAX_LORA_RANK": "16",
+    "MOELORA_TARGET_MODULES": "q_proj, v_proj,",
+    "MOELORA_VLLM_URL": "http://127.0.0.1:8000/",
+    "MOELORA_CACHE_DIR": "/tmp/cache",
+    "MOELORA_CACHE_BYTES": "1048576",
     "MOELORA_PORT": "8081",
 }
 
@@ -27,13 +33,16 @@ def test_empty_target_modules_means_any() -> None:
     assert from_env({**ENV, "MOELORA_TARGET_MODULES": ""}).target_modules == frozenset()
 
 
-@pytest.mark.parametrize("name, value, words", [
-    ("MOELORA_NAMESPACE", "", "MOELORA_NAMESPACE is required"),
-    ("MOELORA_MAX_LORA_RANK", "sixteen", "MOELORA_MAX_LORA_RANK must be an integer"),
-    ("MOELORA_MAX_LORA_RANK", "0", "MOELORA_MAX_LORA_RANK must be at least 1"),
-    ("MOELORA_CACHE_BYTES", "20Gi", "MOELORA_CACHE_BYTES must be an integer"),
-    ("MOELORA_VLLM_URL", "127.0.0.1:8000", "MOELORA_VLLM_URL must be an http(s) URL"),
-])
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("MOELORA_NAMESPACE", "", "MOELORA_NAMESPACE is required"),
+        ("MOELORA_MAX_LORA_RANK", "sixteen", "MOELORA_MAX_LORA_RANK must be an integer"),
+        ("MOELORA_MAX_LORA_RANK", "0", "MOELORA_MAX_LORA_RANK must be at least 1"),
+        ("MOELORA_CACHE_BYTES", "20Gi", "MOELORA_CACHE_BYTES must be an integer"),
+        ("MOELORA_VLLM_URL", "127.0.0.1:8000", "MOELORA_VLLM_URL must be an http(s) URL"),
+    ],
+)
 def test_bad_environment_names_the_variable(name: str, value: str, words: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(words)):
         from_env({**ENV, name: value})

@@ -7,25 +7,46 @@ from moelora.agent.source import Listing, RemoteObject, S3Location, check_listin
 from moelora.api import FailureReason
 
 
-@pytest.mark.parametrize("uri, bucket, prefix", [
-    ("s3://b/a/x", "b", "a/x/"), ("s3://b/a/x/", "b", "a/x/"), ("s3://b", "b", ""), ("s3://b/", "b", ""),
-])
+@pytest.mark.parametrize(
+    "uri, bucket, prefix",
+    [
+        ("s3://b/a/x", "b", "a/x/"),
+        ("s3://b/a/x/", "b", "a/x/"),
+        ("s3://b", "b", ""),
+        ("s3://b/", "b", ""),
+    ],
+)
 def test_parse_uri_always_gives_a_directory_prefix(uri: str, bucket: str, prefix: str) -> None:
     assert parse_s3_uri(uri) == S3Location(bucket=bucket, prefix=prefix)
 
 
-@pytest.mark.parametrize("key, rel", [
-    ("p/adapter_config.json", "adapter_config.json"), ("p/sub/dir/x.safetensors", "sub/dir/x.safetensors"),
-    ("p/..hidden", "..hidden"),
-])
+@pytest.mark.parametrize(
+    "key, rel",
+    [
+        ("p/adapter_config.json", "adapter_config.json"),
+        ("p/sub/dir/x.safetensors", "sub/dir/x.safetensors"),
+        ("p/..hidden", "..hidden"),
+    ],
+)
 def test_safe_keys(key: str, rel: str) -> None:
     assert safe_relpath(key, prefix="p/") == rel
 
 
-@pytest.mark.parametrize("key", [
-    "p/../etc/passwd", "p/a/../../x", "p//etc/passwd", "p/a\\..\\x", "p/./x", "p/a/", "p/", "q/x", "p/C:/x",
-    "p/a\0b",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "p/../etc/passwd",
+        "p/a/../../x",
+        "p//etc/passwd",
+        "p/a\\..\\x",
+        "p/./x",
+        "p/a/",
+        "p/",
+        "q/x",
+        "p/C:/x",
+        "p/a\0b",
+    ],
+)
 def test_escaping_keys_are_refused(key: str) -> None:
     with pytest.raises(AdapterError) as caught:
         safe_relpath(key, prefix="p/")
@@ -33,16 +54,25 @@ def test_escaping_keys_are_refused(key: str) -> None:
 
 
 def listing(*names: str, size: int = 10) -> Listing:
-    return Listing(location=S3Location("b", "p/"),
-                   objects=tuple(RemoteObject(key="p/" + n, relpath=n, size=size, etag='"e"') for n in sorted(names)))
+    return Listing(
+        location=S3Location("b", "p/"),
+        objects=tuple(RemoteObject(key="p/" + n, relpath=n, size=size, etag='"e"') for n in sorted(names)),
+    )
 
 
-@pytest.mark.parametrize("names, size, reason", [
-    (("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"), 10, FailureReason.UNSAFE_WEIGHTS_FORMAT),
-    (("adapter_model.safetensors",), 10, FailureReason.CONFIG_MISSING),
-    (("adapter_config.json",), 10, FailureReason.WEIGHTS_MISSING),
-    (("adapter_config.json", "adapter_model.safetensors"), 600, FailureReason.TOO_LARGE),
-])
+@pytest.mark.parametrize(
+    "names, size, reason",
+    [
+        (
+            ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"),
+            10,
+            FailureReason.UNSAFE_WEIGHTS_FORMAT,
+        ),
+        (("adapter_model.safetensors",), 10, FailureReason.CONFIG_MISSING),
+        (("adapter_config.json",), 10, FailureReason.WEIGHTS_MISSING),
+        (("adapter_config.json", "adapter_model.safetensors"), 600, FailureReason.TOO_LARGE),
+    ],
+)
 def test_listing_refusals(names: tuple[str, ...], size: int, reason: FailureReason) -> None:
     with pytest.raises(AdapterError) as caught:
         check_listing(listing(*names, size=size), max_bytes=1000)
@@ -51,8 +81,12 @@ def test_listing_refusals(names: tuple[str, ...], size: int, reason: FailureReas
 
 def test_version_changes_with_any_etag_and_not_with_quotes() -> None:
     a = listing("adapter_config.json", "adapter_model.safetensors")
-    b = Listing(location=a.location, objects=(a.objects[0], RemoteObject(
-        key=a.objects[1].key, relpath=a.objects[1].relpath, size=10, etag='"f"')))
-    c = Listing(location=a.location, objects=tuple(
-        RemoteObject(key=o.key, relpath=o.relpath, size=o.size, etag="e") for o in a.objects))
+    b = Listing(
+        location=a.location,
+        objects=(a.objects[0], RemoteObject(key=a.objects[1].key, relpath=a.objects[1].relpath, size=10, etag='"f"')),
+    )
+    c = Listing(
+        location=a.location,
+        objects=tuple(RemoteObject(key=o.key, relpath=o.relpath, size=o.size, etag="e") for o in a.objects),
+    )
     assert a.version != b.version and a.version == c.version and len(a.version) == 32

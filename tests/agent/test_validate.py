@@ -11,8 +11,9 @@ from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL, adapter_files
 
-LIMITS = Limits(base_model=BASE_MODEL, max_rank=16, target_modules=frozenset({"q_proj", "k_proj", "v_proj"}),
-                max_bytes=1 << 20)
+LIMITS = Limits(
+    base_model=BASE_MODEL, max_rank=16, target_modules=frozenset({"q_proj", "k_proj", "v_proj"}), max_bytes=1 << 20
+)
 
 
 def write(directory: pathlib.Path, files: dict[str, bytes]) -> pathlib.Path:
@@ -47,11 +48,19 @@ def test_missing_config(tmp_path: pathlib.Path) -> None:
     assert reason_of(write(tmp_path, files)) is FailureReason.CONFIG_MISSING
 
 
-@pytest.mark.parametrize("text", [b"{not json", b"[1, 2]", b"\xff\xfe", json.dumps({"r": "8", "target_modules": ["q_proj"]}).encode(),
-                                  json.dumps({"r": 8, "target_modules": []}).encode(),
-                                  json.dumps({"r": 8, "target_modules": ["q_proj"], "peft_type": "IA3"}).encode(),
-                                  json.dumps({"r": 8, "target_modules": ["q_proj"], "use_dora": True}).encode(),
-                                  json.dumps({"r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q": 0}}).encode()])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"\xff\xfe",
+        json.dumps({"r": "8", "target_modules": ["q_proj"]}).encode(),
+        json.dumps({"r": 8, "target_modules": []}).encode(),
+        json.dumps({"r": 8, "target_modules": ["q_proj"], "peft_type": "IA3"}).encode(),
+        json.dumps({"r": 8, "target_modules": ["q_proj"], "use_dora": True}).encode(),
+        json.dumps({"r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q": 0}}).encode(),
+    ],
+)
 def test_unparseable_or_malformed_config(tmp_path: pathlib.Path, text: bytes) -> None:
     write(tmp_path, {**adapter_files(), "adapter_config.json": text})
     assert reason_of(tmp_path) is FailureReason.CONFIG_INVALID
@@ -68,10 +77,16 @@ def test_rank_pattern_raises_the_rank(tmp_path: pathlib.Path) -> None:
     assert reason_of(write(tmp_path, files)) is FailureReason.RANK_TOO_HIGH
 
 
-@pytest.mark.parametrize("base, ok", [
-    (BASE_MODEL, True), (BASE_MODEL.upper() + "/", True), (f"hf://{BASE_MODEL}", True),
-    ("moelora-test/other-model", False), ("tiny-llama", False),
-])
+@pytest.mark.parametrize(
+    "base, ok",
+    [
+        (BASE_MODEL, True),
+        (BASE_MODEL.upper() + "/", True),
+        (f"hf://{BASE_MODEL}", True),
+        ("moelora-test/other-model", False),
+        ("tiny-llama", False),
+    ],
+)
 def test_base_model_comparison(tmp_path: pathlib.Path, base: str, ok: bool) -> None:
     write(tmp_path, adapter_files(base=base))
     if ok:
@@ -104,7 +119,9 @@ def test_missing_or_empty_weights(tmp_path: pathlib.Path) -> None:
     files = adapter_files()
     del files["adapter_model.safetensors"]
     assert reason_of(write(tmp_path / "a", files)) is FailureReason.WEIGHTS_MISSING
-    assert reason_of(write(tmp_path / "b", {**files, "adapter_model.safetensors": b""})) is FailureReason.WEIGHTS_MISSING
+    assert (
+        reason_of(write(tmp_path / "b", {**files, "adapter_model.safetensors": b""})) is FailureReason.WEIGHTS_MISSING
+    )
 
 
 def test_too_large(tmp_path: pathlib.Path) -> None:

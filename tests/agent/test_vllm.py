@@ -77,13 +77,16 @@ def test_unreachable_vllm_is_transient() -> None:
         client.load(name="a", path="/x")
 
 
-@pytest.mark.parametrize("status, message, expected", [
-    (400, "The lora adapter 'a' has already been loaded. If you want...", Duplicate),
-    (404, "No adapter found for /x", TransientError),
-    (503, "overloaded", TransientError),
-    (500, "LoRA rank 64 is greater than max_lora_rank 16.", FailureReason.RANK_TOO_HIGH),
-    (500, "Loading lora a failed: /x doesn't contain tensors", FailureReason.LOAD_FAILED),
-])
+@pytest.mark.parametrize(
+    "status, message, expected",
+    [
+        (400, "The lora adapter 'a' has already been loaded. If you want...", Duplicate),
+        (404, "No adapter found for /x", TransientError),
+        (503, "overloaded", TransientError),
+        (500, "LoRA rank 64 is greater than max_lora_rank 16.", FailureReason.RANK_TOO_HIGH),
+        (500, "Loading lora a failed: /x doesn't contain tensors", FailureReason.LOAD_FAILED),
+    ],
+)
 def test_error_mapping(status: int, message: str, expected: object) -> None:
     error = classify_load_error(status, message)
     if isinstance(expected, FailureReason):

@@ -34,6 +34,7 @@ def errors(obj: dict[str, Any]) -> list[str]:
 
 # --- current ----------------------------------------------------------------------------------------------------------
 
+
 def test_crd_files_are_current(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     assert generator.main(["--check"]) == 0, "crds/ is stale: run python -m moelora.api"
@@ -74,8 +75,11 @@ def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]
 def test_schema_is_structural(kind: str) -> None:
     for path, node in walk(schema_of(kind)):
         assert not FORBIDDEN & set(node), f"{path or '<root>'} has {FORBIDDEN & set(node)}"
-        assert node.get("type") or node.get("x-kubernetes-preserve-unknown-fields") or \
-            node.get("x-kubernetes-int-or-string"), f"{path or '<root>'} has no type"
+        assert (
+            node.get("type")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+            or node.get("x-kubernetes-int-or-string")
+        ), f"{path or '<root>'} has no type"
         if node.get("type") == "object" and "properties" in node and "additionalProperties" in node:
             pytest.fail(f"{path}: properties and additionalProperties are mutually exclusive")
         for required in node.get("required") or []:
@@ -106,13 +110,18 @@ def test_cel_rules_compile(kind: str) -> None:
 
 def test_names_subresources_and_columns() -> None:
     ms, lora = CRDS["ModelServer"], CRDS["LoRAAdapter"]
-    assert (ms["spec"]["group"], ms["spec"]["names"]["shortNames"], lora["spec"]["names"]["shortNames"]) == \
-        ("moelora.io", ["ms"], ["lora"])
+    assert (ms["spec"]["group"], ms["spec"]["names"]["shortNames"], lora["spec"]["names"]["shortNames"]) == (
+        "moelora.io",
+        ["ms"],
+        ["lora"],
+    )
     version = ms["spec"]["versions"][0]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     scale = version["subresources"]["scale"]
     props = schema_of("ModelServer")["properties"]
-    assert props["spec"]["properties"]["replicas"]["type"] == "integer" and scale["specReplicasPath"] == ".spec.replicas"
+    assert (
+        props["spec"]["properties"]["replicas"]["type"] == "integer" and scale["specReplicasPath"] == ".spec.replicas"
+    )
     assert props["status"]["properties"]["replicas"]["type"] == "integer"
     assert props["status"]["properties"]["selector"]["type"] == "string"
     assert "status" in lora["spec"]["versions"][0]["subresources"]
@@ -120,18 +129,27 @@ def test_names_subresources_and_columns() -> None:
         schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
             # metadata is the API server's own schema, not in the CRD's: only creationTimestamp is used.
-            node: dict[str, Any] = {"properties": {**schema["properties"],
-                                                   "metadata": {"properties": {"creationTimestamp": {"type": "string"}}}}}
+            node: dict[str, Any] = {
+                "properties": {
+                    **schema["properties"],
+                    "metadata": {"properties": {"creationTimestamp": {"type": "string"}}},
+                }
+            }
             for part in re.sub(r"\[\?.*?\]", "", column["jsonPath"]).strip(".").split("."):
                 node = (node.get("properties") or {}).get(part) or node.get("items", {}).get("properties", {}).get(part)
                 assert node is not None, f"{column['name']}: {column['jsonPath']} is not in the schema"
 
 
-# --- bad input ---------------------------------------------------------------------------------------------------------
+# --- bad input ------------------------------------------------------------------------------------------------------
+
 
 def server(**spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "metadata": {"name": "srv"},
-            "spec": {"model": {"name": "org/m"}, **spec}}
+    return {
+        "apiVersion": "moelora.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "srv"},
+        "spec": {"model": {"name": "org/m"}, **spec},
+    }
 
 
 def adapter(**spec: Any) -> dict[str, Any]:
@@ -142,8 +160,12 @@ def adapter(**spec: Any) -> dict[str, Any]:
 
 INVALID = [
     # (id, object, where the error is, what it says)
-    ("no-spec", {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "metadata": {"name": "srv"}},
-     "<root>", "'spec' is a required property"),
+    (
+        "no-spec",
+        {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "metadata": {"name": "srv"}},
+        "<root>",
+        "'spec' is a required property",
+    ),
     ("no-model", server(model=None) | {"spec": {}}, ".spec", "'model' is a required property"),
     ("empty-model-name", server(model={"name": ""}), ".spec.model.name", "should be non-empty"),
     ("bad-model-source", server(model={"name": "m", "source": "ftp://x/y"}), ".spec.model.source", "does not match"),
@@ -152,28 +174,57 @@ INVALID = [
     ("replicas-string", server(replicas="two"), ".spec.replicas", "is not of type 'integer'"),
     ("rank-not-allowed", server(lora={"maxLoraRank": 24}), ".spec.lora.maxLoraRank", "is not one of"),
     ("max-loras-zero", server(lora={"maxLoras": 0}), ".spec.lora.maxLoras", "less than the minimum of 1"),
-    ("cpu-loras-below-loras", server(lora={"maxLoras": 8, "maxCpuLoras": 4}), ".spec.lora.maxCpuLoras",
-     "maxCpuLoras must be at least maxLoras"),
+    (
+        "cpu-loras-below-loras",
+        server(lora={"maxLoras": 8, "maxCpuLoras": 4}),
+        ".spec.lora.maxCpuLoras",
+        "maxCpuLoras must be at least maxLoras",
+    ),
     ("kernel-mode-unknown", server(kernels={"configs": "magic"}), ".spec.kernels.configs", "is not one of"),
-    ("configmap-without-name", server(kernels={"configs": "configMap"}), ".spec.kernels.configMapName",
-     "configMapName is required when configs is configMap"),
-    ("name-without-configmap-mode", server(kernels={"configs": "auto", "configMapName": "x"}),
-     ".spec.kernels.configMapName", "and only then"),
-    ("bad-quantity", server(resources={"limits": {"memory": "lots"}}), ".spec.resources.limits.memory",
-     "does not match"),
+    (
+        "configmap-without-name",
+        server(kernels={"configs": "configMap"}),
+        ".spec.kernels.configMapName",
+        "configMapName is required when configs is configMap",
+    ),
+    (
+        "name-without-configmap-mode",
+        server(kernels={"configs": "auto", "configMapName": "x"}),
+        ".spec.kernels.configMapName",
+        "and only then",
+    ),
+    (
+        "bad-quantity",
+        server(resources={"limits": {"memory": "lots"}}),
+        ".spec.resources.limits.memory",
+        "does not match",
+    ),
     ("bad-cache-size", server(adapterCache={"sizeLimit": "20 GB"}), ".spec.adapterCache.sizeLimit", "does not match"),
     ("engine-args-not-strings", server(engineArgs=[8192]), ".spec.engineArgs[0]", "is not of type 'string'"),
     ("bad-env-name", server(env=[{"name": "1BAD"}]), ".spec.env[0].name", "does not match"),
-    ("bad-secret-name", server(s3={"credentialsSecret": {"name": "Not_A_Name"}}), ".spec.s3.credentialsSecret.name",
-     "does not match"),
+    (
+        "bad-secret-name",
+        server(s3={"credentialsSecret": {"name": "Not_A_Name"}}),
+        ".spec.s3.credentialsSecret.name",
+        "does not match",
+    ),
     ("bad-endpoint", server(s3={"endpointUrl": "minio:9000"}), ".spec.s3.endpointUrl", "does not match"),
     ("server-name-too-long", server() | {"metadata": {"name": "x" * 53}}, "<root>", "at most 52 characters"),
     ("server-name-uppercase", server() | {"metadata": {"name": "Srv"}}, "<root>", "DNS-1035 label"),
-    ("adapter-no-server", adapter(modelServer=None) | {"spec": {"source": {"uri": "s3://bucket/a/"}}}, ".spec",
-     "'modelServer' is a required property"),
+    (
+        "adapter-no-server",
+        adapter(modelServer=None) | {"spec": {"source": {"uri": "s3://bucket/a/"}}},
+        ".spec",
+        "'modelServer' is a required property",
+    ),
     ("adapter-not-s3", adapter(source={"uri": "https://bucket/a"}), ".spec.source.uri", "does not match"),
     ("adapter-bad-server-name", adapter(modelServer="My_Server"), ".spec.modelServer", "does not match"),
-    ("adapter-two-pins", adapter(pin={"etag": "abc", "sha256": "0" * 64}), ".spec.pin", "exactly one of etag and sha256"),
+    (
+        "adapter-two-pins",
+        adapter(pin={"etag": "abc", "sha256": "0" * 64}),
+        ".spec.pin",
+        "exactly one of etag and sha256",
+    ),
     ("adapter-no-pin", adapter(pin={}), ".spec.pin", "exactly one of etag and sha256"),
     ("adapter-bad-sha", adapter(pin={"sha256": "XYZ"}), ".spec.pin.sha256", "does not match"),
     ("adapter-bad-served-name", adapter(servedName="-lead"), ".spec.servedName", "does not match"),
@@ -181,7 +232,9 @@ INVALID = [
 
 
 @pytest.mark.parametrize(("obj", "where", "says"), [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
-def test_invalid_objects_are_rejected_with_a_useful_path_and_message(obj: dict[str, Any], where: str, says: str) -> None:
+def test_invalid_objects_are_rejected_with_a_useful_path_and_message(
+    obj: dict[str, Any], where: str, says: str
+) -> None:
     found = errors(obj)
     assert found, "accepted an invalid object"
     assert any(error.startswith(f"{where}:") and says in error for error in found), found
@@ -191,8 +244,9 @@ def test_there_are_at_least_fifteen_cases() -> None:
     assert len(INVALID) >= 15
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")),
-                         ids=lambda p: str(p.relative_to(ROOT / "examples")))
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: str(p.relative_to(ROOT / "examples"))
+)
 def test_examples_are_valid(path: pathlib.Path) -> None:
     for obj in yaml.safe_load_all(path.read_text()):
         if obj and obj.get("apiVersion", "").startswith("moelora.io/"):

@@ -46,8 +46,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonLabels": {"team": "ml-platform"},
         "crds": {"enabled": False},
         "operator": {
-            "image": {"repository": "registry.example.com/moelora/operator",
-                      "digest": "sha256:" + "ab" * 32, "pullPolicy": "Always"},
+            "image": {
+                "repository": "registry.example.com/moelora/operator",
+                "digest": "sha256:" + "ab" * 32,
+                "pullPolicy": "Always",
+            },
             "imagePullSecrets": [{"name": "regcred"}],
             "peering": {"enabled": True, "name": "moelora-peers"},
             "serviceAccount": {"create": False, "name": "existing-operator"},
@@ -57,14 +60,21 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "priorityClassName": "system-cluster-critical",
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-                "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                    ]
+                }
+            },
         },
         "server": {
             "image": {"repository": "registry.example.com/moelora/server", "tag": "0.1.0-vllm0.26.0"},
             "agentImage": {"repository": "registry.example.com/moelora/agent"},
-            "serviceAccount": {"name": "llm", "annotations": {
-                "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/read-adapters"}},
+            "serviceAccount": {
+                "name": "llm",
+                "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/read-adapters"},
+            },
             "namespaces": ["serving", "serving-canary"],
         },
     },
@@ -79,8 +89,7 @@ def chart() -> helm.Chart:
 
 @functools.cache
 def _render(name: str, release: str) -> tuple[tuple[str, str], ...]:
-    manifests = chart().render(copy.deepcopy(VALUE_SETS[name]), name=release, namespace=NAMESPACE,
-                               is_install=True)
+    manifests = chart().render(copy.deepcopy(VALUE_SETS[name]), name=release, namespace=NAMESPACE, is_install=True)
     return tuple(sorted(manifests.items()))
 
 
@@ -167,7 +176,9 @@ def test_names_are_truncated_to_63_characters() -> None:
             for value in obj["metadata"].get("labels", {}).values():
                 assert len(value) <= 63, value
     # The prefix is cut, never the suffix: the operator's two ClusterRoles and the server's stay distinct.
-    cluster_roles = [obj["metadata"]["name"] for obj in of_kind(render("defaults", release=LONG_RELEASE), "ClusterRole")]
+    cluster_roles = [
+        obj["metadata"]["name"] for obj in of_kind(render("defaults", release=LONG_RELEASE), "ClusterRole")
+    ]
     assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "server"]
     assert len(set(cluster_roles)) == 3 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
 
@@ -182,33 +193,40 @@ def test_schema_accepts_the_defaults_and_every_value_set() -> None:
         chart().validate_schema(copy.deepcopy(values))
 
 
-@pytest.mark.parametrize("typo", [
-    {"operator": {"replica": 2}},
-    {"crds": {"enable": False}},
-    {"watchNamespace": ["ml"]},
-    {"server": {"image": {"repository": "x", "tags": "1"}}},
-    {"operator": {"peering": {"enabled": True, "nmae": "x"}}},
-    {"server": {"serviceAccount": {"name": "moelora-server", "annotation": {}}}},
-])
+@pytest.mark.parametrize(
+    "typo",
+    [
+        {"operator": {"replica": 2}},
+        {"crds": {"enable": False}},
+        {"watchNamespace": ["ml"]},
+        {"server": {"image": {"repository": "x", "tags": "1"}}},
+        {"operator": {"peering": {"enabled": True, "nmae": "x"}}},
+        {"server": {"serviceAccount": {"name": "moelora-server", "annotation": {}}}},
+    ],
+)
 def test_schema_rejects_typos(typo: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError, match="additional properties"):
         chart().render(typo, name="moelora", namespace=NAMESPACE)
 
 
-@pytest.mark.parametrize("bad", [
-    {"watchNamespaces": ["Not_A_Namespace"]},
-    {"operator": {"replicas": -1}},
-    {"operator": {"image": {"repository": "x", "pullPolicy": "Sometimes"}}},
-    {"server": {"image": {"repository": "x", "digest": "sha256:short"}}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"watchNamespaces": ["Not_A_Namespace"]},
+        {"operator": {"replicas": -1}},
+        {"operator": {"image": {"repository": "x", "pullPolicy": "Sometimes"}}},
+        {"server": {"image": {"repository": "x", "digest": "sha256:short"}}},
+    ],
+)
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(helm.HelmValuesError):
         chart().render(bad, name="moelora", namespace=NAMESPACE)
 
 
 def _values_reference() -> Any:
-    spec = importlib.util.spec_from_file_location("values_reference", pathlib.Path(__file__).with_name(
-        "values_reference.py"))
+    spec = importlib.util.spec_from_file_location(
+        "values_reference", pathlib.Path(__file__).with_name("values_reference.py")
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("values_reference", module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -234,8 +252,12 @@ def test_every_key_in_values_yaml_is_documented_with_an_example() -> None:
 
 
 def test_chart_reference_doc_is_current() -> None:
-    result = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name("values_reference.py")), "--check"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, str(pathlib.Path(__file__).with_name("values_reference.py")), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -287,8 +309,10 @@ def test_kopf_peering_crds_match_what_kopf_talks_to() -> None:
     from kopf._cogs.structs import references
 
     crds = chart_crds()
-    for selector, kind, scope in ((references.CLUSTER_PEERINGS_K, "ClusterKopfPeering", "Cluster"),
-                                  (references.NAMESPACED_PEERINGS_K, "KopfPeering", "Namespaced")):
+    for selector, kind, scope in (
+        (references.CLUSTER_PEERINGS_K, "ClusterKopfPeering", "Cluster"),
+        (references.NAMESPACED_PEERINGS_K, "KopfPeering", "Namespaced"),
+    ):
         spec = crds[kind]["spec"]
         assert (spec["group"], spec["names"]["plural"], spec["scope"]) == (selector.group, selector.any_name, scope)
         assert [v["name"] for v in spec["versions"]] == [selector.version]
@@ -335,7 +359,9 @@ def test_operator_runs_non_root_with_a_read_only_root() -> None:
     custom = one(render("custom"), "Deployment")["spec"]["template"]["spec"]
     assert custom["containers"][0]["image"] == "registry.example.com/moelora/operator@sha256:" + "ab" * 32
     assert custom["serviceAccountName"] == "existing-operator"
-    assert not [sa for sa in of_kind(render("custom"), "ServiceAccount") if sa["metadata"]["name"] == "existing-operator"]
+    assert not [
+        sa for sa in of_kind(render("custom"), "ServiceAccount") if sa["metadata"]["name"] == "existing-operator"
+    ]
 
 
 def test_one_replica_is_standalone_and_never_overlaps() -> None:
@@ -375,7 +401,8 @@ OPERATOR_NAMESPACED: set[Rule] = {
     ("", "configmaps", "delete"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{("", "pods", v) for v in ("get", "list", "watch")},
-    ("", "events", "create"), ("events.k8s.io", "events", "create"),
+    ("", "events", "create"),
+    ("events.k8s.io", "events", "create"),
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
 KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
@@ -395,8 +422,13 @@ def grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str | None], s
     result: dict[tuple[str, str, str | None], set[Rule]] = {}
     for binding in of_kind(objects, "ClusterRoleBinding") + of_kind(objects, "RoleBinding"):
         role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
-        rules = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
-                 for resource in rule["resources"] for verb in rule["verbs"]}
+        rules = {
+            (group, resource, verb)
+            for rule in role["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
         assert all("resourceNames" not in rule for rule in role["rules"])
         where = binding["metadata"].get("namespace")
         for subject in binding["subjects"]:
@@ -436,10 +468,13 @@ def test_rbac_custom_accounts_and_server_namespaces() -> None:
         ("serving", "llm", "serving"): AGENT,
         ("serving-canary", "llm", "serving-canary"): AGENT,
     }
-    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]): sa for sa in of_kind(render("custom"),
-                                                                                           "ServiceAccount")}
+    accounts = {
+        (sa["metadata"]["namespace"], sa["metadata"]["name"]): sa for sa in of_kind(render("custom"), "ServiceAccount")
+    }
     assert set(accounts) == {("serving", "llm"), ("serving-canary", "llm")}
-    assert accounts[("serving", "llm")]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith("read-adapters")
+    assert accounts[("serving", "llm")]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].endswith(
+        "read-adapters"
+    )
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
@@ -452,8 +487,15 @@ def test_no_secret_access_cluster_wide(value_set: str) -> None:
 def test_cluster_wide_secret_access_only_when_asked_for() -> None:
     def granted(values: dict[str, Any]) -> dict[tuple[str, str, str | None], set[Rule]]:
         manifests = chart().render(values, name="moelora", namespace=NAMESPACE)
-        return grants([doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
-                       for doc in yaml.safe_load_all(text) if doc])
+        return grants(
+            [
+                doc
+                for path, text in manifests.items()
+                if not path.endswith("NOTES.txt")
+                for doc in yaml.safe_load_all(text)
+                if doc
+            ]
+        )
 
     everywhere = granted({"operator": {"secretAccess": "clusterWide"}})
     assert everywhere[(NAMESPACE, "moelora-operator", None)] == OPERATOR_NAMESPACED | KOPF_SCAN | SECRETS
@@ -476,9 +518,12 @@ def test_rbac_covers_every_resource_the_operators_kopf_registry_watches() -> Non
 
     registry = make_registry(Settings())
     needed: set[Rule] = set()
-    for handlers, verbs in ((registry._indexing, ("list", "watch")), (registry._watching, ("list", "watch")),
-                            (registry._changing, ("list", "watch", "patch")),
-                            (registry._spawning, ("list", "watch", "patch"))):
+    for handlers, verbs in (
+        (registry._indexing, ("list", "watch")),
+        (registry._watching, ("list", "watch")),
+        (registry._changing, ("list", "watch", "patch")),
+        (registry._spawning, ("list", "watch", "patch")),
+    ):
         for handler in handlers.get_all_handlers():
             selector = handler.selector
             assert selector is not None and selector.any_name, handler
@@ -506,6 +551,7 @@ def test_rbac_covers_every_write_the_operator_makes() -> None:
         needed.add((*group_and_plural(api_version, kind), "delete"))
     assert ("policy", "poddisruptionbudgets", "delete") in needed
     for value_set in VALUE_SETS:
-        operator_rules = set().union(*(rules for (_, account, _), rules in grants(render(value_set)).items()
-                                       if account.endswith("operator")))
+        operator_rules = set().union(
+            *(rules for (_, account, _), rules in grants(render(value_set)).items() if account.endswith("operator"))
+        )
         assert needed - operator_rules == set(), value_set

@@ -42,8 +42,13 @@ Grants = dict[tuple[str, str, str | None], set[tuple[str, str, str]]]
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     manifests = helm.Chart.load(CHART).render(values, name="moelora", namespace=NAMESPACE)
-    return [doc for path, text in sorted(manifests.items()) if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc
+        for path, text in sorted(manifests.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
 
 
 def grants(objects: list[dict[str, Any]]) -> Grants:
@@ -51,8 +56,13 @@ def grants(objects: list[dict[str, Any]]) -> Grants:
     roles = {role["metadata"]["name"]: role for role in objects if role["kind"] == "ClusterRole"}
     result: Grants = {}
     for binding in (obj for obj in objects if obj["kind"] in ("ClusterRoleBinding", "RoleBinding")):
-        rules = {(group, resource, verb) for rule in roles[binding["roleRef"]["name"]]["rules"]
-                 for group in rule["apiGroups"] for resource in rule["resources"] for verb in rule["verbs"]}
+        rules = {
+            (group, resource, verb)
+            for rule in roles[binding["roleRef"]["name"]]["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
         for subject in binding["subjects"]:
             key = (subject["namespace"], subject["name"], binding["metadata"].get("namespace"))
             result[key] = result.get(key, set()) | rules
@@ -64,12 +74,18 @@ def operator_settings(objects: list[dict[str, Any]], *, kubeconfig: pathlib.Path
     deployment = next(obj for obj in objects if obj["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
-    return Settings.from_env({**env, "KUBECONFIG": str(kubeconfig), "MOELORA_RESYNC_SECONDS": "1"}), \
-        pod["serviceAccountName"]
+    return Settings.from_env({**env, "KUBECONFIG": str(kubeconfig), "MOELORA_RESYNC_SECONDS": "1"}), pod[
+        "serviceAccountName"
+    ]
 
 
-_VERBS = {kmock.action.LIST: "list", kmock.action.WATCH: "watch", kmock.action.FETCH: "get",
-          kmock.action.CREATE: "create", kmock.action.DELETE: "delete"}
+_VERBS = {
+    kmock.action.LIST: "list",
+    kmock.action.WATCH: "watch",
+    kmock.action.FETCH: "get",
+    kmock.action.CREATE: "create",
+    kmock.action.DELETE: "delete",
+}
 
 
 def verb(request: Any) -> str:
@@ -103,13 +119,27 @@ class AuthorizingEmulator(Emulator):
             ok = ("", "namespaces", action) in self.grants.get((*self.account, None), set())
             (self.allowed if ok else self.denied).append(f"{action} core/namespaces in all namespaces")
             if not ok:
-                return aiohttp.web.json_response(status=403, data={
-                    "apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403, "reason": "Forbidden"})
+                return aiohttp.web.json_response(
+                    status=403,
+                    data={
+                        "apiVersion": "v1",
+                        "kind": "Status",
+                        "status": "Failure",
+                        "code": 403,
+                        "reason": "Forbidden",
+                    },
+                )
             if action == "list":
-                return aiohttp.web.json_response({
-                    "apiVersion": "v1", "kind": "NamespaceList", "metadata": {"resourceVersion": "1"},
-                    "items": [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-                              for name in NAMESPACES]})
+                return aiohttp.web.json_response(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "NamespaceList",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": [
+                            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}} for name in NAMESPACES
+                        ],
+                    }
+                )
             response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
             await response.prepare(raw_request)
             await asyncio.sleep(3600)  # cancelled when the client disconnects or the server stops
@@ -124,8 +154,9 @@ class AuthorizingEmulator(Emulator):
             ok, what = self._decision(request)
             (self.allowed if ok else self.denied).append(what)
             if not ok:
-                return await self._render_error(kmock.KubernetesError(
-                    status=403, reason="Forbidden", message=f"RBAC: {what} is not allowed"))
+                return await self._render_error(
+                    kmock.KubernetesError(status=403, reason="Forbidden", message=f"RBAC: {what} is not allowed")
+                )
         return await super()._handle(request)
 
 
@@ -136,15 +167,20 @@ def peering_resources() -> dict[str, kmock.ResourceInfo]:
         for crd in (doc for doc in yaml.safe_load_all(entry["data"]) if doc):
             spec = crd["spec"]
             result[f"{spec['group']}/v1/{spec['names']['plural']}"] = kmock.ResourceInfo(
-                namespaced=spec["scope"] == "Namespaced", kind=spec["names"]["kind"],
+                namespaced=spec["scope"] == "Namespaced",
+                kind=spec["names"]["kind"],
                 singular=spec["names"]["singular"],
-                verbs={"create", "delete", "get", "list", "patch", "update", "watch"})
+                verbs={"create", "delete", "get", "list", "patch", "update", "watch"},
+            )
     return result
 
 
 @contextlib.contextmanager
-def stack(values: dict[str, Any], *, operators: int = 1,
-          ) -> Iterator[tuple[KubeAPI, AuthorizingEmulator, list[dict[str, Any]], Settings]]:
+def stack(
+    values: dict[str, Any],
+    *,
+    operators: int = 1,
+) -> Iterator[tuple[KubeAPI, AuthorizingEmulator, list[dict[str, Any]], Settings]]:
     """The emulated API server (RBAC of `values` enforced) with the chart's objects in it, and the operator
     (`operators` replicas of it, as the chart's Deployment would run)."""
     objects = render(values)
@@ -184,16 +220,21 @@ def example(path: str, *, namespace: str) -> dict[str, Any]:
 
 
 def server_accounts(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    return {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects
-            if obj["kind"] == "ServiceAccount" and obj["metadata"]["namespace"] != NAMESPACE}
+    return {
+        (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for obj in objects
+        if obj["kind"] == "ServiceAccount" and obj["metadata"]["namespace"] != NAMESPACE
+    }
 
 
-def check_server(api: KubeAPI, objects: list[dict[str, Any]], settings: Settings, name: str, *,
-                 timeout: float = 20) -> dict[str, Any]:
+def check_server(
+    api: KubeAPI, objects: list[dict[str, Any]], settings: Settings, name: str, *, timeout: float = 20
+) -> dict[str, Any]:
     """The Deployment the operator made for ModelServer `name` in SERVING runs as an account the chart created
     there, with the images the chart pinned."""
-    deployment = wait_for(lambda: api.get(DEPLOYMENTS, SERVING, name), what=f"the Deployment of {name}",
-                          timeout=timeout)
+    deployment = wait_for(
+        lambda: api.get(DEPLOYMENTS, SERVING, name), what=f"the Deployment of {name}", timeout=timeout
+    )
     pod = deployment["spec"]["template"]["spec"]
     assert (SERVING, pod["serviceAccountName"]) in server_accounts(objects)
     images = {container["name"]: container["image"] for container in pod["containers"]}
@@ -207,8 +248,10 @@ def test_all_namespaces_standalone() -> None:
         assert settings.namespaces == () and settings.peering is None
         api.kubectl("apply", "-f", "-", stdin=json.dumps(example("modelserver.yaml", namespace=SERVING)))
         check_server(api, objects, settings, "qwen-moe")
-        wait_for(lambda: ((api.get(MS, SERVING, "qwen-moe") or {}).get("status") or {}).get("endpoint"),
-                 what="the ModelServer's status")
+        wait_for(
+            lambda: ((api.get(MS, SERVING, "qwen-moe") or {}).get("status") or {}).get("endpoint"),
+            what="the ModelServer's status",
+        )
         assert emulator.allowed and emulator.denied == []
 
 
@@ -217,8 +260,10 @@ def test_watched_namespaces_with_peering() -> None:
     with stack(values) as (api, emulator, objects, settings):
         assert settings.namespaces == (SERVING,) and settings.peering == "moelora"
         # kopf keeps its keep-alive in the peering object the chart created: peering is really on.
-        wait_for(lambda: (api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status"),
-                 what="a keep-alive in the KopfPeering")
+        wait_for(
+            lambda: (api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status"),
+            what="a keep-alive in the KopfPeering",
+        )
         api.kubectl("apply", "-f", "-", stdin=json.dumps(example("modelserver.yaml", namespace=SERVING)))
         check_server(api, objects, settings, "qwen-moe")
         # Outside the watched namespaces nothing happens (and nothing is asked of the API there).
@@ -245,8 +290,10 @@ def test_two_replicas_one_works() -> None:
     # kopf pauses every peer when it sees another of the same priority: the replicas must get different ones.
     values = {"watchNamespaces": [SERVING], "operator": {"replicas": 2}}
     with stack(values, operators=2) as (api, emulator, objects, settings):
-        wait_for(lambda: len((api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status") or {})
-                 == 2, what="keep-alives of both replicas")
+        wait_for(
+            lambda: len((api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status") or {}) == 2,
+            what="keep-alives of both replicas",
+        )
         api.kubectl("apply", "-f", "-", stdin=json.dumps(example("modelserver.yaml", namespace=SERVING)))
         check_server(api, objects, settings, "qwen-moe", timeout=8)
         assert emulator.denied == []

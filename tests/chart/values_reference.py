@@ -1,7 +1,7 @@
 """docs/chart-reference.md, generated from the comments of charts/moelora/values.yaml (the documented contract).
 
-    .venv/bin/python tests/chart/values_reference.py            # rewrite docs/chart-reference.md
-    .venv/bin/python tests/chart/values_reference.py --check    # fail if it is stale (test_chart.py runs this)
+.venv/bin/python tests/chart/values_reference.py            # rewrite docs/chart-reference.md
+.venv/bin/python tests/chart/values_reference.py --check    # fail if it is stale (test_chart.py runs this)
 """
 
 from __future__ import annotations
@@ -59,13 +59,21 @@ def entries(text: str) -> list[Entry]:
         body = "\n".join(comment)
         if "-- " not in body:
             raise ValueError(f"values.yaml:{number + 1}: {'.'.join(k for _, k in path)} has no `# --` description")
-        body = body[body.index("-- ") + 3:]
+        body = body[body.index("-- ") + 3 :]
         description, _, example = body.partition("Example:")
         if not description.strip() or not example.strip():
-            raise ValueError(f"values.yaml:{number + 1}: {'.'.join(k for _, k in path)} needs a description and "
-                             "an example")
-        result.append(Entry(key=".".join(k for _, k in path), default=value, line=number + 1,
-                            description=" ".join(description.split()), example=example.strip("\n")))
+            raise ValueError(
+                f"values.yaml:{number + 1}: {'.'.join(k for _, k in path)} needs a description and an example"
+            )
+        result.append(
+            Entry(
+                key=".".join(k for _, k in path),
+                default=value,
+                line=number + 1,
+                description=" ".join(description.split()),
+                example=example.strip("\n"),
+            )
+        )
     return result
 
 
@@ -86,9 +94,11 @@ def render(text: str) -> str:
     out = [
         "# Helm chart values",
         "",
-        ("Generated from the comments of `charts/moelora/values.yaml` by `.venv/bin/python "
-        "tests/chart/values_reference.py`; do not edit. `values.schema.json` checks the same keys and refuses any "
-        "other, so a typo fails `helm install`."),
+        (
+            "Generated from the comments of `charts/moelora/values.yaml` by `.venv/bin/python "
+            "tests/chart/values_reference.py`; do not edit. `values.schema.json` checks the same keys and refuses any "
+            "other, so a typo fails `helm install`."
+        ),
         "",
         "| key | default | description | example |",
         "|---|---|---|---|",

@@ -21,8 +21,13 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
     root = tmp_path_factory.mktemp("stack")
     # The agent re-lists vLLM's models every second (default 5 s) so the restart test waits less.
     with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
-        running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url,  # type: ignore[union-attr]
-                                             replicas=REPLICAS))
+        running.apply(
+            manifests.model_server(
+                name=SERVER,
+                s3_endpoint=running.s3.endpoint_url,  # type: ignore[union-attr]
+                replicas=REPLICAS,
+            )
+        )
         running.wait_pods(SERVER, replicas=REPLICAS, timeout=400)
         yield running
 
@@ -32,10 +37,12 @@ def adapters(local: stack.Stack) -> dict[str, pathlib.Path]:
     """Good adapters, generated and uploaded: name -> local directory."""
     root = local.root / "adapters"
     made = {
-        "alpha": models.make_adapter(model_dir=local.model_dir, path=root / "alpha",
-                                     base_model_name=manifests.BASE_MODEL_NAME, rank=8, seed=11),
-        "beta": models.make_adapter(model_dir=local.model_dir, path=root / "beta",
-                                    base_model_name=manifests.BASE_MODEL_NAME, rank=16, seed=12),
+        "alpha": models.make_adapter(
+            model_dir=local.model_dir, path=root / "alpha", base_model_name=manifests.BASE_MODEL_NAME, rank=8, seed=11
+        ),
+        "beta": models.make_adapter(
+            model_dir=local.model_dir, path=root / "beta", base_model_name=manifests.BASE_MODEL_NAME, rank=16, seed=12
+        ),
     }
     for name, path in made.items():
         local.upload_adapter(source=path, name=name)

@@ -45,8 +45,7 @@ def _answers(url: str, model: str) -> bool:
         raise
 
 
-def test_apply_loads_on_every_replica_and_matches_peft(local: stack.Stack,
-                                                       adapters: dict[str, pathlib.Path]) -> None:
+def test_apply_loads_on_every_replica_and_matches_peft(local: stack.Stack, adapters: dict[str, pathlib.Path]) -> None:
     for name in adapters:
         local.apply(manifests.adapter(name=name, model_server=SERVER, uri=manifests.adapter_uri(name)))
     pods = {pod.name for pod in local.kubelet.pods_of(SERVER)}  # type: ignore[union-attr]
@@ -60,16 +59,19 @@ def test_apply_loads_on_every_replica_and_matches_peft(local: stack.Stack,
         assert ready["status"] == "True"
     assert local.get("loraadapter", "beta")["status"]["rank"] == 16  # type: ignore[index]
 
-    want = models.reference_completions(model_dir=local.model_dir, adapter_dirs=[None, *adapters.values()],
-                                        prompt=PROMPT, max_tokens=MAX_TOKENS)
+    want = models.reference_completions(
+        model_dir=local.model_dir, adapter_dirs=[None, *adapters.values()], prompt=PROMPT, max_tokens=MAX_TOKENS
+    )
     assert len({c.token_ids for c in want}) == 3  # base, alpha, beta all differ: the comparison means something
     for url in local.vllm_urls(SERVER):
-        got = [vllm.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS)
-               for model in (SERVER, *adapters)]
+        got = [
+            vllm.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS) for model in (SERVER, *adapters)
+        ]
         assert got == want
 
 
 # --- bad inputs: each its own reason, and nothing else disturbed ----------------------------------------------------
+
 
 def _bad_adapter_files(local: stack.Stack, good: pathlib.Path) -> dict[str, tuple[str, dict[str, Any] | None]]:
     """Upload one broken adapter per case; return name -> (its s3 uri, its pin)."""
@@ -77,12 +79,14 @@ def _bad_adapter_files(local: stack.Stack, good: pathlib.Path) -> dict[str, tupl
     root = local.root / "bad"
     cases: dict[str, tuple[str, dict[str, Any] | None]] = {}
 
-    too_high = models.make_adapter(model_dir=local.model_dir, path=root / "rank", rank=32,
-                                   base_model_name=manifests.BASE_MODEL_NAME)
+    too_high = models.make_adapter(
+        model_dir=local.model_dir, path=root / "rank", rank=32, base_model_name=manifests.BASE_MODEL_NAME
+    )
     cases["bad-rank"] = (local.upload_adapter(source=too_high, name="bad-rank"), None)
 
-    other_base = models.make_adapter(model_dir=local.model_dir, path=root / "base", rank=8,
-                                     base_model_name="someone/else-7b")
+    other_base = models.make_adapter(
+        model_dir=local.model_dir, path=root / "base", rank=8, base_model_name="someone/else-7b"
+    )
     cases["bad-base"] = (local.upload_adapter(source=other_base, name="bad-base"), None)
 
     pickle_dir = root / "pickle"
@@ -120,8 +124,9 @@ EXPECTED_REASONS = {
 def bad_applied(local: stack.Stack, adapters: dict[str, pathlib.Path]) -> dict[str, dict[str, Any]]:
     """All broken adapters applied at once; their final bodies once every one has Failed."""
     cases = _bad_adapter_files(local, adapters["alpha"])
-    local.apply(*(manifests.adapter(name=name, model_server=SERVER, uri=uri, pin=pin)
-                  for name, (uri, pin) in cases.items()))
+    local.apply(
+        *(manifests.adapter(name=name, model_server=SERVER, uri=uri, pin=pin) for name, (uri, pin) in cases.items())
+    )
     return {name: local.wait_adapter(name, phase="Failed", timeout=90) for name in cases}
 
 
@@ -135,8 +140,9 @@ def test_bad_adapter_fails_with_its_own_reason(bad_applied: dict[str, dict[str, 
     assert EXPECTED_REASONS[name] in reasons
 
 
-def test_bad_adapters_disturb_nothing_else(local: stack.Stack, bad_applied: dict[str, dict[str, Any]],
-                                           adapters: dict[str, pathlib.Path]) -> None:
+def test_bad_adapters_disturb_nothing_else(
+    local: stack.Stack, bad_applied: dict[str, dict[str, Any]], adapters: dict[str, pathlib.Path]
+) -> None:
     for url in local.vllm_urls(SERVER):
         served = vllm.models(url=url)
         assert not set(bad_applied) & set(served)  # none of them reached vLLM
@@ -144,9 +150,11 @@ def test_bad_adapters_disturb_nothing_else(local: stack.Stack, bad_applied: dict
             assert _answers(url, name)
     for name in adapters:
         assert local.adapter(name)["status"]["phase"] == "Loaded"  # type: ignore[index]
-    want = {"desired": len(adapters) + len(EXPECTED_REASONS), "loaded": len(adapters),
-            "failed": len(EXPECTED_REASONS)}
-    counts = lambda: (local.model_server(SERVER) or {}).get("status", {}).get("adapters")
+    want = {"desired": len(adapters) + len(EXPECTED_REASONS), "loaded": len(adapters), "failed": len(EXPECTED_REASONS)}
+
+    def counts():
+        return (local.model_server(SERVER) or {}).get("status", {}).get("adapters")
+
     _until(lambda: counts() == want, timeout=30, what=f"ModelServer status.adapters == {want} (last {counts()})")
 
 
@@ -158,14 +166,18 @@ def test_adapter_in_s3rver(local: stack.Stack, adapters: dict[str, pathlib.Path]
     try:
         uri = "s3://other-store/gamma/"
         s3.upload_dir(server=server, source=adapters["beta"], uri=uri)
-        local.apply(manifests.s3_secret(name="s3rver", access_key_id=server.access_key_id,
-                                        secret_access_key=server.secret_access_key))
+        local.apply(
+            manifests.s3_secret(
+                name="s3rver", access_key_id=server.access_key_id, secret_access_key=server.secret_access_key
+            )
+        )
         body = manifests.adapter(name="gamma", model_server=SERVER, uri=uri)
         body["spec"]["source"].update({"endpointUrl": server.endpoint_url, "credentialsSecret": {"name": "s3rver"}})
         local.apply(body)
         local.wait_adapter("gamma", phase="Loaded", replicas=REPLICAS, timeout=90)
-        want = models.reference_completion(model_dir=local.model_dir, adapter_dir=adapters["beta"], prompt=PROMPT,
-                                           max_tokens=MAX_TOKENS)
+        want = models.reference_completion(
+            model_dir=local.model_dir, adapter_dir=adapters["beta"], prompt=PROMPT, max_tokens=MAX_TOKENS
+        )
         for url in local.vllm_urls(SERVER):
             assert vllm.complete(url=url, model="gamma", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
     finally:
@@ -184,13 +196,17 @@ def test_delete_makes_the_name_404(local: stack.Stack, adapters: dict[str, pathl
     _until(lambda: local.adapter("beta") is None, timeout=30, what="LoRAAdapter beta gone (finalizers done)")
 
 
-def test_scale_up_new_pod_ready_only_with_adapters_then_down_prunes(local: stack.Stack,
-                                                                    adapters: dict[str, pathlib.Path]) -> None:
+def test_scale_up_new_pod_ready_only_with_adapters_then_down_prunes(
+    local: stack.Stack, adapters: dict[str, pathlib.Path]
+) -> None:
     assert local.kubelet is not None
     before = {pod.name for pod in local.kubelet.pods_of(SERVER)}
     local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}}))
-    new = _until(lambda: [p for p in local.kubelet.pods_of(SERVER) if p.name not in before], timeout=30,  # type: ignore[union-attr]
-                 what="a third pod")[0]
+    new = _until(
+        lambda: [p for p in local.kubelet.pods_of(SERVER) if p.name not in before],
+        timeout=30,  # type: ignore[union-attr]
+        what="a third pod",
+    )[0]
     _until(lambda: new.ready, timeout=300, what="the new pod ready")
     assert _answers(new.url(8000), "alpha")  # ready implies its adapters are there
     body = local.wait_adapter("alpha", phase="Loaded", replicas=3, timeout=60)
@@ -199,8 +215,11 @@ def test_scale_up_new_pod_ready_only_with_adapters_then_down_prunes(local: stack
     local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 2}}))
     _until(lambda: len(local.kubelet.pods_of(SERVER)) == 2, timeout=60, what="back to 2 pods")  # type: ignore[union-attr]
     remaining = {pod.name for pod in local.kubelet.pods_of(SERVER)}
-    _until(lambda: set((local.adapter("alpha") or {}).get("status", {}).get("replicas") or {}) == remaining,
-           timeout=60, what="the gone pod pruned from alpha's status.replicas")
+    _until(
+        lambda: set((local.adapter("alpha") or {}).get("status", {}).get("replicas") or {}) == remaining,
+        timeout=60,
+        what="the gone pod pruned from alpha's status.replicas",
+    )
 
 
 def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[str, pathlib.Path]) -> None:
@@ -212,8 +231,9 @@ def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[st
     _until(lambda: pod.ready, timeout=300, what="pod ready again")
     # Ready (vLLM's and the agent's probes) only once the agent has re-registered its adapters with the new vLLM.
     assert _answers(url, "alpha")
-    want = models.reference_completion(model_dir=local.model_dir, adapter_dir=adapters["alpha"], prompt=PROMPT,
-                                       max_tokens=MAX_TOKENS)
+    want = models.reference_completion(
+        model_dir=local.model_dir, adapter_dir=adapters["alpha"], prompt=PROMPT, max_tokens=MAX_TOKENS
+    )
     assert vllm.complete(url=url, model="alpha", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
     assert local.wait_adapter("alpha", phase="Loaded", replicas=REPLICAS, timeout=60)
 
@@ -225,8 +245,9 @@ def test_credentials_never_appear(local: stack.Stack) -> None:
     for path in local.root.rglob("*.log"):
         text = path.read_text(errors="replace")
         leaks += [f"{path}: {key}" for key in S3_KEYS if key in text]
-    stored = local.api.call(lambda: [(key, json.dumps(obj.raw)) for key, obj in local.api.emulator.objects.items()
-                                     if not obj.deleted])  # read in the emulator's own thread
+    stored = local.api.call(
+        lambda: [(key, json.dumps(obj.raw)) for key, obj in local.api.emulator.objects.items() if not obj.deleted]
+    )  # read in the emulator's own thread
     for (resource, namespace, name), text in stored:
         if resource.plural == "secrets":
             continue

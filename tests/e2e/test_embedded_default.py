@@ -33,8 +33,12 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_embedded_default(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "local"
-    proc = subprocess.Popen([sys.executable, "-m", "moelora.local", "--dir", str(root), "--prompt", "hello world",
-                             "--max-tokens", "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moelora.local", "--dir", str(root), "--prompt", "hello world", "--max-tokens", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     deadline = time.monotonic() + 420
     try:
@@ -57,9 +61,12 @@ def test_embedded_default(tmp_path: pathlib.Path) -> None:
     for step in ("starting the Kubernetes API emulator", "kubectl apply -f", "alpha: Loaded on 1 pod(s)"):
         assert step in output
     model_dir = root / "model"
-    want = models.reference_completions(model_dir=model_dir, adapter_dirs=[None, root / "adapters" / "alpha-peft",
-                                                                        root / "adapters" / "beta-peft"],
-                                     prompt="hello world", max_tokens=8)
+    want = models.reference_completions(
+        model_dir=model_dir,
+        adapter_dirs=[None, root / "adapters" / "alpha-peft", root / "adapters" / "beta-peft"],
+        prompt="hello world",
+        max_tokens=8,
+    )
     assert len({c.token_ids for c in want}) == 3
     for name, completion in zip(("tiny-moe", "alpha", "beta"), want):
         assert f"{name:12} -> {completion.text!r}" in output

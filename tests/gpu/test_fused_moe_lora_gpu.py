@@ -45,32 +45,57 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"
     inp.lora_map[torch.rand(m, generator=g, device="cuda") < none_frac] = -1
     cpu = {n: t.cpu() for n, t in vars(inp).items()}
     ref13, ref2 = kernels.moe_lora_layer_reference(
-        gate_up_out=cpu["gate_up_out"], down_out=cpu["down_out"], hidden=cpu["hidden"], down_in=cpu["down_in"],
-        w13_a=cpu["w13_a"], w13_b=cpu["w13_b"], w2_a=cpu["w2_a"], w2_b=cpu["w2_b"], topk_ids=cpu["topk_ids"],
-        topk_weights=cpu["topk_weights"], token_lora_mapping=cpu["lora_map"])
+        gate_up_out=cpu["gate_up_out"],
+        down_out=cpu["down_out"],
+        hidden=cpu["hidden"],
+        down_in=cpu["down_in"],
+        w13_a=cpu["w13_a"],
+        w13_b=cpu["w13_b"],
+        w2_a=cpu["w2_a"],
+        w2_b=cpu["w2_b"],
+        topk_ids=cpu["topk_ids"],
+        topk_weights=cpu["topk_weights"],
+        token_lora_mapping=cpu["lora_map"],
+    )
     cfg = bench.default_layer_config(inp, route_method=route)
     bench.run_layer(inp, cfg)
     torch.cuda.synchronize()
     none = cpu["lora_map"] < 0
     assert torch.equal(inp.gate_up_out.cpu()[none], cpu["gate_up_out"][none])
     assert torch.equal(inp.down_out.cpu()[none], cpu["down_out"][none])
-    return delta_err(inp.gate_up_out.cpu(), ref13, cpu["gate_up_out"]), delta_err(inp.down_out.cpu(), ref2,
-                                                                                 cpu["down_out"])
+    return delta_err(inp.gate_up_out.cpu(), ref13, cpu["gate_up_out"]), delta_err(
+        inp.down_out.cpu(), ref2, cpu["down_out"]
+    )
 
 
-@pytest.mark.parametrize("model, rank, adapters, m", [
-    ("gpt-oss", 32, 8, 1), ("gpt-oss", 32, 8, 16), ("gpt-oss", 32, 8, 300), ("gpt-oss", 16, 3, 257),
-    ("qwen3", 32, 8, 16), ("qwen3", 64, 4, 130), ("qwen3", 8, 2, 33), ("gpt-oss", 128, 2, 20),
-    ("gpt-oss", 32, 8, 60),
-])
+@pytest.mark.parametrize(
+    "model, rank, adapters, m",
+    [
+        ("gpt-oss", 32, 8, 1),
+        ("gpt-oss", 32, 8, 16),
+        ("gpt-oss", 32, 8, 300),
+        ("gpt-oss", 16, 3, 257),
+        ("qwen3", 32, 8, 16),
+        ("qwen3", 64, 4, 130),
+        ("qwen3", 8, 2, 33),
+        ("gpt-oss", 128, 2, 20),
+        ("gpt-oss", 32, 8, 60),
+    ],
+)
 def test_layer_matches_reference(k, model, rank, adapters, m):
     e13, e2 = layer_check(k, model, rank, adapters, m)
     assert e13 < TOL and e2 < TOL, (e13, e2)
 
 
-@pytest.mark.parametrize("model, rank, adapters, m", [
-    ("gpt-oss", 32, 8, 16), ("gpt-oss", 32, 8, 64), ("qwen3", 32, 8, 16), ("qwen3", 16, 3, 5),
-])
+@pytest.mark.parametrize(
+    "model, rank, adapters, m",
+    [
+        ("gpt-oss", 32, 8, 16),
+        ("gpt-oss", 32, 8, 64),
+        ("qwen3", 32, 8, 16),
+        ("qwen3", 16, 3, 5),
+    ],
+)
 def test_direct_routing_matches_reference(k, model, rank, adapters, m):
     e13, e2 = layer_check(k, model, rank, adapters, m, route="direct", seed=m)
     assert e13 < TOL and e2 < TOL, (e13, e2)
@@ -106,6 +131,7 @@ def test_deterministic_and_graph_capturable(k):
 def both_ops(cfg, **fields):
     """cfg with the same fields changed in its gate_up and its down op."""
     from dataclasses import replace
+
     return replace(cfg, w13=replace(cfg.w13, **fields), w2=replace(cfg.w2, **fields))
 
 
@@ -145,14 +171,19 @@ def test_register_caps_change_no_bits(k):
     # shrink_maxnreg / expand_maxnreg only bound the registers ptxas may use (spilling the rest): the same
     # arithmetic in the same order, so the same bits as the uncapped kernels, at a decode size and a prefill size.
     from dataclasses import replace
+
     _, bench = k
     for m in (64, 300):
         inp = bench.make_inputs("gpt-oss", 32, 8, m, seed=8)
         base = inp.gate_up_out.clone(), inp.down_out.clone()
-        uncapped = both_ops(bench.default_layer_config(inp, route_method="grouped"), shrink_maxnreg=None,
-                            expand_maxnreg=None)
-        capped = replace(uncapped, w13=replace(uncapped.w13, shrink_maxnreg=64, expand_maxnreg=72),
-                         w2=replace(uncapped.w2, shrink_maxnreg=96, expand_maxnreg=48))
+        uncapped = both_ops(
+            bench.default_layer_config(inp, route_method="grouped"), shrink_maxnreg=None, expand_maxnreg=None
+        )
+        capped = replace(
+            uncapped,
+            w13=replace(uncapped.w13, shrink_maxnreg=64, expand_maxnreg=72),
+            w2=replace(uncapped.w2, shrink_maxnreg=96, expand_maxnreg=48),
+        )
         expected = layer_from(bench, inp, base, uncapped)
         got = layer_from(bench, inp, base, capped)
         assert not torch.equal(expected[0], base[0])  # the layer did add something

@@ -37,25 +37,70 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
 
     dev, dt, m, top_k, experts, loras, hidden, inter, rank = "cuda", torch.bfloat16, 24, 4, 32, 8, 2880, 2880, 32
     g = torch.Generator(device=dev).manual_seed(0)
-    rnd = lambda *s, sc=1.0: (torch.randn(*s, generator=g, device=dev) * sc).to(dt)
+
+    def rnd(*s, sc=1.0):
+        return (torch.randn(*s, generator=g, device=dev) * sc).to(dt)
+
     ids = torch.stack([torch.randperm(experts, device=dev)[:top_k] for _ in range(m)]).to(torch.int32)
     mapping = torch.randint(-1, loras, (m,), device=dev, dtype=torch.int32)
     w = torch.rand(m, top_k, device=dev)
-    a13, b13 = rnd(loras, experts, rank, hidden, sc=hidden ** -0.5), rnd(loras, experts, 2 * inter, rank, sc=0.05)
-    a2, b2 = rnd(loras, experts, rank, inter, sc=inter ** -0.5), rnd(loras, experts, hidden, rank, sc=0.05)
+    a13, b13 = rnd(loras, experts, rank, hidden, sc=hidden**-0.5), rnd(loras, experts, 2 * inter, rank, sc=0.05)
+    a2, b2 = rnd(loras, experts, rank, inter, sc=inter**-0.5), rnd(loras, experts, hidden, rank, sc=0.05)
     x, act = rnd(m, hidden), rnd(m * top_k, inter)
     y13, y2 = rnd(m, top_k, 2 * inter, sc=1e-2), rnd(m, top_k, hidden, sc=1e-2)
     want13 = _oracle(y13, x, a13, b13, ids, mapping, w, False)
     want2 = _oracle(y2, act.view(m, top_k, inter), a2, b2, ids, mapping, w, True)
-    w1, w2 = torch.empty(experts, 2 * inter, hidden, device=dev, dtype=dt), torch.empty(experts, hidden, inter,
-                                                                                         device=dev, dtype=dt)
-    punica = SimpleNamespace(lora_config=SimpleNamespace(specialize_active_lora=False), token_mapping_meta=SimpleNamespace(
-        meta_args=lambda n, spec: (None,) * 5 + (torch.tensor([False]), None)))  # "adapters in this batch"
-    values = moe_hooks.add_lora_w13(punica, y13, x, (a13,), (b13,), ids, w, None, w1, w2, m, top_k, loras,
-                                    torch.ones(loras + 1, device=dev), experts, top_k, 1, False, False,
-                                    add_inputs=True, token_lora_mapping=mapping)
-    moe_hooks.add_lora_w2(punica, y2, act, (a2,), (b2,), w, *values, m, w1, w2, top_k, loras,
-                          torch.ones(loras + 1, device=dev), top_k, False, 0, False, add_inputs=True)
+    w1, w2 = (
+        torch.empty(experts, 2 * inter, hidden, device=dev, dtype=dt),
+        torch.empty(experts, hidden, inter, device=dev, dtype=dt),
+    )
+    punica = SimpleNamespace(
+        lora_config=SimpleNamespace(specialize_active_lora=False),
+        token_mapping_meta=SimpleNamespace(meta_args=lambda n, spec: (None,) * 5 + (torch.tensor([False]), None)),
+    )  # "adapters in this batch"
+    values = moe_hooks.add_lora_w13(
+        punica,
+        y13,
+        x,
+        (a13,),
+        (b13,),
+        ids,
+        w,
+        None,
+        w1,
+        w2,
+        m,
+        top_k,
+        loras,
+        torch.ones(loras + 1, device=dev),
+        experts,
+        top_k,
+        1,
+        False,
+        False,
+        add_inputs=True,
+        token_lora_mapping=mapping,
+    )
+    moe_hooks.add_lora_w2(
+        punica,
+        y2,
+        act,
+        (a2,),
+        (b2,),
+        w,
+        *values,
+        m,
+        w1,
+        w2,
+        top_k,
+        loras,
+        torch.ones(loras + 1, device=dev),
+        top_k,
+        False,
+        0,
+        False,
+        add_inputs=True,
+    )
     torch.cuda.synchronize()
     for got, want in ((y13, want13), (y2, want2)):
         err = ((got.double() - want).norm() / (want - want.mean()).norm()).item()
@@ -75,16 +120,27 @@ def test_one_variant_per_configuration_across_token_counts():
     def run(m: int) -> None:
         ids = torch.randint(0, experts, (m, top_k), device=dev, dtype=torch.int32)
         mapping = torch.arange(m, device=dev, dtype=torch.int32) % loras
-        routing = moe_lora_routing(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts, max_loras=loras,
-                                   block_m=default_block_m(num_pairs=m * top_k, num_groups=experts * loras),
-                                   method="multi")
-        fused.fused_moe_lora(output=torch.zeros(m, top_k, n, device=dev, dtype=dt),
-                             x=torch.zeros(m, hidden, device=dev, dtype=dt), lora_a=a, lora_b=b, routing=routing,
-                             config=config)
+        routing = moe_lora_routing(
+            topk_ids=ids,
+            token_lora_mapping=mapping,
+            num_experts=experts,
+            max_loras=loras,
+            block_m=default_block_m(num_pairs=m * top_k, num_groups=experts * loras),
+            method="multi",
+        )
+        fused.fused_moe_lora(
+            output=torch.zeros(m, top_k, n, device=dev, dtype=dt),
+            x=torch.zeros(m, hidden, device=dev, dtype=dt),
+            lora_a=a,
+            lora_b=b,
+            routing=routing,
+            config=config,
+        )
 
     def variants() -> int:
-        return sum(len(c[0]) for c in fused._shrink_kernel.device_caches.values()) + \
-            sum(len(c[0]) for c in fused._expand_kernel.device_caches.values())
+        return sum(len(c[0]) for c in fused._shrink_kernel.device_caches.values()) + sum(
+            len(c[0]) for c in fused._expand_kernel.device_caches.values()
+        )
 
     run(1024)
     before = variants()

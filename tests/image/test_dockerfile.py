@@ -31,10 +31,16 @@ def hadolint() -> str:
 
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
-                                          if not line.lstrip().startswith("#")))
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in text.splitlines() if line.strip()]
+    text = re.sub(
+        r"\\\n",
+        " ",
+        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
+    )
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in text.splitlines()
+        if line.strip()
+    ]
 
 
 def stages() -> dict[str, list[tuple[str, str]]]:
@@ -141,8 +147,11 @@ def test_operator_image_installs_no_torch_and_server_image_adds_the_agent() -> N
 
 def build_context(tmp_path: pathlib.Path) -> pathlib.Path:
     """Copy what .dockerignore lets into the build context (its allowlist form: `*`, then `!path` lines)."""
-    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert lines[0] == "*", ".dockerignore is an allowlist"
     included = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
     excluded = [line.removeprefix("**/") for line in lines[1:] if not line.startswith("!")]
@@ -172,9 +181,21 @@ def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
     """Build the wheel from the Docker build context, as the `wheel` stage does, and look inside."""
     context = build_context(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "--wheel-dir",
-         str(tmp_path / "wheels"), str(context)],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--wheel-dir",
+            str(tmp_path / "wheels"),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "wheels").glob("moelora-*.whl")
@@ -187,7 +208,9 @@ def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
     for package in ("agent", "vllm_plugin", "kernels", "operator", "api"):
         assert f"moelora/{package}/__init__.py" in names
     # The bundled kernel configs ride in the wheel as package data: every one in the source tree is inside.
-    configs = sorted(p.relative_to(ROOT / "kernels").as_posix()
-                     for p in (ROOT / "kernels" / "moelora" / "kernels").glob("configs/**/*.json"))
+    configs = sorted(
+        p.relative_to(ROOT / "kernels").as_posix()
+        for p in (ROOT / "kernels" / "moelora" / "kernels").glob("configs/**/*.json")
+    )
     assert [c for c in configs if c not in names] == []
     assert not [n for n in names if fnmatch.fnmatch(n, "*__pycache__*")]

@@ -99,8 +99,14 @@ def run(tmp_path_factory: pytest.TempPathFactory, s3: object) -> tuple[list[list
     for name in ("docker", "kind", "kubectl", "helm", "make", "curl"):
         (stubs / name).write_text(STUB.format(name=name))
         (stubs / name).chmod(0o755)
-    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(tmp / "log"),
-           "PYTHON": sys.executable, "S3_URL": s3.endpoint_url, "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "STUB_LOG": str(tmp / "log"),
+        "PYTHON": sys.executable,
+        "S3_URL": s3.endpoint_url,
+        "HF_HUB_OFFLINE": "1",
+    }
     result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     return [shlex.split(line) for line in (tmp / "log").read_text().splitlines()], result.stdout, result.stderr
@@ -153,9 +159,17 @@ def test_helm_values_pass_the_chart_schema(run: tuple[list[list[str]], str, str]
         if word == "--set":
             for key, value in helm.parse_set_string(install[number + 1]).items():
                 if isinstance(value, dict) and isinstance(values.get(key), dict):
-                    values[key] = {**values[key], **{k: ({**values[key][k], **v} if isinstance(v, dict) and
-                                                          isinstance(values[key].get(k), dict) else v)
-                                                     for k, v in value.items()}}
+                    values[key] = {
+                        **values[key],
+                        **{
+                            k: (
+                                {**values[key][k], **v}
+                                if isinstance(v, dict) and isinstance(values[key].get(k), dict)
+                                else v
+                            )
+                            for k, v in value.items()
+                        },
+                    }
                 else:
                     values[key] = value
     assert values["watchNamespaces"] == ["moelora-demo"]
@@ -172,16 +186,20 @@ def test_helm_values_pass_the_chart_schema(run: tuple[list[list[str]], str, str]
 def test_uploads_the_model_and_adapters_the_examples_name(run: tuple[list[list[str]], str, str], s3: object) -> None:
     client = s3.client()
     keys = {obj["Key"] for obj in client.list_objects_v2(Bucket="moelora-demo")["Contents"]}
-    assert {"models/tiny-llama/config.json", "models/tiny-llama/model.safetensors",
-            "models/tiny-llama/tokenizer.json"} <= keys
+    assert {
+        "models/tiny-llama/config.json",
+        "models/tiny-llama/model.safetensors",
+        "models/tiny-llama/tokenizer.json",
+    } <= keys
     examples = example_objects()
     server = next(obj for obj in examples if obj["kind"] == "ModelServer")
     assert server["spec"]["model"]["source"] == "s3://moelora-demo/models/tiny-llama"
     for adapter in (obj for obj in examples if obj["kind"] == "LoRAAdapter"):
         prefix = adapter["spec"]["source"]["uri"].removeprefix("s3://moelora-demo/")
         assert {f"{prefix}/adapter_config.json", f"{prefix}/adapter_model.safetensors"} <= keys
-        config = json.loads(client.get_object(Bucket="moelora-demo", Key=f"{prefix}/adapter_config.json")["Body"]
-                            .read())
+        config = json.loads(
+            client.get_object(Bucket="moelora-demo", Key=f"{prefix}/adapter_config.json")["Body"].read()
+        )
         # The agent refuses adapters of another base model: the name must be the ModelServer's spec.model.name.
         assert config["base_model_name_or_path"] == server["spec"]["model"]["name"]
         assert config["r"] <= server["spec"]["lora"]["maxLoraRank"]

@@ -28,9 +28,10 @@ def _vllm_calls(shape):
 
 def test_vllm_files_cover_the_grid():
     files = {p.name: json.loads(p.read_text()) for p in VLLM_DIR.glob("*.json")}
-    assert sorted(files) == sorted([f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json"
-                                    for op in ("W13", "W2") for part in ("SHRINK", "EXPAND")]
-                                   + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json"])
+    assert sorted(files) == sorted(
+        [f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json" for op in ("W13", "W2") for part in ("SHRINK", "EXPAND")]
+        + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json"]
+    )
     missing = []
     for shape, rank, loras, m in GRID:
         for op, slices, inter in _vllm_calls(shape):
@@ -48,48 +49,86 @@ def test_vllms_own_lookup_returns_the_bundled_leaves(vllm_lookup):
         for shape in MODEL_PRESETS.values():
             for op, slices, inter in _vllm_calls(shape):
                 for part in ("shrink", "expand"):
-                    tree = json.loads((VLLM_DIR / f"NVIDIA_H200_FUSED_MOE_LORA_{op.upper()}_{part.upper()}.json")
-                                      .read_text())
+                    tree = json.loads(
+                        (VLLM_DIR / f"NVIDIA_H200_FUSED_MOE_LORA_{op.upper()}_{part.upper()}.json").read_text()
+                    )
                     want = tree["8"][str(slices)]["16"]["32"][str(shape.hidden)][str(inter)]
                     got = vllm_utils.get_lora_op_configs(
-                        op_type=f"fused_moe_lora_{op}_{part}", max_loras=8, batch=16, hidden_size=shape.hidden,
-                        rank=32, num_slices=slices, moe_intermediate_size=inter)
+                        op_type=f"fused_moe_lora_{op}_{part}",
+                        max_loras=8,
+                        batch=16,
+                        hidden_size=shape.hidden,
+                        rank=32,
+                        num_slices=slices,
+                        moe_intermediate_size=inter,
+                    )
                     assert got == want
 
 
 @pytest.mark.parametrize("shape", MODEL_PRESETS.values(), ids=lambda s: s.name)
 def test_our_table_covers_the_grid_and_default_config_reads_it(shape):
     entries = json.loads(OURS.read_text())["entries"]
-    by_key = {(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], e.get("route", "grouped")):
-              e["config"] for e in entries}
+    by_key = {
+        (e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], e.get("route", "grouped")): e["config"]
+        for e in entries
+    }
     # The tuner calls our op once per vLLM slice, as the plugin does (Qwen3's w13: two calls of N = inter).
     ops = {"w13": (shape.hidden, 2 * shape.inter // shape.w13_slices), "w2": (shape.inter, shape.hidden)}
-    for (_, rank, loras, m), (k, n) in itertools.product(
-            [g for g in GRID if g[0] is shape], ops.values()):
+    for (_, rank, loras, m), (k, n) in itertools.product([g for g in GRID if g[0] is shape], ops.values()):
         cfg = by_key.get((k, n, shape.experts, rank, loras, m, "grouped"))
         assert cfg is not None, (shape.name, k, n, rank, loras, m)
-        assert default_config(routing=table_routing(shape, loras, m, direct=False), k=k, n=n, rank=rank,
-                              device=torch.device("cpu"), config_file=OURS) == KernelConfig(**cfg)
+        assert default_config(
+            routing=table_routing(shape, loras, m, direct=False),
+            k=k,
+            n=n,
+            rank=rank,
+            device=torch.device("cpu"),
+            config_file=OURS,
+        ) == KernelConfig(**cfg)
     # Entries tuned with direct routing are read for direct routing only.
     direct = [e for e in entries if e.get("route") == "direct" and e["num_experts"] == shape.experts]
     assert direct
     for e in direct:
-        assert default_config(routing=table_routing(shape, e["max_loras"], e["m"], direct=True), k=e["k"], n=e["n"],
-                              rank=e["rank"], device=torch.device("cpu"), config_file=OURS) == KernelConfig(**e["config"])
+        assert default_config(
+            routing=table_routing(shape, e["max_loras"], e["m"], direct=True),
+            k=e["k"],
+            n=e["n"],
+            rank=e["rank"],
+            device=torch.device("cpu"),
+            config_file=OURS,
+        ) == KernelConfig(**e["config"])
         grouped = by_key[(e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"], "grouped")]
-        assert default_config(routing=table_routing(shape, e["max_loras"], e["m"], direct=False), k=e["k"], n=e["n"],
-                              rank=e["rank"], device=torch.device("cpu"), config_file=OURS) == KernelConfig(**grouped)
+        assert default_config(
+            routing=table_routing(shape, e["max_loras"], e["m"], direct=False),
+            k=e["k"],
+            n=e["n"],
+            rank=e["rank"],
+            device=torch.device("cpu"),
+            config_file=OURS,
+        ) == KernelConfig(**grouped)
 
 
 def table_routing(shape, loras, m, *, direct):
     """The fields of a MoeLoraRouting that the table lookup reads."""
-    return SimpleNamespace(num_pairs=m * shape.top_k, top_k=shape.top_k, num_experts=shape.experts, max_loras=loras,
-                           max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16), direct=direct)
+    return SimpleNamespace(
+        num_pairs=m * shape.top_k,
+        top_k=shape.top_k,
+        num_experts=shape.experts,
+        max_loras=loras,
+        max_blocks=max_blocks_for(m * shape.top_k, loras * shape.experts, 16),
+        direct=direct,
+    )
 
 
 # The dense files (tune_dense.py) cover GPT-OSS-20B's attention and router projections at rank 32 and 8 adapters.
-DENSE = [("shrink", 3, 2880, 32), ("shrink", 1, 4096, 32), ("shrink", 1, 2880, 32),  # qkv, o, router: k, n
-         ("expand", 3, 32, 4096), ("expand", 1, 32, 2880), ("expand", 1, 32, 32)]
+DENSE = [
+    ("shrink", 3, 2880, 32),
+    ("shrink", 1, 4096, 32),
+    ("shrink", 1, 2880, 32),  # qkv, o, router: k, n
+    ("expand", 3, 32, 4096),
+    ("expand", 1, 32, 2880),
+    ("expand", 1, 32, 32),
+]
 
 
 @pytest.mark.parametrize("op, slices, k, n", DENSE)
@@ -101,8 +140,15 @@ def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
             want = tree["9"][str(slices)][str(m)][str(k)][str(n)]  # vLLM keys max_loras as its id table's length, 8 + 1
             # hidden_size/rank as the ops pass them: the shrink's K and rank, the expand's widest slice and rank
             hidden, rank = (k, n) if op == "shrink" else (n, k)
-            got = vllm_utils.get_lora_op_configs(op_type=op, max_loras=9, batch=m, hidden_size=hidden, rank=rank,
-                                                 num_slices=slices, add_inputs=True if op == "expand" else None)
+            got = vllm_utils.get_lora_op_configs(
+                op_type=op,
+                max_loras=9,
+                batch=m,
+                hidden_size=hidden,
+                rank=rank,
+                num_slices=slices,
+                add_inputs=True if op == "expand" else None,
+            )
             assert got == want
             assert {"block_m", "block_n", "block_k", "num_warps", "num_ctas", "num_stages"} <= set(got)
 

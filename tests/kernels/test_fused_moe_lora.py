@@ -25,17 +25,38 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed, none_fra
     lora_map[torch.rand(m, generator=g) < none_frac] = -1
     weights = torch.rand(m, top_k, generator=g)
     out = torch.randn(m, top_k, n, generator=g)
-    return {"x": x.to(dtype), "lora_a": a.to(dtype), "lora_b": b.to(dtype), "topk_ids": ids,
-            "token_lora_mapping": lora_map, "topk_weights": weights, "output": out.to(dtype)}
+    return {
+        "x": x.to(dtype),
+        "lora_a": a.to(dtype),
+        "lora_b": b.to(dtype),
+        "topk_ids": ids,
+        "token_lora_mapping": lora_map,
+        "topk_weights": weights,
+        "output": out.to(dtype),
+    }
 
 
 def run_op(case, *, block_m=16, config=None, mul_routed_weight=False, method="auto"):
     e, loras = case["lora_a"].shape[1], case["lora_a"].shape[0]
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=e, max_loras=loras, block_m=block_m, method=method)
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"],
+        token_lora_mapping=case["token_lora_mapping"],
+        num_experts=e,
+        max_loras=loras,
+        block_m=block_m,
+        method=method,
+    )
     out = case["output"].clone()
-    fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
-                   topk_weights=case["topk_weights"], mul_routed_weight=mul_routed_weight, config=config)
+    fused_moe_lora(
+        output=out,
+        x=case["x"],
+        lora_a=case["lora_a"],
+        lora_b=case["lora_b"],
+        routing=routing,
+        topk_weights=case["topk_weights"],
+        mul_routed_weight=mul_routed_weight,
+        config=config,
+    )
     return out
 
 
@@ -66,8 +87,12 @@ def test_op_matches_reference(dtype, per_pair, rank, k, n, cfg):
 @pytest.mark.parametrize("method", ["direct", "tiny", "single", "multi"])
 def test_every_routing_method_gives_the_same_result(method):
     case = make_case(m=30, top_k=4, e=5, loras=2, rank=16, k=32, n=24, dtype=torch.float32, per_pair=True, seed=2)
-    out = run_op(case, method=method, mul_routed_weight=True, config=KernelConfig(split_k=2, shrink_block_k=16,
-                                                                                  expand_block_n=32))
+    out = run_op(
+        case,
+        method=method,
+        mul_routed_weight=True,
+        config=KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=32),
+    )
     assert delta_error(case, out, True) < TOL[torch.float32]
 
 
@@ -75,8 +100,9 @@ def test_every_routing_method_gives_the_same_result(method):
 def test_pairs_off_this_rank_are_skipped(method):
     # expert -1 (expert parallelism: not on this rank) and adapter slots past max_loras take no part; the output
     # rows of those pairs keep their exact base values.
-    case = make_case(m=12, top_k=3, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=13,
-                     none_frac=0.0)
+    case = make_case(
+        m=12, top_k=3, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=13, none_frac=0.0
+    )
     case["topk_ids"][::4, 1] = -1
     case["token_lora_mapping"][1::5] = 2
     out = run_op(case, method=method, config=KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16))
@@ -98,16 +124,29 @@ def test_each_op_counts_its_blocks_ready_in_its_own_slot():
     # The shrink's split-K CTAs each add one to their block's counter; the expand waits for SPLIT_K there. Ops on
     # one routing take slots in launch order; past READY_SLOTS they wait for the whole shrink grid instead.
     from moelora.kernels.routing import READY_SLOTS
+
     case = make_case(m=20, top_k=2, e=4, loras=2, rank=8, k=48, n=16, dtype=torch.float32, per_pair=False, seed=19)
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=4, max_loras=2, block_m=16, method="single")
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"],
+        token_lora_mapping=case["token_lora_mapping"],
+        num_experts=4,
+        max_loras=2,
+        block_m=16,
+        method="single",
+    )
     assert routing.ready is not None and routing.ready.shape == (READY_SLOTS, routing.max_blocks)
     assert not routing.ready.any()  # zeroed by the routing kernel (torch.empty before)
     out = case["output"].clone()
     live = int(routing.num_blocks)
     for op, split_k in enumerate((3, 2, 1, 3, 2)):
-        fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
-                       config=KernelConfig(split_k=split_k, shrink_block_k=16, expand_block_n=16))
+        fused_moe_lora(
+            output=out,
+            x=case["x"],
+            lora_a=case["lora_a"],
+            lora_b=case["lora_b"],
+            routing=routing,
+            config=KernelConfig(split_k=split_k, shrink_block_k=16, expand_block_n=16),
+        )
         if op < READY_SLOTS:
             assert routing.ready[op, :live].tolist() == [split_k] * live
             assert not routing.ready[op, live:].any()
@@ -119,8 +158,14 @@ def test_each_op_counts_its_blocks_ready_in_its_own_slot():
 
 def test_direct_routing_has_no_counters():
     case = make_case(m=4, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=23)
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=4, max_loras=2, block_m=16, method="direct")
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"],
+        token_lora_mapping=case["token_lora_mapping"],
+        num_experts=4,
+        max_loras=2,
+        block_m=16,
+        method="direct",
+    )
     assert routing.ready is None and routing.begin_op(per_block_wait=True) == (False, None)
 
 
@@ -131,8 +176,9 @@ def test_default_config_and_rank_128():
 
 
 def test_tokens_without_adapter_are_untouched():
-    case = make_case(m=9, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=11,
-                     none_frac=0.5)
+    case = make_case(
+        m=9, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=11, none_frac=0.5
+    )
     none = case["token_lora_mapping"] < 0
     assert none.any() and (~none).any()
     out = run_op(case)
@@ -141,8 +187,9 @@ def test_tokens_without_adapter_are_untouched():
 
 
 def test_no_adapter_at_all_leaves_output_unchanged():
-    case = make_case(m=6, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=5,
-                     none_frac=1.0)
+    case = make_case(
+        m=6, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=5, none_frac=1.0
+    )
     assert torch.equal(run_op(case), case["output"])
 
 
@@ -150,27 +197,42 @@ def test_output_column_slice_of_wider_buffer():
     case = make_case(m=6, top_k=2, e=3, loras=2, rank=8, k=32, n=24, dtype=torch.float32, per_pair=False, seed=9)
     wide = torch.randn(6, 2, 40)
     wide[..., 10:34] = case["output"]
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=3, max_loras=2, block_m=16)
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3, max_loras=2, block_m=16
+    )
     before = wide.clone()
-    fused_moe_lora(output=wide[..., 10:34], x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"],
-                   routing=routing, config=KernelConfig(expand_block_n=16))
+    fused_moe_lora(
+        output=wide[..., 10:34],
+        x=case["x"],
+        lora_a=case["lora_a"],
+        lora_b=case["lora_b"],
+        routing=routing,
+        config=KernelConfig(expand_block_n=16),
+    )
     assert torch.equal(wide[..., :10], before[..., :10]) and torch.equal(wide[..., 34:], before[..., 34:])
     assert delta_error(case, wide[..., 10:34]) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("m, top_k, block_m, method", [
-    (7, 3, 16, "tiny"), (7, 3, 16, "single"), (7, 3, 16, "multi"), (42, 3, 16, "tiny"), (60, 4, 16, "tiny"),
-    (200, 5, 16, "single"),
-    (500, 4, 32, "multi"),
-])
+@pytest.mark.parametrize(
+    "m, top_k, block_m, method",
+    [
+        (7, 3, 16, "tiny"),
+        (7, 3, 16, "single"),
+        (7, 3, 16, "multi"),
+        (42, 3, 16, "tiny"),
+        (60, 4, 16, "tiny"),
+        (200, 5, 16, "single"),
+        (500, 4, 32, "multi"),
+    ],
+)
 def test_routing_groups_every_valid_pair_once(m, top_k, block_m, method):
     g = torch.Generator().manual_seed(m)
     e, loras = 6, 3
     ids = torch.randint(-1, e, (m, top_k), generator=g)  # -1: expert not on this rank
     lora_map = torch.randint(-1, loras + 1, (m,), generator=g)  # -1: none; == loras: out of range
-    r = moe_lora_routing(topk_ids=ids, token_lora_mapping=lora_map, num_experts=e, max_loras=loras, block_m=block_m,
-                         method=method)
+    r = moe_lora_routing(
+        topk_ids=ids, token_lora_mapping=lora_map, num_experts=e, max_loras=loras, block_m=block_m, method=method
+    )
     pairs_lora = lora_map.repeat_interleave(top_k)
     flat = ids.view(-1)
     valid = (pairs_lora >= 0) & (pairs_lora < loras) & (flat >= 0)
@@ -193,45 +255,83 @@ def test_routing_method_names_resolve_by_pair_count():
 
     # 256 groups: direct while pairs <= 128; grouped by size: tiny <= 32, single <= 1024, multi beyond
     assert [resolve_method("auto", p, 256) for p in (4, 128, 129, 1024, 1025)] == [
-        "direct", "direct", "single", "single", "multi"]
+        "direct",
+        "direct",
+        "single",
+        "single",
+        "multi",
+    ]
     assert [resolve_method("grouped", p, 256) for p in (32, 33, 128)] == ["tiny", "single", "single"]
     assert resolve_method("multi", 4, 256) == "multi"
 
 
 def test_rejects_bad_shapes():
     case = make_case(m=4, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=1)
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=3, max_loras=2, block_m=16)
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3, max_loras=2, block_m=16
+    )
     with pytest.raises(ValueError, match="x must be"):
-        fused_moe_lora(output=case["output"], x=case["x"][:, :16], lora_a=case["lora_a"], lora_b=case["lora_b"],
-                       routing=routing)
+        fused_moe_lora(
+            output=case["output"], x=case["x"][:, :16], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing
+        )
     with pytest.raises(ValueError, match="mul_routed_weight"):
-        fused_moe_lora(output=case["output"], x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"],
-                       routing=routing, mul_routed_weight=True, topk_weights=None)
+        fused_moe_lora(
+            output=case["output"],
+            x=case["x"],
+            lora_a=case["lora_a"],
+            lora_b=case["lora_b"],
+            routing=routing,
+            mul_routed_weight=True,
+            topk_weights=None,
+        )
     with pytest.raises(ValueError, match="block_m"):
-        moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3,
-                         max_loras=2, block_m=24)
+        moe_lora_routing(
+            topk_ids=case["topk_ids"],
+            token_lora_mapping=case["token_lora_mapping"],
+            num_experts=3,
+            max_loras=2,
+            block_m=24,
+        )
 
 
 def test_each_routing_method_takes_the_pair_counts_it_can_hold():
     from moelora.kernels.routing import method_takes
+
     assert [method_takes("tiny", p) for p in (256, 257)] == [True, False]
     assert [method_takes("single", p) for p in (1024, 1025)] == [True, False]
     assert method_takes("multi", 1 << 20) and method_takes("direct", 1 << 20)
     with pytest.raises(ValueError, match="cannot take 260 pairs"):
-        moe_lora_routing(topk_ids=torch.zeros(65, 4, dtype=torch.int32), token_lora_mapping=torch.zeros(65),
-                         num_experts=4, max_loras=2, block_m=16, method="tiny")
+        moe_lora_routing(
+            topk_ids=torch.zeros(65, 4, dtype=torch.int32),
+            token_lora_mapping=torch.zeros(65),
+            num_experts=4,
+            max_loras=2,
+            block_m=16,
+            method="tiny",
+        )
 
 
 def test_splits_are_whole_and_never_empty():
     # 5 K steps in 4 splits would leave the last split empty: the op runs 3 splits of 2, 2 and 1 steps, and the
     # expand waits for 3 ready counts.
     case = make_case(m=6, top_k=2, e=2, loras=2, rank=8, k=40, n=16, dtype=torch.float32, per_pair=False, seed=29)
-    routing = moe_lora_routing(topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"],
-                               num_experts=2, max_loras=2, block_m=16, method="single")
+    routing = moe_lora_routing(
+        topk_ids=case["topk_ids"],
+        token_lora_mapping=case["token_lora_mapping"],
+        num_experts=2,
+        max_loras=2,
+        block_m=16,
+        method="single",
+    )
     out = case["output"].clone()
-    fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
-                   config=KernelConfig(split_k=4, shrink_block_k=8, expand_block_n=16))
+    fused_moe_lora(
+        output=out,
+        x=case["x"],
+        lora_a=case["lora_a"],
+        lora_b=case["lora_b"],
+        routing=routing,
+        config=KernelConfig(split_k=4, shrink_block_k=8, expand_block_n=16),
+    )
     live = int(routing.num_blocks)
     assert routing.ready[0, :live].tolist() == [3] * live
     assert delta_error(case, out) < TOL[torch.float32]
@@ -245,14 +345,28 @@ def test_second_op_on_a_routing_matches_reference(dtype):
     up = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=False, seed=23)
     down = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=True, seed=24)
     down["topk_ids"], down["token_lora_mapping"] = up["topk_ids"], up["token_lora_mapping"]
-    routing = moe_lora_routing(topk_ids=up["topk_ids"], token_lora_mapping=up["token_lora_mapping"], num_experts=3,
-                               max_loras=2, block_m=16, method="single")
+    routing = moe_lora_routing(
+        topk_ids=up["topk_ids"],
+        token_lora_mapping=up["token_lora_mapping"],
+        num_experts=3,
+        max_loras=2,
+        block_m=16,
+        method="single",
+    )
     cfg = KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16)
     outs = []
     for case, routed in ((up, False), (down, True)):
         out = case["output"].clone()
-        fused_moe_lora(output=out, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing,
-                       topk_weights=case["topk_weights"], mul_routed_weight=routed, config=cfg)
+        fused_moe_lora(
+            output=out,
+            x=case["x"],
+            lora_a=case["lora_a"],
+            lora_b=case["lora_b"],
+            routing=routing,
+            topk_weights=case["topk_weights"],
+            mul_routed_weight=routed,
+            config=cfg,
+        )
         outs.append(out)
     assert routing.begin_op(per_block_wait=True)[0]  # two ops began before this call
     assert delta_error(up, outs[0]) < TOL[dtype]

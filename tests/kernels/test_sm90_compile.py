@@ -17,13 +17,21 @@ SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "scripts" / "sm90_ptx
 
 def test_all_kernels_compile_for_sm90_without_spills_in_the_op():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if re.search(r"regs +\d+ stack +\d+", line)]
     kinds = {line.split(":")[0].split()[0] + " " + line.split(":")[0].split()[1] for line in lines}
-    assert {"expand direct=0", "expand direct=1", "shrink direct=0", "shrink direct=1", "route tiny",
-            "route finish", "route count"} <= kinds, kinds
+    assert {
+        "expand direct=0",
+        "expand direct=1",
+        "shrink direct=0",
+        "shrink direct=1",
+        "route tiny",
+        "route finish",
+        "route count",
+    } <= kinds, kinds
     # The op's kernels must not spill to the stack (the tiny routing's comparison matrices do, by design).
     spilled = [line for line in lines if line.startswith(("expand", "shrink")) and " stack    0 " not in line]
     assert not spilled, spilled

@@ -32,15 +32,16 @@ print(json.dumps(out))
 def test_token_count_arguments_are_not_specialised():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "kernels") + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
-    launched = {"_shrink_kernel", "_expand_kernel", "_route_count_kernel", "_route_finish_kernel",
-                "_route_tiny_kernel"}
+    launched = {"_shrink_kernel", "_expand_kernel", "_route_count_kernel", "_route_finish_kernel", "_route_tiny_kernel"}
     assert launched <= set(kernels), sorted(kernels)
-    specialised = sorted((name, arg) for name in launched for arg, off in kernels[name].items()
-                         if arg in TOKEN_DEPENDENT and not off)
+    specialised = sorted(
+        (name, arg) for name in launched for arg, off in kernels[name].items() if arg in TOKEN_DEPENDENT and not off
+    )
     assert not specialised, specialised
     # and the flag is really there for the argument that was missed before
     assert kernels["_shrink_kernel"]["max_blocks"] and kernels["_expand_kernel"]["max_blocks"]

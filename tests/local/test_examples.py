@@ -30,13 +30,18 @@ def test_examples_validate_against_the_crds() -> None:
 
 def test_examples_equal_the_builders() -> None:
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in _objects()}
-    assert by_name[("ModelServer", SERVER)]["spec"] == \
-        manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3, moe=True)["spec"]
+    assert (
+        by_name[("ModelServer", SERVER)]["spec"]
+        == manifests.model_server(name=SERVER, s3_endpoint=EXAMPLE_S3, moe=True)["spec"]
+    )
     for name in ADAPTERS:
-        assert by_name[("LoRAAdapter", name)] == manifests.adapter(name=name, model_server=SERVER,
-                                                                   uri=manifests.adapter_uri(name))
-    assert by_name[("Secret", manifests.S3_SECRET)]["data"].keys() == \
-        manifests.s3_secret(access_key_id="a", secret_access_key="b")["data"].keys()
+        assert by_name[("LoRAAdapter", name)] == manifests.adapter(
+            name=name, model_server=SERVER, uri=manifests.adapter_uri(name)
+        )
+    assert (
+        by_name[("Secret", manifests.S3_SECRET)]["data"].keys()
+        == manifests.s3_secret(access_key_id="a", secret_access_key="b")["data"].keys()
+    )
 
 
 def test_example_text_points_at_this_runs_s3() -> None:

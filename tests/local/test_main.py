@@ -35,8 +35,13 @@ def test_preflight_names_a_broken_torch_extension(tmp_path: pathlib.Path, monkey
 def test_main_exits_2_with_the_instructions(tmp_path: pathlib.Path) -> None:
     (tmp_path / "torchcodec").mkdir()
     (tmp_path / "torchcodec" / "__init__.py").write_text("raise OSError('bad')\n")
-    result = subprocess.run([sys.executable, "-m", "moelora.local", "--exit", "--dir", str(tmp_path / "run")],
-                            capture_output=True, text=True, check=False, timeout=60,
-                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-m", "moelora.local", "--exit", "--dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 2
     assert "pip uninstall -y torchcodec" in result.stderr

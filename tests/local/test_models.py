@@ -41,8 +41,11 @@ def test_generation_is_deterministic(tmp_path: pathlib.Path, tiny: dict[str, pat
 
 def test_adapters_change_the_reference_completion(tiny: dict[str, pathlib.Path]) -> None:
     base, a1, a2 = models.reference_completions(
-        model_dir=tiny["model"], adapter_dirs=[None, tiny["a1"], tiny["a2"]], prompt="hello world", max_tokens=8)
+        model_dir=tiny["model"], adapter_dirs=[None, tiny["a1"], tiny["a2"]], prompt="hello world", max_tokens=8
+    )
     assert len(base.token_ids) == 8  # greedy on random weights does not hit eos this early
     assert len({base.token_ids, a1.token_ids, a2.token_ids}) == 3
-    assert models.reference_completion(model_dir=tiny["model"], adapter_dir=tiny["a1"], prompt="hello world",
-                                       max_tokens=8) == a1
+    assert (
+        models.reference_completion(model_dir=tiny["model"], adapter_dir=tiny["a1"], prompt="hello world", max_tokens=8)
+        == a1
+    )

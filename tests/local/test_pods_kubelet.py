@@ -25,18 +25,31 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 def _deployment(replicas: int, token_key: str = "token") -> dict:
     container = {
-        "name": "web", "command": ["python3", "-c", SERVER], "args": ["8000", "/data/ready"],
-        "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "EXPECT_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "web", "key": token_key}}}],
+        "name": "web",
+        "command": ["python3", "-c", SERVER],
+        "args": ["8000", "/data/ready"],
+        "env": [
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "EXPECT_POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "web", "key": token_key}}},
+        ],
         "ports": [{"name": "http", "containerPort": 8000}],
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "failureThreshold": 2},
     }
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
-                     "template": {"metadata": {"labels": {"app": "web"}},
-                                  "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [container], "volumes": [{"name": "data", "emptyDir": {}}]},
+            },
+        },
+    }
 
 
 @pytest.fixture
@@ -56,9 +69,11 @@ def _until(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
 
 def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
     rest = pods.Rest(url=api.url)
-    rest.request(method="POST", path="/api/v1/namespaces/default/secrets",
-                 body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web"},
-                       "data": {"token": "aGVsbG8="}})  # "hello"
+    rest.request(
+        method="POST",
+        path="/api/v1/namespaces/default/secrets",
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web"}, "data": {"token": "aGVsbG8="}},
+    )  # "hello"
     rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=_deployment(2))
     with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
         running = _until(lambda: len(kubelet.pods_of("web")) == 2 and kubelet.pods_of("web"))
@@ -71,21 +86,42 @@ def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
         kubelet.wait_ready("web", replicas=2, timeout=20)
         objects = {p["metadata"]["name"]: p for p in api.list("v1/pods", "default")}
         assert set(objects) == {a.name, b.name}
-        _until(lambda: all(p.get("status", {}).get("conditions", [{}])[0].get("status") == "True"
-                           for p in api.list("v1/pods", "default")))
-        _until(lambda: (rest.request(method="GET", path="/apis/apps/v1/namespaces/default/deployments/web") or {}).get("status", {})
-               .get("readyReplicas") == 2)
+        _until(
+            lambda: all(
+                p.get("status", {}).get("conditions", [{}])[0].get("status") == "True"
+                for p in api.list("v1/pods", "default")
+            )
+        )
+        _until(
+            lambda: (
+                (rest.request(method="GET", path="/apis/apps/v1/namespaces/default/deployments/web") or {})
+                .get("status", {})
+                .get("readyReplicas")
+                == 2
+            )
+        )
         import urllib.request
+
         assert urllib.request.urlopen(a.url(8000)).read() == b"hello"
 
         a.kill("web")  # a crash: restarted, counted, ready again (the volume survives a container restart)
         _until(lambda: a.containers["web"].restarts == 1)
         _until(lambda: a.ready)
-        _until(lambda: [c["restartCount"] for c in (rest.request(method="GET", path=f"/api/v1/namespaces/default/pods/{a.name}") or {})
-                        .get("status", {}).get("containerStatuses", [])] == [1])
+        _until(
+            lambda: (
+                [
+                    c["restartCount"]
+                    for c in (rest.request(method="GET", path=f"/api/v1/namespaces/default/pods/{a.name}") or {})
+                    .get("status", {})
+                    .get("containerStatuses", [])
+                ]
+                == [1]
+            )
+        )
 
-        rest.request(method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web",
-                     body={"spec": {"replicas": 1}})
+        rest.request(
+            method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web", body={"spec": {"replicas": 1}}
+        )
         _until(lambda: len(kubelet.pods_of("web")) == 1 and len(api.list("v1/pods", "default")) == 1)
 
         rest.request(method="DELETE", path="/apis/apps/v1/namespaces/default/deployments/web")
@@ -95,10 +131,17 @@ def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
 
 def test_missing_secret_key_fails_the_pod(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
     rest = pods.Rest(url=api.url)
-    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments",
-                 body=_deployment(1, token_key="absent"))
+    rest.request(
+        method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=_deployment(1, token_key="absent")
+    )
     with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
         with pytest.raises(RuntimeError, match="absent"):
             kubelet.wait_ready("web", replicas=1, timeout=10)
-        _until(lambda: (api.list("v1/pods", "default") or [{}])[0].get("status", {}).get("message", "")
-               .endswith("has no key 'absent'"))
+        _until(
+            lambda: (
+                (api.list("v1/pods", "default") or [{}])[0]
+                .get("status", {})
+                .get("message", "")
+                .endswith("has no key 'absent'")
+            )
+        )

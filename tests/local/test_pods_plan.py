@@ -14,27 +14,37 @@ from moelora.operator.settings import Settings
 
 
 def _rendered() -> dict:
-    spec = ModelServerSpec.model_validate({
-        "model": {"name": "org/tiny", "source": "s3://models/tiny"},
-        "gpus": 0, "engineArgs": ["--max-model-len=256"],
-        "s3": {"endpointUrl": "http://127.0.0.1:9000", "credentialsSecret": {"name": "s3-creds"}},
-    })
+    spec = ModelServerSpec.model_validate(
+        {
+            "model": {"name": "org/tiny", "source": "s3://models/tiny"},
+            "gpus": 0,
+            "engineArgs": ["--max-model-len=256"],
+            "s3": {"endpointUrl": "http://127.0.0.1:9000", "credentialsSecret": {"name": "s3-creds"}},
+        }
+    )
     return deployment(spec, name="tiny", namespace="ns1", settings=Settings())
 
 
 def _pod() -> dict:
     template = _rendered()["spec"]["template"]
-    return {"metadata": {"name": "tiny-abc-1", "namespace": "ns1", "uid": "u1", **template["metadata"]},
-            "spec": template["spec"]}
+    return {
+        "metadata": {"name": "tiny-abc-1", "namespace": "ns1", "uid": "u1", **template["metadata"]},
+        "spec": template["spec"],
+    }
 
 
 SECRETS = {("s3-creds", "AWS_ACCESS_KEY_ID"): "AKIDLOCAL", ("s3-creds", "AWS_SECRET_ACCESS_KEY"): "s3cr3t"}
 
 
 def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: pathlib.Path) -> None:
-    plan = pods.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 41000, 8081: 41001},
-                         secret=lambda name, key: SECRETS.get((name, key)), base_env={"PATH": "/bin"},
-                         extra_env={"agent": {"KUBECONFIG": "/k"}})
+    plan = pods.plan_pod(
+        pod=_pod(),
+        root=tmp_path,
+        ports={8000: 41000, 8081: 41001},
+        secret=lambda name, key: SECRETS.get((name, key)),
+        base_env={"PATH": "/bin"},
+        extra_env={"agent": {"KUBECONFIG": "/k"}},
+    )
     vllm, agent = plan.containers
     assert vllm.argv[:3] == (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
     args = list(vllm.argv)
@@ -80,6 +90,7 @@ def test_pvc_volume_needs_a_local_claim(tmp_path: pathlib.Path) -> None:
     pod["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "weights"}})
     with pytest.raises(ValueError, match="weights"):
         pods.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x")
-    plan = pods.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x",
-                         claims={"weights": tmp_path / "w"})
+    plan = pods.plan_pod(
+        pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x", claims={"weights": tmp_path / "w"}
+    )
     assert plan.volumes["data"] == tmp_path / "w"

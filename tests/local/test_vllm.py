@@ -27,8 +27,9 @@ def test_base_and_adapters_match_reference(server: vllm.VLLMServer, tiny: dict[s
     assert vllm.models(url=server.url) == {"tiny": None, "a1": "tiny", "a2": "tiny"}
     prompt = "the quick brown"
     got = [vllm.complete(url=server.url, model=name, prompt=prompt, max_tokens=12) for name in ("tiny", "a1", "a2")]
-    want = models.reference_completions(model_dir=tiny["model"], adapter_dirs=[None, tiny["a1"], tiny["a2"]],
-                                        prompt=prompt, max_tokens=12)
+    want = models.reference_completions(
+        model_dir=tiny["model"], adapter_dirs=[None, tiny["a1"], tiny["a2"]], prompt=prompt, max_tokens=12
+    )
     assert got == want
     assert len({c.token_ids for c in got}) == 3
 

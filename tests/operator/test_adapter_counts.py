@@ -27,8 +27,12 @@ POD_FIRST = "counts-pod-first"
 @pytest.fixture(scope="module")
 def kube() -> Iterator[KubeAPI]:
     with KubeAPI() as api:
-        settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1",
-                            kubeconfig=str(api.kubeconfig), resync_seconds=3600.0)
+        settings = Settings(
+            server_image="example.com/server:1",
+            agent_image="example.com/agent:1",
+            kubeconfig=str(api.kubeconfig),
+            resync_seconds=3600.0,
+        )
         with OperatorThread(settings=settings):
             yield api
 
@@ -49,14 +53,30 @@ def wait_for_counts(kube: KubeAPI, namespace: str, want: dict, *, timeout: float
 
 
 def server_pod(namespace: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "qwen-moe-abc", "namespace": namespace, "labels": {
-        "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"}},
-        "spec": {"containers": [{"name": "vllm", "image": "x"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "qwen-moe-abc",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"},
+        },
+        "spec": {"containers": [{"name": "vllm", "image": "x"}]},
+    }
 
 
 def make_ready(kube: KubeAPI, namespace: str) -> None:
-    kube.kubectl("patch", "pod", "qwen-moe-abc", "-n", namespace, "--subresource=status", "--type=merge", "-p",
-                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+    kube.kubectl(
+        "patch",
+        "pod",
+        "qwen-moe-abc",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+    )
 
 
 def apply_examples(kube: KubeAPI, namespace: str) -> None:
@@ -73,8 +93,17 @@ def test_loaded_count_follows_the_agents_report_without_a_resync(kube: KubeAPI) 
     wait_for_counts(kube, NS, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
 
     # The pod's agent reports the adapter loaded; the operator rolls it up to Loaded and must count it.
-    kube.kubectl("patch", "lora", "support-bot", "-n", NS, "--subresource=status", "--type=merge", "-p",
-                 json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}))
+    kube.kubectl(
+        "patch",
+        "lora",
+        "support-bot",
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}),
+    )
     wait_for_counts(kube, NS, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
 
 
@@ -83,8 +112,17 @@ def test_loaded_count_follows_the_pod_turning_ready_without_a_resync(kube: KubeA
     # through the pod's readiness event, not through an adapter event.
     apply_examples(kube, POD_FIRST)
     apply(kube, server_pod(POD_FIRST))
-    kube.kubectl("patch", "lora", "support-bot", "-n", POD_FIRST, "--subresource=status", "--type=merge", "-p",
-                 json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}))
+    kube.kubectl(
+        "patch",
+        "lora",
+        "support-bot",
+        "-n",
+        POD_FIRST,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}),
+    )
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
     make_ready(kube, POD_FIRST)
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
@@ -112,14 +150,17 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
             release_first.wait(5)
 
     monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
-    memo = SimpleNamespace(pool=concurrent.futures.ThreadPoolExecutor(2), locks={key: asyncio.Lock()},
-                           written_phases={key: {}})
+    memo = SimpleNamespace(
+        pool=concurrent.futures.ThreadPoolExecutor(2), locks={key: asyncio.Lock()}, written_phases={key: {}}
+    )
     server = {"metadata": {"namespace": "ns", "name": "srv"}}
-    first = asyncio.create_task(handlers.recount([server], key, memo=memo, adapters_index=index,
-                                                 new_phases={"a": "Failed"}))
+    first = asyncio.create_task(
+        handlers.recount([server], key, memo=memo, adapters_index=index, new_phases={"a": "Failed"})
+    )
     await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
-    second = asyncio.create_task(handlers.recount([server], key, memo=memo, adapters_index=index,
-                                                  new_phases={"b": "Failed"}))
+    second = asyncio.create_task(
+        handlers.recount([server], key, memo=memo, adapters_index=index, new_phases={"b": "Failed"})
+    )
     await asyncio.sleep(0.05)
     release_first.set()
     await asyncio.gather(first, second)

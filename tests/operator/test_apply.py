@@ -9,13 +9,24 @@ def deployment(pod_spec: dict, annotations: dict | None = None) -> dict:
     template: dict = {"metadata": {"labels": {"a": "b"}}, "spec": pod_spec}
     if annotations is not None:
         template["metadata"]["annotations"] = annotations
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "n"},
-            "spec": {"replicas": 1, "template": template}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "n"},
+        "spec": {"replicas": 1, "template": template},
+    }
 
 
 def test_dropped_optional_fields_are_removed() -> None:
-    actual = deployment({"containers": [], "nodeSelector": {"gpu": "h200"}, "tolerations": [{"key": "x"}],
-                         "initContainers": [{"name": "fetch"}], "dnsPolicy": "ClusterFirst"})
+    actual = deployment(
+        {
+            "containers": [],
+            "nodeSelector": {"gpu": "h200"},
+            "tolerations": [{"key": "x"}],
+            "initContainers": [{"name": "fetch"}],
+            "dnsPolicy": "ClusterFirst",
+        }
+    )
     desired = deployment({"containers": []})
     patch = apply.update_patch(actual, desired)
     pod = patch["spec"]["template"]["spec"]
@@ -24,8 +35,9 @@ def test_dropped_optional_fields_are_removed() -> None:
 
 
 def test_owned_maps_are_replaced_not_merged() -> None:
-    actual = deployment({"containers": [], "nodeSelector": {"gpu": "h200", "zone": "a"},
-                         "affinity": {"nodeAffinity": {"x": 1}}})
+    actual = deployment(
+        {"containers": [], "nodeSelector": {"gpu": "h200", "zone": "a"}, "affinity": {"nodeAffinity": {"x": 1}}}
+    )
     desired = deployment({"containers": [], "nodeSelector": {"gpu": "b200"}, "affinity": {"podAntiAffinity": {"y": 2}}})
     pod = apply.update_patch(actual, desired)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"gpu": "b200", "zone": None}
@@ -33,18 +45,24 @@ def test_owned_maps_are_replaced_not_merged() -> None:
 
 
 def test_only_our_template_annotations_are_removed() -> None:
-    actual = deployment({"containers": []}, annotations={"moelora.io/kernel-configs-hash": "abc",
-                                                         "kubectl.kubernetes.io/restartedAt": "now"})
+    actual = deployment(
+        {"containers": []},
+        annotations={"moelora.io/kernel-configs-hash": "abc", "kubectl.kubernetes.io/restartedAt": "now"},
+    )
     desired = deployment({"containers": []}, annotations={})
     annotations = apply.update_patch(actual, desired)["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"moelora.io/kernel-configs-hash": None}
 
 
 def test_config_map_keys_no_longer_rendered_are_removed() -> None:
-    actual = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"},
-              "data": {"old.json": "{}", "kept.json": "{}"}}
-    desired = {**actual, "data": {"kept.json": "{\"1\": {}}"}}
-    assert apply.update_patch(actual, desired)["data"] == {"kept.json": "{\"1\": {}}", "old.json": None}
+    actual = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "namespace": "n"},
+        "data": {"old.json": "{}", "kept.json": "{}"},
+    }
+    desired = {**actual, "data": {"kept.json": '{"1": {}}'}}
+    assert apply.update_patch(actual, desired)["data"] == {"kept.json": '{"1": {}}', "old.json": None}
 
 
 def test_hash_is_stable_and_content_sensitive() -> None:
@@ -57,19 +75,33 @@ def test_our_annotations_go_when_the_template_has_none_left() -> None:
     actual = deployment({"containers": []}, annotations={"moelora.io/kernel-configs-hash": "abc", "other": "x"})
     desired = deployment({"containers": []})
     assert apply.update_patch(actual, desired)["spec"]["template"]["metadata"]["annotations"] == {
-        "moelora.io/kernel-configs-hash": None}
+        "moelora.io/kernel-configs-hash": None
+    }
     untouched = apply.update_patch(deployment({"containers": []}, annotations={"other": "x"}), desired)
     assert "annotations" not in untouched["spec"]["template"]["metadata"]
 
 
 def test_drift_is_a_changed_field_we_set_not_one_the_server_or_others_added() -> None:
-    desired = deployment({"containers": [{"name": "vllm", "image": "vllm:0.26", "env": [{"name": "A", "value": "1"}]}]},
-                         annotations={"moelora.io/desired-hash": "h"})
+    desired = deployment(
+        {"containers": [{"name": "vllm", "image": "vllm:0.26", "env": [{"name": "A", "value": "1"}]}]},
+        annotations={"moelora.io/desired-hash": "h"},
+    )
     # The API server's defaults, status, and someone else's annotation: not drift.
-    served = deployment({"containers": [{"name": "vllm", "image": "vllm:0.26", "env": [{"name": "A", "value": "1"}],
-                                         "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/x"}],
-                         "dnsPolicy": "ClusterFirst"},
-                        annotations={"moelora.io/desired-hash": "h", "kubectl.kubernetes.io/restartedAt": "now"})
+    served = deployment(
+        {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm:0.26",
+                    "env": [{"name": "A", "value": "1"}],
+                    "imagePullPolicy": "IfNotPresent",
+                    "terminationMessagePath": "/dev/x",
+                }
+            ],
+            "dnsPolicy": "ClusterFirst",
+        },
+        annotations={"moelora.io/desired-hash": "h", "kubectl.kubernetes.io/restartedAt": "now"},
+    )
     served["status"] = {"readyReplicas": 1}
     served["metadata"]["resourceVersion"] = "7"
     assert not apply.drifted(served, desired)

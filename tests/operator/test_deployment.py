@@ -26,8 +26,11 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
     k8s_valid(obj)
     assert obj["spec"]["selector"]["matchLabels"] == {"moelora.io/model-server": "srv"}
     assert obj["spec"]["template"]["metadata"]["labels"] == {
-        "app.kubernetes.io/name": "moelora-server", "app.kubernetes.io/instance": "srv",
-        "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "srv"}
+        "app.kubernetes.io/name": "moelora-server",
+        "app.kubernetes.io/instance": "srv",
+        "app.kubernetes.io/managed-by": "moelora",
+        "moelora.io/model-server": "srv",
+    }
     pod = obj["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "moelora-server"
     vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
@@ -60,16 +63,25 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
 
 def test_full_spec(settings: Settings) -> None:
     spec = make_spec(
-        model={"name": "org/m", "source": "pvc://weights/llm/m"}, image="my/vllm:2", replicas=3, gpus=2,
-        gpuResourceName="amd.com/gpu", resources={"requests": {"cpu": "8", "memory": "64Gi"},
-                                                   "limits": {"memory": "64Gi"}},
+        model={"name": "org/m", "source": "pvc://weights/llm/m"},
+        image="my/vllm:2",
+        replicas=3,
+        gpus=2,
+        gpuResourceName="amd.com/gpu",
+        resources={"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}},
         nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H200"},
         tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
-        lora={"targetModules": ["q_proj", "v_proj"]}, adapterCache={"sizeLimit": "500M"},
-        serviceAccountName="irsa", s3={"credentialsSecret": {"name": "creds"}, "endpointUrl": "http://minio:9000",
-                                       "region": "eu-west-1"},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]
+                }
+            }
+        },
+        lora={"targetModules": ["q_proj", "v_proj"]},
+        adapterCache={"sizeLimit": "500M"},
+        serviceAccountName="irsa",
+        s3={"credentialsSecret": {"name": "creds"}, "endpointUrl": "http://minio:9000", "region": "eu-west-1"},
     )
     obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
     k8s_valid(obj)
@@ -81,8 +93,10 @@ def test_full_spec(settings: Settings) -> None:
     assert pod["affinity"]["nodeAffinity"]
     vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
     assert vllm["image"] == "my/vllm:2"
-    assert vllm["resources"] == {"requests": {"cpu": "8", "memory": "64Gi", "amd.com/gpu": "2"},
-                                 "limits": {"memory": "64Gi", "amd.com/gpu": "2"}}
+    assert vllm["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi", "amd.com/gpu": "2"},
+        "limits": {"memory": "64Gi", "amd.com/gpu": "2"},
+    }
     assert vllm["args"][vllm["args"].index("--model") + 1] == "/models/llm/m"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["models"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
@@ -90,21 +104,29 @@ def test_full_spec(settings: Settings) -> None:
     assert env["MOELORA_TARGET_MODULES"] == "q_proj,v_proj"
     assert env["MOELORA_CACHE_BYTES"] == "500000000"
     assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000" and env["AWS_REGION"] == "eu-west-1"
-    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "creds", "key": "AWS_ACCESS_KEY_ID",
-                                                         "optional": False}}
+    assert env["AWS_ACCESS_KEY_ID"] == {
+        "secretKeyRef": {"name": "creds", "key": "AWS_ACCESS_KEY_ID", "optional": False}
+    }
     assert env["AWS_SESSION_TOKEN"]["secretKeyRef"]["optional"] is True
     assert "AWS_ACCESS_KEY_ID" not in env_of(vllm)  # vLLM itself never sees the credentials
 
 
 def test_s3_model_is_fetched_by_an_init_container(settings: Settings) -> None:
-    spec = make_spec(model={"name": "org/m", "source": "s3://bucket/models/m"},
-                     s3={"credentialsSecret": {"name": "creds"}})
+    spec = make_spec(
+        model={"name": "org/m", "source": "s3://bucket/models/m"}, s3={"credentialsSecret": {"name": "creds"}}
+    )
     obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
     k8s_valid(obj)
     pod = obj["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
-    assert init["command"] + init["args"] == ["python3", "-m", "moelora.agent", "fetch-model",
-                                              "s3://bucket/models/m", "/models"]
+    assert init["command"] + init["args"] == [
+        "python3",
+        "-m",
+        "moelora.agent",
+        "fetch-model",
+        "s3://bucket/models/m",
+        "/models",
+    ]
     assert env_of(init)["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "creds"
     assert {v["name"]: v for v in pod["volumes"]}["models"] == {"name": "models", "emptyDir": {}}
     vllm = containers(obj)["vllm"]
@@ -120,16 +142,20 @@ def test_cpu_server_has_no_gpu_resources(settings: Settings) -> None:
 
 
 def test_kernel_configs_are_mounted_and_hashed_into_the_template(settings: Settings) -> None:
-    plan = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="abc",
-                            items=[{"key": "E_8.json", "path": "E=8.json"}])
+    plan = KernelConfigPlan(
+        config_map_name="srv-kernel-configs", content_hash="abc", items=[{"key": "E_8.json", "path": "E=8.json"}]
+    )
     obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=plan)
     k8s_valid(obj)
     volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["kernel-configs"]["configMap"] == {"name": "srv-kernel-configs",
-                                                      "items": [{"key": "E_8.json", "path": "E=8.json"}]}
+    assert volumes["kernel-configs"]["configMap"] == {
+        "name": "srv-kernel-configs",
+        "items": [{"key": "E_8.json", "path": "E=8.json"}],
+    }
     vllm = containers(obj)["vllm"]
-    assert {"name": "kernel-configs", "mountPath": "/etc/moelora/kernel-configs", "readOnly": True} \
-        in vllm["volumeMounts"]
+    assert {"name": "kernel-configs", "mountPath": "/etc/moelora/kernel-configs", "readOnly": True} in vllm[
+        "volumeMounts"
+    ]
     assert env_of(vllm)["VLLM_TUNED_CONFIG_FOLDER"] == "/etc/moelora/kernel-configs"
     assert obj["spec"]["template"]["metadata"]["annotations"] == {naming.ANNOTATION_KERNEL_CONFIGS: "abc"}
     other = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="def", items=None)
@@ -143,8 +169,9 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream(settings: Settings) -> 
     assert env_of(vllm)["MOELORA_KERNEL"] == "moelora" and env_of(vllm)["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
     vllm = containers(dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings))["vllm"]
     assert "MOELORA_KERNEL" not in env_of(vllm) and "VLLM_LORA_ENABLE_DUAL_STREAM" not in env_of(vllm)
-    spec = make_spec(kernels={"implementation": "moelora"},
-                     env=[{"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "0"}])
+    spec = make_spec(
+        kernels={"implementation": "moelora"}, env=[{"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "0"}]
+    )
     with pytest.raises(SpecProblem) as caught:
         dep.deployment(spec, name="srv", namespace="ns", settings=settings)
     assert caught.value.reason == "ManagedEnvVar"
@@ -155,8 +182,10 @@ def test_refused_engine_args_raise(settings: Settings) -> None:
         dep.deployment(make_spec(engineArgs=["--bogus"]), name="srv", namespace="ns", settings=settings)
 
 
-@pytest.mark.parametrize(("quantity", "expected"), [
-    ("20Gi", 20 * 2**30), ("500M", 500 * 10**6), ("1.5Ki", 1536), ("1e3", 1000), ("7", 7), ("1500m", 1)])
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("20Gi", 20 * 2**30), ("500M", 500 * 10**6), ("1.5Ki", 1536), ("1e3", 1000), ("7", 7), ("1500m", 1)],
+)
 def test_quantity_bytes(quantity: str, expected: int) -> None:
     assert dep.quantity_bytes(quantity) == expected
 

@@ -11,15 +11,29 @@ from .conftest import make_spec
 def test_default_args_enable_runtime_lora_with_the_limits() -> None:
     args = engine.vllm_args(make_spec(), name="srv")
     assert args == [
-        "--model", "org/tiny-moe", "--served-model-name", "srv", "--host", "0.0.0.0", "--port", "8000",
-        "--enable-lora", "--max-loras", "8", "--max-lora-rank", "16",
+        "--model",
+        "org/tiny-moe",
+        "--served-model-name",
+        "srv",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--enable-lora",
+        "--max-loras",
+        "8",
+        "--max-lora-rank",
+        "16",
     ]
 
 
 def test_lora_limits_tensor_parallel_and_engine_args_last() -> None:
-    spec = make_spec(gpus=4, lora={"maxLoras": 4, "maxCpuLoras": 32, "maxLoraRank": 64, "fullySharded": True},
-                     engineArgs=["--max-model-len=8192", "--dtype", "bfloat16"],
-                     model={"name": "org/m", "servedName": "base"})
+    spec = make_spec(
+        gpus=4,
+        lora={"maxLoras": 4, "maxCpuLoras": 32, "maxLoraRank": 64, "fullySharded": True},
+        engineArgs=["--max-model-len=8192", "--dtype", "bfloat16"],
+        model={"name": "org/m", "servedName": "base"},
+    )
     args = engine.vllm_args(spec, name="srv")
     assert args[args.index("--served-model-name") + 1] == "base"
     assert args[args.index("--max-loras") + 1] == "4"
@@ -30,33 +44,50 @@ def test_lora_limits_tensor_parallel_and_engine_args_last() -> None:
     assert args[-3:] == ["--max-model-len=8192", "--dtype", "bfloat16"]
 
 
-@pytest.mark.parametrize(("source", "model", "scheme"), [
-    ("hf://org/name", "org/name", "hf"),
-    ("s3://bucket/models/m", "/models", "s3"),
-    ("pvc://weights/llm/m", "/models/llm/m", "pvc"),
-    ("pvc://weights", "/models", "pvc"),
-])
+@pytest.mark.parametrize(
+    ("source", "model", "scheme"),
+    [
+        ("hf://org/name", "org/name", "hf"),
+        ("s3://bucket/models/m", "/models", "s3"),
+        ("pvc://weights/llm/m", "/models/llm/m", "pvc"),
+        ("pvc://weights", "/models", "pvc"),
+    ],
+)
 def test_model_sources(source: str, model: str, scheme: str) -> None:
     ref = engine.model_ref(make_spec(model={"name": "org/m", "source": source}))
     assert (ref.vllm_model, ref.scheme) == (model, scheme)
 
 
-@pytest.mark.parametrize("flag", ["--max-loras=4", "--max_loras", "--port", "-tp", "--model", "--lora-modules",
-                                  "--no-enable-lora", "--served-model-name=x"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--max-loras=4",
+        "--max_loras",
+        "--port",
+        "-tp",
+        "--model",
+        "--lora-modules",
+        "--no-enable-lora",
+        "--served-model-name=x",
+    ],
+)
 def test_flags_moelora_sets_are_refused(flag: str) -> None:
     with pytest.raises(SpecProblem) as caught:
         engine.vllm_args(make_spec(engineArgs=[flag, "1"]), name="srv")
     assert caught.value.reason == "ManagedEngineFlag"
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["org/other-model", "--max-model-len=4"], "'org/other-model' where a flag should be"),
-    (["--enforce-eager", "yes"], "--enforce-eager is a switch"),
-    (["--enforce-eager=true"], "--enforce-eager is a switch"),
-    (["--max-model-len"], "--max-model-len takes exactly one value"),
-    (["--max-model-len", "4", "8"], "--max-model-len takes exactly one value"),
-    (["--dtype", "--max-model-len=4"], "--dtype takes exactly one value"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["org/other-model", "--max-model-len=4"], "'org/other-model' where a flag should be"),
+        (["--enforce-eager", "yes"], "--enforce-eager is a switch"),
+        (["--enforce-eager=true"], "--enforce-eager is a switch"),
+        (["--max-model-len"], "--max-model-len takes exactly one value"),
+        (["--max-model-len", "4", "8"], "--max-model-len takes exactly one value"),
+        (["--dtype", "--max-model-len=4"], "--dtype takes exactly one value"),
+    ],
+)
 def test_values_that_do_not_fit_the_flag_are_refused(args: list[str], says: str) -> None:
     with pytest.raises(SpecProblem) as caught:
         engine.vllm_args(make_spec(engineArgs=args), name="srv")
@@ -71,24 +102,40 @@ def test_unknown_flags_are_refused(flag: str) -> None:
     assert flag.split("=")[0] in caught.value.message
 
 
-@pytest.mark.parametrize("args", [
-    ["--max-model-len", "8192"], ["--max_model_len=8192"], ["--compilation-config.mode", "3"],
-    ["--seed", "-1"], ["--enforce-eager"], ["--no-enable-prefix-caching"],
-    ["--allowed-local-media-path", "/data"], ["--middleware", "a.b", "--middleware", "c.d"], ["--cudagraph-capture-sizes", "1", "2", "4"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-model-len", "8192"],
+        ["--max_model_len=8192"],
+        ["--compilation-config.mode", "3"],
+        ["--seed", "-1"],
+        ["--enforce-eager"],
+        ["--no-enable-prefix-caching"],
+        ["--allowed-local-media-path", "/data"],
+        ["--middleware", "a.b", "--middleware", "c.d"],
+        ["--cudagraph-capture-sizes", "1", "2", "4"],
+    ],
+)
 def test_known_flags_pass_in_any_spelling_vllm_accepts(args: list[str]) -> None:
-    assert engine.vllm_args(make_spec(engineArgs=args), name="srv")[-len(args):] == args
+    assert engine.vllm_args(make_spec(engineArgs=args), name="srv")[-len(args) :] == args
 
 
 def test_env_has_ours_then_the_users() -> None:
     spec = make_spec(env=[{"name": "HF_HUB_OFFLINE", "value": "1"}], kernels={"implementation": "moelora"})
     env = engine.vllm_env(spec, kernel_configs=True)
-    assert [e["name"] for e in env] == ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS",
-                                        "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL", "VLLM_LORA_ENABLE_DUAL_STREAM",
-                                        "HF_HUB_OFFLINE"]
+    assert [e["name"] for e in env] == [
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "MOELORA_KERNEL",
+        "VLLM_LORA_ENABLE_DUAL_STREAM",
+        "HF_HUB_OFFLINE",
+    ]
     assert env[0]["value"] == "True"
     assert [e["name"] for e in engine.vllm_env(make_spec(), kernel_configs=False)] == [
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"]
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "VLLM_NO_USAGE_STATS",
+    ]
 
 
 def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
@@ -104,8 +151,16 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
     assert cpu["MOELORA_KERNEL"] == "moelora" and "VLLM_LORA_ENABLE_DUAL_STREAM" not in cpu
 
 
-@pytest.mark.parametrize("name", ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS",
-                                  "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL", "VLLM_LORA_ENABLE_DUAL_STREAM"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "MOELORA_KERNEL",
+        "VLLM_LORA_ENABLE_DUAL_STREAM",
+    ],
+)
 def test_env_we_set_is_refused(name: str) -> None:
     with pytest.raises(SpecProblem) as caught:
         engine.vllm_env(make_spec(env=[{"name": name, "value": "0"}]), kernel_configs=False)

@@ -18,11 +18,16 @@ GPT_OSS, QWEN3 = "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B"
 # (hidden, moe_intermediate, experts); moelora's table holds (k, n, experts) of each op: gate_up (hidden, 2 x inter)
 # or per slice (hidden, inter), down (inter, hidden).
 SHAPES = {GPT_OSS: (2880, 2880, 32), QWEN3: (2048, 768, 128)}
-TABLE_KEYS = {GPT_OSS: {(2880, 5760, 32), (2880, 2880, 32)},
-              QWEN3: {(2048, 1536, 128), (2048, 768, 128), (768, 2048, 128)}}
+TABLE_KEYS = {
+    GPT_OSS: {(2880, 5760, 32), (2880, 2880, 32)},
+    QWEN3: {(2048, 1536, 128), (2048, 768, 128), (768, 2048, 128)},
+}
 LEAF = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3, "split_k": 1}
-VLLM_FILES = ("NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json", "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
-              "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json")
+VLLM_FILES = (
+    "NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json",
+    "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
+    "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json",
+)
 # vLLM's dense LoRA ops (attention and router projections): data[max_loras+1][num_slices][m][k][n] -> leaf, keyed by
 # sizes a MoE shape does not carry, so mounted whole, for the model whose hidden size they were tuned with.
 DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json")
@@ -42,13 +47,21 @@ def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
 
 def dense_tree(k: int, n: int) -> dict:
     """vLLM's dense-op nesting data[max_loras+1][num_slices][m][k][n], for one (k, n) and a few m."""
-    return {"5": {"1": {m: {str(k): {str(n): dict(LEAF)}} for m in ("1", "64")},
-                  "3": {"1": {str(k): {str(n): dict(LEAF)}}}}}
+    return {
+        "5": {"1": {m: {str(k): {str(n): dict(LEAF)}} for m in ("1", "64")}, "3": {"1": {str(k): {str(n): dict(LEAF)}}}}
+    }
 
 
 def table_entry(k: int, n: int, experts: int, **config: object) -> dict:
-    return {"k": k, "n": n, "rank": 16, "num_experts": experts, "max_loras": 1, "m": 1,
-            "config": {"split_k": 1, **config}}
+    return {
+        "k": k,
+        "n": n,
+        "rank": 16,
+        "num_experts": experts,
+        "max_loras": 1,
+        "m": 1,
+        "config": {"split_k": 1, **config},
+    }
 
 
 def vllm_leaves(tree: dict) -> list[tuple[str, ...]]:
@@ -72,9 +85,12 @@ def vllm_leaves(tree: dict) -> list[tuple[str, ...]]:
 @pytest.fixture
 def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
     """A small stand-in for moelora.kernels' bundled configs/: GPT-OSS-20B and Qwen3-30B-A3B on the H200."""
-    table = {"device": "NVIDIA H200", "source": "test",
-             "entries": [table_entry(*key) for model in (GPT_OSS, QWEN3) for key in sorted(TABLE_KEYS[model])]
-             + [table_entry(2880, 5760, 128)]}  # GPT-OSS' sizes with another expert count: no one's here
+    table = {
+        "device": "NVIDIA H200",
+        "source": "test",
+        "entries": [table_entry(*key) for model in (GPT_OSS, QWEN3) for key in sorted(TABLE_KEYS[model])]
+        + [table_entry(2880, 5760, 128)],
+    }  # GPT-OSS' sizes with another expert count: no one's here
     (tmp_path / "NVIDIA_H200.json").write_text(json.dumps(table))
     gpu = tmp_path / "NVIDIA_H200"
     gpu.mkdir()
@@ -128,8 +144,14 @@ def assert_only_shape(files: dict[str, object], model: str) -> None:
         assert {(path[4], path[5]) for path in leaves} <= {(str(hidden), str(inter)), (str(hidden), str(2 * inter))}
 
 
-@pytest.mark.parametrize(("product", "device"), [
-    ("NVIDIA-H200", "NVIDIA_H200"), ("NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_80GB_HBM3"), ("NVIDIA A100", "NVIDIA_A100")])
+@pytest.mark.parametrize(
+    ("product", "device"),
+    [
+        ("NVIDIA-H200", "NVIDIA_H200"),
+        ("NVIDIA-H100-80GB-HBM3", "NVIDIA_H100_80GB_HBM3"),
+        ("NVIDIA A100", "NVIDIA_A100"),
+    ],
+)
 def test_device_name_is_vllms_form(product: str, device: str) -> None:
     assert kc.device_name({"nvidia.com/gpu.product": product}) == device
     assert kc.device_name({}) is None
@@ -224,12 +246,18 @@ def test_every_bundled_entry_belongs_to_a_known_model() -> None:
                 if name in dense:
                     assert data == json.loads(dense[name]), f"{gpu}/{name} was cut"
                     continue
-                covered[name] |= ({json.dumps(e, sort_keys=True) for e in data["entries"]} if name == f"{gpu}.json"
-                                  else set(vllm_leaves(data)))
+                covered[name] |= (
+                    {json.dumps(e, sort_keys=True) for e in data["entries"]}
+                    if name == f"{gpu}.json"
+                    else set(vllm_leaves(data))
+                )
         for name, text in bundle.items():
             data = json.loads(text)
-            everything = ({json.dumps(e, sort_keys=True) for e in data["entries"]} if name == f"{gpu}.json"
-                          else set(vllm_leaves(data)))
+            everything = (
+                {json.dumps(e, sort_keys=True) for e in data["entries"]}
+                if name == f"{gpu}.json"
+                else set(vllm_leaves(data))
+            )
             assert everything == covered[name], f"{gpu}/{name} has entries of a shape not in KNOWN_SHAPES"
 
 
@@ -275,10 +303,14 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
 
 def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_H200" / "E=32,N=5760,device_name=NVIDIA_H200.json").write_text(
-        json.dumps({"1": {"BLOCK_SIZE_M": 16}}))
+        json.dumps({"1": {"BLOCK_SIZE_M": 16}})
+    )
     plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and {item["path"] for item in plan.items or []} == {"NVIDIA_H200.json", *VLLM_FILES[:2],
-                                                                               *DENSE_FILES}
+    assert plan is not None and {item["path"] for item in plan.items or []} == {
+        "NVIDIA_H200.json",
+        *VLLM_FILES[:2],
+        *DENSE_FILES,
+    }
 
 
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
@@ -291,8 +323,10 @@ def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
 
 def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:
     def hashes() -> tuple[str, str]:
-        plans = [kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
-                 for model in (GPT_OSS, QWEN3)]
+        plans = [
+            kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
+            for model in (GPT_OSS, QWEN3)
+        ]
         assert plans[0] and plans[1]
         return plans[0].content_hash, plans[1].content_hash
 
@@ -308,8 +342,11 @@ def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:
 
 def test_colliding_keys_stay_unique() -> None:
     taken: set[str] = set()
-    assert [kc.config_map_key(n, taken) for n in ("a=b.json", "a,b.json", "a_b.json")] == \
-        ["a_b.json", "2-a_b.json", "3-a_b.json"]
+    assert [kc.config_map_key(n, taken) for n in ("a=b.json", "a,b.json", "a_b.json")] == [
+        "a_b.json",
+        "2-a_b.json",
+        "3-a_b.json",
+    ]
 
 
 def test_auto_without_a_gpu_label_is_a_problem(bundle: pathlib.Path) -> None:
@@ -340,12 +377,24 @@ def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> Non
 
 def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Path) -> None:
     spec = make_spec(kernels={"configs": "configMap", "configMapName": "tuned"})
-    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle,
-                   user_config_map={"data": {"NVIDIA_H200_SHRINK.json": "{}"}})
+    plan = kc.plan(
+        spec,
+        name="srv",
+        namespace="ns",
+        labels=LABELS,
+        root=bundle,
+        user_config_map={"data": {"NVIDIA_H200_SHRINK.json": "{}"}},
+    )
     assert plan is not None
     assert (plan.config_map_name, plan.items, plan.owned_config_map) == ("tuned", None, None)
-    other = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle,
-                    user_config_map={"data": {"NVIDIA_H200_SHRINK.json": "{\"1\": {}}"}})
+    other = kc.plan(
+        spec,
+        name="srv",
+        namespace="ns",
+        labels=LABELS,
+        root=bundle,
+        user_config_map={"data": {"NVIDIA_H200_SHRINK.json": '{"1": {}}'}},
+    )
     assert other is not None and other.content_hash != plan.content_hash
     with pytest.raises(SpecProblem) as caught:
         kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
@@ -353,7 +402,9 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
 
 
 def test_the_bundle_is_found_without_importing_torch() -> None:
-    code = ("import sys; from moelora.operator import kernelconfigs as kc; root = kc.bundle_root(); "
-            "print(root is not None and str(root).endswith('moelora/kernels/configs'), 'torch' in sys.modules)")
+    code = (
+        "import sys; from moelora.operator import kernelconfigs as kc; root = kc.bundle_root(); "
+        "print(root is not None and str(root).endswith('moelora/kernels/configs'), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["True", "False"]

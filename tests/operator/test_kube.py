@@ -20,8 +20,14 @@ def kube() -> Iterator[KubeAPI]:
 
 
 def server(name: str, **spec: Any) -> str:
-    return json.dumps({"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
-                       "metadata": {"name": name, "namespace": "k"}, "spec": {"model": {"name": "m"}, **spec}})
+    return json.dumps(
+        {
+            "apiVersion": "moelora.io/v1alpha1",
+            "kind": "ModelServer",
+            "metadata": {"name": name, "namespace": "k"},
+            "spec": {"model": {"name": "m"}, **spec},
+        }
+    )
 
 
 def test_server_fills_metadata_and_defaults(kube: KubeAPI) -> None:
@@ -42,12 +48,29 @@ def test_server_fills_metadata_and_defaults(kube: KubeAPI) -> None:
 
 def test_status_subresource_is_separate(kube: KubeAPI) -> None:
     kube.kubectl("apply", "-f", "-", stdin=server("sub"))
-    kube.kubectl("patch", "ms", "sub", "-n", "k", "--type=merge", "-p",
-                 '{"spec": {"replicas": 2}, "status": {"readyReplicas": 9}}')
+    kube.kubectl(
+        "patch",
+        "ms",
+        "sub",
+        "-n",
+        "k",
+        "--type=merge",
+        "-p",
+        '{"spec": {"replicas": 2}, "status": {"readyReplicas": 9}}',
+    )
     obj = kube.get(MS, "k", "sub")
     assert obj["spec"]["replicas"] == 2 and "status" not in obj  # the main resource never writes status
-    kube.kubectl("patch", "ms", "sub", "-n", "k", "--subresource=status", "--type=merge", "-p",
-                 '{"spec": {"replicas": 5}, "status": {"readyReplicas": 1}}')
+    kube.kubectl(
+        "patch",
+        "ms",
+        "sub",
+        "-n",
+        "k",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"spec": {"replicas": 5}, "status": {"readyReplicas": 1}}',
+    )
     obj = kube.get(MS, "k", "sub")
     assert obj["status"]["readyReplicas"] == 1 and obj["spec"]["replicas"] == 2  # /status writes only status
 
@@ -57,19 +80,36 @@ def test_invalid_objects_are_refused_with_422(kube: KubeAPI) -> None:
     assert result.returncode != 0 and "spec.gpus" in result.stderr and "maximum of 16" in result.stderr
     assert kube.get(MS, "k", "bad") is None
     kube.kubectl("apply", "-f", "-", stdin=server("later"))
-    result = kube.kubectl("patch", "ms", "later", "-n", "k", "--type=merge", "-p",
-                          '{"spec": {"lora": {"maxLoraRank": 3}}}', check=False)
+    result = kube.kubectl(
+        "patch", "ms", "later", "-n", "k", "--type=merge", "-p", '{"spec": {"lora": {"maxLoraRank": 3}}}', check=False
+    )
     assert result.returncode != 0 and kube.get(MS, "k", "later")["spec"]["lora"]["maxLoraRank"] == 16
 
 
 def test_generate_name_and_emulated_garbage_collection(kube: KubeAPI) -> None:
     kube.kubectl("apply", "-f", "-", stdin=server("owner"))
     owner = kube.get(MS, "k", "owner")
-    child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "generateName": "child-", "namespace": "k", "ownerReferences": [{
-            "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "owner",
-            "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]}}
-    name = json.loads(kube.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(child)).stdout)["metadata"]["name"]
+    child = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "generateName": "child-",
+            "namespace": "k",
+            "ownerReferences": [
+                {
+                    "apiVersion": "moelora.io/v1alpha1",
+                    "kind": "ModelServer",
+                    "name": "owner",
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+    }
+    name = json.loads(kube.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(child)).stdout)["metadata"][
+        "name"
+    ]
     assert name.startswith("child-") and len(name) > len("child-")
     unrelated = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "free", "namespace": "k"}}
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(unrelated))
@@ -96,9 +136,12 @@ def test_merge_diff_round_trips() -> None:
 
 def _get(kube: KubeAPI, path: str) -> Any:
     import urllib.request
+
     with urllib.request.urlopen(f"{kube.url}{path}", timeout=10) as response:
         body = response.read().decode()
-    return [json.loads(line) for line in body.splitlines() if line.strip()] if "watch=true" in path else json.loads(body)
+    return (
+        [json.loads(line) for line in body.splitlines() if line.strip()] if "watch=true" in path else json.loads(body)
+    )
 
 
 def test_a_watch_resumes_from_a_lists_resource_version(kube: KubeAPI) -> None:
@@ -106,14 +149,18 @@ def test_a_watch_resumes_from_a_lists_resource_version(kube: KubeAPI) -> None:
     listed = _get(kube, base)
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c1", "namespace": "w", "labels": {"t": "a"}}}
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(cm))
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({**cm, "metadata": {**cm["metadata"], "name": "c2",
-                                                                            "labels": {"t": "b"}}}))
+    kube.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({**cm, "metadata": {**cm["metadata"], "name": "c2", "labels": {"t": "b"}}})
+    )
     kube.kubectl("delete", "configmap", "c1", "-n", "w")
     # Everything that happened after the list, although the watch starts later; it ends after timeoutSeconds.
     rv = listed["metadata"]["resourceVersion"]
     events = _get(kube, f"{base}?watch=true&resourceVersion={rv}&timeoutSeconds=1")
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", "c1"), ("ADDED", "c2"), ("DELETED", "c1")]
+        ("ADDED", "c1"),
+        ("ADDED", "c2"),
+        ("DELETED", "c1"),
+    ]
     versions = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert versions == sorted(versions) and len(set(versions)) == 3
     selected = _get(kube, f"{base}?watch=true&resourceVersion={rv}&timeoutSeconds=1&labelSelector=t%3Db")
@@ -123,17 +170,29 @@ def test_a_watch_resumes_from_a_lists_resource_version(kube: KubeAPI) -> None:
 
 
 def test_watch_list_ends_its_initial_events_with_a_bookmark(kube: KubeAPI) -> None:
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b1", "namespace": "wl"}}))
-    events = _get(kube, "/api/v1/namespaces/wl/configmaps?watch=true&sendInitialEvents=true"
-                        "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b1", "namespace": "wl"}}),
+    )
+    events = _get(
+        kube,
+        "/api/v1/namespaces/wl/configmaps?watch=true&sendInitialEvents=true"
+        "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
+    )
     assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
 
 
 def test_secret_string_data_is_stored_as_base64_data(kube: KubeAPI) -> None:
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": "k"},
-              "data": {"AWS_REGION": "ZXUtd2VzdC0x"}, "stringData": {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE"}}
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds", "namespace": "k"},
+        "data": {"AWS_REGION": "ZXUtd2VzdC0x"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE"},
+    }
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
     stored = kube.get("v1/secrets", "k", "creds")
     assert "stringData" not in stored

@@ -15,16 +15,31 @@ from moelora.local.kube import KubeAPI
 
 def test_runs_from_the_environment_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with KubeAPI() as kube:
-        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_SERVER_IMAGE": "registry.example/srv:9",
-               "MOELORA_NAMESPACES": "watched"}
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kube.kubeconfig),
+            "MOELORA_SERVER_IMAGE": "registry.example/srv:9",
+            "MOELORA_NAMESPACES": "watched",
+        }
         log = (tmp_path / "operator.log").open("w")
-        process = subprocess.Popen([sys.executable, "-m", "moelora.operator"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moelora.operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             for namespace in ("watched", "ignored"):
-                kube.kubectl("apply", "-f", "-", stdin=json.dumps({
-                    "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
-                    "metadata": {"name": "srv", "namespace": namespace}, "spec": {"model": {"name": "org/m"}}}))
+                kube.kubectl(
+                    "apply",
+                    "-f",
+                    "-",
+                    stdin=json.dumps(
+                        {
+                            "apiVersion": "moelora.io/v1alpha1",
+                            "kind": "ModelServer",
+                            "metadata": {"name": "srv", "namespace": namespace},
+                            "spec": {"model": {"name": "org/m"}},
+                        }
+                    ),
+                )
             deadline = time.monotonic() + 30
             while kube.get("apps/v1/deployments", "watched", "srv") is None and time.monotonic() < deadline:
                 assert process.poll() is None, (tmp_path / "operator.log").read_text()
@@ -43,8 +58,9 @@ def test_runs_from_the_environment_and_stops_on_sigterm(tmp_path) -> None:  # ty
 
 def test_bad_settings_exit_with_a_message() -> None:
     env = {**os.environ, "MOELORA_RESYNC_SECONDS": "often"}
-    result = subprocess.run([sys.executable, "-m", "moelora.operator"], env=env, capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "moelora.operator"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 2 and "MOELORA_RESYNC_SECONDS" in result.stderr
 
 
@@ -55,30 +71,55 @@ def test_peering_keeps_one_replica_active(tmp_path: pathlib.Path) -> None:
     higher one had registered resumed and, once, did not pause again (kopf 1.45; seen here, not investigated).
     """
     with KubeAPI() as kube:
-        kube.kubectl("apply", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "moelora"}}))
+        kube.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=json.dumps(
+                {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "moelora"}}
+            ),
+        )
         env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_PEERING": "moelora"}
         logs = {name: tmp_path / f"{name}.log" for name in ("active", "standby")}
+
         def start(name: str, priority: str) -> subprocess.Popen[bytes]:
-            return subprocess.Popen([sys.executable, "-m", "moelora.operator"], stdout=logs[name].open("w"),
-                                    stderr=subprocess.STDOUT, env={**env, "MOELORA_PEERING_PRIORITY": priority})
+            return subprocess.Popen(
+                [sys.executable, "-m", "moelora.operator"],
+                stdout=logs[name].open("w"),
+                stderr=subprocess.STDOUT,
+                env={**env, "MOELORA_PEERING_PRIORITY": priority},
+            )
 
         replicas = [start("active", "20")]
         deadline = time.monotonic() + 30
-        while not (kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora") or {}).get("status") and \
-                time.monotonic() < deadline:
+        while (
+            not (kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora") or {}).get("status")
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         replicas.append(start("standby", "10"))
         try:
             # kopf starts every replica paused; only one that finds no higher priority peer resumes.
-            while len((kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora") or {}).get("status") or {}) < 2 \
-                    and time.monotonic() < deadline:
+            while (
+                len((kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora") or {}).get("status") or {}) < 2
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
             peers = kube.get("kopf.dev/v1/clusterkopfpeerings", None, "moelora")["status"]
             assert sorted(peer["priority"] for peer in peers.values()) == [10, 20]
-            kube.kubectl("apply", "-f", "-", stdin=json.dumps({
-                "apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer",
-                "metadata": {"name": "srv", "namespace": "p"}, "spec": {"model": {"name": "org/m"}}}))
+            kube.kubectl(
+                "apply",
+                "-f",
+                "-",
+                stdin=json.dumps(
+                    {
+                        "apiVersion": "moelora.io/v1alpha1",
+                        "kind": "ModelServer",
+                        "metadata": {"name": "srv", "namespace": "p"},
+                        "spec": {"model": {"name": "org/m"}},
+                    }
+                ),
+            )
             while kube.get("apps/v1/deployments", "p", "srv") is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert kube.get("apps/v1/deployments", "p", "srv") is not None  # the active replica works

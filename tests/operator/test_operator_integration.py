@@ -43,21 +43,41 @@ def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("kernel-configs")
     (root / "NVIDIA_H200").mkdir()
     # vLLM's data[max_loras][num_slices][m][rank][hidden][inter]: one GPT-OSS-20B leaf, one Qwen3-30B-A3B leaf.
-    leaf = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3,
-            "split_k": 1}
-    (root / "NVIDIA_H200" / "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json").write_text(json.dumps(
-        {"1": {"1": {"1": {"16": {"2880": {"2880": leaf}, "2048": {"768": leaf}}}}}}))
-    (root / "NVIDIA_H200.json").write_text(json.dumps({"entries": [
-        {"k": 2880, "n": 5760, "rank": 16, "num_experts": 32, "max_loras": 1, "m": 1, "config": {}},
-        {"k": 768, "n": 2048, "rank": 16, "num_experts": 128, "max_loras": 1, "m": 1, "config": {}}]}))
+    leaf = {
+        "block_m": 16,
+        "block_n": 32,
+        "block_k": 32,
+        "group_size_m": 8,
+        "num_warps": 4,
+        "num_stages": 3,
+        "split_k": 1,
+    }
+    (root / "NVIDIA_H200" / "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json").write_text(
+        json.dumps({"1": {"1": {"1": {"16": {"2880": {"2880": leaf}, "2048": {"768": leaf}}}}}})
+    )
+    (root / "NVIDIA_H200.json").write_text(
+        json.dumps(
+            {
+                "entries": [
+                    {"k": 2880, "n": 5760, "rank": 16, "num_experts": 32, "max_loras": 1, "m": 1, "config": {}},
+                    {"k": 768, "n": 2048, "rank": 16, "num_experts": 128, "max_loras": 1, "m": 1, "config": {}},
+                ]
+            }
+        )
+    )
     return root
 
 
 @pytest.fixture(scope="module")
 def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThread]:
-    settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1",
-                        kubeconfig=str(kube.kubeconfig), resync_seconds=1.0, kernel_configs_dir=str(kernel_bundle),
-                        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz")
+    settings = Settings(
+        server_image="example.com/server:1",
+        agent_image="example.com/agent:1",
+        kubeconfig=str(kube.kubeconfig),
+        resync_seconds=1.0,
+        kernel_configs_dir=str(kernel_bundle),
+        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz",
+    )
     with OperatorThread(settings=settings) as running:
         yield running
 
@@ -106,8 +126,9 @@ def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorTh
         [owner] = child["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("ModelServer", "qwen-moe", server["metadata"]["uid"])
         assert owner["controller"] is True
-    status = wait_for(lambda: (s := kube.get(MS, ns, "qwen-moe")) and s.get("status", {}).get("endpoint") and s,
-                      what="status")["status"]
+    status = wait_for(
+        lambda: (s := kube.get(MS, ns, "qwen-moe")) and s.get("status", {}).get("endpoint") and s, what="status"
+    )["status"]
     assert status["endpoint"] == "http://qwen-moe.default.svc:8000/v1" and status["observedGeneration"] == 1
     assert condition({"status": status}, "Progressing")["reason"] == "RollingOut"
 
@@ -117,17 +138,25 @@ def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorTh
 
     # An update rolls the Deployment.
     apply(kube, manifest("modelserver.yaml", namespace=ns, engineArgs=["--max-model-len=4096"], replicas=2))
-    rolled = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and "--max-model-len=4096" in vllm_args(d)
-                      and d, what="the rolled Deployment")
+    rolled = wait_for(
+        lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and "--max-model-len=4096" in vllm_args(d) and d,
+        what="the rolled Deployment",
+    )
     assert rolled["spec"]["replicas"] == 2 and "--max-model-len=8192" not in vllm_args(rolled)
-    wait_for(lambda: (kube.get(MS, ns, "qwen-moe") or {}).get("status", {}).get("observedGeneration") == 2,
-             what="observedGeneration 2")
+    wait_for(
+        lambda: (kube.get(MS, ns, "qwen-moe") or {}).get("status", {}).get("observedGeneration") == 2,
+        what="observedGeneration 2",
+    )
     assert len(kube.list(DEPLOYMENTS, ns)) == 1 and len(kube.list("v1/services", ns)) == 1
 
     # Delete: the API server's garbage collector (emulated by moelora.local.kube) removes what the server owned.
     kube.kubectl("delete", "ms", "qwen-moe", "-n", ns, "--wait=true", "--timeout=20s")
-    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe") is None and kube.get("v1/services", ns, "qwen-moe") is None
-             or None, what="cascading deletion")
+    wait_for(
+        lambda: (
+            kube.get(DEPLOYMENTS, ns, "qwen-moe") is None and kube.get("v1/services", ns, "qwen-moe") is None or None
+        ),
+        what="cascading deletion",
+    )
     assert kube.get(MS, ns, "qwen-moe") is None
 
 
@@ -156,10 +185,21 @@ def test_reconcile_is_idempotent_and_repairs_drift(kube: KubeAPI, operator: Oper
     # event (the resync timer of this fixture would also do it: the assertion allows less than its period).
     containers = copy.deepcopy(after["spec"]["template"]["spec"]["containers"])
     containers[0]["image"] = "evil.example.com/vllm:latest"
-    kube.kubectl("patch", "deployment", "qwen-moe", "-n", ns, "--type=merge", "-p",
-                 json.dumps({"spec": {"replicas": 5, "template": {"spec": {"containers": containers}}}}))
-    repaired = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe"))["spec"] == dep["spec"] and d,
-                        timeout=5, what="the hand edit reverted")
+    kube.kubectl(
+        "patch",
+        "deployment",
+        "qwen-moe",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"replicas": 5, "template": {"spec": {"containers": containers}}}}),
+    )
+    repaired = wait_for(
+        lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe"))["spec"] == dep["spec"] and d,
+        timeout=5,
+        what="the hand edit reverted",
+    )
     assert repaired["metadata"]["annotations"]["team.example.com/owner"] == "ml"
     settled = repaired["metadata"]["resourceVersion"]
     time.sleep(2.5)  # reverted once, then left alone: no patch loop
@@ -194,12 +234,29 @@ def test_status_follows_the_deployment(kube: KubeAPI, operator: OperatorThread) 
     apply(kube, manifest("modelserver.yaml", namespace=ns))
     dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
     # What the Deployment controller would write once the pod is up.
-    controller_status = {"status": {"observedGeneration": dep["metadata"]["generation"], "replicas": 1,
-                                    "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1}}
-    kube.kubectl("patch", "deployment", "qwen-moe", "-n", ns, "--subresource=status", "--type=merge",
-                 "-p", json.dumps(controller_status))
-    ready = wait_for(lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Ready")) and c["status"] == "True" and c,
-                     what="Ready")
+    controller_status = {
+        "status": {
+            "observedGeneration": dep["metadata"]["generation"],
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": 1,
+            "availableReplicas": 1,
+        }
+    }
+    kube.kubectl(
+        "patch",
+        "deployment",
+        "qwen-moe",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(controller_status),
+    )
+    ready = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Ready")) and c["status"] == "True" and c, what="Ready"
+    )
     assert ready["reason"] == "AllReplicasReady"
     server = kube.get(MS, ns, "qwen-moe")
     assert condition(server, "Progressing")["reason"] == "RolledOut"
@@ -218,11 +275,13 @@ def test_operator_judged_errors_become_conditions_and_events(kube: KubeAPI, oper
     typo = manifest("modelserver.yaml", namespace=ns, engineArgs=["--max-modle-len=8192"])
     typo["metadata"]["name"] = "typo"
     apply(kube, typo)
-    degraded = wait_for(lambda: (c := condition(kube.get(MS, ns, "typo"), "Degraded")) and c["status"] == "True"
-                        and c, what="Degraded")
+    degraded = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "typo"), "Degraded")) and c["status"] == "True" and c, what="Degraded"
+    )
     assert degraded["reason"] == "UnknownEngineFlag" and "--max-modle-len" in degraded["message"]
-    warning = wait_for(lambda: [e for e in events(kube, ns, "typo") if e["reason"] == "UnknownEngineFlag"],
-                       what="the Event")
+    warning = wait_for(
+        lambda: [e for e in events(kube, ns, "typo") if e["reason"] == "UnknownEngineFlag"], what="the Event"
+    )
     assert warning[0]["type"] == "Warning"
     assert kube.get(DEPLOYMENTS, ns, "typo") is None  # nothing rendered from a refused spec
 
@@ -233,15 +292,27 @@ def test_operator_judged_errors_become_conditions_and_events(kube: KubeAPI, oper
     assert reason == "SecretNotFound"
     wait_for(lambda: [e for e in events(kube, ns, "nosecret") if e["reason"] == "SecretNotFound"], what="the Event")
     # Once the Secret exists, the resync picks it up.
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "nope", "namespace": ns},
-        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"}}))
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "nope", "namespace": ns},
+                "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"},
+            }
+        ),
+    )
     wait_for(lambda: kube.get(DEPLOYMENTS, ns, "nosecret"), what="the Deployment after the Secret appeared")
 
     # A bad update of a running server keeps its Deployment as it was.
     apply(kube, manifest("modelserver.yaml", namespace=ns, engineArgs=["--port=9000"]))
-    wait_for(lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Degraded")) and c["reason"] == "ManagedEngineFlag",
-             what="ManagedEngineFlag")
+    wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "qwen-moe"), "Degraded")) and c["reason"] == "ManagedEngineFlag",
+        what="ManagedEngineFlag",
+    )
     kept = kube.get(DEPLOYMENTS, ns, "qwen-moe")
     assert kept["spec"] == good["spec"] and kept["metadata"]["resourceVersion"] == good["metadata"]["resourceVersion"]
     assert kube.get(MS, ns, "qwen-moe")["metadata"]["uid"] == good_server["metadata"]["uid"]
@@ -265,8 +336,9 @@ def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: Operat
     apply(kube, manifest("modelserver.yaml", namespace=ns))
     wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
     apply(kube, manifest("loraadapter.yaml", namespace=ns))
-    pending = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a,
-                       what="a phase")
+    pending = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a, what="a phase"
+    )
     assert pending["status"]["phase"] == "Pending" and pending["status"]["servedName"] == "support-bot"
 
     orphan = manifest("loraadapter.yaml", namespace=ns, modelServer="no-such-server")
@@ -277,33 +349,74 @@ def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: Operat
     assert kube.get(LORA, ns, "orphan")["status"]["phase"] == "Failed"
 
     # A ready pod of the server (what the kubelet would report), and its agent's report.
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": "qwen-moe-abc", "namespace": ns, "labels": {
-            "app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"}},
-        "spec": {"containers": [{"name": "vllm", "image": "x"}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "qwen-moe-abc",
+            "namespace": ns,
+            "labels": {"app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"},
+        },
+        "spec": {"containers": [{"name": "vllm", "image": "x"}]},
+    }
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    kube.kubectl("patch", "pod", "qwen-moe-abc", "-n", ns, "--subresource=status", "--type=merge", "-p",
-                 json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
-    kube.kubectl("patch", "lora", "support-bot", "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
-        {"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}}}))
-    loaded = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a,
-                      what="Loaded")
+    kube.kubectl(
+        "patch",
+        "pod",
+        "qwen-moe-abc",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+    )
+    kube.kubectl(
+        "patch",
+        "lora",
+        "support-bot",
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "status": {
+                    "replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}
+                }
+            }
+        ),
+    )
+    loaded = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a, what="Loaded"
+    )
     assert "gone-pod" not in loaded["status"]["replicas"]  # pruned: that pod does not exist
     assert condition(loaded, "Ready")["status"] == "True"
-    counts = wait_for(lambda: (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and
-                      s["status"]["adapters"], what="server adapter counts")
+    counts = wait_for(
+        lambda: (
+            (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and s["status"]["adapters"]
+        ),
+        what="server adapter counts",
+    )
     assert counts == {"desired": 1, "loaded": 1, "failed": 0}
 
     # The pod goes away: its entry is pruned and the adapter waits for a ready pod again.
     kube.kubectl("delete", "pod", "qwen-moe-abc", "-n", ns)
-    again = wait_for(lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
-                     what="Pending again")
+    again = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
+        what="Pending again",
+    )
     assert again["status"].get("replicas", {}) == {}
 
     # The server goes away: its adapters say so.
     kube.kubectl("delete", "ms", "qwen-moe", "-n", ns)
-    gone = wait_for(lambda: (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and
-                    c["reason"] == "ModelServerNotFound" and c, what="ModelServerNotFound after deletion")
+    gone = wait_for(
+        lambda: (
+            (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and c["reason"] == "ModelServerNotFound" and c
+        ),
+        what="ModelServerNotFound after deletion",
+    )
     assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
 
 
@@ -315,7 +428,9 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     assert config_map["metadata"]["ownerReferences"][0]["uid"] == server["metadata"]["uid"]
     assert set(config_map["data"]) == {"NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json", "NVIDIA_H200.json"}
     # Only the model's shape: GPT-OSS-20B's leaf and table entry, not Qwen3's.
-    assert "2048" not in json.loads(config_map["data"]["NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json"])["1"]["1"]["1"]["16"]
+    assert (
+        "2048" not in json.loads(config_map["data"]["NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json"])["1"]["1"]["1"]["16"]
+    )
     assert [e["num_experts"] for e in json.loads(config_map["data"]["NVIDIA_H200.json"])["entries"]] == [32]
     dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "gpt-oss"), what="the Deployment")
     volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "kernel-configs")
@@ -325,31 +440,64 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     assert fetch["args"][:2] == ["fetch-model", "s3://models/openai/gpt-oss-20b/"]
 
     # A GPU with no bundled set is a condition, not a silent fallback; the running server is left alone.
-    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={},
-                         nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"}))
-    reason = wait_for(lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True"
-                      and c["reason"], what="KernelConfigsNotFound")
+    apply(
+        kube,
+        manifest("modelserver-s3.yaml", namespace=ns, s3={}, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"}),
+    )
+    reason = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True" and c["reason"],
+        what="KernelConfigsNotFound",
+    )
     assert reason == "KernelConfigsNotFound"
     assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
 
     # A model whose shape moelora does not know, and no kernels.shape: a condition too.
     apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}, model={"name": "my-org/mystery-moe"}))
-    wait_for(lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True"
-             and c["reason"] == "ModelShapeUnknown", what="ModelShapeUnknown")
+    wait_for(
+        lambda: (
+            (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded"))
+            and c["status"] == "True"
+            and c["reason"] == "ModelShapeUnknown"
+        ),
+        what="ModelShapeUnknown",
+    )
     assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
 
     # Back to none: the volume, the annotation, the init container's absence all follow.
-    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}, kernels={"configs": "none"},
-                         model={"name": "openai/gpt-oss-20b"}))
-    plain = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "gpt-oss")) and
-                     "initContainers" not in d["spec"]["template"]["spec"] and d, what="the updated Deployment")
+    apply(
+        kube,
+        manifest(
+            "modelserver-s3.yaml",
+            namespace=ns,
+            s3={},
+            kernels={"configs": "none"},
+            model={"name": "openai/gpt-oss-20b"},
+        ),
+    )
+    plain = wait_for(
+        lambda: (
+            (d := kube.get(DEPLOYMENTS, ns, "gpt-oss")) and "initContainers" not in d["spec"]["template"]["spec"] and d
+        ),
+        what="the updated Deployment",
+    )
     assert all(v["name"] != "kernel-configs" for v in plain["spec"]["template"]["spec"]["volumes"])
     assert "moelora.io/kernel-configs-hash" not in (plain["spec"]["template"]["metadata"].get("annotations") or {})
     wait_for(lambda: condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False", what="recovered")
     wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs") is None, what="the stale ConfigMap gone")
     # A ConfigMap of that name that the server does not own is never touched.
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
-        "name": "gpt-oss-kernel-configs", "namespace": ns}, "data": {"mine": "yes"}}))
+    kube.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "gpt-oss-kernel-configs", "namespace": ns},
+                "data": {"mine": "yes"},
+            }
+        ),
+    )
     time.sleep(1.5)  # a resync or two
     assert kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs")["data"] == {"mine": "yes"}
 
@@ -360,15 +508,25 @@ def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operato
     wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
     assert kube.get(PDBS, ns, "qwen-moe") is None  # one replica: no budget that would block its node's drain
     kube.kubectl("scale", "ms/qwen-moe", "-n", ns, "--replicas=3")
-    scaled = wait_for(lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and d["spec"]["replicas"] == 3 and d,
-                      what="3 replicas")
+    scaled = wait_for(
+        lambda: (d := kube.get(DEPLOYMENTS, ns, "qwen-moe")) and d["spec"]["replicas"] == 3 and d, what="3 replicas"
+    )
     assert scaled["spec"]["replicas"] == 3
-    scale = json.loads(kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/modelservers/"
-                                    "qwen-moe/scale").stdout)
+    scale = json.loads(
+        kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/modelservers/qwen-moe/scale").stdout
+    )
     assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
-    wait_for(lambda: json.loads(kube.kubectl("get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/"
-                                             "modelservers/qwen-moe/scale").stdout)["status"].get("selector")
-             == "moelora.io/model-server=qwen-moe", what="the selector an HPA needs")
+    wait_for(
+        lambda: (
+            json.loads(
+                kube.kubectl(
+                    "get", "--raw", f"/apis/moelora.io/v1alpha1/namespaces/{ns}/modelservers/qwen-moe/scale"
+                ).stdout
+            )["status"].get("selector")
+            == "moelora.io/model-server=qwen-moe"
+        ),
+        what="the selector an HPA needs",
+    )
 
     # Three replicas: a PodDisruptionBudget lets drains take them one at a time; back to one: it goes again.
     budget = wait_for(lambda: kube.get(PDBS, ns, "qwen-moe"), what="the PodDisruptionBudget")

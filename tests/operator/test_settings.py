@@ -13,12 +13,19 @@ def test_defaults_from_an_empty_environment() -> None:
 
 
 def test_every_variable() -> None:
-    settings = Settings.from_env({
-        "MOELORA_SERVER_IMAGE": "s:1", "MOELORA_AGENT_IMAGE": "a:1", "MOELORA_SERVER_SERVICE_ACCOUNT": "sa",
-        "MOELORA_NAMESPACES": " team-a, ,team-b ", "MOELORA_PEERING": "moelora", "MOELORA_RESYNC_SECONDS": "5",
-        "MOELORA_KERNEL_CONFIGS_DIR": "/etc/configs", "MOELORA_PEERING_PRIORITY": "7",
-        "MOELORA_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
-    })
+    settings = Settings.from_env(
+        {
+            "MOELORA_SERVER_IMAGE": "s:1",
+            "MOELORA_AGENT_IMAGE": "a:1",
+            "MOELORA_SERVER_SERVICE_ACCOUNT": "sa",
+            "MOELORA_NAMESPACES": " team-a, ,team-b ",
+            "MOELORA_PEERING": "moelora",
+            "MOELORA_RESYNC_SECONDS": "5",
+            "MOELORA_KERNEL_CONFIGS_DIR": "/etc/configs",
+            "MOELORA_PEERING_PRIORITY": "7",
+            "MOELORA_LIVENESS_ENDPOINT": "http://0.0.0.0:8080/healthz",
+        }
+    )
     assert settings.peering_priority == 7
     assert settings.liveness_endpoint == "http://0.0.0.0:8080/healthz"
     assert settings.kernel_configs_dir == "/etc/configs"

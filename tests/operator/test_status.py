@@ -13,18 +13,48 @@ T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=1)
 
 
-def deployment(*, generation: int = 1, observed: int = 1, replicas: int = 2, updated: int = 2, ready: int = 2,
-               available: int = 2, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"metadata": {"generation": generation}, "status": {
-        "observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated, "readyReplicas": ready,
-        "availableReplicas": available, "conditions": conditions or []}}
+def deployment(
+    *,
+    generation: int = 1,
+    observed: int = 1,
+    replicas: int = 2,
+    updated: int = 2,
+    ready: int = 2,
+    available: int = 2,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": generation},
+        "status": {
+            "observedGeneration": observed,
+            "replicas": replicas,
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": available,
+            "conditions": conditions or [],
+        },
+    }
 
 
-def ms_status(dep: dict[str, Any] | None, *, problem: SpecProblem | None = None, replicas: int = 2,
-              previous: ModelServerStatus | None = None, now: datetime.datetime = T0) -> ModelServerStatus:
+def ms_status(
+    dep: dict[str, Any] | None,
+    *,
+    problem: SpecProblem | None = None,
+    replicas: int = 2,
+    previous: ModelServerStatus | None = None,
+    now: datetime.datetime = T0,
+) -> ModelServerStatus:
     return st.model_server_status(
-        make_spec(replicas=replicas), name="srv", namespace="ns", generation=3, deployment=dep, problem=problem,
-        adapters=AdapterCounts(desired=2, loaded=1), previous=previous or ModelServerStatus(), now=now)
+        make_spec(replicas=replicas),
+        name="srv",
+        namespace="ns",
+        generation=3,
+        deployment=dep,
+        problem=problem,
+        adapters=AdapterCounts(desired=2, loaded=1),
+        previous=previous or ModelServerStatus(),
+        now=now,
+    )
 
 
 def reasons(status: ModelServerStatus) -> dict[str, tuple[str, str]]:
@@ -33,22 +63,31 @@ def reasons(status: ModelServerStatus) -> dict[str, tuple[str, str]]:
 
 def test_rolled_out_and_ready() -> None:
     status = ms_status(deployment())
-    assert reasons(status) == {"Ready": ("True", "AllReplicasReady"), "Progressing": ("False", "RolledOut"),
-                               "Degraded": ("False", "AsExpected")}
+    assert reasons(status) == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "RolledOut"),
+        "Degraded": ("False", "AsExpected"),
+    }
     assert (status.observed_generation, status.replicas, status.ready_replicas) == (3, 2, 2)
     assert status.endpoint == "http://srv.ns.svc:8000/v1" and status.selector == "moelora.io/model-server=srv"
     assert status.adapters.desired == 2 and all(c.observed_generation == 3 for c in status.conditions)
 
 
 def test_no_deployment_yet() -> None:
-    assert reasons(ms_status(None)) == {"Ready": ("False", "DeploymentNotFound"),
-                                        "Progressing": ("True", "Creating"), "Degraded": ("False", "AsExpected")}
+    assert reasons(ms_status(None)) == {
+        "Ready": ("False", "DeploymentNotFound"),
+        "Progressing": ("True", "Creating"),
+        "Degraded": ("False", "AsExpected"),
+    }
 
 
 def test_rolling_out_with_some_ready() -> None:
     status = ms_status(deployment(generation=2, observed=2, replicas=3, updated=1, ready=1, available=1))
-    assert reasons(status) == {"Ready": ("True", "SomeReplicasReady"), "Progressing": ("True", "RollingOut"),
-                               "Degraded": ("False", "AsExpected")}
+    assert reasons(status) == {
+        "Ready": ("True", "SomeReplicasReady"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("False", "AsExpected"),
+    }
 
 
 def test_deployment_not_yet_observed_is_progressing() -> None:
@@ -65,20 +104,31 @@ def test_scaled_to_zero() -> None:
 
 
 def test_deadline_and_replica_failure_are_degraded() -> None:
-    stuck = deployment(ready=0, available=0, conditions=[
-        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}])
+    stuck = deployment(
+        ready=0,
+        available=0,
+        conditions=[
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "too slow"}
+        ],
+    )
     assert reasons(ms_status(stuck))["Degraded"] == ("True", "ProgressDeadlineExceeded")
     assert reasons(ms_status(stuck))["Progressing"] == ("False", "ProgressDeadlineExceeded")
-    quota = deployment(ready=0, available=0, conditions=[
-        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "quota"}])
+    quota = deployment(
+        ready=0,
+        available=0,
+        conditions=[{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "quota"}],
+    )
     assert reasons(ms_status(quota))["Degraded"] == ("True", "FailedCreate")
 
 
 def test_spec_problem_keeps_ready_from_the_running_deployment() -> None:
     problem = SpecProblem("UnknownEngineFlag", "engineArgs has --bogus")
     status = ms_status(deployment(), problem=problem)
-    assert reasons(status) == {"Ready": ("True", "AllReplicasReady"), "Progressing": ("False", "UnknownEngineFlag"),
-                               "Degraded": ("True", "UnknownEngineFlag")}
+    assert reasons(status) == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "UnknownEngineFlag"),
+        "Degraded": ("True", "UnknownEngineFlag"),
+    }
     fresh = ms_status(None, problem=problem)
     assert reasons(fresh)["Ready"] == ("False", "UnknownEngineFlag")
     assert "--bogus" in next(c.message for c in fresh.conditions if c.type == "Degraded")
@@ -106,8 +156,10 @@ def patch(status: dict[str, Any], pods: dict[str, bool], *, exists: bool = True)
 
 
 def test_loaded_on_every_ready_pod() -> None:
-    p = patch(adapter({"p1": {"loaded": True, "state": "Loaded"}, "p2": {"loaded": True, "state": "Loaded"}}),
-              {"p1": True, "p2": True, "p3": False})
+    p = patch(
+        adapter({"p1": {"loaded": True, "state": "Loaded"}, "p2": {"loaded": True, "state": "Loaded"}}),
+        {"p1": True, "p2": True, "p3": False},
+    )
     assert p["phase"] == "Loaded" and p["servedName"] == "a" and p["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in p["conditions"]} == {"Ready": "True", "Failed": "False"}
 
@@ -124,9 +176,15 @@ def test_no_ready_pod_is_pending() -> None:
 
 
 def test_a_permanent_failure_wins_with_the_replicas_reason() -> None:
-    p = patch(adapter({"p1": {"loaded": True, "state": "Loaded"},
-                       "p2": {"state": "Failed", "reason": "RankTooHigh", "lastError": "rank 64 > 16"}}),
-              {"p1": True, "p2": True})
+    p = patch(
+        adapter(
+            {
+                "p1": {"loaded": True, "state": "Loaded"},
+                "p2": {"state": "Failed", "reason": "RankTooHigh", "lastError": "rank 64 > 16"},
+            }
+        ),
+        {"p1": True, "p2": True},
+    )
     assert p["phase"] == "Failed"
     failed = next(c for c in p["conditions"] if c["type"] == "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "RankTooHigh") and "rank 64 > 16" in failed["message"]
@@ -139,8 +197,10 @@ def test_missing_server() -> None:
 
 
 def test_replicas_of_gone_pods_are_pruned_and_ignored() -> None:
-    p = patch(adapter({"old": {"state": "Failed", "reason": "LoadFailed"}, "p1": {"loaded": True, "state": "Loaded"}}),
-              {"p1": True})
+    p = patch(
+        adapter({"old": {"state": "Failed", "reason": "LoadFailed"}, "p1": {"loaded": True, "state": "Loaded"}}),
+        {"p1": True},
+    )
     assert p["replicas"] == {"old": None}
     assert p["phase"] == "Loaded"  # the gone pod's failure no longer counts
 

@@ -1,4 +1,7 @@
-"""The bundled flag list must match the installed vLLM's parser: regenerate with `python -m moelora.operator.vllmflags`."""
+"""The bundled flag list must match the installed vLLM's parser.
+
+Regenerate it with `python -m moelora.operator.vllmflags`.
+"""
 
 from __future__ import annotations
 

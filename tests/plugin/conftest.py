@@ -19,8 +19,15 @@ import pytest
 import torch
 
 
-def align_blocks(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int,
-                 block_m: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align_blocks(
+    *,
+    topk_ids: torch.Tensor,
+    token_lora_mapping: torch.Tensor,
+    num_experts: int,
+    max_loras: int,
+    block_m: int,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's blocked routing: (sorted_token_ids (L, W), expert_ids (L, W / block_m), num_tokens_post_padded (L,)).
 
     Row l lists the pairs p = t * top_k + k of tokens with adapter l, grouped by expert, each group padded with P to a
@@ -46,9 +53,9 @@ def align_blocks(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, nu
             if not group:
                 continue
             padded = -(-len(group) // block_m) * block_m
-            sorted_ids[lora, pos:pos + padded] = num_pairs
-            sorted_ids[lora, pos:pos + len(group)] = torch.tensor(group, dtype=torch.int32)
-            expert_ids[lora, pos // block_m:(pos + padded) // block_m] = e
+            sorted_ids[lora, pos : pos + padded] = num_pairs
+            sorted_ids[lora, pos : pos + len(group)] = torch.tensor(group, dtype=torch.int32)
+            expert_ids[lora, pos // block_m : (pos + padded) // block_m] = e
             pos += padded
         npad[lora] = pos
     return sorted_ids, expert_ids, npad

@@ -13,37 +13,70 @@ from moelora.vllm_plugin import dense_warmup, moe_hooks
 
 def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, slices=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g) * scale
+
+    def rnd(*s, scale=1.0):
+        return torch.randn(*s, generator=g) * scale
+
     topk_ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(m)]).to(torch.int32)
     mapping = torch.randint(-1, loras, (m,), generator=g, dtype=torch.int32)
     mapping[0] = 1  # at least one token with an adapter, one without
     mapping[1] = -1
     w13_n = 2 * inter // slices
     return SimpleNamespace(
-        m=m, top_k=top_k, experts=experts, loras=loras, hidden=hidden, inter=inter, slices=slices,
-        x=rnd(m, hidden), topk_ids=topk_ids, topk_w=torch.rand(m, top_k, generator=g), mapping=mapping,
+        m=m,
+        top_k=top_k,
+        experts=experts,
+        loras=loras,
+        hidden=hidden,
+        inter=inter,
+        slices=slices,
+        x=rnd(m, hidden),
+        topk_ids=topk_ids,
+        topk_w=torch.rand(m, top_k, generator=g),
+        mapping=mapping,
         a13=tuple(rnd(loras, experts, rank, hidden, scale=0.3) for _ in range(slices)),
         b13=tuple(rnd(loras, experts, w13_n, rank, scale=0.3) for _ in range(slices)),
-        a2=(rnd(loras, experts, rank, inter, scale=0.3),), b2=(rnd(loras, experts, hidden, rank, scale=0.3),),
-        y13=rnd(m, top_k, 2 * inter), act=rnd(m * top_k, inter), y2=rnd(m, top_k, hidden),
-        w1=torch.empty(experts, 2 * inter, hidden), w2=torch.empty(experts, hidden, inter))
+        a2=(rnd(loras, experts, rank, inter, scale=0.3),),
+        b2=(rnd(loras, experts, hidden, rank, scale=0.3),),
+        y13=rnd(m, top_k, 2 * inter),
+        act=rnd(m * top_k, inter),
+        y2=rnd(m, top_k, hidden),
+        w1=torch.empty(experts, 2 * inter, hidden),
+        w2=torch.empty(experts, hidden, inter),
+    )
 
 
 def _punica(no_lora=False):
     """What the hooks read of vLLM's PunicaWrapperGPU: its token-mapping metadata (meta_args()[5] is the CPU
     "no adapter in this batch" flag)."""
     flag = torch.tensor([no_lora])
-    return SimpleNamespace(lora_config=SimpleNamespace(specialize_active_lora=False),
-                           token_mapping_meta=SimpleNamespace(meta_args=lambda n, spec: (None,) * 5 + (flag, None)))
+    return SimpleNamespace(
+        lora_config=SimpleNamespace(specialize_active_lora=False),
+        token_mapping_meta=SimpleNamespace(meta_args=lambda n, spec: (None,) * 5 + (flag, None)),
+    )
 
 
 def _w13(layer, wrapper=None, **overrides):
     args = {
-        "y": layer.y13, "x": layer.x, "lora_a_stacked": layer.a13, "lora_b_stacked": layer.b13,
-        "topk_ids": layer.topk_ids, "topk_weights": layer.topk_w, "expert_map": None, "w1": layer.w1, "w2": layer.w2,
-        "num_tokens": layer.m, "top_k_num": layer.top_k, "max_loras": layer.loras,
-        "adapter_enabled": torch.ones(layer.loras + 1), "local_num_experts": layer.experts, "top_k": layer.top_k,
-        "num_slices": layer.slices, "fully_sharded": False, "use_tuned_config": False, "add_inputs": True,
+        "y": layer.y13,
+        "x": layer.x,
+        "lora_a_stacked": layer.a13,
+        "lora_b_stacked": layer.b13,
+        "topk_ids": layer.topk_ids,
+        "topk_weights": layer.topk_w,
+        "expert_map": None,
+        "w1": layer.w1,
+        "w2": layer.w2,
+        "num_tokens": layer.m,
+        "top_k_num": layer.top_k,
+        "max_loras": layer.loras,
+        "adapter_enabled": torch.ones(layer.loras + 1),
+        "local_num_experts": layer.experts,
+        "top_k": layer.top_k,
+        "num_slices": layer.slices,
+        "fully_sharded": False,
+        "use_tuned_config": False,
+        "add_inputs": True,
         "token_lora_mapping": layer.mapping,
     }
     return moe_hooks.add_lora_w13(wrapper or _punica(), **(args | overrides))
@@ -52,12 +85,26 @@ def _w13(layer, wrapper=None, **overrides):
 def _w2(layer, routing_values, wrapper=None, **overrides):
     sorted_ids, expert_ids, npad, mapping = routing_values
     args = {
-        "y": layer.y2, "x": layer.act, "lora_a_stacked": layer.a2, "lora_b_stacked": layer.b2,
-        "topk_weights": layer.topk_w, "sorted_token_ids_lora": sorted_ids, "expert_ids_lora": expert_ids,
-        "num_tokens_post_padded_lora": npad, "token_lora_mapping": mapping, "num_tokens": layer.m, "w1": layer.w1,
-        "w2": layer.w2, "top_k_num": layer.top_k, "max_loras": layer.loras,
-        "adapter_enabled": torch.ones(layer.loras + 1), "top_k": layer.top_k, "fully_sharded": False, "tp_rank": 0,
-        "use_tuned_config": False, "add_inputs": True,
+        "y": layer.y2,
+        "x": layer.act,
+        "lora_a_stacked": layer.a2,
+        "lora_b_stacked": layer.b2,
+        "topk_weights": layer.topk_w,
+        "sorted_token_ids_lora": sorted_ids,
+        "expert_ids_lora": expert_ids,
+        "num_tokens_post_padded_lora": npad,
+        "token_lora_mapping": mapping,
+        "num_tokens": layer.m,
+        "w1": layer.w1,
+        "w2": layer.w2,
+        "top_k_num": layer.top_k,
+        "max_loras": layer.loras,
+        "adapter_enabled": torch.ones(layer.loras + 1),
+        "top_k": layer.top_k,
+        "fully_sharded": False,
+        "tp_rank": 0,
+        "use_tuned_config": False,
+        "add_inputs": True,
     }
     return moe_hooks.add_lora_w2(wrapper or _punica(), **(args | overrides))
 
@@ -65,14 +112,34 @@ def _w2(layer, routing_values, wrapper=None, **overrides):
 @pytest.mark.parametrize("slices", [1, 2])
 def test_w13_then_w2_match_the_oracle(slices, naive):
     layer = _layer(slices=slices)
-    want13 = torch.cat([naive(output=layer.y13.view(layer.m, layer.top_k, -1)[:, :, i * (2 * layer.inter // slices):
-                                                                                (i + 1) * (2 * layer.inter // slices)],
-                              x=layer.x, lora_a=a, lora_b=b, topk_ids=layer.topk_ids,
-                              token_lora_mapping=layer.mapping, topk_weights=layer.topk_w, mul_routed_weight=False)
-                        for i, (a, b) in enumerate(zip(layer.a13, layer.b13))], dim=-1)
-    want2 = naive(output=layer.y2, x=layer.act.view(layer.m, layer.top_k, -1), lora_a=layer.a2[0],
-                  lora_b=layer.b2[0], topk_ids=layer.topk_ids, token_lora_mapping=layer.mapping,
-                  topk_weights=layer.topk_w, mul_routed_weight=True)
+    want13 = torch.cat(
+        [
+            naive(
+                output=layer.y13.view(layer.m, layer.top_k, -1)[
+                    :, :, i * (2 * layer.inter // slices) : (i + 1) * (2 * layer.inter // slices)
+                ],
+                x=layer.x,
+                lora_a=a,
+                lora_b=b,
+                topk_ids=layer.topk_ids,
+                token_lora_mapping=layer.mapping,
+                topk_weights=layer.topk_w,
+                mul_routed_weight=False,
+            )
+            for i, (a, b) in enumerate(zip(layer.a13, layer.b13))
+        ],
+        dim=-1,
+    )
+    want2 = naive(
+        output=layer.y2,
+        x=layer.act.view(layer.m, layer.top_k, -1),
+        lora_a=layer.a2[0],
+        lora_b=layer.b2[0],
+        topk_ids=layer.topk_ids,
+        token_lora_mapping=layer.mapping,
+        topk_weights=layer.topk_w,
+        mul_routed_weight=True,
+    )
     values = _w13(layer)
     # vLLM only carries the four values over to the layer's w2 call: ours say "no blocked layout"
     assert values[:3] == (None, None, None) and torch.equal(values[3], layer.mapping)
@@ -86,9 +153,16 @@ def test_add_inputs_false_overwrites(naive):
     layer = _layer(slices=1)
     layer.y13.fill_(123.0)
     _w13(layer, add_inputs=False)
-    want = naive(output=torch.zeros_like(layer.y13), x=layer.x, lora_a=layer.a13[0], lora_b=layer.b13[0],
-                 topk_ids=layer.topk_ids, token_lora_mapping=layer.mapping, topk_weights=layer.topk_w,
-                 mul_routed_weight=False)
+    want = naive(
+        output=torch.zeros_like(layer.y13),
+        x=layer.x,
+        lora_a=layer.a13[0],
+        lora_b=layer.b13[0],
+        topk_ids=layer.topk_ids,
+        token_lora_mapping=layer.mapping,
+        topk_weights=layer.topk_w,
+        mul_routed_weight=False,
+    )
     torch.testing.assert_close(layer.y13.double(), want, rtol=1e-4, atol=1e-4)
 
 
@@ -108,7 +182,9 @@ def test_a_batch_without_adapters_gets_nothing_added(monkeypatch):
 
 def test_unsupported_and_foreign_calls_go_to_vllm(monkeypatch):
     calls = []
-    monkeypatch.setitem(moe_hooks._originals, "add_lora_w13", lambda *a, **k: calls.append("w13") or ("s", "e", "n", "m"))
+    monkeypatch.setitem(
+        moe_hooks._originals, "add_lora_w13", lambda *a, **k: calls.append("w13") or ("s", "e", "n", "m")
+    )
     monkeypatch.setitem(moe_hooks._originals, "add_lora_w2", lambda *a, **k: calls.append("w2"))
     layer = _layer()
     before = layer.y13.clone()
@@ -195,23 +271,30 @@ class _Runner:
         self.calls, self.removed, self.fail_at = [], 0, fail_at
         self.lora_config = SimpleNamespace(max_loras=8)
 
-    def _dummy_run(self, num_tokens, cudagraph_runtime_mode=None, skip_eplb=False, remove_lora=True,
-                   num_active_loras=0):  # the parameters vLLM 0.26 and 0.32 share
+    def _dummy_run(
+        self, num_tokens, cudagraph_runtime_mode=None, skip_eplb=False, remove_lora=True, num_active_loras=0
+    ):  # the parameters vLLM 0.26 and 0.32 share
         if num_tokens == self.fail_at:
             raise RuntimeError("boom")
-        self.calls.append((num_tokens, {"skip_eplb": skip_eplb, "remove_lora": remove_lora,
-                                        "num_active_loras": num_active_loras}))
+        self.calls.append(
+            (num_tokens, {"skip_eplb": skip_eplb, "remove_lora": remove_lora, "num_active_loras": num_active_loras})
+        )
 
     def maybe_remove_all_loras(self, lora_config):
         self.removed += 1
 
 
 def _worker(runner, eager=False, mode="FULL_AND_PIECEWISE"):
-    return SimpleNamespace(model_runner=runner, scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
-                           vllm_config=SimpleNamespace(compilation_config=SimpleNamespace(
-                               cudagraph_capture_sizes=[1, 2, 4, 8, 16, 24, 32],
-                               cudagraph_mode=SimpleNamespace(name=mode))),
-                           model_config=SimpleNamespace(enforce_eager=eager))
+    return SimpleNamespace(
+        model_runner=runner,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=8192),
+        vllm_config=SimpleNamespace(
+            compilation_config=SimpleNamespace(
+                cudagraph_capture_sizes=[1, 2, 4, 8, 16, 24, 32], cudagraph_mode=SimpleNamespace(name=mode)
+            )
+        ),
+        model_config=SimpleNamespace(enforce_eager=eager),
+    )
 
 
 def test_model_warmup_runs_vllms_dummy_pass_with_every_lora_slot_then_cleans_up(plugin_log):
@@ -297,8 +380,12 @@ def test_served_routing_is_grouped_unless_the_environment_says_otherwise(monkeyp
     # 4 tokens x top-2 over 2 adapters x 8 experts: few enough pairs that the library's `auto` goes direct.
     from moelora.vllm_plugin import triton_path
 
-    args = {"topk_ids": torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32),
-            "token_lora_mapping": torch.tensor([0, 1, 0, -1]), "num_experts": 8, "max_loras": 2}
+    args = {
+        "topk_ids": torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32),
+        "token_lora_mapping": torch.tensor([0, 1, 0, -1]),
+        "num_experts": 8,
+        "max_loras": 2,
+    }
     monkeypatch.delenv("MOELORA_ROUTING", raising=False)
     assert not triton_path.route(**args).direct
     monkeypatch.setenv("MOELORA_ROUTING", "auto")

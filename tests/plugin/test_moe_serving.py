@@ -26,8 +26,14 @@ def models(tmp_path_factory) -> dict[str, pathlib.Path]:
     model = moe.make_moe_model(path=root / "model")
     out = {"model": model}
     for seed, name in ((1, "a1"), (2, "a2")):
-        out[name] = moe.make_moe_adapter(model_dir=model, path=root / name, peft_path=root / f"{name}-peft",
-                                         base_model_name="tiny-moe", rank=8, seed=seed)
+        out[name] = moe.make_moe_adapter(
+            model_dir=model,
+            path=root / name,
+            peft_path=root / f"{name}-peft",
+            base_model_name="tiny-moe",
+            rank=8,
+            seed=seed,
+        )
         out[f"{name}-peft"] = root / f"{name}-peft"
     return out
 
@@ -47,23 +53,35 @@ def test_vllm_adapter_layout_is_per_expert(models):
 
 @pytest.mark.slow
 def test_tiny_qwen3_moe_with_expert_lora_matches_peft(models, tmp_path):
-    refs = reference_completions(model_dir=models["model"],
-                                     adapter_dirs=[None, models["a1-peft"], models["a2-peft"]],
-                                     prompt=PROMPT, max_tokens=TOKENS)
+    refs = reference_completions(
+        model_dir=models["model"],
+        adapter_dirs=[None, models["a1-peft"], models["a2-peft"]],
+        prompt=PROMPT,
+        max_tokens=TOKENS,
+    )
     # The expert part of the adapter changes the output (else equal tokens would not prove the MoE-LoRA path).
     attention_only = _without_experts(models["a1-peft"], tmp_path / "a1-attn")
-    ref_attn = reference_completions(model_dir=models["model"], adapter_dirs=[attention_only], prompt=PROMPT,
-                                         max_tokens=TOKENS)[0]
+    ref_attn = reference_completions(
+        model_dir=models["model"], adapter_dirs=[attention_only], prompt=PROMPT, max_tokens=TOKENS
+    )[0]
     assert ref_attn.token_ids != refs[1].token_ids
     assert len({r.token_ids for r in refs}) == 3
 
-    server = local_vllm.start(model_dir=models["model"], served_name="tiny-moe", log_path=tmp_path / "vllm.log",
-                              env={"MOELORA_KERNEL": "moelora"}, max_loras=2, max_lora_rank=8)
+    server = local_vllm.start(
+        model_dir=models["model"],
+        served_name="tiny-moe",
+        log_path=tmp_path / "vllm.log",
+        env={"MOELORA_KERNEL": "moelora"},
+        max_loras=2,
+        max_lora_rank=8,
+    )
     try:
         local_vllm.load_adapter(url=server.url, name="a1", path=models["a1"])
         local_vllm.load_adapter(url=server.url, name="a2", path=models["a2"])
-        got = [local_vllm.complete(url=server.url, model=name, prompt=PROMPT, max_tokens=TOKENS)
-               for name in ("tiny-moe", "a1", "a2")]
+        got = [
+            local_vllm.complete(url=server.url, model=name, prompt=PROMPT, max_tokens=TOKENS)
+            for name in ("tiny-moe", "a1", "a2")
+        ]
     finally:
         server.stop()
     assert [g.token_ids for g in got] == [r.token_ids for r in refs]
@@ -78,7 +96,8 @@ def _without_experts(peft_dir: pathlib.Path, dest: pathlib.Path) -> pathlib.Path
 
     dest.mkdir()
     tensors = load_file(str(peft_dir / "adapter_model.safetensors"))
-    save_file({k: (v * 0 if ".mlp.experts." in k else v) for k, v in tensors.items()},
-              str(dest / "adapter_model.safetensors"))
+    save_file(
+        {k: (v * 0 if ".mlp.experts." in k else v) for k, v in tensors.items()}, str(dest / "adapter_model.safetensors")
+    )
     (dest / "adapter_config.json").write_text((peft_dir / "adapter_config.json").read_text())
     return dest

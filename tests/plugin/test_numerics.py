@@ -27,31 +27,90 @@ def case(*, m=11, top_k=3, e=6, loras=4, rank=8, k=40, n=24, slices=1, per_pair=
     mapping[torch.rand(m, generator=g) < 0.25] = -1
     weights = torch.rand(m, top_k, generator=g)
     out = torch.randn(m, top_k, n * slices, generator=g).to(dtype)
-    return {"x": x, "a": a, "b": b, "ids": ids, "mapping": mapping, "weights": weights, "out": out, "m": m,
-            "top_k": top_k, "n": n, "e": e, "loras": loras, "rank": rank}
+    return {
+        "x": x,
+        "a": a,
+        "b": b,
+        "ids": ids,
+        "mapping": mapping,
+        "weights": weights,
+        "out": out,
+        "m": m,
+        "top_k": top_k,
+        "n": n,
+        "e": e,
+        "loras": loras,
+        "rank": rank,
+    }
 
 
 def oracle(c, naive, *, mul, add_inputs=True):
     x = c["x"].view(c["m"], c["top_k"], -1) if c["x"].shape[0] != c["m"] else c["x"]
     base = c["out"] if add_inputs else torch.zeros_like(c["out"])
     n = c["n"]
-    parts = [naive(output=base[:, :, i * n:(i + 1) * n], x=x, lora_a=a, lora_b=b, topk_ids=c["ids"],
-                   token_lora_mapping=c["mapping"], topk_weights=c["weights"], mul_routed_weight=mul)
-             for i, (a, b) in enumerate(zip(c["a"], c["b"]))]
+    parts = [
+        naive(
+            output=base[:, :, i * n : (i + 1) * n],
+            x=x,
+            lora_a=a,
+            lora_b=b,
+            topk_ids=c["ids"],
+            token_lora_mapping=c["mapping"],
+            topk_weights=c["weights"],
+            mul_routed_weight=mul,
+        )
+        for i, (a, b) in enumerate(zip(c["a"], c["b"]))
+    ]
     return torch.cat(parts, dim=-1), base
 
 
 def vllm_args(c, *, blocked, align, block_m=16, mul=False, add_inputs=True, out=None):
     """vLLM's positional argument list for fused_moe_lora (punica_gpu.add_lora_fused_moe)."""
     if blocked:
-        sorted_ids, expert_ids, npad = align(topk_ids=c["ids"], token_lora_mapping=c["mapping"], num_experts=c["e"],
-                                             max_loras=c["loras"], block_m=block_m)
+        sorted_ids, expert_ids, npad = align(
+            topk_ids=c["ids"],
+            token_lora_mapping=c["mapping"],
+            num_experts=c["e"],
+            max_loras=c["loras"],
+            block_m=block_m,
+        )
     else:
         sorted_ids, expert_ids, npad = None, c["ids"].reshape(-1), None
     lora_ids = torch.arange(c["loras"], dtype=torch.int32)
-    return (out, c["x"], c["a"], c["b"], c["weights"], sorted_ids, expert_ids, npad, c["mapping"], c["rank"],
-            c["top_k"], lora_ids, torch.tensor([c["loras"]]), torch.ones(c["loras"] + 1, dtype=torch.int32),
-            block_m, 64, 32, 8, 4, 3, 1, block_m, 64, 32, 8, 4, 3, 1, mul, False, 0, add_inputs)
+    return (
+        out,
+        c["x"],
+        c["a"],
+        c["b"],
+        c["weights"],
+        sorted_ids,
+        expert_ids,
+        npad,
+        c["mapping"],
+        c["rank"],
+        c["top_k"],
+        lora_ids,
+        torch.tensor([c["loras"]]),
+        torch.ones(c["loras"] + 1, dtype=torch.int32),
+        block_m,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        block_m,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        mul,
+        False,
+        0,
+        add_inputs,
+    )
 
 
 def never(*args):
@@ -71,8 +130,9 @@ def test_op_matches_oracle(blocked, backend, op_kind, align, naive):
     c = case(slices=1 if w2 else 2, per_pair=w2, seed=3 * blocked + len(op_kind))
     want, base = oracle(c, naive, mul=w2, add_inputs=add_inputs)
     out = c["out"].clone()
-    make_op(original=never, backend=backend)(*vllm_args(c, blocked=blocked, align=align, mul=w2,
-                                                        add_inputs=add_inputs, out=out))
+    make_op(original=never, backend=backend)(
+        *vllm_args(c, blocked=blocked, align=align, mul=w2, add_inputs=add_inputs, out=out)
+    )
     assert rel_err(out, want, base) < 1e-5
 
 
@@ -81,9 +141,16 @@ def test_bf16_rounds_like_vllm(naive):
     c = case(dtype=torch.bfloat16, per_pair=True, k=64, n=32, rank=16)
     want, base = oracle(c, naive, mul=True)
     out = c["out"].clone()
-    moe_lora_torch(output=out, x=c["x"].view(c["m"], c["top_k"], -1), lora_a=c["a"][0], lora_b=c["b"][0],
-                   topk_ids=c["ids"], token_lora_mapping=c["mapping"], topk_weights=c["weights"],
-                   mul_routed_weight=True)
+    moe_lora_torch(
+        output=out,
+        x=c["x"].view(c["m"], c["top_k"], -1),
+        lora_a=c["a"][0],
+        lora_b=c["b"][0],
+        topk_ids=c["ids"],
+        token_lora_mapping=c["mapping"],
+        topk_weights=c["weights"],
+        mul_routed_weight=True,
+    )
     assert rel_err(out, want, base) < 2e-2
 
 
@@ -91,18 +158,32 @@ def test_blocked_layout_inversion(align):
     """topk_ids recovered from the blocked form: exact for pairs with an adapter, -1 for the others, even with
     garbage in the rows and lengths of adapters that have no tokens."""
     c = case(m=37, top_k=4, e=9, loras=5)
-    sorted_ids, expert_ids, npad = align(topk_ids=c["ids"], token_lora_mapping=c["mapping"], num_experts=9,
-                                         max_loras=5, block_m=16, seed=3)
-    got = topk_ids_from_blocks_torch(sorted_token_ids=sorted_ids, expert_ids=expert_ids, num_tokens_post_padded=npad,
-                                     token_lora_mapping=c["mapping"], num_tokens=37, top_k=4, block_m=16)
+    sorted_ids, expert_ids, npad = align(
+        topk_ids=c["ids"], token_lora_mapping=c["mapping"], num_experts=9, max_loras=5, block_m=16, seed=3
+    )
+    got = topk_ids_from_blocks_torch(
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=npad,
+        token_lora_mapping=c["mapping"],
+        num_tokens=37,
+        top_k=4,
+        block_m=16,
+    )
     has = c["mapping"] >= 0
     assert torch.equal(got[has], c["ids"][has])
     assert (got[~has] == -1).all()
     from moelora.vllm_plugin._triton_layout import topk_ids_from_blocks_triton
 
-    tri = topk_ids_from_blocks_triton(sorted_token_ids=sorted_ids, expert_ids=expert_ids,
-                                      num_tokens_post_padded=npad, token_lora_mapping=c["mapping"], num_tokens=37,
-                                      top_k=4, block_m=16)
+    tri = topk_ids_from_blocks_triton(
+        sorted_token_ids=sorted_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=npad,
+        token_lora_mapping=c["mapping"],
+        num_tokens=37,
+        top_k=4,
+        block_m=16,
+    )
     assert torch.equal(tri, got)
 
 

@@ -44,9 +44,40 @@ def small_call():
             for s in range(top_k):
                 ae = (int(mapping[t]), int(ids[t, s]))
                 want[t, s] = w[t, s] * (x[t * top_k + s].double() @ a[ae].double().T) @ b[ae].double().T
-    args = (out, x, [a], [b], w, None, ids.view(-1), None, mapping, rank, top_k, torch.arange(loras, dtype=torch.int32),
-            torch.tensor([loras]), torch.ones(loras + 1, dtype=torch.int32), 16, 64, 32, 8, 4, 3, 1, 16, 64, 32, 8, 4,
-            3, 1, True, False, 0, True)
+    args = (
+        out,
+        x,
+        [a],
+        [b],
+        w,
+        None,
+        ids.view(-1),
+        None,
+        mapping,
+        rank,
+        top_k,
+        torch.arange(loras, dtype=torch.int32),
+        torch.tensor([loras]),
+        torch.ones(loras + 1, dtype=torch.int32),
+        16,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        16,
+        64,
+        32,
+        8,
+        4,
+        3,
+        1,
+        True,
+        False,
+        0,
+        True,
+    )
     return args, want
 
 
@@ -103,8 +134,10 @@ def test_unknown_value_keeps_vllm(monkeypatch, clean_plugin, plugin_log):
     assert any("unknown MOELORA_KERNEL='fastest'" in line for line in plugin_log)
 
 
-@pytest.mark.parametrize("version, pinned", [("0.26.0", True), ("0.32.0", True), ("0.32.3+cpu", True),
-                                             ("0.26.1", False), ("0.33.0", False), ("0.3.2", False)])
+@pytest.mark.parametrize(
+    "version, pinned",
+    [("0.26.0", True), ("0.32.0", True), ("0.32.3+cpu", True), ("0.26.1", False), ("0.33.0", False), ("0.3.2", False)],
+)
 def test_pinned_versions(version, pinned):
     from moelora.vllm_plugin.contract import check_version
 
@@ -119,8 +152,11 @@ def _mismatched(output, hidden_states, lora_a_stacked, lora_b_stacked, topk_weig
     "target, value, expected",
     [
         ("vllm.__version__", "0.27.1", "vLLM 0.27.1 is not a pinned release"),
-        ("vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora", _mismatched,
-         "parameter 1 is 'hidden_states', expected 'qcurr_hidden_states'"),
+        (
+            "vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora",
+            _mismatched,
+            "parameter 1 is 'hidden_states', expected 'qcurr_hidden_states'",
+        ),
     ],
     ids=["version", "signature"],
 )
@@ -156,8 +192,12 @@ def test_vllm_loader_in_a_fresh_process(tmp_path):
     """)
     env = {**os.environ, plugin.ENV: "moelora"}
     env.pop("VLLM_PLUGINS", None)
-    res = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on " \
-           "the CPU: moelora torch experts)" in res.stdout
+    assert (
+        "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on "
+        "the CPU: moelora torch experts)" in res.stdout
+    )
     assert "moelora/vllm_plugin/install.py" in res.stdout

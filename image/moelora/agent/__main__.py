@@ -29,10 +29,12 @@ def run_agent() -> int:
     kube = kube_module.Kube(client=kube_module.api_client(), namespace=settings.namespace)
     metrics = Metrics()
     # The watcher wakes the agent's loop on every change; the agent reads the watcher's snapshot.
-    watcher = kube_module.AdapterWatcher(kube=kube, model_server=settings.model_server,
-                                         on_change=lambda: agent.wake.set())
-    agent = Agent(settings=settings, kube=kube, desired=watcher, vllm=VllmClient(base_url=settings.vllm_url),
-                  metrics=metrics)
+    watcher = kube_module.AdapterWatcher(
+        kube=kube, model_server=settings.model_server, on_change=lambda: agent.wake.set()
+    )
+    agent = Agent(
+        settings=settings, kube=kube, desired=watcher, vllm=VllmClient(base_url=settings.vllm_url), metrics=metrics
+    )
     server = StatusServer(port=settings.port, metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -45,9 +47,15 @@ def run_agent() -> int:
     server.start()
     watcher.start()
     logging.getLogger("moelora.agent").info(
-        "agent for ModelServer %s/%s on pod %s: vLLM %s, cache %s (%d bytes), status on :%d", settings.namespace,
-        settings.model_server, settings.pod_name, settings.vllm_url, settings.cache_dir, settings.cache_bytes,
-        server.port)
+        "agent for ModelServer %s/%s on pod %s: vLLM %s, cache %s (%d bytes), status on :%d",
+        settings.namespace,
+        settings.model_server,
+        settings.pod_name,
+        settings.vllm_url,
+        settings.cache_dir,
+        settings.cache_bytes,
+        server.port,
+    )
     try:
         agent.run()
     finally:

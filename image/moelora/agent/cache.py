@@ -43,8 +43,7 @@ class AdapterCache:
             if path.name.startswith(".") or not path.is_dir():
                 continue
             try:
-                found.append(Entry(version=path.name, path=path, size=directory_bytes(path),
-                                   used=path.stat().st_mtime))
+                found.append(Entry(version=path.name, path=path, size=directory_bytes(path), used=path.stat().st_mtime))
             except FileNotFoundError:  # evicted meanwhile
                 continue
         return sorted(found, key=lambda e: (e.used, e.version))
@@ -83,6 +82,10 @@ class AdapterCache:
             total -= entry.size
             evicted.append(entry.version)
         if total + room_for > self.limit_bytes:
-            logger.warning("adapter cache holds %d bytes of loaded adapters (+%d wanted), over its limit of %d",
-                           total, room_for, self.limit_bytes)
+            logger.warning(
+                "adapter cache holds %d bytes of loaded adapters (+%d wanted), over its limit of %d",
+                total,
+                room_for,
+                self.limit_bytes,
+            )
         return evicted

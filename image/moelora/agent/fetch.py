@@ -27,8 +27,13 @@ TEMP_PREFIX = ".tmp-"
 MiB = 2**20
 
 # Files over 16 MiB are fetched as 8 MiB ranges, up to 8 at a time; small files go in one GET each, also in parallel.
-DEFAULT_TRANSFER = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=8 * MiB, max_concurrency=8,
-                                  use_threads=True, io_chunksize=256 * 1024)
+DEFAULT_TRANSFER = TransferConfig(
+    multipart_threshold=16 * MiB,
+    multipart_chunksize=8 * MiB,
+    max_concurrency=8,
+    use_threads=True,
+    io_chunksize=256 * 1024,
+)
 
 
 class _Known(BaseSubscriber):  # type: ignore[misc]
@@ -62,8 +67,10 @@ def check_etag_pin(listing: Listing, pin: VersionPin | None) -> None:
     weights = listing.get(WEIGHTS_FILE)
     found = weights.etag.strip('"').lower() if weights else None
     if found != pin.etag.strip('"').lower():
-        raise AdapterError(FailureReason.VERSION_MISMATCH,
-                           f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}")
+        raise AdapterError(
+            FailureReason.VERSION_MISMATCH,
+            f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}",
+        )
 
 
 CONFIG_LIMIT = 1 * MiB  # adapter_config.json is a few hundred bytes; anything this large is not one
@@ -109,8 +116,9 @@ def fetch(
         for obj in listing.objects:  # a short read must never pass for a complete file
             size = (temp / obj.relpath).stat().st_size
             if size != obj.size:
-                raise AdapterError(FailureReason.VERSION_MISMATCH,
-                                   f"{obj.relpath}: got {size} bytes, listed {obj.size}")
+                raise AdapterError(
+                    FailureReason.VERSION_MISMATCH, f"{obj.relpath}: got {size} bytes, listed {obj.size}"
+                )
         _verify_sha256(temp, pin)
         os.chmod(temp, 0o755)  # mkdtemp makes it 0700; vLLM may run as another user
         try:
@@ -128,12 +136,17 @@ def _verify_sha256(directory: pathlib.Path, pin: VersionPin | None) -> None:
         return
     found = sha256_file(directory / WEIGHTS_FILE)
     if found != pin.sha256:
-        raise AdapterError(FailureReason.VERSION_MISMATCH,
-                           f"{WEIGHTS_FILE} has sha256 {found}, the pin asks for {pin.sha256}")
+        raise AdapterError(
+            FailureReason.VERSION_MISMATCH, f"{WEIGHTS_FILE} has sha256 {found}, the pin asks for {pin.sha256}"
+        )
 
 
 def _download_all(
-    *, client: Any, listing: Listing, into: pathlib.Path, on_bytes: Callable[[int], None] | None,
+    *,
+    client: Any,
+    listing: Listing,
+    into: pathlib.Path,
+    on_bytes: Callable[[int], None] | None,
     transfer_config: TransferConfig,
 ) -> None:
     # s3transfer pins ranged GETs to the ETag itself but not single GETs, and refuses IfMatch as an extra arg:
@@ -153,8 +166,14 @@ def _download_all(
         for obj in listing.objects:
             target = into / obj.relpath
             target.parent.mkdir(parents=True, exist_ok=True)
-            futures.append((obj, manager.download(listing.location.bucket, obj.key, str(target),
-                                                  subscribers=[_Known(obj, on_bytes)])))
+            futures.append(
+                (
+                    obj,
+                    manager.download(
+                        listing.location.bucket, obj.key, str(target), subscribers=[_Known(obj, on_bytes)]
+                    ),
+                )
+            )
         for obj, future in futures:
             try:
                 future.result()
@@ -167,8 +186,9 @@ def _download_all(
         client.meta.events.unregister("before-parameter-build.s3.GetObject", unique_id=handler_id)
 
 
-def fetch_tree(*, client: Any, listing: Listing, dest: pathlib.Path,
-               transfer_config: TransferConfig = DEFAULT_TRANSFER) -> None:
+def fetch_tree(
+    *, client: Any, listing: Listing, dest: pathlib.Path, transfer_config: TransferConfig = DEFAULT_TRANSFER
+) -> None:
     """Download a whole prefix (a base model) into `dest`, which may be a mount point: files land in a temporary
     directory inside it and are moved into place only once all arrived; `.moelora-complete` marks a finished copy."""
     marker = dest / ".moelora-complete"

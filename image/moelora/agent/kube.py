@@ -32,7 +32,8 @@ def api_client() -> kubernetes.client.ApiClient:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
         return kubernetes.client.ApiClient()
     client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=os.environ.get("KUBECONFIG") or None)
+        config_file=os.environ.get("KUBECONFIG") or None
+    )
     return client
 
 
@@ -49,17 +50,20 @@ class Kube:
     def list_adapters(self) -> tuple[list[dict[str, Any]], str | None]:
         """All LoRAAdapters of the namespace and the list's resourceVersion (to watch from)."""
         body: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
-            GROUP, VERSION, self.namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT)
+            GROUP, VERSION, self.namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT
+        )
         return list(body.get("items", [])), (body.get("metadata") or {}).get("resourceVersion") or None
 
-    def watch_adapters(self, *, resource_version: str | None, timeout_seconds: int,
-                       watch: kubernetes.watch.Watch) -> Iterator[tuple[str, dict[str, Any]]]:
+    def watch_adapters(
+        self, *, resource_version: str | None, timeout_seconds: int, watch: kubernetes.watch.Watch
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event type, object) until the server ends the watch; ERROR events come through for the caller."""
         kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds, "_request_timeout": timeout_seconds + 30}
         if resource_version:
             kwargs["resource_version"] = resource_version
         events = watch.stream(  # type: ignore[no-untyped-call]
-            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs)
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs
+        )
         for event in events:
             yield str(event["type"]), event["raw_object"]
 
@@ -78,11 +82,16 @@ class Kube:
         # Explicit nulls: a merge patch must delete a stale reason/lastError, not leave it.
         status: dict[str, Any] = {"replicas": {pod: state.model_dump(mode="json", by_alias=True)}}
         if info is not None:
-            status.update(rank=info.rank, baseModel=info.base_model, targetModules=list(info.target_modules),
-                          sizeBytes=info.size_bytes)
+            status.update(
+                rank=info.rank,
+                baseModel=info.base_model,
+                targetModules=list(info.target_modules),
+                sizeBytes=info.size_bytes,
+            )
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                              {"status": status}, _request_timeout=REQUEST_TIMEOUT)
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as error:
             if error.status == 404:
                 return False
@@ -92,8 +101,9 @@ class Kube:
 
 def belongs(obj: dict[str, Any], *, model_server: str) -> bool:
     """Desired by this server: names it, and is not being deleted."""
-    return (obj.get("spec") or {}).get("modelServer") == model_server and not (
-        obj.get("metadata") or {}).get("deletionTimestamp")
+    return (obj.get("spec") or {}).get("modelServer") == model_server and not (obj.get("metadata") or {}).get(
+        "deletionTimestamp"
+    )
 
 
 class AdapterWatcher:
@@ -103,8 +113,9 @@ class AdapterWatcher:
     a backoff, so the snapshot converges whatever happened in between. `on_change` runs after every change.
     """
 
-    def __init__(self, *, kube: Kube, model_server: str, on_change: Callable[[], None],
-                 watch_timeout: int = 300) -> None:
+    def __init__(
+        self, *, kube: Kube, model_server: str, on_change: Callable[[], None], watch_timeout: int = 300
+    ) -> None:
         self.kube = kube
         self.model_server = model_server
         self.on_change = on_change
@@ -134,8 +145,11 @@ class AdapterWatcher:
         try:
             return Desired.from_object(obj)
         except (ValueError, KeyError) as error:  # the CRD validates; an object it let through is skipped
-            logger.warning("skipping LoRAAdapter %s: invalid spec: %s", obj.get("metadata", {}).get("name"),
-                           str(error).splitlines()[0])
+            logger.warning(
+                "skipping LoRAAdapter %s: invalid spec: %s",
+                obj.get("metadata", {}).get("name"),
+                str(error).splitlines()[0],
+            )
             return None
 
     def _replace(self, items: list[dict[str, Any]]) -> None:
@@ -165,8 +179,9 @@ class AdapterWatcher:
                 self.on_change()
                 backoff = 0.5
                 self._watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-                for kind, obj in self.kube.watch_adapters(resource_version=version, timeout_seconds=self.watch_timeout,
-                                                          watch=self._watch):
+                for kind, obj in self.kube.watch_adapters(
+                    resource_version=version, timeout_seconds=self.watch_timeout, watch=self._watch
+                ):
                     if self._stop.is_set():
                         return
                     if kind == "ERROR":  # e.g. 410 Gone: our resourceVersion is too old

@@ -18,29 +18,50 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.loaded = Gauge("moelora_adapter_loaded", "1 while vLLM serves the adapter on this pod.",
-                            ["adapter", "served_name"], registry=self.registry)
-        self.load_seconds = Histogram("moelora_adapter_load_duration_seconds",
-                                      "From starting work on an adapter version to vLLM serving it.",
-                                      ["adapter"], buckets=LOAD_BUCKETS, registry=self.registry)
-        self.downloaded = Counter("moelora_adapter_downloaded_bytes", "Bytes downloaded from S3 for the adapter.",
-                                  ["adapter"], registry=self.registry)
-        self.failures = Counter("moelora_adapter_failures", "Failed attempts, by reason.", ["adapter", "reason"],
-                                registry=self.registry)
+        self.loaded = Gauge(
+            "moelora_adapter_loaded",
+            "1 while vLLM serves the adapter on this pod.",
+            ["adapter", "served_name"],
+            registry=self.registry,
+        )
+        self.load_seconds = Histogram(
+            "moelora_adapter_load_duration_seconds",
+            "From starting work on an adapter version to vLLM serving it.",
+            ["adapter"],
+            buckets=LOAD_BUCKETS,
+            registry=self.registry,
+        )
+        self.downloaded = Counter(
+            "moelora_adapter_downloaded_bytes",
+            "Bytes downloaded from S3 for the adapter.",
+            ["adapter"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "moelora_adapter_failures", "Failed attempts, by reason.", ["adapter", "reason"], registry=self.registry
+        )
         self.cache_bytes = Gauge("moelora_adapter_cache_bytes", "Bytes in the adapter cache.", registry=self.registry)
-        self.ready = Gauge("moelora_agent_ready", "1 when vLLM is up and every adapter is settled.",
-                           registry=self.registry)
+        self.ready = Gauge(
+            "moelora_agent_ready", "1 when vLLM is up and every adapter is settled.", registry=self.registry
+        )
 
     def forget(self, *, adapter: str, served_name: str) -> None:
         """Drop a deleted adapter's series (500 adapters coming and going must not grow the scrape forever)."""
-        for metric, labels in ((self.loaded, (adapter, served_name)), (self.load_seconds, (adapter,)),
-                               (self.downloaded, (adapter,))):
+        for metric, labels in (
+            (self.loaded, (adapter, served_name)),
+            (self.load_seconds, (adapter,)),
+            (self.downloaded, (adapter,)),
+        ):
             try:
                 metric.remove(*labels)
             except KeyError:
                 pass
-        reasons = {s.labels["reason"] for m in self.failures.collect() for s in m.samples
-                   if s.labels.get("adapter") == adapter and s.name.endswith("_total")}
+        reasons = {
+            s.labels["reason"]
+            for m in self.failures.collect()
+            for s in m.samples
+            if s.labels.get("adapter") == adapter and s.name.endswith("_total")
+        }
         for reason in reasons:
             try:
                 self.failures.remove(adapter, reason)
@@ -51,8 +72,15 @@ class Metrics:
 class StatusServer:
     """/metrics, /readyz (200 only when `ready()`), /healthz (200 while `alive()`), on its own thread."""
 
-    def __init__(self, *, port: int, metrics: Metrics, ready: Callable[[], bool], alive: Callable[[], bool],
-                 host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        *,
+        port: int,
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        alive: Callable[[], bool],
+        host: str = "0.0.0.0",
+    ) -> None:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):

@@ -42,9 +42,12 @@ class Desired:
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Desired:
         meta = obj.get("metadata", {})
-        return cls(uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta['name']}"), name=meta["name"],
-                   created=str(meta.get("creationTimestamp") or ""),
-                   spec=LoRAAdapterSpec.model_validate(obj.get("spec", {})))
+        return cls(
+            uid=str(meta.get("uid") or f"{meta.get('namespace')}/{meta['name']}"),
+            name=meta["name"],
+            created=str(meta.get("creationTimestamp") or ""),
+            spec=LoRAAdapterSpec.model_validate(obj.get("spec", {})),
+        )
 
 
 class Stage(str, enum.Enum):
@@ -77,8 +80,17 @@ class Record:
     conflict_with: str | None = None  # the adapter that holds our served name
     failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
 
-    def fail(self, reason: FailureReason, message: str, *, permanent: bool, now: float,
-             backoff: float = 1.0, max_backoff: float = 60.0, max_attempts: int = 6) -> None:
+    def fail(
+        self,
+        reason: FailureReason,
+        message: str,
+        *,
+        permanent: bool,
+        now: float,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        max_attempts: int = 6,
+    ) -> None:
         self.attempts += 1
         self.reason, self.message = reason, message
         # A transient failure that keeps coming back counts as failed for readiness, but is still retried.
@@ -88,13 +100,18 @@ class Record:
 
     def state(self) -> ReplicaAdapterState:
         """This pod's entry in the LoRAAdapter's status.replicas."""
-        phases = {Stage.PENDING: AdapterPhase.PENDING, Stage.PREPARING: AdapterPhase.DOWNLOADING,
-                  Stage.READY: AdapterPhase.DOWNLOADING, Stage.LOADED: AdapterPhase.LOADED,
-                  # A transient failure is still being worked on; only a permanent one is Failed.
-                  Stage.FAILED: AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING}
+        phases = {
+            Stage.PENDING: AdapterPhase.PENDING,
+            Stage.PREPARING: AdapterPhase.DOWNLOADING,
+            Stage.READY: AdapterPhase.DOWNLOADING,
+            Stage.LOADED: AdapterPhase.LOADED,
+            # A transient failure is still being worked on; only a permanent one is Failed.
+            Stage.FAILED: AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING,
+        }
         phase = phases[self.stage]
         return ReplicaAdapterState(
-            loaded=self.stage is Stage.LOADED, state=phase,
+            loaded=self.stage is Stage.LOADED,
+            state=phase,
             reason=self.reason.value if self.reason and self.stage is Stage.FAILED else None,
             last_error=self.message if self.stage is Stage.FAILED else None,
             loaded_at=self.loaded_at if self.stage is Stage.LOADED else None,
@@ -153,8 +170,12 @@ def plan(
         record = records.get(item.uid)
         if item.uid in busy:
             continue
-        if (record is None or record.spec_hash != item.spec_hash or record.served_name != item.served_name
-                or record.conflict_with is not None):
+        if (
+            record is None
+            or record.spec_hash != item.spec_hash
+            or record.served_name != item.served_name
+            or record.conflict_with is not None
+        ):
             result.prepare.append(item.uid)
         elif record.stage is Stage.FAILED:
             if not record.permanent and now >= record.retry_at:
@@ -172,12 +193,17 @@ def plan(
     if loaded is not None:
         # Keep serving an adapter while its new version is prepared; stop once it failed for good (status and
         # serving must agree). Adapters vLLM got elsewhere (--lora-modules) are not ours to unload.
-        wanted = {d.served_name for d in chosen
-                  if not ((r := records.get(d.uid)) and r.spec_hash == d.spec_hash and r.stage is Stage.FAILED
-                          and r.permanent)}
+        wanted = {
+            d.served_name
+            for d in chosen
+            if not (
+                (r := records.get(d.uid)) and r.spec_hash == d.spec_hash and r.stage is Stage.FAILED and r.permanent
+            )
+        }
         prefix = cache_dir.rstrip("/") + "/"
-        result.unload = sorted(name for name, adapter in loaded.items()
-                               if name not in wanted and adapter.path.startswith(prefix))
+        result.unload = sorted(
+            name for name, adapter in loaded.items() if name not in wanted and adapter.path.startswith(prefix)
+        )
     desired_uids = {d.uid for d in desired}
     result.forget = [uid for uid in records if uid not in desired_uids]
     return result

@@ -34,7 +34,6 @@ from moelora.api import FailureReason, ReplicaAdapterState
 logger = logging.getLogger(__name__)
 
 
-
 class StatusWriter(Protocol):
     def read_secret(self, *, name: str) -> dict[str, str] | None: ...
     def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool: ...
@@ -58,16 +57,28 @@ class Outcome:
 
 
 class Agent:
-    def __init__(self, *, settings: Settings, kube: StatusWriter, desired: DesiredSource, vllm: VllmClient,
-                 metrics: Metrics, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        kube: StatusWriter,
+        desired: DesiredSource,
+        vllm: VllmClient,
+        metrics: Metrics,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.kube = kube
         self.desired_source = desired
         self.vllm = vllm
         self.metrics = metrics
         self.monotonic = monotonic
-        self.limits = Limits(base_model=settings.base_model, max_rank=settings.max_lora_rank,
-                             target_modules=settings.target_modules, max_bytes=settings.max_adapter_bytes)
+        self.limits = Limits(
+            base_model=settings.base_model,
+            max_rank=settings.max_lora_rank,
+            target_modules=settings.target_modules,
+            max_bytes=settings.max_adapter_bytes,
+        )
         self.cache = AdapterCache(root=settings.cache_dir, limit_bytes=settings.cache_bytes)
         self.records: dict[str, Record] = {}
         self.busy: dict[str, concurrent.futures.Future[None]] = {}
@@ -127,8 +138,14 @@ class Agent:
         if now >= self.next_resync:
             self.next_resync = now + self.settings.resync_seconds
             self._resync(desired)
-        plan = reconcile.plan(desired=desired, records=self.records, loaded=loaded, busy=set(self.busy),
-                              cache_dir=str(self.settings.cache_dir), now=now)
+        plan = reconcile.plan(
+            desired=desired,
+            records=self.records,
+            loaded=loaded,
+            busy=set(self.busy),
+            cache_dir=str(self.settings.cache_dir),
+            now=now,
+        )
         for uid, winner in plan.conflicts.items():
             self._conflict(by_uid[uid], winner, now)
         for uid in plan.forget:
@@ -188,8 +205,13 @@ class Agent:
             except TransientError as error:
                 self._fail(record, error.reason, error.message, permanent=False)
                 return
-            logger.info("loaded adapter %s as %r from %s%s", record.name, load.served_name, load.path,
-                        " (in place)" if inplace else "")
+            logger.info(
+                "loaded adapter %s as %r from %s%s",
+                record.name,
+                load.served_name,
+                load.path,
+                " (in place)" if inplace else "",
+            )
             self._mark_loaded(record, observe=True)
             return
 
@@ -221,21 +243,30 @@ class Agent:
         self.metrics.failures.labels(record.name, reason.value).inc()
         self.metrics.loaded.labels(record.name, record.served_name).set(0)
         log = logger.warning if record.permanent else logger.info
-        log("adapter %s failed (%s%s): %s", record.name, reason.value, "" if record.permanent else ", will retry",
-            message)
+        log(
+            "adapter %s failed (%s%s): %s",
+            record.name,
+            reason.value,
+            "" if record.permanent else ", will retry",
+            message,
+        )
 
     def _conflict(self, item: Desired, winner: str, now: float) -> None:
         record = self.records.get(item.uid)
         if record is not None and record.conflict_with == winner:
             return
         if record is None:
-            record = self.records[item.uid] = Record(uid=item.uid, name=item.name, served_name=item.served_name,
-                                                     spec_hash=item.spec_hash)
+            record = self.records[item.uid] = Record(
+                uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash
+            )
         record.conflict_with = winner
         record.attempts = 0
-        self._fail(record, FailureReason.NAME_CONFLICT,
-                   f"served name {item.served_name!r} is already taken by the older adapter {winner!r}",
-                   permanent=True)
+        self._fail(
+            record,
+            FailureReason.NAME_CONFLICT,
+            f"served name {item.served_name!r} is already taken by the older adapter {winner!r}",
+            permanent=True,
+        )
 
     def _forget(self, uid: str) -> None:
         record = self.records.pop(uid)
@@ -262,8 +293,9 @@ class Agent:
         record = self.records.get(item.uid)
         if record is None or record.spec_hash != item.spec_hash or record.served_name != item.served_name:
             old = record
-            record = self.records[item.uid] = Record(uid=item.uid, name=item.name, served_name=item.served_name,
-                                                     spec_hash=item.spec_hash)
+            record = self.records[item.uid] = Record(
+                uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash
+            )
             if old is not None and old.served_name == item.served_name and old.stage is Stage.LOADED:
                 record.path, record.version = old.path, old.version  # still served while the new version comes
         if not refresh:
@@ -280,26 +312,31 @@ class Agent:
         """List, check, download and validate one adapter; the outcome goes back to the loop (never raises)."""
         try:
             version, path, info = self._download_and_validate(item, known_bad)
-            outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version,
-                              path=str(path), info=info)
+            outcome = Outcome(
+                uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version, path=str(path), info=info
+            )
         except Exception as error:  # noqa: BLE001 - every failure becomes this adapter's, and only its
             outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, error=error)
         self.outcomes.put(outcome)
         self.wake.set()
 
-    def _download_and_validate(self, item: Desired,
-                               known_bad: AdapterError | None) -> tuple[str, pathlib.Path, AdapterInfo]:
+    def _download_and_validate(
+        self, item: Desired, known_bad: AdapterError | None
+    ) -> tuple[str, pathlib.Path, AdapterInfo]:
         source = item.spec.source
         credentials = None
         if source.credentials_secret is not None:
             data = self.kube.read_secret(name=source.credentials_secret.name)
             if data is None:
-                raise AdapterError(FailureReason.SECRET_NOT_FOUND,
-                                   f"Secret {source.credentials_secret.name!r} not found (or not readable)")
+                raise AdapterError(
+                    FailureReason.SECRET_NOT_FOUND,
+                    f"Secret {source.credentials_secret.name!r} not found (or not readable)",
+                )
             self._secrets = self._secrets | {v for v in data.values() if v}
             credentials = Credentials.from_secret(data, secret_name=source.credentials_secret.name)
-        client = self._client(ClientConfig(endpoint_url=source.endpoint_url, region=source.region,
-                                           credentials=credentials))
+        client = self._client(
+            ClientConfig(endpoint_url=source.endpoint_url, region=source.region, credentials=credentials)
+        )
         listing = list_source(client, location=parse_s3_uri(source.uri))
         if known_bad is not None and known_bad.version == listing.version:
             raise known_bad
@@ -312,8 +349,13 @@ class Agent:
                 present = (self.settings.cache_dir / listing.version).is_dir()
                 self.cache.evict(keep=self._protected | self._inflight, room_for=0 if present else listing.total_bytes)
             counter = self.metrics.downloaded.labels(item.name)
-            path = fetch(client=client, listing=listing, cache_dir=self.settings.cache_dir, pin=item.spec.pin,
-                         on_bytes=counter.inc)
+            path = fetch(
+                client=client,
+                listing=listing,
+                cache_dir=self.settings.cache_dir,
+                pin=item.spec.pin,
+                on_bytes=counter.inc,
+            )
             try:
                 info = validate(path, self.limits)
             except AdapterError:
@@ -330,8 +372,7 @@ class Agent:
             if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
                 if len(self._clients) >= 64:  # rotated credentials leave old entries behind: start afresh
                     self._clients.clear()
-                client = self._clients[config] = make_client(config,
-                                                             max_connections=self.settings.download_workers * 4)
+                client = self._clients[config] = make_client(config, max_connections=self.settings.download_workers * 4)
         return client
 
     def _collect(self) -> None:
@@ -355,8 +396,11 @@ class Agent:
                         self._inflight.discard(error.version)
                 if outcome.refresh and record.stage is Stage.LOADED:
                     # Serving what was checked before beats dropping it over a new problem (S3 down, files gone).
-                    logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name,
-                                redact(str(error), self._secrets))
+                    logger.info(
+                        "re-checking adapter %s failed, keeping what is loaded: %s",
+                        record.name,
+                        redact(str(error), self._secrets),
+                    )
                     continue
                 if isinstance(error, AdapterError):
                     if outcome.refresh and error.reason is record.reason and error.version == record.failed_version:

@@ -26,8 +26,15 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 # Pickle-based formats: torch.load on them can run arbitrary code, so they are refused outright.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
-_ACCESS_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "AllAccessDisabled",
-                 "InvalidToken", "ExpiredToken"}
+_ACCESS_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "403",
+    "AllAccessDisabled",
+    "InvalidToken",
+    "ExpiredToken",
+}
 _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 
 
@@ -63,8 +70,10 @@ class Credentials:
     def from_secret(cls, data: Mapping[str, str], *, secret_name: str) -> Credentials:
         key_id, secret = data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY")
         if not key_id or not secret:
-            raise AdapterError(FailureReason.SECRET_NOT_FOUND,
-                               f"Secret {secret_name!r} lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY")
+            raise AdapterError(
+                FailureReason.SECRET_NOT_FOUND,
+                f"Secret {secret_name!r} lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY",
+            )
         return cls(access_key_id=key_id, secret_access_key=secret, session_token=data.get("AWS_SESSION_TOKEN") or None)
 
     def values(self) -> tuple[str, ...]:
@@ -96,7 +105,8 @@ def make_client(config: ClientConfig, *, max_connections: int = 16) -> Any:
     botocore_config = botocore.config.Config(
         retries={"mode": "standard", "max_attempts": 4},
         max_pool_connections=max_connections,
-        connect_timeout=5, read_timeout=60,
+        connect_timeout=5,
+        read_timeout=60,
         # S3-compatible stores (MinIO, moto, a loopback IP) rarely serve virtual-host buckets; AWS itself needs no hint.
         s3={"addressing_style": "path"} if custom_endpoint else {},
     )
@@ -136,10 +146,16 @@ def safe_relpath(key: str, *, prefix: str) -> str:
     """The key's path below `prefix`, or AdapterError(UnsafeKey) if it could land outside the adapter's directory."""
     if not key.startswith(prefix):
         raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} is outside prefix {prefix!r}")
-    rel = key[len(prefix):]
+    rel = key[len(prefix) :]
     parts = rel.split("/")
-    if (not rel or rel.startswith("/") or "\\" in rel or "\0" in rel or re.match(r"^[A-Za-z]:", rel)
-            or any(part in ("", ".", "..") for part in parts)):
+    if (
+        not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\0" in rel
+        or re.match(r"^[A-Za-z]:", rel)
+        or any(part in ("", ".", "..") for part in parts)
+    ):
         raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} would escape the adapter's directory")
     if posixpath.normpath(rel) != rel:
         raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} is not a normal relative path")
@@ -173,8 +189,14 @@ def list_source(client: Any, *, location: S3Location, max_objects: int = 10000) 
                 key = item["Key"]
                 if key.endswith("/") and item.get("Size", 0) == 0:
                     continue  # a "folder" created by a console
-                objects.append(RemoteObject(key=key, relpath=safe_relpath(key, prefix=location.prefix),
-                                            size=int(item["Size"]), etag=str(item.get("ETag", ""))))
+                objects.append(
+                    RemoteObject(
+                        key=key,
+                        relpath=safe_relpath(key, prefix=location.prefix),
+                        size=int(item["Size"]),
+                        etag=str(item.get("ETag", "")),
+                    )
+                )
                 if len(objects) > max_objects:
                     raise AdapterError(FailureReason.TOO_LARGE, f"{location} holds more than {max_objects} objects")
     except AdapterError:
@@ -190,12 +212,16 @@ def check_listing(listing: Listing, *, max_bytes: int) -> None:
     """Refuse, before downloading, what the files' names and sizes already condemn."""
     unsafe = [o.relpath for o in listing.objects if o.relpath.lower().endswith(UNSAFE_SUFFIXES)]
     if unsafe:
-        raise AdapterError(FailureReason.UNSAFE_WEIGHTS_FORMAT,
-                           f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}")
+        raise AdapterError(
+            FailureReason.UNSAFE_WEIGHTS_FORMAT,
+            f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}",
+        )
     if listing.get(CONFIG_FILE) is None:
         raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {listing.location}")
     if listing.get(WEIGHTS_FILE) is None:
         raise AdapterError(FailureReason.WEIGHTS_MISSING, f"no {WEIGHTS_FILE} under {listing.location}")
     if listing.total_bytes > max_bytes:
-        raise AdapterError(FailureReason.TOO_LARGE,
-                           f"{listing.total_bytes} bytes under {listing.location}, over the limit of {max_bytes}")
+        raise AdapterError(
+            FailureReason.TOO_LARGE,
+            f"{listing.total_bytes} bytes under {listing.location}, over the limit of {max_bytes}",
+        )

@@ -74,8 +74,9 @@ def adapter_target_modules(config: dict[str, Any]) -> tuple[str, ...]:
         return (modules,)
     if isinstance(modules, list) and modules and all(isinstance(m, str) and m for m in modules):
         return tuple(sorted(set(modules)))
-    raise AdapterError(FailureReason.CONFIG_INVALID,
-                       f"'target_modules' must be a non-empty list of module names, got {modules!r}")
+    raise AdapterError(
+        FailureReason.CONFIG_INVALID, f"'target_modules' must be a non-empty list of module names, got {modules!r}"
+    )
 
 
 def directory_bytes(directory: pathlib.Path) -> int:
@@ -108,33 +109,44 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
     modules = adapter_target_modules(config)
     base = config.get("base_model_name_or_path")
     if not isinstance(base, str) or not base.strip():
-        raise AdapterError(FailureReason.BASE_MODEL_MISMATCH,
-                           f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {limits.base_model!r}")
+        raise AdapterError(
+            FailureReason.BASE_MODEL_MISMATCH,
+            f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {limits.base_model!r}",
+        )
     if rank > limits.max_rank:
-        raise AdapterError(FailureReason.RANK_TOO_HIGH,
-                           f"rank {rank} is above this server's maxLoraRank {limits.max_rank}")
+        raise AdapterError(
+            FailureReason.RANK_TOO_HIGH, f"rank {rank} is above this server's maxLoraRank {limits.max_rank}"
+        )
     if not same_base_model(limits.base_model, base):
-        raise AdapterError(FailureReason.BASE_MODEL_MISMATCH,
-                           f"trained on {base!r}, this server serves {limits.base_model!r}")
+        raise AdapterError(
+            FailureReason.BASE_MODEL_MISMATCH, f"trained on {base!r}, this server serves {limits.base_model!r}"
+        )
     if limits.target_modules:
         if isinstance(config.get("target_modules"), str) and modules[0] not in limits.target_modules:
-            raise AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES,
-                               f"target_modules is the pattern {modules[0]!r}; this server allows only "
-                               f"{sorted(limits.target_modules)}: list the modules explicitly")
+            raise AdapterError(
+                FailureReason.UNSUPPORTED_TARGET_MODULES,
+                f"target_modules is the pattern {modules[0]!r}; this server allows only "
+                f"{sorted(limits.target_modules)}: list the modules explicitly",
+            )
         extra = sorted(set(modules) - limits.target_modules)
         if extra:
-            raise AdapterError(FailureReason.UNSUPPORTED_TARGET_MODULES,
-                               f"targets {extra}, this server allows only {sorted(limits.target_modules)}")
+            raise AdapterError(
+                FailureReason.UNSUPPORTED_TARGET_MODULES,
+                f"targets {extra}, this server allows only {sorted(limits.target_modules)}",
+            )
     return rank, base, modules
 
 
 def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
     """The adapter's facts if this server can serve it; else AdapterError with the first failing reason."""
-    unsafe = sorted(str(p.relative_to(directory)) for p in directory.rglob("*")
-                    if p.name.lower().endswith(UNSAFE_SUFFIXES))
+    unsafe = sorted(
+        str(p.relative_to(directory)) for p in directory.rglob("*") if p.name.lower().endswith(UNSAFE_SUFFIXES)
+    )
     if unsafe:
-        raise AdapterError(FailureReason.UNSAFE_WEIGHTS_FORMAT,
-                           f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}")
+        raise AdapterError(
+            FailureReason.UNSAFE_WEIGHTS_FORMAT,
+            f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}",
+        )
     links = [p for p in directory.rglob("*") if p.is_symlink()]
     if links:
         raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {links[0].name}")

@@ -55,12 +55,14 @@ class VllmClient:
         self.attempts = attempts
         self.backoff = backoff
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
-                 timeout: float | None = None) -> tuple[int, bytes]:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> tuple[int, bytes]:
         """(status, body) for any HTTP answer; status 0 when vLLM could not be reached."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json"} if data else {})
+        request = urllib.request.Request(
+            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"} if data else {}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
                 return response.status, response.read()
@@ -90,13 +92,17 @@ class VllmClient:
         if status != 200:
             raise TransientError(f"vLLM /v1/models answered {status}")
         cards = json.loads(payload).get("data", [])
-        return {card["id"]: LoadedAdapter(name=card["id"], path=card.get("root") or "", parent=card.get("parent"))
-                for card in cards if card.get("parent")}
+        return {
+            card["id"]: LoadedAdapter(name=card["id"], path=card.get("root") or "", parent=card.get("parent"))
+            for card in cards
+            if card.get("parent")
+        }
 
     def load(self, *, name: str, path: str, inplace: bool = False) -> None:
         """Register (or with inplace, replace) an adapter; raises Duplicate, AdapterError or TransientError."""
         status, payload = self._with_retries(
-            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace})
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path, "load_inplace": inplace}
+        )
         if status != 200:
             raise classify_load_error(status, _message(payload))
 

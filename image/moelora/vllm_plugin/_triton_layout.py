@@ -21,11 +21,15 @@ def _scatter_block_experts_kernel(
     lora_ptr,  # (M,) int adapter slot of each token, -1 none
     out_ptr,  # (num_pairs,) int32, -1 on entry; out: expert of each pair
     # sizes
-    num_pairs, width, top_k,
+    num_pairs,
+    width,
+    top_k,
     # strides
-    stride_sl, stride_el,
+    stride_sl,
+    stride_el,
     # meta
-    BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     slot = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -57,8 +61,17 @@ def topk_ids_from_blocks_triton(
         return out.view(num_tokens, top_k)
     grid = (slots, triton.cdiv(width, _BLOCK))
     _scatter_block_experts_kernel[grid](
-        sorted_token_ids, expert_ids, num_tokens_post_padded, token_lora_mapping, out,
-        num_pairs, width, top_k, sorted_token_ids.stride(0), expert_ids.stride(0),
-        BLOCK_M=block_m, BLOCK=_BLOCK,
+        sorted_token_ids,
+        expert_ids,
+        num_tokens_post_padded,
+        token_lora_mapping,
+        out,
+        num_pairs,
+        width,
+        top_k,
+        sorted_token_ids.stride(0),
+        expert_ids.stride(0),
+        BLOCK_M=block_m,
+        BLOCK=_BLOCK,
     )
     return out.view(num_tokens, top_k)

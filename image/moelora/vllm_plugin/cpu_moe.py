@@ -25,15 +25,70 @@ from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedM
 
 __all__ = ["TorchLoRAExperts", "check", "install_cpu_moe", "uninstall_cpu_moe"]
 
-_APPLY = ("self", "output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
-          "global_num_experts", "expert_map", "a1q_scale", "a2_scale", "workspace13", "workspace2",
-          "expert_tokens_meta", "apply_router_weight_on_input")
-_W13 = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_ids", "topk_weights", "expert_map", "w1", "w2",
-        "num_tokens", "top_k_num", "max_loras", "adapter_enabled", "local_num_experts", "top_k", "num_slices",
-        "fully_sharded", "use_tuned_config", "add_inputs", "token_lora_mapping")
-_W2 = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_weights", "sorted_token_ids_lora",
-       "expert_ids_lora", "num_tokens_post_padded_lora", "token_lora_mapping", "num_tokens", "w1", "w2", "top_k_num",
-       "max_loras", "adapter_enabled", "top_k", "fully_sharded", "tp_rank", "use_tuned_config", "add_inputs")
+_APPLY = (
+    "self",
+    "output",
+    "hidden_states",
+    "w1",
+    "w2",
+    "topk_weights",
+    "topk_ids",
+    "activation",
+    "global_num_experts",
+    "expert_map",
+    "a1q_scale",
+    "a2_scale",
+    "workspace13",
+    "workspace2",
+    "expert_tokens_meta",
+    "apply_router_weight_on_input",
+)
+_W13 = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_ids",
+    "topk_weights",
+    "expert_map",
+    "w1",
+    "w2",
+    "num_tokens",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "local_num_experts",
+    "top_k",
+    "num_slices",
+    "fully_sharded",
+    "use_tuned_config",
+    "add_inputs",
+    "token_lora_mapping",
+)
+_W2 = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_weights",
+    "sorted_token_ids_lora",
+    "expert_ids_lora",
+    "num_tokens_post_padded_lora",
+    "token_lora_mapping",
+    "num_tokens",
+    "w1",
+    "w2",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "top_k",
+    "fully_sharded",
+    "tp_rank",
+    "use_tuned_config",
+    "add_inputs",
+)
 _SELECT = ("moe_config",)
 
 # Launch parameters of the op's signature; our torch path ignores them.
@@ -42,9 +97,12 @@ _BLOCKS = (16, 64, 32, 8, 4, 3, 1)
 
 def check() -> str | None:
     """None when every vLLM function these patches stand in for has the parameters they were written against."""
-    for func, want in ((TritonExperts.apply, _APPLY), (PunicaWrapperBase.add_lora_w13, _W13),
-                       (PunicaWrapperBase.add_lora_w2, _W2),
-                       (method_mod.select_unquantized_moe_backend, _SELECT)):
+    for func, want in (
+        (TritonExperts.apply, _APPLY),
+        (PunicaWrapperBase.add_lora_w13, _W13),
+        (PunicaWrapperBase.add_lora_w2, _W2),
+        (method_mod.select_unquantized_moe_backend, _SELECT),
+    ):
         got = tuple(inspect.signature(func).parameters)
         if got != want:
             return f"{func.__qualname__} has parameters {got}, expected {want}"
@@ -58,11 +116,24 @@ class TorchLoRAExperts(TritonExperts):
     def _supports_current_device() -> bool:
         return True
 
-    def apply(self, output: torch.Tensor, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: Any, global_num_experts: int,
-              expert_map: torch.Tensor | None, a1q_scale: torch.Tensor | None, a2_scale: torch.Tensor | None,
-              workspace13: torch.Tensor, workspace2: torch.Tensor, expert_tokens_meta: Any,
-              apply_router_weight_on_input: bool) -> None:
+    def apply(
+        self,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: Any,
+        global_num_experts: int,
+        expert_map: torch.Tensor | None,
+        a1q_scale: torch.Tensor | None,
+        a2_scale: torch.Tensor | None,
+        workspace13: torch.Tensor,
+        workspace2: torch.Tensor,
+        expert_tokens_meta: Any,
+        apply_router_weight_on_input: bool,
+    ) -> None:
         if self.quant_dtype is not None:
             raise NotImplementedError("moelora's CPU MoE-LoRA experts are unquantized only")
         m, top_k = topk_ids.shape
@@ -83,9 +154,18 @@ class TorchLoRAExperts(TritonExperts):
         lora_context = self._lora_context
         meta: tuple[Any, ...] = (None, None, None, None)
         if lora_context is not None:
-            meta = self.apply_w13_lora(lora_context, y=cache1, x=hidden_states, topk_ids=topk_ids,
-                                       topk_weights=topk_weights, expert_map=expert_map, w1=w1, w2=w2,
-                                       num_tokens=m, top_k_num=top_k)
+            meta = self.apply_w13_lora(
+                lora_context,
+                y=cache1,
+                x=hidden_states,
+                topk_ids=topk_ids,
+                topk_weights=topk_weights,
+                expert_map=expert_map,
+                w1=w1,
+                w2=w2,
+                num_tokens=m,
+                top_k_num=top_k,
+            )
         cache2 = torch.empty(m * top_k, w2.shape[2], dtype=hidden_states.dtype, device=hidden_states.device)
         self.activation(activation, cache2, flat1)
         cache3 = torch.zeros(m, top_k, k, dtype=hidden_states.dtype, device=hidden_states.device)
@@ -103,50 +183,149 @@ class TorchLoRAExperts(TritonExperts):
             flat3[sel] = h
         if lora_context is not None:
             sorted_ids, expert_ids, npad, mapping = meta
-            self.apply_w2_lora(lora_context, y=cache3, x=cache2, topk_weights=topk_weights,
-                               sorted_token_ids_lora=sorted_ids, expert_ids_lora=expert_ids,
-                               num_tokens_post_padded_lora=npad, token_lora_mapping=mapping, num_tokens=m, w1=w1,
-                               w2=w2, top_k_num=top_k)
+            self.apply_w2_lora(
+                lora_context,
+                y=cache3,
+                x=cache2,
+                topk_weights=topk_weights,
+                sorted_token_ids_lora=sorted_ids,
+                expert_ids_lora=expert_ids,
+                num_tokens_post_padded_lora=npad,
+                token_lora_mapping=mapping,
+                num_tokens=m,
+                w1=w1,
+                w2=w2,
+                top_k_num=top_k,
+            )
         output.copy_(cache3.sum(dim=1).view_as(output))
 
 
-def _add_lora_w13(self: PunicaWrapperCPU, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
-                  lora_b_stacked: tuple[torch.Tensor, ...], topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                  expert_map: torch.Tensor | None, w1: torch.Tensor, w2: torch.Tensor, num_tokens: int,
-                  top_k_num: int, max_loras: int, adapter_enabled: torch.Tensor, local_num_experts: int, top_k: int,
-                  num_slices: int, fully_sharded: bool, use_tuned_config: bool, add_inputs: bool = True,
-                  token_lora_mapping: torch.Tensor | None = None) -> tuple[Any, ...]:
+def _add_lora_w13(
+    self: PunicaWrapperCPU,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    expert_map: torch.Tensor | None,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    num_tokens: int,
+    top_k_num: int,
+    max_loras: int,
+    adapter_enabled: torch.Tensor,
+    local_num_experts: int,
+    top_k: int,
+    num_slices: int,
+    fully_sharded: bool,
+    use_tuned_config: bool,
+    add_inputs: bool = True,
+    token_lora_mapping: torch.Tensor | None = None,
+) -> tuple[Any, ...]:
     mapping = token_lora_mapping if token_lora_mapping is not None else self.token_lora_indices[:num_tokens]
     ids = expert_map[topk_ids.long()] if expert_map is not None else topk_ids
     expert_ids = ids.reshape(-1).to(torch.int32)
-    _call_op(y.view(-1, top_k_num, y.shape[-1]), x, lora_a_stacked, lora_b_stacked, topk_weights, expert_ids,
-             mapping, top_k, max_loras, adapter_enabled, mul_routed_weight=False, fully_sharded=fully_sharded,
-             add_inputs=add_inputs)
+    _call_op(
+        y.view(-1, top_k_num, y.shape[-1]),
+        x,
+        lora_a_stacked,
+        lora_b_stacked,
+        topk_weights,
+        expert_ids,
+        mapping,
+        top_k,
+        max_loras,
+        adapter_enabled,
+        mul_routed_weight=False,
+        fully_sharded=fully_sharded,
+        add_inputs=add_inputs,
+    )
     return None, expert_ids, None, mapping
 
 
-def _add_lora_w2(self: PunicaWrapperCPU, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple[torch.Tensor, ...],
-                 lora_b_stacked: tuple[torch.Tensor, ...], topk_weights: torch.Tensor,
-                 sorted_token_ids_lora: torch.Tensor | None, expert_ids_lora: torch.Tensor | None,
-                 num_tokens_post_padded_lora: torch.Tensor | None, token_lora_mapping: torch.Tensor | None,
-                 num_tokens: int, w1: torch.Tensor, w2: torch.Tensor, top_k_num: int, max_loras: int,
-                 adapter_enabled: torch.Tensor, top_k: int, fully_sharded: bool, tp_rank: int,
-                 use_tuned_config: bool, add_inputs: bool = True) -> None:
+def _add_lora_w2(
+    self: PunicaWrapperCPU,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    topk_weights: torch.Tensor,
+    sorted_token_ids_lora: torch.Tensor | None,
+    expert_ids_lora: torch.Tensor | None,
+    num_tokens_post_padded_lora: torch.Tensor | None,
+    token_lora_mapping: torch.Tensor | None,
+    num_tokens: int,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    top_k_num: int,
+    max_loras: int,
+    adapter_enabled: torch.Tensor,
+    top_k: int,
+    fully_sharded: bool,
+    tp_rank: int,
+    use_tuned_config: bool,
+    add_inputs: bool = True,
+) -> None:
     if sorted_token_ids_lora is not None or expert_ids_lora is None:
         raise RuntimeError("moelora CPU MoE-LoRA expects the naive routing form from its own add_lora_w13")
     mapping = token_lora_mapping if token_lora_mapping is not None else self.token_lora_indices[:num_tokens]
-    _call_op(y, x, lora_a_stacked, lora_b_stacked, topk_weights, expert_ids_lora, mapping, top_k, max_loras,
-             adapter_enabled, mul_routed_weight=True, fully_sharded=fully_sharded, add_inputs=add_inputs)
+    _call_op(
+        y,
+        x,
+        lora_a_stacked,
+        lora_b_stacked,
+        topk_weights,
+        expert_ids_lora,
+        mapping,
+        top_k,
+        max_loras,
+        adapter_enabled,
+        mul_routed_weight=True,
+        fully_sharded=fully_sharded,
+        add_inputs=add_inputs,
+    )
 
 
-def _call_op(output: torch.Tensor, x: torch.Tensor, lora_a: tuple[torch.Tensor, ...], lora_b: tuple[torch.Tensor, ...],
-             topk_weights: torch.Tensor, expert_ids: torch.Tensor, mapping: torch.Tensor, top_k: int, max_loras: int,
-             adapter_enabled: torch.Tensor, *, mul_routed_weight: bool, fully_sharded: bool, add_inputs: bool) -> None:
+def _call_op(
+    output: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    lora_b: tuple[torch.Tensor, ...],
+    topk_weights: torch.Tensor,
+    expert_ids: torch.Tensor,
+    mapping: torch.Tensor,
+    top_k: int,
+    max_loras: int,
+    adapter_enabled: torch.Tensor,
+    *,
+    mul_routed_weight: bool,
+    fully_sharded: bool,
+    add_inputs: bool,
+) -> None:
     lora_ids = torch.arange(max_loras, dtype=torch.int32)
-    torch.ops.vllm.fused_moe_lora(output, x, list(lora_a), list(lora_b), topk_weights, None, expert_ids, None,
-                                  mapping, lora_a[0].shape[-2], top_k, lora_ids, torch.tensor([max_loras]),
-                                  adapter_enabled, *_BLOCKS, *_BLOCKS, mul_routed_weight, fully_sharded, 0,
-                                  add_inputs)
+    torch.ops.vllm.fused_moe_lora(
+        output,
+        x,
+        list(lora_a),
+        list(lora_b),
+        topk_weights,
+        None,
+        expert_ids,
+        None,
+        mapping,
+        lora_a[0].shape[-2],
+        top_k,
+        lora_ids,
+        torch.tensor([max_loras]),
+        adapter_enabled,
+        *_BLOCKS,
+        *_BLOCKS,
+        mul_routed_weight,
+        fully_sharded,
+        0,
+        add_inputs,
+    )
 
 
 def install_cpu_moe() -> str | None:
@@ -156,6 +335,7 @@ def install_cpu_moe() -> str | None:
         return reason
     select = method_mod.select_unquantized_moe_backend
     if not getattr(select, "_moelora", False):
+
         def select_unquantized_moe_backend(moe_config: Any) -> tuple[Any, Any]:
             from vllm.platforms import current_platform
 

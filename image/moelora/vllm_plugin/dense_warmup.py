@@ -26,12 +26,33 @@ __all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "wa
 log = logging.getLogger("vllm.moelora_plugin")
 
 # vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py, identical in 0.26.0 and 0.32.0.
-SHRINK_PARAMETERS = ("inputs", "lora_a_weights", "output_tensor", "token_lora_mapping",
-                     "token_indices_sorted_by_lora_ids", "num_tokens_per_lora", "lora_token_start_loc", "lora_ids",
-                     "no_lora_flag_cpu", "num_active_loras", "scaling")
-EXPAND_PARAMETERS = ("inputs", "lora_b_weights", "output_tensor", "token_lora_mapping",
-                     "token_indices_sorted_by_lora_ids", "num_tokens_per_lora", "lora_token_start_loc", "lora_ids",
-                     "no_lora_flag_cpu", "num_active_loras", "offset_start", "add_inputs")
+SHRINK_PARAMETERS = (
+    "inputs",
+    "lora_a_weights",
+    "output_tensor",
+    "token_lora_mapping",
+    "token_indices_sorted_by_lora_ids",
+    "num_tokens_per_lora",
+    "lora_token_start_loc",
+    "lora_ids",
+    "no_lora_flag_cpu",
+    "num_active_loras",
+    "scaling",
+)
+EXPAND_PARAMETERS = (
+    "inputs",
+    "lora_b_weights",
+    "output_tensor",
+    "token_lora_mapping",
+    "token_indices_sorted_by_lora_ids",
+    "num_tokens_per_lora",
+    "lora_token_start_loc",
+    "lora_ids",
+    "no_lora_flag_cpu",
+    "num_active_loras",
+    "offset_start",
+    "add_inputs",
+)
 # vLLM's defaults switch at 128 tokens (get_lora_op_configs).
 _DEFAULT_SWITCH = (1, 128)
 
@@ -99,9 +120,19 @@ def _compile_at(ms: list[int], dev: torch.device, what: str, call: Callable[[int
 
 
 def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
-    def lora_shrink(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                    num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
-                    scaling):
+    def lora_shrink(
+        inputs,
+        lora_a_weights,
+        output_tensor,
+        token_lora_mapping,
+        token_indices_sorted_by_lora_ids,
+        num_tokens_per_lora,
+        lora_token_start_loc,
+        lora_ids,
+        no_lora_flag_cpu,
+        num_active_loras,
+        scaling,
+    ):
         key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, k = inputs.device, inputs.size(1)
@@ -109,38 +140,98 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
 
             def on_scratch(m: int) -> None:
                 out = torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype)
-                original(torch.zeros(m, k, device=dev, dtype=inputs.dtype), lora_a_weights, out,
-                         *_meta(lora_ids.size(0) - 1, m, dev), scaling)
+                original(
+                    torch.zeros(m, k, device=dev, dtype=inputs.dtype),
+                    lora_a_weights,
+                    out,
+                    *_meta(lora_ids.size(0) - 1, m, dev),
+                    scaling,
+                )
 
-            _compile_at(warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes)), dev,
-                        f"lora_shrink for K={k}, {len(lora_a_weights)} slice(s)", on_scratch)
-        original(inputs, lora_a_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                 num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras, scaling)
+            _compile_at(
+                warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes)),
+                dev,
+                f"lora_shrink for K={k}, {len(lora_a_weights)} slice(s)",
+                on_scratch,
+            )
+        original(
+            inputs,
+            lora_a_weights,
+            output_tensor,
+            token_lora_mapping,
+            token_indices_sorted_by_lora_ids,
+            num_tokens_per_lora,
+            lora_token_start_loc,
+            lora_ids,
+            no_lora_flag_cpu,
+            num_active_loras,
+            scaling,
+        )
 
     lora_shrink.__qualname__ = "moelora_warm_lora_shrink"
     return lora_shrink
 
 
 def make_expand(original: Callable[..., None]) -> Callable[..., None]:
-    def lora_expand(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                    num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
-                    offset_start=0, add_inputs=False):
-        key = ("expand", tuple(tuple(w.shape) for w in lora_b_weights), inputs.dtype, output_tensor.dtype,
-               output_tensor.size(-1), offset_start, bool(add_inputs), lora_ids.size(0))
+    def lora_expand(
+        inputs,
+        lora_b_weights,
+        output_tensor,
+        token_lora_mapping,
+        token_indices_sorted_by_lora_ids,
+        num_tokens_per_lora,
+        lora_token_start_loc,
+        lora_ids,
+        no_lora_flag_cpu,
+        num_active_loras,
+        offset_start=0,
+        add_inputs=False,
+    ):
+        key = (
+            "expand",
+            tuple(tuple(w.shape) for w in lora_b_weights),
+            inputs.dtype,
+            output_tensor.dtype,
+            output_tensor.size(-1),
+            offset_start,
+            bool(add_inputs),
+            lora_ids.size(0),
+        )
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, n = inputs.device, output_tensor.size(-1)
             row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + n * output_tensor.element_size()
 
             def on_scratch(m: int) -> None:
                 part = torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype)
-                original(part, lora_b_weights, torch.zeros(m, n, device=dev, dtype=output_tensor.dtype),
-                         *_meta(lora_ids.size(0) - 1, m, dev), offset_start=offset_start, add_inputs=add_inputs)
+                original(
+                    part,
+                    lora_b_weights,
+                    torch.zeros(m, n, device=dev, dtype=output_tensor.dtype),
+                    *_meta(lora_ids.size(0) - 1, m, dev),
+                    offset_start=offset_start,
+                    add_inputs=add_inputs,
+                )
 
-            _compile_at(warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes)), dev,
-                        f"lora_expand for N={n}, {len(lora_b_weights)} slice(s)", on_scratch)
-        original(inputs, lora_b_weights, output_tensor, token_lora_mapping, token_indices_sorted_by_lora_ids,
-                 num_tokens_per_lora, lora_token_start_loc, lora_ids, no_lora_flag_cpu, num_active_loras,
-                 offset_start=offset_start, add_inputs=add_inputs)
+            _compile_at(
+                warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes)),
+                dev,
+                f"lora_expand for N={n}, {len(lora_b_weights)} slice(s)",
+                on_scratch,
+            )
+        original(
+            inputs,
+            lora_b_weights,
+            output_tensor,
+            token_lora_mapping,
+            token_indices_sorted_by_lora_ids,
+            num_tokens_per_lora,
+            lora_token_start_loc,
+            lora_ids,
+            no_lora_flag_cpu,
+            num_active_loras,
+            offset_start=offset_start,
+            add_inputs=add_inputs,
+        )
 
     lora_expand.__qualname__ = "moelora_warm_lora_expand"
     return lora_expand
@@ -153,8 +244,10 @@ def install_dense_warmup(override: Callable[[str, Callable[..., None]], None]) -
 
     from vllm.lora.ops.triton_ops import lora_expand_op, lora_shrink_op
 
-    pairs = (("lora_shrink", lora_shrink_op, "_lora_shrink", SHRINK_PARAMETERS, make_shrink),
-             ("lora_expand", lora_expand_op, "_lora_expand", EXPAND_PARAMETERS, make_expand))
+    pairs = (
+        ("lora_shrink", lora_shrink_op, "_lora_shrink", SHRINK_PARAMETERS, make_shrink),
+        ("lora_expand", lora_expand_op, "_lora_expand", EXPAND_PARAMETERS, make_expand),
+    )
     for op_name, module, fn_name, params, _ in pairs:
         fn = getattr(module, fn_name, None)
         if fn is None or tuple(inspect.signature(fn).parameters) != params:

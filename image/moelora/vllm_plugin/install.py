@@ -113,9 +113,11 @@ def _install_cuda_extras(dispatch_key: str) -> str:
         return install_model_warmup()
 
     parts = []
-    for label, part in (("MoE LoRA from topk_ids", moe_hooks),
-                        ("dense LoRA kernels compiled at start-up", dense_warmup),
-                        ("model warm-up at every token-count class", model_warmup)):
+    for label, part in (
+        ("MoE LoRA from topk_ids", moe_hooks),
+        ("dense LoRA kernels compiled at start-up", dense_warmup),
+        ("model warm-up at every token-count class", model_warmup),
+    ):
         try:
             reason = part()
         except Exception as exc:  # noqa: BLE001  (the op stays ours; only this part is missing)
@@ -133,7 +135,9 @@ def _install_cpu_moe() -> str:
         reason = install_cpu_moe()
     except Exception as exc:  # noqa: BLE001  (the op stays installed; only the CPU MoE extras are missing)
         reason = repr(exc)
-    return f"MoE experts with LoRA on the CPU: {'moelora torch experts' if reason is None else 'unavailable: ' + reason}"
+    return (
+        f"MoE experts with LoRA on the CPU: {'moelora torch experts' if reason is None else 'unavailable: ' + reason}"
+    )
 
 
 def uninstall() -> None:

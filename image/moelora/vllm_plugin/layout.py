@@ -33,17 +33,31 @@ def topk_ids_from_vllm(
     if num_tokens_post_padded is None:
         raise ValueError("blocked routing needs num_tokens_post_padded")
     if expert_ids.shape[0] != sorted_token_ids.shape[0] or expert_ids.shape[1] * block_m < sorted_token_ids.shape[1]:
-        raise ValueError(f"expert_ids {tuple(expert_ids.shape)} does not cover sorted_token_ids "
-                         f"{tuple(sorted_token_ids.shape)} in blocks of {block_m}")
+        raise ValueError(
+            f"expert_ids {tuple(expert_ids.shape)} does not cover sorted_token_ids "
+            f"{tuple(sorted_token_ids.shape)} in blocks of {block_m}"
+        )
     if sorted_token_ids.is_cuda:
         from ._triton_layout import topk_ids_from_blocks_triton
 
         return topk_ids_from_blocks_triton(
-            sorted_token_ids=sorted_token_ids, expert_ids=expert_ids, num_tokens_post_padded=num_tokens_post_padded,
-            token_lora_mapping=token_lora_mapping, num_tokens=num_tokens, top_k=top_k, block_m=block_m)
+            sorted_token_ids=sorted_token_ids,
+            expert_ids=expert_ids,
+            num_tokens_post_padded=num_tokens_post_padded,
+            token_lora_mapping=token_lora_mapping,
+            num_tokens=num_tokens,
+            top_k=top_k,
+            block_m=block_m,
+        )
     return topk_ids_from_blocks_torch(
-        sorted_token_ids=sorted_token_ids, expert_ids=expert_ids, num_tokens_post_padded=num_tokens_post_padded,
-        token_lora_mapping=token_lora_mapping, num_tokens=num_tokens, top_k=top_k, block_m=block_m)
+        sorted_token_ids=sorted_token_ids,
+        expert_ids=expert_ids,
+        num_tokens_post_padded=num_tokens_post_padded,
+        token_lora_mapping=token_lora_mapping,
+        num_tokens=num_tokens,
+        top_k=top_k,
+        block_m=block_m,
+    )
 
 
 def topk_ids_from_blocks_torch(

@@ -54,8 +54,10 @@ def warm_model(worker: object) -> None:
         return
     missing = _DUMMY_RUN_PARAMETERS - set(inspect.signature(runner._dummy_run).parameters)
     if missing or not hasattr(runner, "maybe_remove_all_loras"):
-        log.info("moelora: model warm-up skipped (vLLM's model runner lacks %s)",
-                 sorted(missing) or ["maybe_remove_all_loras"])
+        log.info(
+            "moelora: model warm-up skipped (vLLM's model runner lacks %s)",
+            sorted(missing) or ["maybe_remove_all_loras"],
+        )
         return
     t0 = time.monotonic()
     counts: list[int] = []
@@ -67,8 +69,14 @@ def warm_model(worker: object) -> None:
         active = lora_config.max_loras if lora_config is not None else 0
         for m in reversed(counts):  # largest first, as vLLM's own warm-up: the allocator's pool is sized once
             runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
-        log.info("moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots) in %.1f s", len(counts),
-                 counts[0] if counts else 0, counts[-1] if counts else 0, active, time.monotonic() - t0)
+        log.info(
+            "moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots) in %.1f s",
+            len(counts),
+            counts[0] if counts else 0,
+            counts[-1] if counts else 0,
+            active,
+            time.monotonic() - t0,
+        )
     except Exception as exc:
         log.warning("moelora: model warm-up stopped: %r", exc)
         if _world_size() > 1:  # ...but a rank that stopped half-way would leave the others waiting in collectives

@@ -30,13 +30,52 @@ __all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks", "uninstall_mo
 log = logging.getLogger("vllm.moelora_plugin")
 
 # PunicaWrapperGPU's methods as read in vLLM 0.26.0 and 0.32.0 (identical).
-W13_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_ids", "topk_weights", "expert_map",
-                  "w1", "w2", "num_tokens", "top_k_num", "max_loras", "adapter_enabled", "local_num_experts",
-                  "top_k", "num_slices", "fully_sharded", "use_tuned_config", "add_inputs", "token_lora_mapping")
-W2_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "topk_weights", "sorted_token_ids_lora",
-                 "expert_ids_lora", "num_tokens_post_padded_lora", "token_lora_mapping", "num_tokens", "w1", "w2",
-                 "top_k_num", "max_loras", "adapter_enabled", "top_k", "fully_sharded", "tp_rank", "use_tuned_config",
-                 "add_inputs")
+W13_PARAMETERS = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_ids",
+    "topk_weights",
+    "expert_map",
+    "w1",
+    "w2",
+    "num_tokens",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "local_num_experts",
+    "top_k",
+    "num_slices",
+    "fully_sharded",
+    "use_tuned_config",
+    "add_inputs",
+    "token_lora_mapping",
+)
+W2_PARAMETERS = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_weights",
+    "sorted_token_ids_lora",
+    "expert_ids_lora",
+    "num_tokens_post_padded_lora",
+    "token_lora_mapping",
+    "num_tokens",
+    "w1",
+    "w2",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "top_k",
+    "fully_sharded",
+    "tp_rank",
+    "use_tuned_config",
+    "add_inputs",
+)
 _MAX_RANK = 128
 
 _originals: dict[str, Callable[..., object]] = {}
@@ -70,8 +109,7 @@ def _unsupported(lora_a_stacked, expert_map, fully_sharded: bool, x: torch.Tenso
     return None
 
 
-def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None,
-                   num_tokens: int) -> tuple[torch.Tensor, bool]:
+def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None, num_tokens: int) -> tuple[torch.Tensor, bool]:
     """The batch's token -> adapter-slot map and whether no token has an adapter, as vLLM's add_lora_fused_moe
     reads them. With no adapter in the batch vLLM does not even refresh the map (LoRAKernelMeta.prepare_tensors
     returns first), so it must not be read then: it still holds an earlier batch's slots."""
@@ -81,17 +119,56 @@ def _token_mapping(wrapper, token_lora_mapping: torch.Tensor | None,
     return token_lora_mapping[:num_tokens], bool(meta[5].item())  # meta[5]: a CPU tensor, no device sync
 
 
-def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights, expert_map, w1, w2, num_tokens,
-                 top_k_num, max_loras, adapter_enabled, local_num_experts, top_k, num_slices, fully_sharded,
-                 use_tuned_config, add_inputs=True, token_lora_mapping=None):
+def add_lora_w13(
+    self,
+    y,
+    x,
+    lora_a_stacked,
+    lora_b_stacked,
+    topk_ids,
+    topk_weights,
+    expert_map,
+    w1,
+    w2,
+    num_tokens,
+    top_k_num,
+    max_loras,
+    adapter_enabled,
+    local_num_experts,
+    top_k,
+    num_slices,
+    fully_sharded,
+    use_tuned_config,
+    add_inputs=True,
+    token_lora_mapping=None,
+):
     reason = _unsupported(lora_a_stacked, expert_map, fully_sharded, x)
     if reason is not None:
         _kept.routing = None
         _once(f"moelora: vLLM's add_lora_w13 for this layer ({reason})")
-        return _originals["add_lora_w13"](self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weights,
-                                          expert_map, w1, w2, num_tokens, top_k_num, max_loras, adapter_enabled,
-                                          local_num_experts, top_k, num_slices, fully_sharded, use_tuned_config,
-                                          add_inputs=add_inputs, token_lora_mapping=token_lora_mapping)
+        return _originals["add_lora_w13"](
+            self,
+            y,
+            x,
+            lora_a_stacked,
+            lora_b_stacked,
+            topk_ids,
+            topk_weights,
+            expert_map,
+            w1,
+            w2,
+            num_tokens,
+            top_k_num,
+            max_loras,
+            adapter_enabled,
+            local_num_experts,
+            top_k,
+            num_slices,
+            fully_sharded,
+            use_tuned_config,
+            add_inputs=add_inputs,
+            token_lora_mapping=token_lora_mapping,
+        )
     from .triton_path import route, run_triton
 
     mapping, no_lora = _token_mapping(self, token_lora_mapping, num_tokens)
@@ -101,51 +178,127 @@ def add_lora_w13(self, y, x, lora_a_stacked, lora_b_stacked, topk_ids, topk_weig
     ids = topk_ids.view(num_tokens, -1)
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int32)
-    _warm_up("w13", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=len(lora_a_stacked),
-             top_k=ids.shape[1], x=x, topk_weights=topk_weights)
-    routing = route(topk_ids=ids, token_lora_mapping=mapping, num_experts=lora_a_stacked[0].shape[1],
-                    max_loras=lora_a_stacked[0].shape[0])
+    _warm_up(
+        "w13",
+        lora_a=lora_a_stacked[0],
+        lora_b=lora_b_stacked[0],
+        slices=len(lora_a_stacked),
+        top_k=ids.shape[1],
+        x=x,
+        topk_weights=topk_weights,
+    )
+    routing = route(
+        topk_ids=ids,
+        token_lora_mapping=mapping,
+        num_experts=lora_a_stacked[0].shape[1],
+        max_loras=lora_a_stacked[0].shape[0],
+    )
     out = y.view(num_tokens, ids.shape[1], -1)
     if not add_inputs:
         out.zero_()
     width = lora_b_stacked[0].shape[2]
     for i, (a, b) in enumerate(zip(lora_a_stacked, lora_b_stacked)):
-        run_triton(output=out[:, :, i * width:(i + 1) * width], x=x, lora_a=a, lora_b=b, routing=routing,
-                   topk_weights=topk_weights, mul_routed_weight=False)
+        run_triton(
+            output=out[:, :, i * width : (i + 1) * width],
+            x=x,
+            lora_a=a,
+            lora_b=b,
+            routing=routing,
+            topk_weights=topk_weights,
+            mul_routed_weight=False,
+        )
     _kept.routing, _kept.mapping_ptr, _kept.num_tokens = routing, mapping.data_ptr(), num_tokens
     _once("moelora: MoE LoRA runs from topk_ids (vLLM's align kernel skipped)")
     return None, None, None, mapping
 
 
-def add_lora_w2(self, y, x, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids_lora, expert_ids_lora,
-                num_tokens_post_padded_lora, token_lora_mapping, num_tokens, w1, w2, top_k_num, max_loras,
-                adapter_enabled, top_k, fully_sharded, tp_rank, use_tuned_config, add_inputs=True):
-    ours = (sorted_token_ids_lora is None and expert_ids_lora is None and token_lora_mapping is not None
-            and _kept.routing is not None and _kept.mapping_ptr == token_lora_mapping.data_ptr()
-            and _kept.num_tokens == num_tokens)
+def add_lora_w2(
+    self,
+    y,
+    x,
+    lora_a_stacked,
+    lora_b_stacked,
+    topk_weights,
+    sorted_token_ids_lora,
+    expert_ids_lora,
+    num_tokens_post_padded_lora,
+    token_lora_mapping,
+    num_tokens,
+    w1,
+    w2,
+    top_k_num,
+    max_loras,
+    adapter_enabled,
+    top_k,
+    fully_sharded,
+    tp_rank,
+    use_tuned_config,
+    add_inputs=True,
+):
+    ours = (
+        sorted_token_ids_lora is None
+        and expert_ids_lora is None
+        and token_lora_mapping is not None
+        and _kept.routing is not None
+        and _kept.mapping_ptr == token_lora_mapping.data_ptr()
+        and _kept.num_tokens == num_tokens
+    )
     if not ours:
-        return _originals["add_lora_w2"](self, y, x, lora_a_stacked, lora_b_stacked, topk_weights,
-                                         sorted_token_ids_lora, expert_ids_lora, num_tokens_post_padded_lora,
-                                         token_lora_mapping, num_tokens, w1, w2, top_k_num, max_loras,
-                                         adapter_enabled, top_k, fully_sharded, tp_rank, use_tuned_config,
-                                         add_inputs=add_inputs)
+        return _originals["add_lora_w2"](
+            self,
+            y,
+            x,
+            lora_a_stacked,
+            lora_b_stacked,
+            topk_weights,
+            sorted_token_ids_lora,
+            expert_ids_lora,
+            num_tokens_post_padded_lora,
+            token_lora_mapping,
+            num_tokens,
+            w1,
+            w2,
+            top_k_num,
+            max_loras,
+            adapter_enabled,
+            top_k,
+            fully_sharded,
+            tp_rank,
+            use_tuned_config,
+            add_inputs=add_inputs,
+        )
     from .triton_path import run_triton
 
     routing, _kept.routing = _kept.routing, None
     top = routing.top_k
-    _warm_up("w2", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=1, top_k=top, x=x,
-             topk_weights=topk_weights)
+    _warm_up(
+        "w2", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=1, top_k=top, x=x, topk_weights=topk_weights
+    )
     out = y.view(num_tokens, top, -1)
     if not add_inputs:
         out.zero_()
-    run_triton(output=out, x=x.reshape(num_tokens, top, x.shape[-1]), lora_a=lora_a_stacked[0],
-               lora_b=lora_b_stacked[0], routing=routing, topk_weights=topk_weights.view(num_tokens, top),
-               mul_routed_weight=True)
+    run_triton(
+        output=out,
+        x=x.reshape(num_tokens, top, x.shape[-1]),
+        lora_a=lora_a_stacked[0],
+        lora_b=lora_b_stacked[0],
+        routing=routing,
+        topk_weights=topk_weights.view(num_tokens, top),
+        mul_routed_weight=True,
+    )
     return None
 
 
-def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int, top_k: int, x: torch.Tensor,
-             topk_weights: torch.Tensor) -> None:
+def _warm_up(
+    op: str,
+    *,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    slices: int,
+    top_k: int,
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+) -> None:
     """Compile, once per op and layer shape and outside CUDA-graph capture, every configuration the table can pick:
     one call on scratch buffers laid out as the real ones (w13: a column slice of a `slices`-wide output; w2: one
     input row per (token, slot)) at each token bucket of the table."""
@@ -176,11 +329,27 @@ def _warm_up(op: str, *, lora_a: torch.Tensor, lora_b: torch.Tensor, slices: int
         else:
             out = torch.zeros(m, top_k, n, device=dev, dtype=dt)
             inp = torch.zeros(m, top_k, k, device=dev, dtype=dt)
-        run_triton(output=out, x=inp, lora_a=lora_a, lora_b=lora_b, routing=routing, topk_weights=weights,
-                   mul_routed_weight=op == "w2")
+        run_triton(
+            output=out,
+            x=inp,
+            lora_a=lora_a,
+            lora_b=lora_b,
+            routing=routing,
+            topk_weights=weights,
+            mul_routed_weight=op == "w2",
+        )
     torch.cuda.synchronize(dev)
-    log.info("moelora: MoE-LoRA %s kernels compiled for M in %s (E=%d, K=%d, N=%d, rank %d, %d adapters) in %.1f s",
-             op, list(ms), experts, k, n, rank, max_loras, time.monotonic() - t0)
+    log.info(
+        "moelora: MoE-LoRA %s kernels compiled for M in %s (E=%d, K=%d, N=%d, rank %d, %d adapters) in %.1f s",
+        op,
+        list(ms),
+        experts,
+        k,
+        n,
+        rank,
+        max_loras,
+        time.monotonic() - t0,
+    )
 
 
 def _table_ms(*, device: torch.device) -> tuple[int, ...]:

@@ -82,17 +82,49 @@ def make_op(*, original: Callable[..., None], backend: str) -> Callable[..., Non
         offset: int = 0,
         add_inputs: bool = True,
     ) -> None:
-        reason = _unsupported(fully_sharded=fully_sharded, offset=offset, max_lora_rank=max_lora_rank,
-                              device=output.device, backend=backend)
+        reason = _unsupported(
+            fully_sharded=fully_sharded,
+            offset=offset,
+            max_lora_rank=max_lora_rank,
+            device=output.device,
+            backend=backend,
+        )
         if reason is not None:
             once(logging.INFO, f"moelora: vLLM's own fused_moe_lora kernel for this call ({reason})")
-            original(output, qcurr_hidden_states, lora_a_stacked, lora_b_stacked, topk_weights, sorted_token_ids,
-                     expert_ids, num_tokens_post_padded, token_lora_mapping, max_lora_rank, top_k_num, lora_ids,
-                     num_active_loras, adapter_enabled, shrink_block_size_m, shrink_block_size_n,
-                     shrink_block_size_k, shrink_group_size_m, shrink_num_warps, shrink_num_stages, shrink_split_k,
-                     expand_block_size_m, expand_block_size_n, expand_block_size_k, expand_group_size_m,
-                     expand_num_warps, expand_num_stages, expand_split_k, mul_routed_weight, fully_sharded, offset,
-                     add_inputs)
+            original(
+                output,
+                qcurr_hidden_states,
+                lora_a_stacked,
+                lora_b_stacked,
+                topk_weights,
+                sorted_token_ids,
+                expert_ids,
+                num_tokens_post_padded,
+                token_lora_mapping,
+                max_lora_rank,
+                top_k_num,
+                lora_ids,
+                num_active_loras,
+                adapter_enabled,
+                shrink_block_size_m,
+                shrink_block_size_n,
+                shrink_block_size_k,
+                shrink_group_size_m,
+                shrink_num_warps,
+                shrink_num_stages,
+                shrink_split_k,
+                expand_block_size_m,
+                expand_block_size_n,
+                expand_block_size_k,
+                expand_group_size_m,
+                expand_num_warps,
+                expand_num_stages,
+                expand_split_k,
+                mul_routed_weight,
+                fully_sharded,
+                offset,
+                add_inputs,
+            )
             return
         once(logging.INFO, f"moelora: fused_moe_lora runs on the moelora {backend} kernel ({output.device.type})")
         m, top_k = topk_weights.shape
@@ -100,9 +132,14 @@ def make_op(*, original: Callable[..., None], backend: str) -> Callable[..., Non
 
         def topk_ids() -> torch.Tensor:
             return topk_ids_from_vllm(
-                sorted_token_ids=sorted_token_ids, expert_ids=expert_ids,
-                num_tokens_post_padded=num_tokens_post_padded, token_lora_mapping=mapping, num_tokens=m,
-                top_k=top_k, block_m=shrink_block_size_m)
+                sorted_token_ids=sorted_token_ids,
+                expert_ids=expert_ids,
+                num_tokens_post_padded=num_tokens_post_padded,
+                token_lora_mapping=mapping,
+                num_tokens=m,
+                top_k=top_k,
+                block_m=shrink_block_size_m,
+            )
 
         with torch.inference_mode():
             # w13 passes the layer input, one row per token; w2 the activations, one row per (token, slot).
@@ -113,29 +150,60 @@ def make_op(*, original: Callable[..., None], backend: str) -> Callable[..., Non
             if not add_inputs:
                 out.zero_()
             width = lora_b_stacked[0].shape[2]
-            slices = [(out[:, :, i * width:(i + 1) * width], a, b)
-                      for i, (a, b) in enumerate(zip(lora_a_stacked, lora_b_stacked))]
+            slices = [
+                (out[:, :, i * width : (i + 1) * width], a, b)
+                for i, (a, b) in enumerate(zip(lora_a_stacked, lora_b_stacked))
+            ]
             if backend == "torch":
                 ids = topk_ids()
                 for out_i, a, b in slices:
-                    moe_lora_torch(output=out_i, x=x, lora_a=a, lora_b=b, topk_ids=ids, token_lora_mapping=mapping,
-                                   topk_weights=topk_weights, mul_routed_weight=mul_routed_weight)
+                    moe_lora_torch(
+                        output=out_i,
+                        x=x,
+                        lora_a=a,
+                        lora_b=b,
+                        topk_ids=ids,
+                        token_lora_mapping=mapping,
+                        topk_weights=topk_weights,
+                        mul_routed_weight=mul_routed_weight,
+                    )
                 return
             max_loras, num_experts = lora_a_stacked[0].shape[:2]
-            key = (expert_ids.data_ptr(), 0 if sorted_token_ids is None else sorted_token_ids.data_ptr(),
-                   mapping.data_ptr(), m, top_k, num_experts, max_loras)
-            routing = router.route(key=key, reuse=mul_routed_weight, make_topk_ids=topk_ids,
-                                   token_lora_mapping=mapping, num_experts=num_experts, max_loras=max_loras)
+            key = (
+                expert_ids.data_ptr(),
+                0 if sorted_token_ids is None else sorted_token_ids.data_ptr(),
+                mapping.data_ptr(),
+                m,
+                top_k,
+                num_experts,
+                max_loras,
+            )
+            routing = router.route(
+                key=key,
+                reuse=mul_routed_weight,
+                make_topk_ids=topk_ids,
+                token_lora_mapping=mapping,
+                num_experts=num_experts,
+                max_loras=max_loras,
+            )
             for out_i, a, b in slices:
-                run_triton(output=out_i, x=x, lora_a=a, lora_b=b, routing=routing, topk_weights=topk_weights,
-                           mul_routed_weight=mul_routed_weight)
+                run_triton(
+                    output=out_i,
+                    x=x,
+                    lora_a=a,
+                    lora_b=b,
+                    routing=routing,
+                    topk_weights=topk_weights,
+                    mul_routed_weight=mul_routed_weight,
+                )
 
     fused_moe_lora.__qualname__ = "moelora_fused_moe_lora"
     return fused_moe_lora
 
 
-def _unsupported(*, fully_sharded: bool, offset: int, max_lora_rank: int, device: torch.device,
-                 backend: str) -> str | None:
+def _unsupported(
+    *, fully_sharded: bool, offset: int, max_lora_rank: int, device: torch.device, backend: str
+) -> str | None:
     if fully_sharded or offset:
         return "fully sharded LoRA"
     if max_lora_rank > _MAX_RANK:

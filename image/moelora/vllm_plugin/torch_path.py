@@ -48,7 +48,7 @@ def moe_lora_torch(
     weights = topk_weights.reshape(-1) if mul_routed_weight else None
     start = 0
     for g, c in zip(groups.tolist(), counts.tolist()):
-        idx = pairs[start:start + c]
+        idx = pairs[start : start + c]
         start += c
         a, e = divmod(g, num_experts)
         xin = rows[idx] if per_pair else rows[idx // top_k]

@@ -24,14 +24,26 @@ class Router:
         self._key: tuple[int, ...] | None = None
         self._routing: object | None = None
 
-    def route(self, *, key: tuple[int, ...], reuse: bool, make_topk_ids: Callable[[], torch.Tensor],
-              token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int) -> object:
+    def route(
+        self,
+        *,
+        key: tuple[int, ...],
+        reuse: bool,
+        make_topk_ids: Callable[[], torch.Tensor],
+        token_lora_mapping: torch.Tensor,
+        num_experts: int,
+        max_loras: int,
+    ) -> object:
         dev = token_lora_mapping.device
         full_key = key + ((torch.cuda.current_stream(dev).cuda_stream,) if dev.type == "cuda" else ())
         if reuse and self._key == full_key and self._routing is not None:
             return self._routing
-        routing = route(topk_ids=make_topk_ids(), token_lora_mapping=token_lora_mapping, num_experts=num_experts,
-                        max_loras=max_loras)
+        routing = route(
+            topk_ids=make_topk_ids(),
+            token_lora_mapping=token_lora_mapping,
+            num_experts=num_experts,
+            max_loras=max_loras,
+        )
         self._key, self._routing = full_key, routing
         return routing
 
@@ -45,14 +57,37 @@ def route(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_exper
     faster with it (docs/benchmarks.md, 2026-11-30)."""
     m, top_k = topk_ids.shape
     block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
-    return moe_lora_routing(topk_ids=topk_ids, token_lora_mapping=token_lora_mapping, num_experts=num_experts,
-                            max_loras=max_loras, block_m=block_m, method=os.environ.get("MOELORA_ROUTING", "grouped"))
+    return moe_lora_routing(
+        topk_ids=topk_ids,
+        token_lora_mapping=token_lora_mapping,
+        num_experts=num_experts,
+        max_loras=max_loras,
+        block_m=block_m,
+        method=os.environ.get("MOELORA_ROUTING", "grouped"),
+    )
 
 
-def run_triton(*, output: torch.Tensor, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, routing: object,
-               topk_weights: torch.Tensor, mul_routed_weight: bool) -> None:
+def run_triton(
+    *,
+    output: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    routing: object,
+    topk_weights: torch.Tensor,
+    mul_routed_weight: bool,
+) -> None:
     """One slice: output (M, top_k, N) view += LoRA(x) with the kernel's default launch configuration."""
-    config = default_config(routing=routing, k=lora_a.shape[3], n=lora_b.shape[2], rank=lora_a.shape[2],
-                            device=x.device)
-    fused_moe_lora(output=output, x=x, lora_a=lora_a, lora_b=lora_b, routing=routing, topk_weights=topk_weights,
-                   mul_routed_weight=mul_routed_weight, config=config)
+    config = default_config(
+        routing=routing, k=lora_a.shape[3], n=lora_b.shape[2], rank=lora_a.shape[2], device=x.device
+    )
+    fused_moe_lora(
+        output=output,
+        x=x,
+        lora_a=lora_a,
+        lora_b=lora_b,
+        routing=routing,
+        topk_weights=topk_weights,
+        mul_routed_weight=mul_routed_weight,
+        config=config,
+    )

@@ -58,8 +58,16 @@ class LayerInputs:
         return sum(t.numel() * t.element_size() for t in asdict(self).values())
 
 
-def make_inputs(model: str, rank: int, adapters: int, m: int, *, device: str = "cuda",
-                dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> LayerInputs:
+def make_inputs(
+    model: str,
+    rank: int,
+    adapters: int,
+    m: int,
+    *,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+) -> LayerInputs:
     h, inter, e, top_k = MODELS[model]
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -70,11 +78,16 @@ def make_inputs(model: str, rank: int, adapters: int, m: int, *, device: str = "
     topk_w, topk_ids = scores.softmax(-1).topk(top_k, dim=-1)
     lora_map = torch.randint(0, adapters, (m,), generator=g, device=device)
     return LayerInputs(
-        hidden=rnd(m, h), down_in=rnd(m, top_k, inter),
-        gate_up_out=rnd(m, top_k, 2 * inter), down_out=rnd(m, top_k, h),
-        w13_a=rnd(adapters, e, rank, h, scale=h ** -0.5), w13_b=rnd(adapters, e, 2 * inter, rank, scale=0.05),
-        w2_a=rnd(adapters, e, rank, inter, scale=inter ** -0.5), w2_b=rnd(adapters, e, h, rank, scale=0.05),
-        topk_ids=topk_ids.to(device=device, dtype=torch.int32), topk_weights=topk_w.to(device),
+        hidden=rnd(m, h),
+        down_in=rnd(m, top_k, inter),
+        gate_up_out=rnd(m, top_k, 2 * inter),
+        down_out=rnd(m, top_k, h),
+        w13_a=rnd(adapters, e, rank, h, scale=h**-0.5),
+        w13_b=rnd(adapters, e, 2 * inter, rank, scale=0.05),
+        w2_a=rnd(adapters, e, rank, inter, scale=inter**-0.5),
+        w2_b=rnd(adapters, e, h, rank, scale=0.05),
+        topk_ids=topk_ids.to(device=device, dtype=torch.int32),
+        topk_weights=topk_w.to(device),
         lora_map=lora_map.to(device=device, dtype=torch.int32),
     )
 
@@ -96,8 +109,14 @@ def default_layer_config(inp: LayerInputs, route_method: str = "auto") -> LayerC
     m, top_k = inp.topk_ids.shape
     adapters, e = inp.w13_a.shape[:2]
     block_m = default_block_m(num_pairs=m * top_k, num_groups=adapters * e)
-    routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
-                               max_loras=adapters, block_m=block_m, method=route_method)
+    routing = moe_lora_routing(
+        topk_ids=inp.topk_ids,
+        token_lora_mapping=inp.lora_map,
+        num_experts=e,
+        max_loras=adapters,
+        block_m=block_m,
+        method=route_method,
+    )
     dev = inp.hidden.device
     rank = inp.w13_a.shape[2]
     w13 = default_config(routing=routing, k=inp.w13_a.shape[3], n=inp.w13_b.shape[2], rank=rank, device=dev)
@@ -117,22 +136,54 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
     4 + down shrink, 5 + down expand.
     """
     e = inp.w13_a.shape[1]
-    routing = moe_lora_routing(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e,
-                               max_loras=inp.w13_a.shape[0], block_m=cfg.block_m, pdl=cfg.pdl,
-                               method=cfg.route_method)
+    routing = moe_lora_routing(
+        topk_ids=inp.topk_ids,
+        token_lora_mapping=inp.lora_map,
+        num_experts=e,
+        max_loras=inp.w13_a.shape[0],
+        block_m=cfg.block_m,
+        pdl=cfg.pdl,
+        method=cfg.route_method,
+    )
     if stages == 5:
-        fused_moe_lora(output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing,
-                       config=cfg.w13)
-        fused_moe_lora(output=inp.down_out, x=inp.down_in, lora_a=inp.w2_a, lora_b=inp.w2_b, routing=routing,
-                       topk_weights=inp.topk_weights, mul_routed_weight=True, config=cfg.w2)
+        fused_moe_lora(
+            output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing, config=cfg.w13
+        )
+        fused_moe_lora(
+            output=inp.down_out,
+            x=inp.down_in,
+            lora_a=inp.w2_a,
+            lora_b=inp.w2_b,
+            routing=routing,
+            topk_weights=inp.topk_weights,
+            mul_routed_weight=True,
+            config=cfg.w2,
+        )
         return
     m, top_k = inp.topk_ids.shape
     ops = [
-        _plan(output=inp.gate_up_out, x_rows=inp.hidden, per_pair=False, lora_a=inp.w13_a, lora_b=inp.w13_b,
-              routing=routing, topk_weights=None, mul_routed_weight=False, config=cfg.w13),
-        _plan(output=inp.down_out, x_rows=inp.down_in.reshape(m * top_k, -1), per_pair=True, lora_a=inp.w2_a,
-              lora_b=inp.w2_b, routing=routing, topk_weights=inp.topk_weights, mul_routed_weight=True,
-              config=cfg.w2),
+        _plan(
+            output=inp.gate_up_out,
+            x_rows=inp.hidden,
+            per_pair=False,
+            lora_a=inp.w13_a,
+            lora_b=inp.w13_b,
+            routing=routing,
+            topk_weights=None,
+            mul_routed_weight=False,
+            config=cfg.w13,
+        ),
+        _plan(
+            output=inp.down_out,
+            x_rows=inp.down_in.reshape(m * top_k, -1),
+            per_pair=True,
+            lora_a=inp.w2_a,
+            lora_b=inp.w2_b,
+            routing=routing,
+            topk_weights=inp.topk_weights,
+            mul_routed_weight=True,
+            config=cfg.w2,
+        ),
     ]
     steps = [_run_shrink, _run_expand]
     for i in range(stages - 1):
@@ -192,6 +243,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
     best = float("inf")
+
     def kernel_copy() -> None:
         torch.mul(src, 1, out=dst)
 
@@ -236,6 +288,7 @@ class Case:
         def calls() -> None:
             for i in range(self.calls):
                 run_layer(self.sets[i % len(self.sets)], cfg, stages=stages)
+
         return time_graph(calls) / self.calls
 
 
@@ -290,11 +343,15 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
                 best, best_us = cand, us
     # The expand's N loop is software-pipelined only with several tiles and stages together, a move that one
     # parameter at a time cannot find. Spans that divide N give every CTA of a block the same number of tiles.
-    moves = [(op, move) for op in ("w13", "w2")
-             for move in PIPELINED_EXPANDS + even_spans(getattr(case.sets[0], f"{op}_b").shape[2])]
+    moves = [
+        (op, move)
+        for op in ("w13", "w2")
+        for move in PIPELINED_EXPANDS + even_spans(getattr(case.sets[0], f"{op}_b").shape[2])
+    ]
     for op, (block_n, tiles, stages) in moves:
-        cand = replace(best, **{op: replace(getattr(best, op), expand_block_n=block_n, expand_tiles=tiles,
-                                            expand_stages=stages)})
+        cand = replace(
+            best, **{op: replace(getattr(best, op), expand_block_n=block_n, expand_tiles=tiles, expand_stages=stages)}
+        )
         if cand == best:
             continue
         us = case.time(cand)
@@ -313,8 +370,12 @@ def even_spans(n: int) -> list[tuple[int, int, int]]:
     """(expand_block_n, expand_tiles, 3) whose span divides n into 3 to 12 CTAs per block: the tile count need not be
     a power of two. H200, GPT-OSS gate_up (N = 5760) at M = 64: 128 x 9 (five CTAs of 1152 columns) took 55.3 us
     against 57.3 for 64 x 16 (six CTAs, the last 640 columns wide), 2026-11-30."""
-    return [(block_n, n // block_n // ctas, 3) for block_n in (64, 128) for ctas in range(3, 13)
-            if n % (block_n * ctas) == 0 and n // block_n // ctas > 1]
+    return [
+        (block_n, n // block_n // ctas, 3)
+        for block_n in (64, 128)
+        for ctas in range(3, 13)
+        if n % (block_n * ctas) == 0 and n // block_n // ctas > 1
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,14 +386,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--adapters", help="comma list, e.g. 1,4,8,16")
     p.add_argument("--m", help="comma list of token counts")
     p.add_argument("--sweep", action="store_true", help="also search launch parameters per case (slow)")
-    p.add_argument("--route", default="auto", choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
-                   help="routing method of every case (default: what the op picks)")
-    p.add_argument("--calls", type=int, default=CALLS_PER_GRAPH,
-                   help="layer calls per captured graph (1: one pass over the input sets, the method before "
-                        "2026-11-30, which leaves the graph's launch cost in small-M figures)")
+    p.add_argument(
+        "--route",
+        default="auto",
+        choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
+        help="routing method of every case (default: what the op picks)",
+    )
+    p.add_argument(
+        "--calls",
+        type=int,
+        default=CALLS_PER_GRAPH,
+        help="layer calls per captured graph (1: one pass over the input sets, the method before "
+        "2026-11-30, which leaves the graph's launch cost in small-M figures)",
+    )
     p.add_argument("--json", help="write all rows here")
-    p.add_argument("--breakdown", action="store_true",
-                   help="also time routing alone and routing + gate_up op, and the layer without PDL")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also time routing alone and routing + gate_up op, and the layer without PDL",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: the benchmark needs a GPU", file=sys.stderr)
@@ -355,12 +427,15 @@ def main(argv: list[str] | None = None) -> int:
 
     dev = torch.cuda.get_device_name(0)
     bw = copy_bandwidth()
-    print(f"# {dev}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(
+        f"# {dev}, torch {torch.__version__}, triton {__import__('triton').__version__}, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+    )
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
     print(f"# routing {args.route}; {args.calls} or more layer calls per captured graph")
-    header = ("| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
-              + (" default-config µs |" if args.sweep else ""))
+    header = "| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |" + (
+        " default-config µs |" if args.sweep else ""
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     rows: list[dict] = []
@@ -375,24 +450,50 @@ def main(argv: list[str] | None = None) -> int:
         if args.breakdown:
             cum = [case.time(cfg, stages=i) for i in (1, 2, 3, 4)] + [us]
             extra = {"cumulative_us": cum, "no_pdl_us": case.time(cfg.without_pdl())}
-            log("  breakdown (cumulative us): routing {:.1f}, +w13 shrink {:.1f}, +w13 expand {:.1f}, "
-                "+w2 shrink {:.1f}, +w2 expand {:.1f}; without PDL {:.1f}".format(*cum, extra["no_pdl_us"]))
+            log(
+                "  breakdown (cumulative us): routing {:.1f}, +w13 shrink {:.1f}, +w13 expand {:.1f}, "
+                "+w2 shrink {:.1f}, +w2 expand {:.1f}; without PDL {:.1f}".format(*cum, extra["no_pdl_us"])
+            )
         gbs = case.bytes / (us * 1e-6) / 1e9
         vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
-        row = {"model": model, "rank": rank, "adapters": n_ad, "m": m, "us": us, "min_bytes": case.bytes, "gbs": gbs,
-               "pct_copy": 100 * case.bytes / (us * 1e-6) / bw, "floor_us": case.bytes / bw * 1e6,
-               "vllm_doc_us": vllm, "default_us": default_us, "config": str(cfg), **extra}
+        row = {
+            "model": model,
+            "rank": rank,
+            "adapters": n_ad,
+            "m": m,
+            "us": us,
+            "min_bytes": case.bytes,
+            "gbs": gbs,
+            "pct_copy": 100 * case.bytes / (us * 1e-6) / bw,
+            "floor_us": case.bytes / bw * 1e6,
+            "vllm_doc_us": vllm,
+            "default_us": default_us,
+            "config": str(cfg),
+            **extra,
+        }
         rows.append(row)
         if args.sweep:
             h, inter, e, _ = MODELS[model]
             for op, (k, n) in (("w13", (h, 2 * inter)), ("w2", (inter, h))):
                 direct = routing_method(cfg, case.sets[0]) == "direct"
-                tuned.append({"k": k, "n": n, "rank": rank, "num_experts": e, "max_loras": n_ad, "m": m,
-                              "config": asdict(getattr(cfg, op)) | {"pdl": None}}
-                             | ({"route": "direct"} if direct else {}))
-        print(f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
-              f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
-              + (f" {default_us:.1f} |" if args.sweep else ""), flush=True)
+                tuned.append(
+                    {
+                        "k": k,
+                        "n": n,
+                        "rank": rank,
+                        "num_experts": e,
+                        "max_loras": n_ad,
+                        "m": m,
+                        "config": asdict(getattr(cfg, op)) | {"pdl": None},
+                    }
+                    | ({"route": "direct"} if direct else {})
+                )
+        print(
+            f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
+            f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
+            + (f" {default_us:.1f} |" if args.sweep else ""),
+            flush=True,
+        )
         log(f"  {model} r{rank} L{n_ad} M{m}: {us:.1f} us, {cfg}")
         del case
         torch.cuda.empty_cache()

@@ -45,8 +45,7 @@ import triton.language as tl
 from ._pdl import use_pdl
 from .routing import MoeLoraRouting
 
-__all__ = ["KernelConfig", "default_block_m", "default_config", "fused_moe_lora", "table_token_counts",
-           "use_pdl"]
+__all__ = ["KernelConfig", "default_block_m", "default_config", "fused_moe_lora", "table_token_counts", "use_pdl"]
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,9 @@ def default_block_m(*, num_pairs: int, num_groups: int) -> int:
     return 16
 
 
-def default_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device,
-                   config_file: Path | None = None) -> KernelConfig:
+def default_config(
+    *, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device, config_file: Path | None = None
+) -> KernelConfig:
     """The bundled tuned configuration nearest to this problem (configs/<GPU name>.json, same K, N and E; nearest
     rank, adapter count and M on a log scale), else one from the sizes alone. config_file: read this file instead
     of the bundled one, on any device (the tuner's output, and its CPU test)."""
@@ -127,8 +127,9 @@ def table_token_counts(device: torch.device) -> tuple[int, ...]:
     return tuple(sorted({int(e["m"]) for e in _load_configs(path)})) if path is not None else ()
 
 
-def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device,
-                  config_file: Path | None = None) -> KernelConfig | None:
+def _tuned_config(
+    *, routing: MoeLoraRouting, k: int, n: int, rank: int, device: torch.device, config_file: Path | None = None
+) -> KernelConfig | None:
     path = config_file if config_file is not None else _config_file(device)
     if path is None:
         return None
@@ -141,15 +142,28 @@ def _tuned_config(*, routing: MoeLoraRouting, k: int, n: int, rank: int, device:
         return None
 
     def distance(e: dict) -> tuple[float, float, float]:
-        return (abs(math.log2(e["rank"] / rank)), abs(math.log2(e["max_loras"] / routing.max_loras)),
-                abs(math.log2(e["m"] / m)))
+        return (
+            abs(math.log2(e["rank"] / rank)),
+            abs(math.log2(e["max_loras"] / routing.max_loras)),
+            abs(math.log2(e["m"] / m)),
+        )
 
     return KernelConfig(**min(candidates, key=distance)["config"])
 
 
 @triton.jit
-def _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras,
-                DIRECT: tl.constexpr):
+def _block_span(
+    table_ptr,
+    num_blocks_ptr,
+    topk_ptr,
+    lora_ptr,
+    pid_b,
+    max_blocks,
+    num_experts,
+    top_k,
+    max_loras,
+    DIRECT: tl.constexpr,
+):
     """Block pid_b of the routing, shared by the shrink and the expand so both read it the same way: its adapter
     and expert, its rows [start, end) (positions in sorted_pairs and in the partial sums), and whether the block
     exists at all (read nothing else of a block that does not). Grouped routing: row pid_b of the block table
@@ -209,8 +223,23 @@ def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: 
 
 
 @triton.jit
-def _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, offs_n, offs_r, N, num_pairs, stride_om, stride_on, stride_w,
-                MUL_ROUTED_WEIGHT: tl.constexpr, RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr):
+def _expand_row(
+    bt,
+    pos,
+    part_ptr,
+    out_ptr,
+    topk_w_ptr,
+    offs_n,
+    offs_r,
+    N,
+    num_pairs,
+    stride_om,
+    stride_on,
+    stride_w,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    RANK_PAD: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
     """Direct pair pos through the (RANK_PAD, BLOCK_N) tile bt: sum its SPLIT_K partials, multiply, scale, and add
     into its output row; a broadcast multiply and a sum over the rank, not a tl.dot."""
     pair = tl.cast(pos, tl.int64)
@@ -240,13 +269,32 @@ def _shrink_kernel(
     lora_ptr,  # (M,) adapter slots, read when DIRECT
     ready_ptr,  # (max_blocks,) int32 readiness counters, zero on entry, when READY
     # sizes
-    K, rank, num_experts, top_k, max_loras, num_pairs, max_blocks,
+    K,
+    rank,
+    num_experts,
+    top_k,
+    max_loras,
+    num_pairs,
+    max_blocks,
     # strides
-    stride_xm, stride_xk, stride_al, stride_ae, stride_ar, stride_ak,
+    stride_xm,
+    stride_xk,
+    stride_al,
+    stride_ae,
+    stride_ar,
+    stride_ak,
     # meta
-    X_PER_PAIR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, RANK_PAD: tl.constexpr,
-    SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr, DIRECT: tl.constexpr, READY: tl.constexpr,
-    USE_PDL: tl.constexpr, A_BEFORE_WAIT: tl.constexpr,
+    X_PER_PAIR: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    RANK_PAD: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EVEN_R: tl.constexpr,
+    DIRECT: tl.constexpr,
+    READY: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    A_BEFORE_WAIT: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -255,8 +303,9 @@ def _shrink_kernel(
         # routing's tables and B before their own wait.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    adapter, expert, start, end, live = _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks,
-                                                    num_experts, top_k, max_loras, DIRECT)
+    adapter, expert, start, end, live = _block_span(
+        table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras, DIRECT
+    )
     if not live:
         return
     offs_r = tl.arange(0, RANK_PAD)
@@ -343,13 +392,33 @@ def _expand_kernel(
     lora_ptr,  # (M,) adapter slots, read when DIRECT
     ready_ptr,  # (max_blocks,) int32 readiness counters, when READY
     # sizes
-    N, rank, num_experts, top_k, max_loras, num_pairs, max_blocks,
+    N,
+    rank,
+    num_experts,
+    top_k,
+    max_loras,
+    num_pairs,
+    max_blocks,
     # strides
-    stride_bl, stride_be, stride_bn, stride_br, stride_om, stride_on, stride_w,
+    stride_bl,
+    stride_be,
+    stride_bn,
+    stride_br,
+    stride_om,
+    stride_on,
+    stride_w,
     # meta
-    MUL_ROUTED_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, N_TILES: tl.constexpr,
-    RANK_PAD: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr,
-    DIRECT: tl.constexpr, READY: tl.constexpr, USE_PDL: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    N_TILES: tl.constexpr,
+    RANK_PAD: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_N: tl.constexpr,
+    EVEN_R: tl.constexpr,
+    DIRECT: tl.constexpr,
+    READY: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -357,13 +426,16 @@ def _expand_kernel(
         # The next kernel waits for this whole grid before it reads anything of ours; starting it now lets its
         # CTAs take free SMs and fetch what does not depend on us (the down op's shrink: routing and A).
         tl.extra.cuda.gdc_launch_dependents()
-    adapter, expert, start, end, live = _block_span(table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks,
-                                                    num_experts, top_k, max_loras, DIRECT)
+    adapter, expert, start, end, live = _block_span(
+        table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras, DIRECT
+    )
     if not live:
         return
     offs_r = tl.arange(0, RANK_PAD)
     offs_n = pid_n * (BLOCK_N * N_TILES) + tl.arange(0, BLOCK_N)
-    b_ptrs = b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
+    b_ptrs = (
+        b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
+    )
     bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
     if USE_PDL and not READY:
         # Everything above depends only on the routing, complete before the shrink let this grid start.
@@ -374,11 +446,27 @@ def _expand_kernel(
         # arithmetic, so a CTA always has B in flight.
         for t in tl.static_range(N_TILES):
             if t + 1 < N_TILES:
-                bt_next = _load_b_tile(b_ptrs + (t + 1) * BLOCK_N * stride_bn, offs_n + (t + 1) * BLOCK_N, offs_r, N,
-                                       rank, EVEN_N, EVEN_R)
+                bt_next = _load_b_tile(
+                    b_ptrs + (t + 1) * BLOCK_N * stride_bn, offs_n + (t + 1) * BLOCK_N, offs_r, N, rank, EVEN_N, EVEN_R
+                )
             for pos in range(start, end):
-                _expand_row(bt, pos, part_ptr, out_ptr, topk_w_ptr, offs_n + t * BLOCK_N, offs_r, N, num_pairs,
-                            stride_om, stride_on, stride_w, MUL_ROUTED_WEIGHT, RANK_PAD, SPLIT_K)
+                _expand_row(
+                    bt,
+                    pos,
+                    part_ptr,
+                    out_ptr,
+                    topk_w_ptr,
+                    offs_n + t * BLOCK_N,
+                    offs_r,
+                    N,
+                    num_pairs,
+                    stride_om,
+                    stride_on,
+                    stride_w,
+                    MUL_ROUTED_WEIGHT,
+                    RANK_PAD,
+                    SPLIT_K,
+                )
             if t + 1 < N_TILES:
                 bt = bt_next
     else:
@@ -397,8 +485,12 @@ def _expand_kernel(
                 pass
         inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg" if READY else "")
         for s in tl.static_range(1, SPLIT_K):
-            inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD, mask=mask_m[:, None], other=0.0,
-                             cache_modifier=".cg" if READY else "")
+            inter += tl.load(
+                part_ptrs + s * num_pairs * RANK_PAD,
+                mask=mask_m[:, None],
+                other=0.0,
+                cache_modifier=".cg" if READY else "",
+            )
         inter = inter.to(bt.dtype)
         w = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if MUL_ROUTED_WEIGHT:
@@ -409,8 +501,17 @@ def _expand_kernel(
             offs_t = offs_n + t * BLOCK_N
             bt = _load_b_tile(b_ptrs + t * BLOCK_N * stride_bn, offs_t, offs_r, N, rank, EVEN_N, EVEN_R)
             old = _load_out_tile(out_ptrs + t * BLOCK_N * stride_on, offs_t, mask_m, N, EVEN_N)
-            _store_out_tile(out_ptrs + t * BLOCK_N * stride_on, old, tl.dot(inter, bt), w, offs_t, mask_m, N,
-                            MUL_ROUTED_WEIGHT, EVEN_N)
+            _store_out_tile(
+                out_ptrs + t * BLOCK_N * stride_on,
+                old,
+                tl.dot(inter, bt),
+                w,
+                offs_t,
+                mask_m,
+                N,
+                MUL_ROUTED_WEIGHT,
+                EVEN_N,
+            )
 
 
 @triton.jit
@@ -431,6 +532,7 @@ def _store_out_tile(out_ptrs, old, acc, w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT:
         tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None])
     else:
         tl.store(out_ptrs, (old.to(tl.float32) + acc).to(old.dtype), mask=mask_m[:, None] & (offs_n < N)[None, :])
+
 
 @dataclass
 class _Plan:
@@ -484,12 +586,17 @@ def fused_moe_lora(
     n = lora_b.shape[2]
     m, top_k = output.shape[0], output.shape[1]
     if lora_b.shape != (max_loras, num_experts, n, rank):
-        raise ValueError(f"lora_b must be (max_loras, E, N, r) = {(max_loras, num_experts, n, rank)}, "
-                         f"got {tuple(lora_b.shape)}")
+        raise ValueError(
+            f"lora_b must be (max_loras, E, N, r) = {(max_loras, num_experts, n, rank)}, got {tuple(lora_b.shape)}"
+        )
     if output.dim() != 3 or output.shape[2] != n:
         raise ValueError(f"output must be (M, top_k, {n}), got {tuple(output.shape)}")
-    if (routing.num_pairs, routing.top_k, routing.num_experts, routing.max_loras) != (m * top_k, top_k,
-                                                                                      num_experts, max_loras):
+    if (routing.num_pairs, routing.top_k, routing.num_experts, routing.max_loras) != (
+        m * top_k,
+        top_k,
+        num_experts,
+        max_loras,
+    ):
         raise ValueError("routing was built for other M, top_k, E or max_loras")
     if x.dim() == 2 and x.shape == (m, k):
         x_rows, per_pair = x, False
@@ -505,8 +612,17 @@ def fused_moe_lora(
         raise ValueError("output's first two dims must collapse into one (stride(0) == top_k * stride(1))")
     if m == 0:
         return
-    plan = _plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
-                 topk_weights=topk_weights, mul_routed_weight=mul_routed_weight, config=config)
+    plan = _plan(
+        output=output,
+        x_rows=x_rows,
+        per_pair=per_pair,
+        lora_a=lora_a,
+        lora_b=lora_b,
+        routing=routing,
+        topk_weights=topk_weights,
+        mul_routed_weight=mul_routed_weight,
+        config=config,
+    )
     _run_shrink(plan)
     _run_expand(plan)
 
@@ -523,10 +639,25 @@ def _plan(*, output, x_rows, per_pair, lora_a, lora_b, routing, topk_weights, mu
     k_iters = triton.cdiv(k, cfg.shrink_block_k)
     split_k = triton.cdiv(k_iters, triton.cdiv(k_iters, max(1, min(cfg.split_k, k_iters))))
     settled, ready = routing.begin_op(per_block_wait=cfg.wait_per_block)
-    return _Plan(output=output, x_rows=x_rows, per_pair=per_pair, lora_a=lora_a, lora_b=lora_b, routing=routing,
-                 weights=weights, mul_routed_weight=mul_routed_weight, cfg=cfg, k=k, n=n, rank=rank,
-                 rank_pad=max(16, triton.next_power_of_2(rank)), split_k=split_k,
-                 pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl, routing_settled=settled, ready=ready)
+    return _Plan(
+        output=output,
+        x_rows=x_rows,
+        per_pair=per_pair,
+        lora_a=lora_a,
+        lora_b=lora_b,
+        routing=routing,
+        weights=weights,
+        mul_routed_weight=mul_routed_weight,
+        cfg=cfg,
+        k=k,
+        n=n,
+        rank=rank,
+        rank_pad=max(16, triton.next_power_of_2(rank)),
+        split_k=split_k,
+        pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl,
+        routing_settled=settled,
+        ready=ready,
+    )
 
 
 def early_a_fits(block_k: int, rank_pad: int, warps: int) -> bool:
@@ -540,15 +671,41 @@ def _run_shrink(p: _Plan) -> None:
     r, cfg = p.routing, p.cfg
     p.partials = torch.empty((p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
     _shrink_kernel[(r.max_blocks, p.split_k)](
-        p.x_rows, p.lora_a, p.partials, r.sorted_pairs, r.block_table, r.num_blocks, r.topk_ids, r.token_lora,
+        p.x_rows,
+        p.lora_a,
+        p.partials,
+        r.sorted_pairs,
+        r.block_table,
+        r.num_blocks,
+        r.topk_ids,
+        r.token_lora,
         p.ready if p.ready is not None else r.num_blocks,
-        p.k, p.rank, r.num_experts, r.top_k, r.max_loras, r.num_pairs, r.max_blocks,
-        p.x_rows.stride(0), p.x_rows.stride(1), *p.lora_a.stride(),
-        X_PER_PAIR=p.per_pair, BLOCK_M=r.block_m, BLOCK_K=cfg.shrink_block_k, RANK_PAD=p.rank_pad,
-        SPLIT_K=p.split_k, EVEN_K=p.k % cfg.shrink_block_k == 0, EVEN_R=p.rank == p.rank_pad, DIRECT=r.direct,
-        READY=p.ready is not None, USE_PDL=p.pdl,
-        A_BEFORE_WAIT=p.routing_settled and not r.direct and early_a_fits(cfg.shrink_block_k, p.rank_pad, cfg.shrink_warps),
-        num_warps=cfg.shrink_warps, num_stages=cfg.shrink_stages, **_launch_options(p.pdl, cfg.shrink_maxnreg),
+        p.k,
+        p.rank,
+        r.num_experts,
+        r.top_k,
+        r.max_loras,
+        r.num_pairs,
+        r.max_blocks,
+        p.x_rows.stride(0),
+        p.x_rows.stride(1),
+        *p.lora_a.stride(),
+        X_PER_PAIR=p.per_pair,
+        BLOCK_M=r.block_m,
+        BLOCK_K=cfg.shrink_block_k,
+        RANK_PAD=p.rank_pad,
+        SPLIT_K=p.split_k,
+        EVEN_K=p.k % cfg.shrink_block_k == 0,
+        EVEN_R=p.rank == p.rank_pad,
+        DIRECT=r.direct,
+        READY=p.ready is not None,
+        USE_PDL=p.pdl,
+        A_BEFORE_WAIT=p.routing_settled
+        and not r.direct
+        and early_a_fits(cfg.shrink_block_k, p.rank_pad, cfg.shrink_warps),
+        num_warps=cfg.shrink_warps,
+        num_stages=cfg.shrink_stages,
+        **_launch_options(p.pdl, cfg.shrink_maxnreg),
     )
 
 
@@ -558,16 +715,41 @@ def _run_expand(p: _Plan) -> None:
     n_tiles = max(1, cfg.expand_tiles)
     span = cfg.expand_block_n * n_tiles
     _expand_kernel[(r.max_blocks, triton.cdiv(p.n, span))](
-        p.partials, p.lora_b, p.output, p.weights if p.weights is not None else p.partials,
-        r.sorted_pairs, r.block_table, r.num_blocks, r.topk_ids, r.token_lora,
+        p.partials,
+        p.lora_b,
+        p.output,
+        p.weights if p.weights is not None else p.partials,
+        r.sorted_pairs,
+        r.block_table,
+        r.num_blocks,
+        r.topk_ids,
+        r.token_lora,
         p.ready if p.ready is not None else r.num_blocks,
-        p.n, p.rank, r.num_experts, r.top_k, r.max_loras, r.num_pairs, r.max_blocks,
-        *p.lora_b.stride(), p.output.stride(1), p.output.stride(2),
+        p.n,
+        p.rank,
+        r.num_experts,
+        r.top_k,
+        r.max_loras,
+        r.num_pairs,
+        r.max_blocks,
+        *p.lora_b.stride(),
+        p.output.stride(1),
+        p.output.stride(2),
         p.weights.stride(1) if p.weights is not None else 0,
-        MUL_ROUTED_WEIGHT=p.mul_routed_weight, BLOCK_M=r.block_m, BLOCK_N=cfg.expand_block_n, N_TILES=n_tiles,
-        RANK_PAD=p.rank_pad, SPLIT_K=p.split_k, EVEN_N=p.n % span == 0, EVEN_R=p.rank == p.rank_pad,
-        DIRECT=r.direct, READY=p.ready is not None, USE_PDL=p.pdl, num_warps=cfg.expand_warps,
-        num_stages=cfg.expand_stages, **_launch_options(p.pdl, cfg.expand_maxnreg),
+        MUL_ROUTED_WEIGHT=p.mul_routed_weight,
+        BLOCK_M=r.block_m,
+        BLOCK_N=cfg.expand_block_n,
+        N_TILES=n_tiles,
+        RANK_PAD=p.rank_pad,
+        SPLIT_K=p.split_k,
+        EVEN_N=p.n % span == 0,
+        EVEN_R=p.rank == p.rank_pad,
+        DIRECT=r.direct,
+        READY=p.ready is not None,
+        USE_PDL=p.pdl,
+        num_warps=cfg.expand_warps,
+        num_stages=cfg.expand_stages,
+        **_launch_options(p.pdl, cfg.expand_maxnreg),
     )
 
 

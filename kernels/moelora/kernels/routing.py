@@ -114,8 +114,7 @@ def _zero(ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks,
-                       BLOCK_M: tl.constexpr):
+def _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M: tl.constexpr):
     """Cut each group's range [ends - counts, ends) into blocks of BLOCK_M; rows of table_ptr: group, start, end."""
     nblk = tl.where(group_mask, (counts + BLOCK_M - 1) // BLOCK_M, 0)
     blk_end = tl.cumsum(nblk, 0)
@@ -139,7 +138,10 @@ def _route_count_kernel(
     counts_ptr,  # (G,) int32, zero on entry
     rank_ptr,  # (P,) int32, out: rank of each pair within its group
     # sizes
-    num_pairs, top_k, num_experts, max_loras,
+    num_pairs,
+    top_k,
+    num_experts,
+    max_loras,
     # meta
     BLOCK: tl.constexpr,
 ):
@@ -162,9 +164,17 @@ def _route_finish_kernel(
     num_blocks_ptr,  # (1,) int32, out
     ready_ptr,  # (ready_len,) int32, out: zeroed
     # sizes
-    num_pairs, top_k, num_experts, max_loras, max_blocks, ready_len,
+    num_pairs,
+    top_k,
+    num_experts,
+    max_loras,
+    max_blocks,
+    ready_len,
     # meta
-    BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    SINGLE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -190,7 +200,8 @@ def _route_finish_kernel(
     tl.store(group_end_ptr + groups, ends, mask=group_mask)
     tl.debug_barrier()
     start = tl.load(group_end_ptr + group, mask=valid, other=0, volatile=True) - tl.load(
-        counts_ptr + group, mask=valid, other=0, volatile=True)
+        counts_ptr + group, mask=valid, other=0, volatile=True
+    )
     tl.store(sorted_ptr + start + rank, offs, mask=valid)
     if pid == 0:
         _write_block_table(counts, ends, groups, group_mask, table_ptr, num_blocks_ptr, max_blocks, BLOCK_M)
@@ -207,9 +218,16 @@ def _route_tiny_kernel(
     num_blocks_ptr,  # (1,) int32, out
     ready_ptr,  # (ready_len,) int32, out: zeroed
     # sizes
-    num_pairs, top_k, num_experts, max_loras, max_blocks, ready_len,
+    num_pairs,
+    top_k,
+    num_experts,
+    max_loras,
+    max_blocks,
+    ready_len,
     # meta
-    BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """All pairs in registers, no atomics, no barriers, no scratch: position of pair i =
     #(valid j with group_j < group_i) + #(valid j < i with group_j == group_i), from BLOCK x BLOCK comparisons."""
@@ -278,8 +296,10 @@ def moe_lora_routing(
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
     if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
-        raise ValueError(f"topk_ids (M, top_k) and token_lora_mapping (M,) expected, got {tuple(topk_ids.shape)} "
-                         f"and {tuple(token_lora_mapping.shape)}")
+        raise ValueError(
+            f"topk_ids (M, top_k) and token_lora_mapping (M,) expected, got {tuple(topk_ids.shape)} "
+            f"and {tuple(token_lora_mapping.shape)}"
+        )
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     m, top_k = topk_ids.shape
@@ -290,10 +310,20 @@ def moe_lora_routing(
     lora = token_lora_mapping.contiguous()
     method = resolve_method(method, num_pairs, num_groups)
     if method == "direct":
-        return MoeLoraRouting(sorted_pairs=topk_flat, block_table=topk_flat, num_blocks=topk_flat,
-                              num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                              block_m=block_m, max_blocks=max(1, num_pairs), topk_ids=topk_flat, token_lora=lora,
-                              direct=True)
+        return MoeLoraRouting(
+            sorted_pairs=topk_flat,
+            block_table=topk_flat,
+            num_blocks=topk_flat,
+            num_pairs=num_pairs,
+            top_k=top_k,
+            num_experts=num_experts,
+            max_loras=max_loras,
+            block_m=block_m,
+            max_blocks=max(1, num_pairs),
+            topk_ids=topk_flat,
+            token_lora=lora,
+            direct=True,
+        )
     max_blocks = max_blocks_for(num_pairs, num_groups, block_m)
     sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
     block_table = torch.empty((3, max_blocks), dtype=torch.int32, device=dev)
@@ -308,16 +338,38 @@ def moe_lora_routing(
         raise ValueError(f"routing method {method!r} cannot take {num_pairs} pairs")
     if method == "tiny":
         _route_tiny_kernel[(1,)](
-            topk_flat, lora, sorted_pairs, block_table, num_blocks, ready, num_pairs, top_k, num_experts,
-            max_loras, max_blocks, ready.numel(), BLOCK=max(16, triton.next_power_of_2(num_pairs)), BLOCK_M=block_m,
+            topk_flat,
+            lora,
+            sorted_pairs,
+            block_table,
+            num_blocks,
+            ready,
+            num_pairs,
+            top_k,
+            num_experts,
+            max_loras,
+            max_blocks,
+            ready.numel(),
+            BLOCK=max(16, triton.next_power_of_2(num_pairs)),
+            BLOCK_M=block_m,
             USE_PDL=pdl,
             num_warps=8 if num_pairs <= 128 else 16,
             **({"launch_pdl": True} if pdl else {}),
         )
-        return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
-                              num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                              block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora,
-                              ready=ready)
+        return MoeLoraRouting(
+            sorted_pairs=sorted_pairs,
+            block_table=block_table,
+            num_blocks=num_blocks,
+            num_pairs=num_pairs,
+            top_k=top_k,
+            num_experts=num_experts,
+            max_loras=max_loras,
+            block_m=block_m,
+            max_blocks=max_blocks,
+            topk_ids=topk_flat,
+            token_lora=lora,
+            ready=ready,
+        )
     single = method == "single"
     # PDL for the finish kernel only: the count kernel follows a memset, not a kernel.
     if single:
@@ -328,15 +380,44 @@ def moe_lora_routing(
         counts = torch.zeros(num_groups, dtype=torch.int32, device=dev)
         rank = torch.empty(num_pairs, dtype=torch.int32, device=dev)
         grid = (triton.cdiv(num_pairs, _ROUTE_BLOCK),)
-        _route_count_kernel[grid](topk_flat, lora, counts, rank, num_pairs, top_k, num_experts, max_loras,
-                                  BLOCK=_ROUTE_BLOCK)
+        _route_count_kernel[grid](
+            topk_flat, lora, counts, rank, num_pairs, top_k, num_experts, max_loras, BLOCK=_ROUTE_BLOCK
+        )
     _route_finish_kernel[grid](
-        topk_flat, lora, counts, rank, group_end, sorted_pairs, block_table, num_blocks, ready,
-        num_pairs, top_k, num_experts, max_loras, max_blocks, ready.numel(),
-        BLOCK=_ROUTE_BLOCK, GROUPS_PAD=groups_pad, BLOCK_M=block_m, SINGLE=single, USE_PDL=pdl, num_warps=8,
+        topk_flat,
+        lora,
+        counts,
+        rank,
+        group_end,
+        sorted_pairs,
+        block_table,
+        num_blocks,
+        ready,
+        num_pairs,
+        top_k,
+        num_experts,
+        max_loras,
+        max_blocks,
+        ready.numel(),
+        BLOCK=_ROUTE_BLOCK,
+        GROUPS_PAD=groups_pad,
+        BLOCK_M=block_m,
+        SINGLE=single,
+        USE_PDL=pdl,
+        num_warps=8,
         **({"launch_pdl": True} if pdl else {}),
     )
-    return MoeLoraRouting(sorted_pairs=sorted_pairs, block_table=block_table, num_blocks=num_blocks,
-                          num_pairs=num_pairs, top_k=top_k, num_experts=num_experts, max_loras=max_loras,
-                          block_m=block_m, max_blocks=max_blocks, topk_ids=topk_flat, token_lora=lora,
-                          ready=ready)
+    return MoeLoraRouting(
+        sorted_pairs=sorted_pairs,
+        block_table=block_table,
+        num_blocks=num_blocks,
+        num_pairs=num_pairs,
+        top_k=top_k,
+        num_experts=num_experts,
+        max_loras=max_loras,
+        block_m=block_m,
+        max_blocks=max_blocks,
+        topk_ids=topk_flat,
+        token_lora=lora,
+        ready=ready,
+    )

@@ -62,14 +62,24 @@ MODEL_PRESETS = {
 SPACES: dict[str, dict[str, dict[str, tuple]]] = {
     "h200": {
         "ours": {
-            "split_k": (1, 2, 4, 8, 16), "shrink_block_k": (64, 128, 256), "shrink_warps": (2, 4, 8),
-            "shrink_stages": (2, 3, 4), "expand_block_n": (64, 128, 256, 512), "expand_warps": (4, 8),
-            "expand_tiles": (1, 2, 8), "expand_stages": (1, 3),
+            "split_k": (1, 2, 4, 8, 16),
+            "shrink_block_k": (64, 128, 256),
+            "shrink_warps": (2, 4, 8),
+            "shrink_stages": (2, 3, 4),
+            "expand_block_n": (64, 128, 256, 512),
+            "expand_warps": (4, 8),
+            "expand_tiles": (1, 2, 8),
+            "expand_stages": (1, 3),
         },
         "vllm": {
-            "block_m": (16, 32, 64), "shrink.block_k": (32, 64, 128), "shrink.split_k": (1, 2, 4),
-            "shrink.num_warps": (4, 8), "shrink.num_stages": (2, 3, 4), "expand.block_n": (32, 64, 128, 256),
-            "expand.num_warps": (4, 8), "expand.num_stages": (2, 3),
+            "block_m": (16, 32, 64),
+            "shrink.block_k": (32, 64, 128),
+            "shrink.split_k": (1, 2, 4),
+            "shrink.num_warps": (4, 8),
+            "shrink.num_stages": (2, 3, 4),
+            "expand.block_n": (32, 64, 128, 256),
+            "expand.num_warps": (4, 8),
+            "expand.num_stages": (2, 3),
         },
     },
     "tiny": {
@@ -92,8 +102,10 @@ class Bucket:
     @property
     def key(self) -> str:
         s = self.model
-        return (f"{self.kernel}|{s.hidden}x{s.inter}xE{s.experts}xk{s.top_k}s{s.w13_slices}|{self.op}"
-                f"|r{self.rank}|L{self.max_loras}|m{self.m}")
+        return (
+            f"{self.kernel}|{s.hidden}x{s.inter}xE{s.experts}xk{s.top_k}s{s.w13_slices}|{self.op}"
+            f"|r{self.rank}|L{self.max_loras}|m{self.m}"
+        )
 
     @property
     def k_n(self) -> tuple[int, int]:
@@ -102,10 +114,13 @@ class Bucket:
         return (s.hidden, 2 * s.inter // s.w13_slices) if self.op == "w13" else (s.inter, s.hidden)
 
 
-def plan(*, models: list[ModelShape], ranks: list[int], max_loras: list[int], ms: list[int],
-         kernels: list[str]) -> list[Bucket]:
-    return [Bucket(model, op, r, n_l, m, kern)
-            for model, r, n_l, m, op, kern in itertools.product(models, ranks, max_loras, ms, ("w13", "w2"), kernels)]
+def plan(
+    *, models: list[ModelShape], ranks: list[int], max_loras: list[int], ms: list[int], kernels: list[str]
+) -> list[Bucket]:
+    return [
+        Bucket(model, op, r, n_l, m, kern)
+        for model, r, n_l, m, op, kern in itertools.product(models, ranks, max_loras, ms, ("w13", "w2"), kernels)
+    ]
 
 
 # --- inputs and the correctness check -------------------------------------------------------------------------
@@ -137,10 +152,14 @@ def make_op_inputs(b: Bucket, *, slices: int, device: torch.device, dtype: torch
     topk_w, topk_ids = scores.softmax(-1).topk(s.top_k, dim=-1)
     x = rnd(b.m, k) if b.op == "w13" else rnd(b.m, s.top_k, k)
     return OpInputs(
-        x=x, a=[rnd(b.max_loras, s.experts, b.rank, k, scale=k ** -0.5) for _ in range(slices)],
+        x=x,
+        a=[rnd(b.max_loras, s.experts, b.rank, k, scale=k**-0.5) for _ in range(slices)],
         b=[rnd(b.max_loras, s.experts, n, b.rank, scale=0.05) for _ in range(slices)],
-        out=rnd(b.m, s.top_k, slices * n), topk_ids=topk_ids.to(torch.int32), topk_w=topk_w,
-        lora_map=torch.randint(0, b.max_loras, (b.m,), generator=g, device=device).to(torch.int32))
+        out=rnd(b.m, s.top_k, slices * n),
+        topk_ids=topk_ids.to(torch.int32),
+        topk_w=topk_w,
+        lora_map=torch.randint(0, b.max_loras, (b.m,), generator=g, device=device).to(torch.int32),
+    )
 
 
 def reference(inp: OpInputs, op: str, *, chunk: int = 256) -> torch.Tensor:
@@ -162,7 +181,7 @@ def reference(inp: OpInputs, op: str, *, chunk: int = 256) -> torch.Tensor:
             delta = torch.einsum("pr,pnr->pn", inter, b_[l_, e_].double())
             if op == "w2":
                 delta = delta * w[c, None]
-            ref[c, i * n:(i + 1) * n] += delta
+            ref[c, i * n : (i + 1) * n] += delta
     return ref.view(m, top_k, -1)
 
 
@@ -195,15 +214,23 @@ class OursKernel(Kernel):
         self.b = b
         self.block_m = default_block_m(num_pairs=b.m * b.model.top_k, num_groups=b.max_loras * b.model.experts)
         # The routing is shared by a layer's two ops, so it is not part of the op's time.
-        self.routing = {id(s): moe_lora_routing(topk_ids=s.topk_ids, token_lora_mapping=s.lora_map,
-                                                num_experts=b.model.experts, max_loras=b.max_loras,
-                                                block_m=self.block_m) for s in sets}
+        self.routing = {
+            id(s): moe_lora_routing(
+                topk_ids=s.topk_ids,
+                token_lora_mapping=s.lora_map,
+                num_experts=b.model.experts,
+                max_loras=b.max_loras,
+                block_m=self.block_m,
+            )
+            for s in sets
+        }
         self.first = sets[0]
 
     def baseline(self) -> KernelConfig:
         k, n = self.b.k_n
-        return default_config(routing=self.routing[id(self.first)], k=k, n=n, rank=self.b.rank,
-                              device=self.first.x.device)
+        return default_config(
+            routing=self.routing[id(self.first)], k=k, n=n, rank=self.b.rank, device=self.first.x.device
+        )
 
     def neighbours(self, cand: KernelConfig, space: dict[str, tuple]) -> list[KernelConfig]:
         return [replace(cand, **{f: v}) for f, vs in space.items() for v in vs if getattr(cand, f) != v]
@@ -211,9 +238,16 @@ class OursKernel(Kernel):
     def run(self, cand: KernelConfig, inp: OpInputs, out: torch.Tensor) -> None:
         n = inp.b[0].shape[2]
         for i, (a, b_) in enumerate(zip(inp.a, inp.b)):
-            fused_moe_lora(output=out[:, :, i * n:(i + 1) * n], x=inp.x, lora_a=a, lora_b=b_,
-                           routing=self.routing[id(inp)], topk_weights=inp.topk_w,
-                           mul_routed_weight=self.b.op == "w2", config=cand)
+            fused_moe_lora(
+                output=out[:, :, i * n : (i + 1) * n],
+                x=inp.x,
+                lora_a=a,
+                lora_b=b_,
+                routing=self.routing[id(inp)],
+                topk_weights=inp.topk_w,
+                mul_routed_weight=self.b.op == "w2",
+                config=cand,
+            )
 
     @staticmethod
     def to_json(cand: KernelConfig) -> dict:
@@ -233,10 +267,24 @@ class VllmKernel(Kernel):
     def baseline(self) -> tuple:
         # vLLM's own defaults for the fused ops (get_lora_op_configs without a folder).
         r = self.b.rank
-        shrink = {"block_m": 64, "block_n": min(64, _pow2(r)), "block_k": 32, "group_size_m": 8, "num_warps": 4,
-                  "num_stages": 3, "split_k": 1}
-        expand = {"block_m": 64, "block_n": 64, "block_k": max(16, min(32, _pow2(r))), "group_size_m": 8,
-                  "num_warps": 4, "num_stages": 3, "split_k": 1}
+        shrink = {
+            "block_m": 64,
+            "block_n": min(64, _pow2(r)),
+            "block_k": 32,
+            "group_size_m": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+            "split_k": 1,
+        }
+        expand = {
+            "block_m": 64,
+            "block_n": 64,
+            "block_k": max(16, min(32, _pow2(r))),
+            "group_size_m": 8,
+            "num_warps": 4,
+            "num_stages": 3,
+            "split_k": 1,
+        }
         return _freeze(shrink), _freeze(expand)
 
     def neighbours(self, cand: tuple, space: dict[str, tuple]) -> list[tuple]:
@@ -264,13 +312,28 @@ class VllmKernel(Kernel):
             # sorted ids, expert_ids = topk_ids flattened.
             self.layouts[key] = (None, inp.topk_ids.reshape(-1), None)
         elif key not in self.layouts:
-            self.layouts[key] = self._align(topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map,
-                                            num_experts=self.b.model.experts, max_loras=self.b.max_loras,
-                                            block_m=shrink["block_m"])
+            self.layouts[key] = self._align(
+                topk_ids=inp.topk_ids,
+                token_lora_mapping=inp.lora_map,
+                num_experts=self.b.model.experts,
+                max_loras=self.b.max_loras,
+                block_m=shrink["block_m"],
+            )
         x = inp.x if inp.x.dim() == 2 else inp.x.reshape(-1, inp.x.shape[-1])
-        call_vllm_op(self.op, output=out, x=x, lora_a=inp.a, lora_b=inp.b, topk_weights=inp.topk_w,
-                     layout=self.layouts[key], token_lora_mapping=inp.lora_map, rank=self.b.rank,
-                     mul_routed_weight=self.b.op == "w2", shrink=shrink, expand=expand)
+        call_vllm_op(
+            self.op,
+            output=out,
+            x=x,
+            lora_a=inp.a,
+            lora_b=inp.b,
+            topk_weights=inp.topk_w,
+            layout=self.layouts[key],
+            token_lora_mapping=inp.lora_map,
+            rank=self.b.rank,
+            mul_routed_weight=self.b.op == "w2",
+            shrink=shrink,
+            expand=expand,
+        )
 
     @staticmethod
     def to_json(cand: tuple) -> dict:
@@ -315,6 +378,7 @@ def measure(kernel: Kernel, cand, sets: list[OpInputs], refs: list[torch.Tensor]
         def calls() -> None:
             for s, o in zip(sets, scratch):
                 kernel.run(cand, s, o)
+
         return time_us(calls, cuda=cuda) / len(sets)
     except Exception as exc:  # noqa: BLE001 - a config the compiler or launcher refuses is just not a candidate
         return f"failed: {type(exc).__name__}: {exc!s:.120}"
@@ -347,8 +411,12 @@ def search(kernel: Kernel, space: dict[str, tuple], sets, refs, *, cuda: bool, l
             break
     if best is None:
         raise RuntimeError("every candidate was rejected (wrong results or failures): nothing to write")
-    return {"config": kernel.to_json(best), "us": best_us,
-            "default_us": base_us if isinstance(base_us, float) else None, **counts}
+    return {
+        "config": kernel.to_json(best),
+        "us": best_us,
+        "default_us": base_us if isinstance(base_us, float) else None,
+        **counts,
+    }
 
 
 def _short(d: dict) -> str:
@@ -375,17 +443,35 @@ def write_outputs(*, out_dir: Path, state: dict, device_name: str, source: str) 
     for rec in state["buckets"].values():
         b = rec["bucket"]
         if rec["kernel"] == "ours":
-            entries.append({"k": b["k"], "n": b["n"], "rank": b["rank"], "num_experts": b["experts"],
-                            "max_loras": b["max_loras"], "m": b["m"], "config": rec["result"]["config"]})
+            entries.append(
+                {
+                    "k": b["k"],
+                    "n": b["n"],
+                    "rank": b["rank"],
+                    "num_experts": b["experts"],
+                    "max_loras": b["max_loras"],
+                    "m": b["m"],
+                    "config": rec["result"]["config"],
+                }
+            )
             continue
         leaves = rec["result"]["config"]
         # w13: vLLM keys i by lora_b's rows per slice; w2: by lora_a's columns (= the intermediate size)
         inter = b["n"] if b["op"] == "w13" else b["k"]
         slices = b["slices"] if b["op"] == "w13" else 1
         for part in ("shrink", "expand"):
-            vllm_entries.append(VllmEntry(op=f"{b['op']}_{part}", max_loras=b["max_loras"], num_slices=slices,
-                                          m=b["m"], rank=b["rank"], hidden=b["hidden"], inter=inter,
-                                          leaf=leaves[part]))
+            vllm_entries.append(
+                VllmEntry(
+                    op=f"{b['op']}_{part}",
+                    max_loras=b["max_loras"],
+                    num_slices=slices,
+                    m=b["m"],
+                    rank=b["rank"],
+                    hidden=b["hidden"],
+                    inter=inter,
+                    leaf=leaves[part],
+                )
+            )
     written = []
     if entries:
         cfg_dir = out_dir / "configs"
@@ -404,8 +490,18 @@ def write_outputs(*, out_dir: Path, state: dict, device_name: str, source: str) 
 # --- the run ----------------------------------------------------------------------------------------------------
 
 
-def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tuple]], device: torch.device,
-         device_name: str, vllm: Callable[..., None] | None, dtype: torch.dtype, log=print, passes: int = 2) -> dict:
+def tune(
+    *,
+    buckets: list[Bucket],
+    out_dir: Path,
+    space: dict[str, dict[str, tuple]],
+    device: torch.device,
+    device_name: str,
+    vllm: Callable[..., None] | None,
+    dtype: torch.dtype,
+    log=print,
+    passes: int = 2,
+) -> dict:
     """Measure every bucket not yet in the state; returns {"measured": n, "skipped": n, "files": [...]}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     state_path = out_dir / STATE_FILE
@@ -427,47 +523,73 @@ def tune(*, buckets: list[Bucket], out_dir: Path, space: dict[str, dict[str, tup
             from .bench import l2_bytes
 
             n_sets = max(1, min(8, math.ceil(3 * l2_bytes() / first.nbytes())))
-        sets = [first] + [make_op_inputs(b, slices=slices, device=device, dtype=dtype, seed=s)
-                          for s in range(1, n_sets)]
+        sets = [first] + [
+            make_op_inputs(b, slices=slices, device=device, dtype=dtype, seed=s) for s in range(1, n_sets)
+        ]
         refs = [reference(sets[0], b.op)]
         kernel = OursKernel(b, sets) if b.kernel == "ours" else VllmKernel(b, sets, vllm)
         log(head)
         result = search(kernel, space[b.kernel], sets, refs, cuda=cuda, log=log, passes=passes)
         k, n = b.k_n
         state["buckets"][b.key] = {
-            "kernel": b.kernel, "result": result,
-            "bucket": {"model": b.model.name, "op": b.op, "rank": b.rank, "max_loras": b.max_loras, "m": b.m,
-                       "k": k, "n": n, "hidden": b.model.hidden, "experts": b.model.experts,
-                       "slices": slices},
+            "kernel": b.kernel,
+            "result": result,
+            "bucket": {
+                "model": b.model.name,
+                "op": b.op,
+                "rank": b.rank,
+                "max_loras": b.max_loras,
+                "m": b.m,
+                "k": k,
+                "n": n,
+                "hidden": b.model.hidden,
+                "experts": b.model.experts,
+                "slices": slices,
+            },
         }
         save_state(state_path, state)
         done += 1
         default = result["default_us"]
-        log(f"{head}: best {result['us']:.1f} us (default {default if default is None else round(default, 1)} us, "
-            f"{result['measured']} candidates, {result['rejected']} rejected)")
+        log(
+            f"{head}: best {result['us']:.1f} us (default {default if default is None else round(default, 1)} us, "
+            f"{result['measured']} candidates, {result['rejected']} rejected)"
+        )
         del sets, refs, kernel
         if cuda:
             torch.cuda.empty_cache()
-    source = (f"python -m moelora.kernels.tune, {time.strftime('%Y-%m-%d', time.gmtime())}, torch {torch.__version__}"
-              f", timing {'CUDA graphs' if cuda else 'wall clock (Triton interpreter: not a performance figure)'}")
+    source = (
+        f"python -m moelora.kernels.tune, {time.strftime('%Y-%m-%d', time.gmtime())}, torch {torch.__version__}"
+        f", timing {'CUDA graphs' if cuda else 'wall clock (Triton interpreter: not a performance figure)'}"
+    )
     files = write_outputs(out_dir=out_dir, state=state, device_name=device_name, source=source)
     return {"measured": done, "skipped": skipped, "files": [str(f) for f in files]}
 
 
 def report(state: dict) -> str:
     """Markdown table of every measured bucket: tuned vs default time of one op call."""
-    lines = [("| kernel | model | op | rank | max_loras | M | default µs | tuned µs | speed-up "
-              "| candidates (rejected) |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    recs = sorted(state["buckets"].values(), key=lambda r: (r["bucket"]["model"], r["kernel"], r["bucket"]["op"],
-                                                              r["bucket"]["rank"], r["bucket"]["max_loras"],
-                                                              r["bucket"]["m"]))
+    lines = [
+        ("| kernel | model | op | rank | max_loras | M | default µs | tuned µs | speed-up | candidates (rejected) |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    recs = sorted(
+        state["buckets"].values(),
+        key=lambda r: (
+            r["bucket"]["model"],
+            r["kernel"],
+            r["bucket"]["op"],
+            r["bucket"]["rank"],
+            r["bucket"]["max_loras"],
+            r["bucket"]["m"],
+        ),
+    )
     for r in recs:
         b, res = r["bucket"], r["result"]
         d, us = res["default_us"], res["us"]
         default, gain = ("-", "-") if d is None else (f"{d:.1f}", f"{d / us:.2f}x")
-        lines.append(f"| {r['kernel']} | {b['model']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
-                     f"{default} | {us:.1f} | {gain} | {res['measured']} ({res['rejected']}) |")
+        lines.append(
+            f"| {r['kernel']} | {b['model']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
+            f"{default} | {us:.1f} | {gain} | {res['measured']} ({res['rejected']}) |"
+        )
     return "\n".join(lines)
 
 
@@ -479,10 +601,15 @@ def _ints(s: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m moelora.kernels.tune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", choices=sorted(MODEL_PRESETS),
-                   help="preset model shape (repeatable); or give --hidden/--intermediate/--experts/--top-k")
+    p = argparse.ArgumentParser(
+        prog="python -m moelora.kernels.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        choices=sorted(MODEL_PRESETS),
+        help="preset model shape (repeatable); or give --hidden/--intermediate/--experts/--top-k",
+    )
     p.add_argument("--hidden", type=int)
     p.add_argument("--intermediate", type=int)
     p.add_argument("--experts", type=int)
@@ -494,14 +621,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--space", choices=sorted(SPACES), default=None, help="default: h200 on a GPU, tiny on the CPU")
     p.add_argument("--passes", type=int, default=2, help="coordinate-descent passes per bucket (default 2)")
     p.add_argument("--kernels", default="ours,vllm", help="comma list of ours,vllm")
-    p.add_argument("--vllm-op", choices=("auto", "plugin-torch"), default="auto",
-                   help="auto: vLLM's own op where it can run (CUDA), else no vLLM files; plugin-torch: the "
-                        "moelora plugin's torch implementation of the same op signature (CPU pipeline test only)")
+    p.add_argument(
+        "--vllm-op",
+        choices=("auto", "plugin-torch"),
+        default="auto",
+        help="auto: vLLM's own op where it can run (CUDA), else no vLLM files; plugin-torch: the "
+        "moelora plugin's torch implementation of the same op signature (CPU pipeline test only)",
+    )
     p.add_argument("--device-name", help="GPU name for the file names (default torch.cuda.get_device_name())")
     p.add_argument("--output", "-o", type=Path, required=True)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--report", action="store_true",
-                   help="print the state's tuned-vs-default table (markdown, for docs/benchmarks.md) and exit")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="print the state's tuned-vs-default table (markdown, for docs/benchmarks.md) and exit",
+    )
     args = p.parse_args(argv)
     if args.report:
         print(report(load_state(args.output / STATE_FILE)))
@@ -512,8 +646,16 @@ def main(argv: list[str] | None = None) -> int:
     if any(v is not None for v in explicit):
         if any(v is None or v <= 0 for v in explicit):
             p.error("an explicit shape needs positive --hidden, --intermediate, --experts and --top-k")
-        models.append(ModelShape(f"h{args.hidden}-i{args.intermediate}-e{args.experts}-k{args.top_k}",
-                                 args.hidden, args.intermediate, args.experts, args.top_k, args.w13_slices))
+        models.append(
+            ModelShape(
+                f"h{args.hidden}-i{args.intermediate}-e{args.experts}-k{args.top_k}",
+                args.hidden,
+                args.intermediate,
+                args.experts,
+                args.top_k,
+                args.w13_slices,
+            )
+        )
     if not models:
         p.error("give --model or an explicit shape")
     if any(r < 1 or r > 128 for r in args.ranks) or any(v < 1 for v in args.max_loras + args.m):
@@ -540,12 +682,16 @@ def main(argv: list[str] | None = None) -> int:
     state = load_state(args.output / STATE_FILE)
     todo = [b for b in buckets if b.key not in state["buckets"] and (b.kernel == "ours" or vllm is not None)]
     per_bucket = {k: 1 + sum(len(v) - 1 for v in space[k].values()) for k in kernels}
-    print(f"# tune on {device_name} ({device.type}); timing: "
-          f"{'CUDA graphs' if cuda else 'wall clock, Triton interpreter (pipeline check, not performance)'}")
+    print(
+        f"# tune on {device_name} ({device.type}); timing: "
+        f"{'CUDA graphs' if cuda else 'wall clock, Triton interpreter (pipeline check, not performance)'}"
+    )
     print(f"# vLLM op: {why}; prefix {gpu_prefix(device_name)}; output {args.output}")
-    print(f"# {len(buckets)} buckets, {len(todo)} to measure; one descent pass ~ "
-          f"{sum(per_bucket[b.kernel] for b in todo)} candidates"
-          + (" (later passes only where the previous one improved)" if args.passes > 1 else ""))
+    print(
+        f"# {len(buckets)} buckets, {len(todo)} to measure; one descent pass ~ "
+        f"{sum(per_bucket[b.kernel] for b in todo)} candidates"
+        + (" (later passes only where the previous one improved)" if args.passes > 1 else "")
+    )
     if args.dry_run:
         for b in todo:
             print(f"  {b.key}")
@@ -556,10 +702,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.monotonic()
-    res = tune(buckets=buckets, out_dir=args.output, space=space, device=device, device_name=device_name,
-               vllm=vllm, dtype=dtype, log=lambda msg: print(msg, flush=True), passes=args.passes)
-    print(f"# measured {res['measured']} buckets, skipped {res['skipped']} done before, "
-          f"{time.monotonic() - t0:.0f} s")
+    res = tune(
+        buckets=buckets,
+        out_dir=args.output,
+        space=space,
+        device=device,
+        device_name=device_name,
+        vllm=vllm,
+        dtype=dtype,
+        log=lambda msg: print(msg, flush=True),
+        passes=args.passes,
+    )
+    print(f"# measured {res['measured']} buckets, skipped {res['skipped']} done before, {time.monotonic() - t0:.0f} s")
     for f in res["files"]:
         print(f"# wrote {f}")
     return 0

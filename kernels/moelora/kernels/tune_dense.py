@@ -56,9 +56,11 @@ DENSE_MODELS = {
 
 def projections(model: DenseModel) -> dict[str, tuple[int, tuple[int, ...]]]:
     """name -> (input size, output slices) of each LoRA-wrapped dense layer of one decoder block."""
-    return {"qkv": (model.hidden, (model.q_size, model.kv_size, model.kv_size)),
-            "o": (model.q_size, (model.hidden,)),
-            "router": (model.hidden, (model.experts,))}
+    return {
+        "qkv": (model.hidden, (model.q_size, model.kv_size, model.kv_size)),
+        "o": (model.q_size, (model.hidden,)),
+        "router": (model.hidden, (model.experts,)),
+    }
 
 
 @dataclass(frozen=True)
@@ -90,20 +92,45 @@ def plan(*, models: list[DenseModel], ranks: list[int], max_loras: list[int], ms
 
 
 SPACE = {
-    "shrink": {"block_m": (16, 32, 64), "block_n": (16, 32, 64), "block_k": (32, 64, 128, 256),
-               "split_k": (1, 2, 4, 8, 16, 32, 64), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3, 4)},
-    "expand": {"block_m": (16, 32, 64), "block_n": (32, 64, 128, 256), "block_k": (16, 32, 64),
-               "num_warps": (2, 4, 8), "num_stages": (1, 2, 3)},
+    "shrink": {
+        "block_m": (16, 32, 64),
+        "block_n": (16, 32, 64),
+        "block_k": (32, 64, 128, 256),
+        "split_k": (1, 2, 4, 8, 16, 32, 64),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3, 4),
+    },
+    "expand": {
+        "block_m": (16, 32, 64),
+        "block_n": (32, 64, 128, 256),
+        "block_k": (16, 32, 64),
+        "num_warps": (2, 4, 8),
+        "num_stages": (1, 2, 3),
+    },
 }
 
 
 def vllm_default(op: str, *, m: int, num_slices: int) -> dict:
     """vLLM's get_lora_op_configs defaults (no folder), 0.26."""
     if op == "shrink":
-        return {"block_m": 32, "block_n": 16, "block_k": 256 if m < 128 else 32, "split_k": 64 if m < 128 else 8,
-                "group_size_m": 8, "num_warps": 4, "num_ctas": 1, "num_stages": 2}
-    return {"block_m": 64, "block_n": 64 if num_slices > 1 else 128, "block_k": 32, "num_warps": 4, "num_ctas": 1,
-            "num_stages": 2}
+        return {
+            "block_m": 32,
+            "block_n": 16,
+            "block_k": 256 if m < 128 else 32,
+            "split_k": 64 if m < 128 else 8,
+            "group_size_m": 8,
+            "num_warps": 4,
+            "num_ctas": 1,
+            "num_stages": 2,
+        }
+    return {
+        "block_m": 64,
+        "block_n": 64 if num_slices > 1 else 128,
+        "block_k": 32,
+        "num_warps": 4,
+        "num_ctas": 1,
+        "num_stages": 2,
+    }
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------
@@ -136,12 +163,20 @@ def make_inputs(b: DenseBucket, *, device: torch.device, dtype: torch.dtype, see
     # specialize_active_lora=False: every LoRA row is launched, as in vLLM's CUDA graphs (grid z = max_loras + 1)
     args = meta.meta_args(b.m, False)
     if b.op == "shrink":
-        return DenseInputs(x=rnd(b.m, k), weights=[rnd(b.max_loras, 1, b.rank, k, scale=k ** -0.5) for _ in slices],
-                           out=torch.zeros(len(slices), b.m, b.rank, device=device, dtype=torch.float32),
-                           meta=args, lora_map=lora_map)
-    return DenseInputs(x=rnd(len(slices), b.m, b.rank, dt=torch.float32),
-                       weights=[rnd(b.max_loras, 1, n, b.rank, scale=0.05) for n in slices],
-                       out=rnd(b.m, sum(slices)), meta=args, lora_map=lora_map)
+        return DenseInputs(
+            x=rnd(b.m, k),
+            weights=[rnd(b.max_loras, 1, b.rank, k, scale=k**-0.5) for _ in slices],
+            out=torch.zeros(len(slices), b.m, b.rank, device=device, dtype=torch.float32),
+            meta=args,
+            lora_map=lora_map,
+        )
+    return DenseInputs(
+        x=rnd(len(slices), b.m, b.rank, dt=torch.float32),
+        weights=[rnd(b.max_loras, 1, n, b.rank, scale=0.05) for n in slices],
+        out=rnd(b.m, sum(slices)),
+        meta=args,
+        lora_map=lora_map,
+    )
 
 
 def reference(inp: DenseInputs, op: str, scale: float = 1.0) -> torch.Tensor:
@@ -160,7 +195,7 @@ def reference(inp: DenseInputs, op: str, scale: float = 1.0) -> torch.Tensor:
     for s, bw in enumerate(inp.weights):
         n = bw.shape[2]
         w = bw[lora.clamp(min=0), 0].double()  # (M, N, r)
-        ref[has, col:col + n] += torch.einsum("mr,mnr->mn", inp.x[s].double(), w)[has]
+        ref[has, col : col + n] += torch.einsum("mr,mnr->mn", inp.x[s].double(), w)[has]
         col += n
     return ref
 
@@ -224,7 +259,10 @@ def write_dense_files(*, out_dir: Path, state: dict, device_name: str) -> list[P
         for key in (b["max_loras"] + 1, len(b["slices"]), b["m"], k):
             node = node.setdefault(str(key), {})
         node[str(n)] = rec["result"]["config"]
-    names = {"shrink": f"{gpu_prefix(device_name)}_SHRINK.json", "expand": f"{gpu_prefix(device_name)}_EXPAND_TRUE.json"}
+    names = {
+        "shrink": f"{gpu_prefix(device_name)}_SHRINK.json",
+        "expand": f"{gpu_prefix(device_name)}_EXPAND_TRUE.json",
+    }
     return [write_tree(out_dir / names[op], tree) for op, tree in trees.items() if tree]
 
 
@@ -237,8 +275,16 @@ def _forget_pointer_tables() -> None:
     utils._LORA_B_PTR_DICT.clear()
 
 
-def tune_dense(*, buckets: list[DenseBucket], out_dir: Path, device: torch.device, device_name: str,
-               dtype: torch.dtype = torch.bfloat16, log=print, passes: int = 2) -> dict:
+def tune_dense(
+    *,
+    buckets: list[DenseBucket],
+    out_dir: Path,
+    device: torch.device,
+    device_name: str,
+    dtype: torch.dtype = torch.bfloat16,
+    log=print,
+    passes: int = 2,
+) -> dict:
     """Measure every bucket not yet in the state; returns {"measured": n, "skipped": n, "files": [...]}."""
     from .bench import l2_bytes
 
@@ -259,15 +305,28 @@ def tune_dense(*, buckets: list[DenseBucket], out_dir: Path, device: torch.devic
         log(head)
         result = search(DenseVllmKernel(b), SPACE[b.op], sets, refs, cuda=True, log=log, passes=passes)
         k, slices = projections(b.model)[b.proj]
-        state["buckets"][b.key] = {"kernel": "vllm-dense", "result": result,
-                                   "bucket": {"model": b.model.name, "proj": b.proj, "op": b.op, "rank": b.rank,
-                                              "max_loras": b.max_loras, "m": b.m, "k": k, "slices": list(slices)}}
+        state["buckets"][b.key] = {
+            "kernel": "vllm-dense",
+            "result": result,
+            "bucket": {
+                "model": b.model.name,
+                "proj": b.proj,
+                "op": b.op,
+                "rank": b.rank,
+                "max_loras": b.max_loras,
+                "m": b.m,
+                "k": k,
+                "slices": list(slices),
+            },
+        }
         save_state(state_path, state)
         write_dense_files(out_dir=out_dir, state=state, device_name=device_name)  # usable even if cut short
         done += 1
         d = result["default_us"]
-        log(f"{head}: best {result['us']:.1f} us (default {d if d is None else round(d, 1)} us, "
-            f"{result['measured']} candidates, {result['rejected']} rejected)")
+        log(
+            f"{head}: best {result['us']:.1f} us (default {d if d is None else round(d, 1)} us, "
+            f"{result['measured']} candidates, {result['rejected']} rejected)"
+        )
         del sets, refs
         torch.cuda.empty_cache()
     files = write_dense_files(out_dir=out_dir, state=state, device_name=device_name)
@@ -275,16 +334,22 @@ def tune_dense(*, buckets: list[DenseBucket], out_dir: Path, device: torch.devic
 
 
 def report(state: dict) -> str:
-    lines = ["| model | projection | op | rank | max_loras | M | default µs | tuned µs | speed-up |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    recs = sorted(state["buckets"].values(), key=lambda r: tuple(r["bucket"][f] for f in
-                                                                 ("model", "proj", "op", "rank", "max_loras", "m")))
+    lines = [
+        "| model | projection | op | rank | max_loras | M | default µs | tuned µs | speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    recs = sorted(
+        state["buckets"].values(),
+        key=lambda r: tuple(r["bucket"][f] for f in ("model", "proj", "op", "rank", "max_loras", "m")),
+    )
     for r in recs:
         b, res = r["bucket"], r["result"]
         d, us = res["default_us"], res["us"]
         gain = "-" if d is None else f"{d / us:.2f}x"
-        lines.append(f"| {b['model']} | {b['proj']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
-                     f"{'-' if d is None else f'{d:.1f}'} | {us:.1f} | {gain} |")
+        lines.append(
+            f"| {b['model']} | {b['proj']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
+            f"{'-' if d is None else f'{d:.1f}'} | {us:.1f} | {gain} |"
+        )
     return "\n".join(lines)
 
 
@@ -292,8 +357,11 @@ DEFAULT_M = (1, 8, 16, 32, 64, 256, 1024, 4096, 8192)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m moelora.kernels.tune_dense", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m moelora.kernels.tune_dense",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", action="append", choices=sorted(DENSE_MODELS))
     p.add_argument("--ranks", type=_ints, default=[16, 32, 64])
     p.add_argument("--max-loras", type=_ints, default=[1, 4, 8])
@@ -311,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give --model")
     if any(r < 1 or r > 128 for r in args.ranks) or any(v < 1 for v in args.max_loras + args.m):
         p.error("ranks must be 1..128, max_loras and m positive")
-    buckets = plan(models=[DENSE_MODELS[m] for m in args.model], ranks=args.ranks, max_loras=args.max_loras,
-                   ms=args.m)
+    buckets = plan(models=[DENSE_MODELS[m] for m in args.model], ranks=args.ranks, max_loras=args.max_loras, ms=args.m)
     state = load_state(args.output / STATE_FILE)
     todo = [b for b in buckets if b.key not in state["buckets"]]
     print(f"# {len(buckets)} buckets, {len(todo)} to measure; output {args.output}")
@@ -325,8 +392,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device_name = args.device_name or torch.cuda.get_device_name()
     t0 = time.monotonic()
-    res = tune_dense(buckets=buckets, out_dir=args.output, device=torch.device("cuda"), device_name=device_name,
-                     log=lambda msg: print(msg, flush=True), passes=args.passes)
+    res = tune_dense(
+        buckets=buckets,
+        out_dir=args.output,
+        device=torch.device("cuda"),
+        device_name=device_name,
+        log=lambda msg: print(msg, flush=True),
+        passes=args.passes,
+    )
     print(f"# measured {res['measured']} buckets, skipped {res['skipped']}, {time.monotonic() - t0:.0f} s")
     for f in res["files"]:
         print(f"# wrote {f}")

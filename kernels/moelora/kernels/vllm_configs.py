@@ -18,8 +18,16 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LEAF_FIELDS", "VllmEntry", "align_blocks", "gpu_prefix", "vllm_file_name", "vllm_op", "write_tree",
-           "write_vllm_files"]
+__all__ = [
+    "LEAF_FIELDS",
+    "VllmEntry",
+    "align_blocks",
+    "gpu_prefix",
+    "vllm_file_name",
+    "vllm_op",
+    "write_tree",
+    "write_vllm_files",
+]
 
 LEAF_FIELDS = ("block_m", "block_n", "block_k", "group_size_m", "num_warps", "num_stages", "split_k")
 OPS = ("w13_shrink", "w13_expand", "w2_shrink", "w2_expand")
@@ -75,8 +83,9 @@ def _sorted_tree(node):
     return node
 
 
-def align_blocks(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int,
-                 block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align_blocks(
+    *, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """vLLM's blocked routing (what its moe_lora_align_block_size CUDA op produces), in torch on any device.
 
     Returns sorted_token_ids (max_loras, width): per adapter slot the pair ids t * top_k + k grouped by expert in
@@ -104,7 +113,7 @@ def align_blocks(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, nu
     expert_ids = torch.full((max_loras, width // block_m), -1, dtype=torch.int32, device=dev)
     blocks = (padded // block_m).flatten()
     g_of_block = torch.repeat_interleave(torch.arange(max_loras * num_experts, device=dev), blocks)
-    block_first = (blocks.cumsum(0) - blocks)
+    block_first = blocks.cumsum(0) - blocks
     idx = start[g_of_block] // block_m + torch.arange(g_of_block.numel(), device=dev) - block_first[g_of_block]
     expert_ids[g_of_block // num_experts, idx] = (g_of_block % num_experts).to(torch.int32)
     return sorted_ids, expert_ids, padded.sum(1).to(torch.int32)
@@ -122,14 +131,41 @@ def vllm_op() -> tuple[Callable[..., None] | None, str]:
     return _fused_moe_lora, "vLLM's own fused_moe_lora op"
 
 
-def call_vllm_op(op: Callable[..., None], *, output: torch.Tensor, x: torch.Tensor, lora_a: list[torch.Tensor],
-                 lora_b: list[torch.Tensor], topk_weights: torch.Tensor, layout: tuple,
-                 token_lora_mapping: torch.Tensor, rank: int, mul_routed_weight: bool, shrink: dict, expand: dict) -> None:
+def call_vllm_op(
+    op: Callable[..., None],
+    *,
+    output: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: list[torch.Tensor],
+    lora_b: list[torch.Tensor],
+    topk_weights: torch.Tensor,
+    layout: tuple,
+    token_lora_mapping: torch.Tensor,
+    rank: int,
+    mul_routed_weight: bool,
+    shrink: dict,
+    expand: dict,
+) -> None:
     """One call of vLLM's op (positional, its 0.26/0.32 signature) with a (shrink, expand) leaf pair."""
     sorted_ids, expert_ids, npad = layout
     max_loras = lora_a[0].shape[0]
     dev = x.device
-    op(output, x, lora_a, lora_b, topk_weights, sorted_ids, expert_ids, npad, token_lora_mapping, rank,
-       topk_weights.shape[1], torch.arange(max_loras, dtype=torch.int32, device=dev),
-       torch.tensor([max_loras], dtype=torch.int32), torch.ones(max_loras + 1, dtype=torch.int32, device=dev),
-       *(shrink[f] for f in LEAF_FIELDS), *(expand[f] for f in LEAF_FIELDS), mul_routed_weight)
+    op(
+        output,
+        x,
+        lora_a,
+        lora_b,
+        topk_weights,
+        sorted_ids,
+        expert_ids,
+        npad,
+        token_lora_mapping,
+        rank,
+        topk_weights.shape[1],
+        torch.arange(max_loras, dtype=torch.int32, device=dev),
+        torch.tensor([max_loras], dtype=torch.int32),
+        torch.ones(max_loras + 1, dtype=torch.int32, device=dev),
+        *(shrink[f] for f in LEAF_FIELDS),
+        *(expand[f] for f in LEAF_FIELDS),
+        mul_routed_weight,
+    )

@@ -51,9 +51,7 @@ class SecretRef(ApiModel):
     name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="The Secret's name.")
 
 
-def set_condition(
-    conditions: list[Condition], new: Condition, *, now: datetime.datetime
-) -> list[Condition]:
+def set_condition(conditions: list[Condition], new: Condition, *, now: datetime.datetime) -> list[Condition]:
     """Return conditions with `new` in place of its type; keep lastTransitionTime if the status did not change."""
     result: list[Condition] = []
     replaced = False

@@ -18,10 +18,28 @@ from moelora.api.modelserver import ModelServer
 
 # Keys of JSON Schema that a structural schema keeps; everything else pydantic writes (title, $defs...) goes.
 _KEPT = {
-    "type", "description", "default", "enum", "format", "pattern", "minimum", "maximum", "minLength", "maxLength",
-    "minItems", "maxItems", "properties", "required", "items", "additionalProperties", "nullable",
-    "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string",
-    "x-kubernetes-map-type", "x-kubernetes-list-type",
+    "type",
+    "description",
+    "default",
+    "enum",
+    "format",
+    "pattern",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "properties",
+    "required",
+    "items",
+    "additionalProperties",
+    "nullable",
+    "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-map-type",
+    "x-kubernetes-list-type",
 }
 
 
@@ -87,8 +105,13 @@ def _root_schema(model: type[BaseModel], *, name_rule: dict[str, str] | None) ->
 
 
 def _crd(
-    *, kind: str, plural: str, short_names: list[str], schema: dict[str, Any],
-    columns: list[dict[str, str]], scale: bool,
+    *,
+    kind: str,
+    plural: str,
+    short_names: list[str],
+    schema: dict[str, Any],
+    columns: list[dict[str, str]],
+    scale: bool,
 ) -> dict[str, Any]:
     subresources: dict[str, Any] = {"status": {}}
     if scale:
@@ -105,47 +128,64 @@ def _crd(
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
-                "shortNames": short_names, "categories": ["moelora"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
+                "categories": ["moelora"],
             },
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": schema},
-                "subresources": subresources,
-                "additionalPrinterColumns": columns + [
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-            }],
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns
+                    + [
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
         },
     }
 
 
 def model_server_crd() -> dict[str, Any]:
     # The Service and Deployment take the name; the Deployment's pods add up to 11 characters to it.
-    name_rule = {"rule": "self.metadata.name.size() <= 52 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-                 "message": "name must be a DNS-1035 label of at most 52 characters (it names a Service and pods)"}
+    name_rule = {
+        "rule": "self.metadata.name.size() <= 52 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        "message": "name must be a DNS-1035 label of at most 52 characters (it names a Service and pods)",
+    }
     return _crd(
-        kind="ModelServer", plural="modelservers", short_names=["ms"], scale=True,
+        kind="ModelServer",
+        plural="modelservers",
+        short_names=["ms"],
+        scale=True,
         schema=_root_schema(ModelServer, name_rule=name_rule),
         columns=[
             {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
             {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
             {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
             {"name": "Adapters", "type": "integer", "jsonPath": ".status.adapters.loaded"},
-            {"name": "Status", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
+            {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         ],
     )
 
 
 def lora_adapter_crd() -> dict[str, Any]:
     return _crd(
-        kind="LoRAAdapter", plural="loraadapters", short_names=["lora"], scale=False,
+        kind="LoRAAdapter",
+        plural="loraadapters",
+        short_names=["lora"],
+        scale=False,
         schema=_root_schema(LoRAAdapter, name_rule=None),
         columns=[
             {"name": "Server", "type": "string", "jsonPath": ".spec.modelServer"},
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
-            {"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason"},
+            {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         ],
     )
 

@@ -39,35 +39,54 @@ class FailureReason(str, enum.Enum):
 
 
 class AdapterSource(ApiModel):
-    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$",
-                     description="s3://bucket/prefix/ holding adapter_config.json and adapter_model.safetensors.")
-    endpoint_url: str | None = Field(default=None, pattern=r"^https?://\S+$",
-                                     description="For S3-compatible stores. Default: the ModelServer's.")
+    uri: str = Field(
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$",
+        description="s3://bucket/prefix/ holding adapter_config.json and adapter_model.safetensors.",
+    )
+    endpoint_url: str | None = Field(
+        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores. Default: the ModelServer's."
+    )
     region: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
     credentials_secret: SecretRef | None = Field(
-        default=None, description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials.")
+        default=None, description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials."
+    )
 
 
 class VersionPin(ApiModel):
     """Serve only these exact weights; anything else fails with VersionMismatch."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "has(self.etag) != has(self.sha256)",
-        "message": "set exactly one of etag and sha256",
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.etag) != has(self.sha256)",
+                    "message": "set exactly one of etag and sha256",
+                }
+            ]
+        }
+    )
 
-    etag: str | None = Field(default=None, min_length=1, max_length=128,
-                             description="S3 ETag of adapter_model.safetensors (quotes optional).")
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
-                               description="SHA-256 of adapter_model.safetensors, lowercase hex.")
+    etag: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="S3 ETag of adapter_model.safetensors (quotes optional).",
+    )
+    sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 of adapter_model.safetensors, lowercase hex."
+    )
 
 
 class LoRAAdapterSpec(ApiModel):
-    model_server: str = Field(pattern=DNS_LABEL, max_length=63,
-                              description="Name of the ModelServer (same namespace) that serves it.")
+    model_server: str = Field(
+        pattern=DNS_LABEL, max_length=63, description="Name of the ModelServer (same namespace) that serves it."
+    )
     source: AdapterSource
     served_name: str | None = Field(
-        default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
         description="The `model` name clients send. Default: metadata.name.",
     )
     pin: VersionPin | None = None
@@ -89,7 +108,8 @@ class LoRAAdapterStatus(ApiModel):
     phase: AdapterPhase = AdapterPhase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
     replicas: dict[str, ReplicaAdapterState] = Field(
-        default_factory=dict, description="Per pod name: a map, so each agent patches only its own key.")
+        default_factory=dict, description="Per pod name: a map, so each agent patches only its own key."
+    )
     served_name: str | None = None
     rank: int | None = None
     base_model: str | None = None

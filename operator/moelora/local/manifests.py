@@ -28,25 +28,44 @@ _OPERATOR_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"}
 def s3_secret(*, access_key_id: str, secret_access_key: str, name: str = S3_SECRET) -> dict[str, Any]:
     """A Secret with S3 keys, base64 in `data` (kmock keeps `stringData` as posted instead of folding it into
     `data` like a real API server, and readers of Secrets look at `data`)."""
+
     def b64(value: str) -> str:
         return base64.b64encode(value.encode()).decode()
 
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-            "data": {"AWS_ACCESS_KEY_ID": b64(access_key_id), "AWS_SECRET_ACCESS_KEY": b64(secret_access_key)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "Opaque",
+        "data": {"AWS_ACCESS_KEY_ID": b64(access_key_id), "AWS_SECRET_ACCESS_KEY": b64(secret_access_key)},
+    }
 
 
-def model_server(*, name: str, s3_endpoint: str, replicas: int = 1, max_loras: int = 4, max_lora_rank: int = 16,
-                 max_cpu_loras: int | None = None, cache_size: str = "1Gi", moe: bool = False) -> dict[str, Any]:
+def model_server(
+    *,
+    name: str,
+    s3_endpoint: str,
+    replicas: int = 1,
+    max_loras: int = 4,
+    max_lora_rank: int = 16,
+    max_cpu_loras: int | None = None,
+    cache_size: str = "1Gi",
+    moe: bool = False,
+) -> dict[str, Any]:
     """A ModelServer serving the generated tiny model from local S3 on the CPU (gpus: 0); with `moe`, the tiny
     Qwen3-MoE with the moelora kernel."""
     lora: dict[str, Any] = {"maxLoras": max_loras, "maxLoraRank": max_lora_rank}
     if max_cpu_loras is not None:
         lora["maxCpuLoras"] = max_cpu_loras
     body: dict[str, Any] = {
-        "apiVersion": API_VERSION, "kind": "ModelServer", "metadata": {"name": name},
+        "apiVersion": API_VERSION,
+        "kind": "ModelServer",
+        "metadata": {"name": name},
         "spec": {
-            "model": {"name": MOE_BASE_MODEL_NAME if moe else BASE_MODEL_NAME,
-                      "source": (MOE_MODEL_URI if moe else MODEL_URI).rstrip("/")},
+            "model": {
+                "name": MOE_BASE_MODEL_NAME if moe else BASE_MODEL_NAME,
+                "source": (MOE_MODEL_URI if moe else MODEL_URI).rstrip("/"),
+            },
             "replicas": replicas,
             "gpus": 0,
             "lora": lora,

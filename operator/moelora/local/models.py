@@ -50,8 +50,10 @@ def make_tokenizer(*, path: pathlib.Path, vocab_size: int = 1024) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
@@ -72,10 +74,17 @@ def make_model(*, path: pathlib.Path, shape: TinyModelShape = TinyModelShape(), 
     path.mkdir(parents=True, exist_ok=True)
     make_tokenizer(path=path, vocab_size=shape.vocab_size)
     config = LlamaConfig(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads, max_position_embeddings=shape.max_position_embeddings,
-        bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
         initializer_range=0.2,  # wide logits: clear greedy winners
         torch_dtype="float32",
     )
@@ -108,8 +117,14 @@ def make_adapter(
 
     hf_logging.disable_progress_bar()
     base = LlamaForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
-    lora_config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=list(target_modules),
-                             lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    lora_config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha or 2 * rank,
+        target_modules=list(target_modules),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(base, lora_config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -135,18 +150,21 @@ class Completion:
     token_ids: tuple[int, ...]
 
 
-def reference_completion(*, model_dir: pathlib.Path, adapter_dir: pathlib.Path | None, prompt: str,
-                         max_tokens: int) -> Completion:
+def reference_completion(
+    *, model_dir: pathlib.Path, adapter_dir: pathlib.Path | None, prompt: str, max_tokens: int
+) -> Completion:
     """Greedy completion of `prompt` by transformers (+ peft when `adapter_dir` is given), decoded like vLLM does.
 
     Runs in fp32 on the CPU; returns only what was generated (prompt excluded), stopping at eos like vLLM.
     """
-    return reference_completions(model_dir=model_dir, adapter_dirs=[adapter_dir], prompt=prompt,
-                                 max_tokens=max_tokens)[0]
+    return reference_completions(model_dir=model_dir, adapter_dirs=[adapter_dir], prompt=prompt, max_tokens=max_tokens)[
+        0
+    ]
 
 
-def reference_completions(*, model_dir: pathlib.Path, adapter_dirs: list[pathlib.Path | None], prompt: str,
-                          max_tokens: int) -> list[Completion]:
+def reference_completions(
+    *, model_dir: pathlib.Path, adapter_dirs: list[pathlib.Path | None], prompt: str, max_tokens: int
+) -> list[Completion]:
     """`reference_completion` for several adapters (None = the base model); any causal LM (Llama, Qwen3-MoE)."""
     import torch
     from peft import PeftModel
@@ -163,9 +181,10 @@ def reference_completions(*, model_dir: pathlib.Path, adapter_dirs: list[pathlib
             model = PeftModel.from_pretrained(model, str(adapter_dir))
         model.eval()
         with torch.no_grad():
-            out = model.generate(**inputs, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        ids = [int(t) for t in out[0, inputs["input_ids"].shape[1]:]]
+            out = model.generate(
+                **inputs, max_new_tokens=max_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+        ids = [int(t) for t in out[0, inputs["input_ids"].shape[1] :]]
         if ids and ids[-1] == tokenizer.eos_token_id:
             ids = ids[:-1]  # vLLM reports the text without the eos; its token_ids keep it, compare both sides alike
         # vLLM's incremental detokenizer holds back an incomplete UTF-8 sequence at the end; HF decodes it as U+FFFD.

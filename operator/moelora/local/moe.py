@@ -45,21 +45,42 @@ def make_moe_model(*, path: pathlib.Path, shape: TinyMoeShape = TinyMoeShape(), 
     path.mkdir(parents=True, exist_ok=True)
     make_tokenizer(path=path, vocab_size=shape.vocab_size)
     config = Qwen3MoeConfig(
-        vocab_size=shape.vocab_size, hidden_size=shape.hidden_size, intermediate_size=4 * shape.hidden_size,
-        moe_intermediate_size=shape.moe_intermediate_size, num_experts=shape.num_experts,
-        num_experts_per_tok=shape.num_experts_per_tok, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-        num_hidden_layers=shape.num_layers, num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-        max_position_embeddings=shape.max_position_embeddings, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-        tie_word_embeddings=False, initializer_range=0.2, torch_dtype="float32",  # wide logits: clear greedy winners
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=4 * shape.hidden_size,
+        moe_intermediate_size=shape.moe_intermediate_size,
+        num_experts=shape.num_experts,
+        num_experts_per_tok=shape.num_experts_per_tok,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        torch_dtype="float32",  # wide logits: clear greedy winners
     )
     torch.manual_seed(seed)
     Qwen3MoeForCausalLM(config).save_pretrained(str(path), safe_serialization=True)
     return path
 
 
-def make_moe_adapter(*, model_dir: pathlib.Path, path: pathlib.Path, peft_path: pathlib.Path, base_model_name: str,
-                     rank: int = 8, seed: int = 1, experts: bool = True) -> pathlib.Path:
+def make_moe_adapter(
+    *,
+    model_dir: pathlib.Path,
+    path: pathlib.Path,
+    peft_path: pathlib.Path,
+    base_model_name: str,
+    rank: int = 8,
+    seed: int = 1,
+    experts: bool = True,
+) -> pathlib.Path:
     """Write a peft LoRA adapter (attention + experts) to `peft_path` and the same weights in vLLM's per-expert
     layout to `path`; return `path`. lora_A and lora_B are seeded random (peft starts lora_B at zero)."""
     import torch
@@ -70,9 +91,15 @@ def make_moe_adapter(*, model_dir: pathlib.Path, path: pathlib.Path, peft_path: 
 
     hf_logging.disable_progress_bar()
     base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(ATTENTION_MODULES),
-                        target_parameters=list(EXPERT_PARAMETERS) if experts else None, lora_dropout=0.0,
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=list(ATTENTION_MODULES),
+        target_parameters=list(EXPERT_PARAMETERS) if experts else None,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(base, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -87,13 +114,16 @@ def make_moe_adapter(*, model_dir: pathlib.Path, path: pathlib.Path, peft_path: 
 
     from safetensors.torch import load_file
 
-    tensors = vllm_adapter_tensors(load_file(str(peft_path / "adapter_model.safetensors")),
-                                   num_experts=base.config.num_experts, rank=rank)
+    tensors = vllm_adapter_tensors(
+        load_file(str(peft_path / "adapter_model.safetensors")), num_experts=base.config.num_experts, rank=rank
+    )
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "adapter_model.safetensors"))
-    vllm_config = dict(peft_config, target_parameters=None,
-                       target_modules=list(ATTENTION_MODULES) + (["gate_proj", "up_proj", "down_proj"] if experts
-                                                                 else []))
+    vllm_config = dict(
+        peft_config,
+        target_parameters=None,
+        target_modules=list(ATTENTION_MODULES) + (["gate_proj", "up_proj", "down_proj"] if experts else []),
+    )
     (path / "adapter_config.json").write_text(json.dumps(vllm_config, indent=2))
     return path
 

@@ -61,17 +61,21 @@ LOCAL_NODE = "moelora-local"
 
 # --- a small REST client for the emulator (plain JSON over HTTP; no credentials on loopback) ----------------------
 
+
 class Rest:
     """JSON over HTTP to an API server at `url`. Methods return the decoded object, or None on 404."""
 
     def __init__(self, *, url: str) -> None:
         self.url = url.rstrip("/")
 
-    def request(self, *, method: str, path: str, body: Any = None,
-                content_type: str = "application/merge-patch+json") -> Any:
+    def request(
+        self, *, method: str, path: str, body: Any = None, content_type: str = "application/merge-patch+json"
+    ) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": content_type if method == "PATCH" else "application/json",
-                   "Accept": "application/json"}
+        headers = {
+            "Content-Type": content_type if method == "PATCH" else "application/json",
+            "Accept": "application/json",
+        }
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as response:
@@ -89,6 +93,7 @@ class Rest:
 
 
 # --- the pure part: a pod template -> what to run ------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
@@ -137,9 +142,13 @@ def _field_value(path: str, *, pod: Mapping[str, Any]) -> str:
 def _rewriter(*, mounts: Mapping[str, pathlib.Path], ports: Mapping[int, int]) -> Callable[[str], str]:
     """A function applying the mount-path and port translations (see the module docstring) to one string."""
     # Longest mount path first, so /var/lib/x/y wins over /var/lib/x.
-    path_rules = [(re.compile(r"(?<![\w.\-/])" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s,:;])"), str(local))
-                  for mount, local in sorted(mounts.items(), key=lambda item: -len(item[0]))]
-    port_rules = [(re.compile(r"(?<=:)" + str(container) + r"(?!\d)"), str(local)) for container, local in ports.items()]
+    path_rules = [
+        (re.compile(r"(?<![\w.\-/])" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s,:;])"), str(local))
+        for mount, local in sorted(mounts.items(), key=lambda item: -len(item[0]))
+    ]
+    port_rules = [
+        (re.compile(r"(?<=:)" + str(container) + r"(?!\d)"), str(local)) for container, local in ports.items()
+    ]
 
     def rewrite(value: str) -> str:
         for container, local in ports.items():
@@ -157,9 +166,16 @@ def _rewriter(*, mounts: Mapping[str, pathlib.Path], ports: Mapping[int, int]) -
     return rewrite
 
 
-def plan_pod(*, pod: Mapping[str, Any], root: pathlib.Path, ports: Mapping[int, int],
-             secret: Callable[[str, str], str | None], claims: Mapping[str, pathlib.Path] = {},
-             base_env: Mapping[str, str] = {}, extra_env: Mapping[str, Mapping[str, str]] = {}) -> PodPlan:
+def plan_pod(
+    *,
+    pod: Mapping[str, Any],
+    root: pathlib.Path,
+    ports: Mapping[int, int],
+    secret: Callable[[str, str], str | None],
+    claims: Mapping[str, pathlib.Path] = {},
+    base_env: Mapping[str, str] = {},
+    extra_env: Mapping[str, Mapping[str, str]] = {},
+) -> PodPlan:
     """Translate a Pod object (metadata + the Deployment template's spec) into local processes. Pure but for
     `secret(name, key)` (None when the key or Secret is absent).
 
@@ -178,8 +194,9 @@ def plan_pod(*, pod: Mapping[str, Any], root: pathlib.Path, ports: Mapping[int, 
         else:
             volumes[volume["name"]] = root / "volumes" / volume["name"]
     all_containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-    port_names = {p["name"]: int(p["containerPort"]) for c in all_containers for p in c.get("ports") or []
-                  if "name" in p}
+    port_names = {
+        p["name"]: int(p["containerPort"]) for c in all_containers for p in c.get("ports") or [] if "name" in p
+    }
 
     def container_plan(container: Mapping[str, Any]) -> ContainerPlan:
         mounts = {}
@@ -208,8 +225,9 @@ def plan_pod(*, pod: Mapping[str, Any], root: pathlib.Path, ports: Mapping[int, 
                 if value is None:
                     if ref.get("optional"):
                         continue
-                    raise ValueError(f"container {container['name']}: env {name}: Secret {ref['name']!r} "
-                                     f"has no key {ref['key']!r}")
+                    raise ValueError(
+                        f"container {container['name']}: env {name}: Secret {ref['name']!r} has no key {ref['key']!r}"
+                    )
                 env[name] = value
             else:
                 raise ValueError(f"container {container['name']}: env {name}: {sorted(source)} is not emulated")
@@ -224,17 +242,21 @@ def plan_pod(*, pod: Mapping[str, Any], root: pathlib.Path, ports: Mapping[int, 
                 raise ValueError(f"container {container['name']}: {kind}: only httpGet probes are emulated")
             port = http["port"]
             container_port = port_names[port] if isinstance(port, str) and not port.isdigit() else int(port)
-            return Probe(url=f"http://127.0.0.1:{ports[container_port]}{http.get('path', '/')}",
-                         failure_threshold=int(spec_probe.get("failureThreshold", 3)))
+            return Probe(
+                url=f"http://127.0.0.1:{ports[container_port]}{http.get('path', '/')}",
+                failure_threshold=int(spec_probe.get("failureThreshold", 3)),
+            )
 
-        return ContainerPlan(name=container["name"], argv=argv, env=env, startup=probe("startupProbe"),
-                             readiness=probe("readinessProbe"))
+        return ContainerPlan(
+            name=container["name"], argv=argv, env=env, startup=probe("startupProbe"), readiness=probe("readinessProbe")
+        )
 
     return PodPlan(
         name=(pod.get("metadata") or {})["name"],
         init_containers=tuple(container_plan(c) for c in spec.get("initContainers") or []),
         containers=tuple(container_plan(c) for c in spec.get("containers") or []),
-        volumes=volumes, ports=dict(ports),
+        volumes=volumes,
+        ports=dict(ports),
     )
 
 
@@ -254,6 +276,7 @@ def template_hash(template: Mapping[str, Any]) -> str:
 
 
 # --- the impure part: running one pod -----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class ContainerState:
@@ -276,8 +299,9 @@ class LocalPod:
         self.plan = plan
         self.root = root
         self.on_change = on_change
-        self.containers = {c.name: ContainerState(plan=c, log_path=root / "logs" / f"{c.name}.log")
-                           for c in plan.containers}
+        self.containers = {
+            c.name: ContainerState(plan=c, log_path=root / "logs" / f"{c.name}.log") for c in plan.containers
+        }
         self.error: str | None = None
         self.waiting_reason: str | None = None  # set with `error` when the pod never started
         self.ready = False
@@ -319,8 +343,7 @@ class LocalPod:
             os.killpg(proc.pid, signal.SIGKILL)
 
     def _spawn(self, state: ContainerState) -> None:
-        state.process = process.spawn(argv=state.plan.argv, env=state.plan.env, log_path=state.log_path,
-                                      cwd=self.root)
+        state.process = process.spawn(argv=state.plan.argv, env=state.plan.env, log_path=state.log_path, cwd=self.root)
         state.started = state.plan.startup is None
         state.ready = False
         state.failures = 0
@@ -348,8 +371,12 @@ class LocalPod:
                 for state in self.containers.values():
                     assert state.process is not None
                     if state.process.poll() is not None:  # restartPolicy: Always
-                        log.warning("pod %s: container %s exited with %s; restarting", self.name, state.plan.name,
-                                    state.process.returncode)
+                        log.warning(
+                            "pod %s: container %s exited with %s; restarting",
+                            self.name,
+                            state.plan.name,
+                            state.process.returncode,
+                        )
                         self._spawn(state)
                         state.restarts += 1  # after _spawn: a visible restart count implies the reset state
                         changed = True
@@ -385,6 +412,7 @@ class LocalPod:
 
 # --- the controller: Deployments in the emulator -> LocalPods + Pod objects + status -------------------------------
 
+
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -397,14 +425,24 @@ class LocalKubelet:
     `claims`: PersistentVolumeClaim name -> local directory. Use as a context manager or `start()`/`stop()`.
     """
 
-    def __init__(self, *, api_url: str, namespace: str, root: pathlib.Path,
-                 base_env: Mapping[str, str] | None = None, extra_env: Mapping[str, Mapping[str, str]] = {},
-                 claims: Mapping[str, pathlib.Path] = {}) -> None:
+    def __init__(
+        self,
+        *,
+        api_url: str,
+        namespace: str,
+        root: pathlib.Path,
+        base_env: Mapping[str, str] | None = None,
+        extra_env: Mapping[str, Mapping[str, str]] = {},
+        claims: Mapping[str, pathlib.Path] = {},
+    ) -> None:
         self.rest = Rest(url=api_url)
         self.namespace = namespace
         self.root = root
-        self.base_env = dict(base_env) if base_env is not None else {
-            key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
+        self.base_env = (
+            dict(base_env)
+            if base_env is not None
+            else {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
+        )
         self.extra_env = extra_env
         self.claims = claims
         self.pods: dict[str, dict[str, LocalPod]] = {}  # deployment name -> pod name -> pod
@@ -449,8 +487,11 @@ class LocalKubelet:
             if failed:
                 raise RuntimeError(f"pod {failed[0].name}: {failed[0].error}")
             time.sleep(0.2)
-        tails = "\n".join(f"--- {pod.name} {name}:\n{pod.log(name)[-3000:]}"
-                          for pod in self.pods_of(deployment) for name in pod.containers)
+        tails = "\n".join(
+            f"--- {pod.name} {name}:\n{pod.log(name)[-3000:]}"
+            for pod in self.pods_of(deployment)
+            for name in pod.containers
+        )
         raise TimeoutError(f"{deployment}: {replicas} ready pods not reached in {timeout:.0f} s\n{tails}")
 
     # -- the loop ---------------------------------------------------------------------------------------------------
@@ -465,8 +506,10 @@ class LocalKubelet:
             self._wake.clear()
 
     def _reconcile(self) -> None:
-        deployments = {d["metadata"]["name"]: d for d in
-                       self.rest.items(path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments")}
+        deployments = {
+            d["metadata"]["name"]: d
+            for d in self.rest.items(path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments")
+        }
         with self._lock:
             for name in list(self.pods):
                 if name not in deployments:
@@ -491,12 +534,20 @@ class LocalKubelet:
         for pod in pods.values():
             self._write_pod_status(pod)
         ready = sum(1 for pod in pods.values() if pod.ready)
-        status = {"observedGeneration": (deployment.get("metadata") or {}).get("generation", 1),
-                  "replicas": len(pods), "updatedReplicas": len(pods), "readyReplicas": ready,
-                  "availableReplicas": ready, "unavailableReplicas": len(pods) - ready}
+        status = {
+            "observedGeneration": (deployment.get("metadata") or {}).get("generation", 1),
+            "replicas": len(pods),
+            "updatedReplicas": len(pods),
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "unavailableReplicas": len(pods) - ready,
+        }
         if self._written.get(f"deployment/{name}") != status:
-            self.rest.request(method="PATCH", path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments/"
-                              f"{name}/status", body={"status": status})
+            self.rest.request(
+                method="PATCH",
+                path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{name}/status",
+                body={"status": status},
+            )
             self._written[f"deployment/{name}"] = status
 
     def _scale_to(self, deployment: str, keep: list[str]) -> None:
@@ -509,14 +560,23 @@ class LocalKubelet:
         meta = template.get("metadata") or {}
         owner = deployment["metadata"]
         body = {
-            "apiVersion": "v1", "kind": "Pod",
+            "apiVersion": "v1",
+            "kind": "Pod",
             "metadata": {
-                "name": pod_name, "namespace": self.namespace,
+                "name": pod_name,
+                "namespace": self.namespace,
                 "labels": {**(meta.get("labels") or {}), "pod-template-hash": digest},
                 "annotations": dict(meta.get("annotations") or {}),
                 # Deployment -> ReplicaSet -> Pod in a cluster; the emulated GC deletes these with the Deployment.
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": owner["name"],
-                                     "uid": owner.get("uid", ""), "controller": True}],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": owner["name"],
+                        "uid": owner.get("uid", ""),
+                        "controller": True,
+                    }
+                ],
             },
             "spec": {**template.get("spec", {}), "nodeName": LOCAL_NODE},
         }
@@ -524,8 +584,15 @@ class LocalKubelet:
         root = self.root / pod_name
         ports = {port: process.free_port() for port in container_ports(template.get("spec") or {})}
         try:
-            plan = plan_pod(pod=created or body, root=root, ports=ports, secret=self._secret, claims=self.claims,
-                            base_env=self.base_env, extra_env=self.extra_env)
+            plan = plan_pod(
+                pod=created or body,
+                root=root,
+                ports=ports,
+                secret=self._secret,
+                claims=self.claims,
+                base_env=self.base_env,
+                extra_env=self.extra_env,
+            )
         except ValueError as exc:
             log.error("pod %s cannot run locally: %s", pod_name, exc)
             self.errors.append(f"{pod_name}: {exc}")
@@ -547,26 +614,38 @@ class LocalKubelet:
         shutil.rmtree(pod.root / "volumes", ignore_errors=True)  # emptyDirs go with the pod; logs stay
 
     def _write_pod_status(self, pod: LocalPod) -> None:
-        containers = [{"name": name, "ready": state.ready, "restartCount": state.restarts,
-                       "started": state.started, "image": "local",
-                       "state": {"running": {}} if state.process is not None and state.process.poll() is None
-                       else {"waiting": {"reason": pod.waiting_reason or "ContainerCreating"}}}
-                      for name, state in pod.containers.items()]
+        containers = [
+            {
+                "name": name,
+                "ready": state.ready,
+                "restartCount": state.restarts,
+                "started": state.started,
+                "image": "local",
+                "state": {"running": {}}
+                if state.process is not None and state.process.poll() is None
+                else {"waiting": {"reason": pod.waiting_reason or "ContainerCreating"}},
+            }
+            for name, state in pod.containers.items()
+        ]
         ready = "True" if pod.ready else "False"
         key = f"pod/{pod.name}"
         summary = (ready, pod.error, [(c["ready"], c["restartCount"], c["started"]) for c in containers])
         if self._written.get(key) == summary:
             return
         status = {
-            "phase": "Pending" if pod.error or not any(c.process for c in pod.containers.values()) else "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1",
-            "conditions": [{"type": kind, "status": ready, "lastTransitionTime": _now()}
-                           for kind in ("Ready", "ContainersReady")],
+            "phase": "Pending" if pod.error or not any(c.process for c in pod.containers.values()) else "Running",
+            "podIP": "127.0.0.1",
+            "hostIP": "127.0.0.1",
+            "conditions": [
+                {"type": kind, "status": ready, "lastTransitionTime": _now()} for kind in ("Ready", "ContainersReady")
+            ],
             "containerStatuses": containers,
         }
         if pod.error:
             status["message"] = pod.error
-        self.rest.request(method="PATCH", path=f"/api/v1/namespaces/{self.namespace}/pods/{pod.name}/status",
-                          body={"status": status})
+        self.rest.request(
+            method="PATCH", path=f"/api/v1/namespaces/{self.namespace}/pods/{pod.name}/status", body={"status": status}
+        )
         self._written[key] = summary
 
     def _secret(self, name: str, key: str) -> str | None:

@@ -28,13 +28,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(*, argv: Sequence[str], env: Mapping[str, str], log_path: pathlib.Path,
-          cwd: pathlib.Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    *, argv: Sequence[str], env: Mapping[str, str], log_path: pathlib.Path, cwd: pathlib.Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start `argv` with exactly `env`, stdout+stderr appended to `log_path`, as the leader of a new session."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+        )
 
 
 def stop(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> int | None:
@@ -63,8 +71,14 @@ def http_ok(url: str, *, timeout: float = 2.0) -> bool:
         return False
 
 
-def wait_http_ok(url: str, *, timeout: float, process: subprocess.Popen[bytes] | None = None,
-                 log_path: pathlib.Path | None = None, interval: float = 0.2) -> None:
+def wait_http_ok(
+    url: str,
+    *,
+    timeout: float,
+    process: subprocess.Popen[bytes] | None = None,
+    log_path: pathlib.Path | None = None,
+    interval: float = 0.2,
+) -> None:
     """Poll `url` until it answers 2xx. Raise RuntimeError (with the log's tail) if `process` dies or time is up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

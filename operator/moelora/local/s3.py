@@ -39,13 +39,19 @@ class S3Server:
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=REGION,
-                            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
-                            config=Config(s3={"addressing_style": "path"}))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            config=Config(s3={"addressing_style": "path"}),
+        )
 
 
-def start_moto(*, access_key_id: str = "moto-access-key", secret_access_key: str = "moto-secret-key",
-               port: int = 0) -> S3Server:
+def start_moto(
+    *, access_key_id: str = "moto-access-key", secret_access_key: str = "moto-secret-key", port: int = 0
+) -> S3Server:
     """Start moto's S3 in a daemon thread on `port` (0: a free one). moto accepts any keys; these are handed out.
 
     Raises OSError if `port` is taken."""
@@ -57,8 +63,12 @@ def start_moto(*, access_key_id: str = "moto-access-key", secret_access_key: str
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    return S3Server(endpoint_url=f"http://{host}:{port}", access_key_id=access_key_id,
-                    secret_access_key=secret_access_key, _stop=server.stop)
+    return S3Server(
+        endpoint_url=f"http://{host}:{port}",
+        access_key_id=access_key_id,
+        secret_access_key=secret_access_key,
+        _stop=server.stop,
+    )
 
 
 def s3rver_available() -> bool:
@@ -76,10 +86,17 @@ def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path) -> S3Server:
         raise RuntimeError(f"s3rver needs node and {S3RVER_JS} (npm install --prefix {REPO_ROOT} s3rver@3.7.1)")
     port = process.free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    proc = process.spawn(argv=[node, str(S3RVER_JS), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port),
-                               "--silent"], env={"PATH": "/usr/bin:/bin"}, log_path=log_path)
-    server = S3Server(endpoint_url=f"http://127.0.0.1:{port}", access_key_id="S3RVER", secret_access_key="S3RVER",
-                      _stop=lambda: _stop_quietly(proc))
+    proc = process.spawn(
+        argv=[node, str(S3RVER_JS), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"],
+        env={"PATH": "/usr/bin:/bin"},
+        log_path=log_path,
+    )
+    server = S3Server(
+        endpoint_url=f"http://127.0.0.1:{port}",
+        access_key_id="S3RVER",
+        secret_access_key="S3RVER",
+        _stop=lambda: _stop_quietly(proc),
+    )
     _wait_s3(server=server, proc=proc, log_path=log_path)
     return server
 
@@ -142,5 +159,5 @@ def split_uri(uri: str) -> tuple[str, str]:
     """`s3://bucket/some/key` -> (`bucket`, `some/key`)."""
     if not uri.startswith("s3://"):
         raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, rest = uri[len("s3://"):].partition("/")
+    bucket, _, rest = uri[len("s3://") :].partition("/")
     return bucket, rest

@@ -38,10 +38,18 @@ class Stack:
     `moe`: the model is the tiny Qwen3-MoE (moelora.local.moe) instead of the tiny Llama.
     """
 
-    def __init__(self, *, root: pathlib.Path, namespace: str = "default", operator: str = "thread",
-                 agent_env: Mapping[str, str] | None = None, s3_keys: tuple[str, str] | None = None,
-                 s3_port: int = 0, moe: bool = False,
-                 progress: Callable[[str], None] = lambda message: None) -> None:
+    def __init__(
+        self,
+        *,
+        root: pathlib.Path,
+        namespace: str = "default",
+        operator: str = "thread",
+        agent_env: Mapping[str, str] | None = None,
+        s3_keys: tuple[str, str] | None = None,
+        s3_port: int = 0,
+        moe: bool = False,
+        progress: Callable[[str], None] = lambda message: None,
+    ) -> None:
         self.root = root
         self.namespace = namespace
         self.operator_mode = operator
@@ -71,11 +79,12 @@ class Stack:
             self.api = kube.KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace).start()
             self.progress(f"  API server at {self.api.url}, kubeconfig {self.api.kubeconfig}")
             self.progress("starting S3 (moto) and uploading the generated tiny model")
-            self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1],
-                                    port=self.s3_port)
+            self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1], port=self.s3_port)
             if not (self.model_dir / "model.safetensors").exists():
-                self.progress(f"  generating the tiny {'Qwen3-MoE' if self.moe else 'Llama'} (random weights, "
-                              "BPE tokenizer trained offline)")
+                self.progress(
+                    f"  generating the tiny {'Qwen3-MoE' if self.moe else 'Llama'} (random weights, "
+                    "BPE tokenizer trained offline)"
+                )
                 if self.moe:
                     from moelora.local import moe
 
@@ -88,8 +97,11 @@ class Stack:
             self.apply(manifests.s3_secret(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1]))
             self._start_operator()
             self.kubelet = pods.LocalKubelet(
-                api_url=self.api.url, namespace=self.namespace, root=self.root / "pods",
-                extra_env={"agent": {"KUBECONFIG": str(self.api.kubeconfig), **self.agent_env}})
+                api_url=self.api.url,
+                namespace=self.namespace,
+                root=self.root / "pods",
+                extra_env={"agent": {"KUBECONFIG": str(self.api.kubeconfig), **self.agent_env}},
+            )
             self.kubelet.start()
         except BaseException:
             self.stop()
@@ -103,8 +115,9 @@ class Stack:
         self.progress(f"starting the operator ({self.operator_mode})")
         if self.operator_mode == "process":
             env = {**os.environ, "KUBECONFIG": str(self.api.kubeconfig)}
-            self._operator = process.spawn(argv=[sys.executable, "-m", "moelora.operator"], env=env,
-                                           log_path=self.root / "operator.log")
+            self._operator = process.spawn(
+                argv=[sys.executable, "-m", "moelora.operator"], env=env, log_path=self.root / "operator.log"
+            )
             return
         from moelora.operator.settings import Settings
 
@@ -144,8 +157,9 @@ class Stack:
         """Run kubectl against the emulator (fresh discovery cache per stack; no OpenAPI there, so no validation)."""
         assert self.api is not None and KUBECTL is not None
         env = {**os.environ, "KUBECONFIG": str(self.api.kubeconfig), "KUBECACHEDIR": str(self.root / "kubecache")}
-        result = subprocess.run([KUBECTL, *args], input=input, env=env, capture_output=True, text=True, timeout=60,
-                                check=False)
+        result = subprocess.run(
+            [KUBECTL, *args], input=input, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result
@@ -195,8 +209,9 @@ class Stack:
         assert self.kubelet is not None
         return self.kubelet.wait_ready(server, replicas=replicas, timeout=timeout)
 
-    def wait_adapter(self, name: str, *, phase: str, timeout: float = 120.0,
-                     replicas: int | None = None) -> dict[str, Any]:
+    def wait_adapter(
+        self, name: str, *, phase: str, timeout: float = 120.0, replicas: int | None = None
+    ) -> dict[str, Any]:
         """Wait until the adapter's status.phase is `phase` (and, if given, `replicas` pods report on it)."""
         deadline = time.monotonic() + timeout
         body: dict[str, Any] | None = None

@@ -47,25 +47,53 @@ class VLLMServer:
         process.stop(self.process)
 
 
-def start(*, model_dir: pathlib.Path, served_name: str, log_path: pathlib.Path, port: int | None = None,
-          max_loras: int = 4, max_lora_rank: int = 16, extra_args: Sequence[str] = (),
-          env: Mapping[str, str] | None = None, wait: bool = True) -> VLLMServer:
+def start(
+    *,
+    model_dir: pathlib.Path,
+    served_name: str,
+    log_path: pathlib.Path,
+    port: int | None = None,
+    max_loras: int = 4,
+    max_lora_rank: int = 16,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    wait: bool = True,
+) -> VLLMServer:
     """Start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 with LoRA enabled; wait for /health.
 
     `env` is added on top of this process's environment and `CPU_ENV`.
     """
     port = port or process.free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
-            "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank),
-            *CPU_ENGINE_ARGS, *extra_args]
-    server = VLLMServer(process=process.spawn(argv=argv, env={**os.environ, **CPU_ENV, **(env or {})},
-                                              log_path=log_path),
-                        url=f"http://127.0.0.1:{port}", log_path=log_path)
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enable-lora",
+        "--max-loras",
+        str(max_loras),
+        "--max-lora-rank",
+        str(max_lora_rank),
+        *CPU_ENGINE_ARGS,
+        *extra_args,
+    ]
+    server = VLLMServer(
+        process=process.spawn(argv=argv, env={**os.environ, **CPU_ENV, **(env or {})}, log_path=log_path),
+        url=f"http://127.0.0.1:{port}",
+        log_path=log_path,
+    )
     if wait:
         try:
-            process.wait_http_ok(f"{server.url}/health", timeout=STARTUP_TIMEOUT, process=server.process,
-                                 log_path=log_path)
+            process.wait_http_ok(
+                f"{server.url}/health", timeout=STARTUP_TIMEOUT, process=server.process, log_path=log_path
+            )
         except BaseException:
             server.stop()
             raise
@@ -96,15 +124,25 @@ def request(*, url: str, method: str = "GET", body: Any = None, timeout: float =
         return raw.decode(errors="replace")
 
 
-def complete(*, url: str, model: str, prompt: str, max_tokens: int, eos_token_id: int | None = 1,
-             timeout: float = 120.0) -> Completion:
+def complete(
+    *, url: str, model: str, prompt: str, max_tokens: int, eos_token_id: int | None = 1, timeout: float = 120.0
+) -> Completion:
     """Greedy (temperature 0) completion from the server at base `url`; the trailing eos id is dropped.
 
     Raises `HTTPError` (404 for a model name the server does not know).
     """
-    answer = request(url=f"{url}/v1/completions", method="POST", timeout=timeout, body={
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
-    })
+    answer = request(
+        url=f"{url}/v1/completions",
+        method="POST",
+        timeout=timeout,
+        body={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "return_token_ids": True,
+        },
+    )
     choice = answer["choices"][0]
     ids = [int(t) for t in choice.get("token_ids") or []]
     if ids and ids[-1] == eos_token_id:

@@ -19,9 +19,11 @@ Kubernetes access the operator needs (for the chart's ClusterRole, or Role per w
 | "" (core) | pods | get, list, watch |
 | "" (core) | secrets | get |
 | "" (core) | events | create |
-| apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
+| apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when
+  MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
-| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
+| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only
+  with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
 Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps/PodDisruptionBudgets, delete the
 ConfigMap and the PodDisruptionBudget it rendered once the server stops asking for them;

@@ -32,22 +32,35 @@ _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
     ("spec", "template", "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"},
 }
 # Maps the operator owns whole: keys it no longer sets are removed.
-_WHOLE_MAPS = {("data",), ("spec", "template", "spec", "nodeSelector"), ("spec", "template", "spec", "affinity"),
-               ("spec", "template", "metadata", "annotations")}
+_WHOLE_MAPS = {
+    ("data",),
+    ("spec", "template", "spec", "nodeSelector"),
+    ("spec", "template", "spec", "affinity"),
+    ("spec", "template", "metadata", "annotations"),
+}
 
 
 def desired_hash(obj: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _request(api: kubernetes.client.ApiClient, method: str, path: str, *, body: Any = None,
-             content_type: str = "application/json") -> dict[str, Any]:
+def _request(
+    api: kubernetes.client.ApiClient,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    content_type: str = "application/json",
+) -> dict[str, Any]:
     """One call through the client's auth and TLS; raises ApiException for a non-2xx answer."""
     method_, url, headers, body_, post = api.param_serialize(
-        method, path, header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
-        auth_settings=["BearerToken"])
-    response = api.call_api(method_, url, header_params=headers, body=body_, post_params=post,
-                            _request_timeout=30)
+        method,
+        path,
+        header_params={"Accept": "application/json", "Content-Type": content_type},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method_, url, header_params=headers, body=body_, post_params=post, _request_timeout=30)
     data = response.read()
     if not 200 <= response.status <= 299:
         raise ApiException(http_resp=response)
@@ -86,8 +99,9 @@ def get_deployment(api: kubernetes.client.ApiClient, *, namespace: str, name: st
     return get(api, path=object_path("apps/v1", "Deployment", namespace=namespace, name=name))
 
 
-def patch_status(api: kubernetes.client.ApiClient, *, plural: str, namespace: str, name: str,
-                 status: dict[str, Any]) -> dict[str, Any] | None:
+def patch_status(
+    api: kubernetes.client.ApiClient, *, plural: str, namespace: str, name: str, status: dict[str, Any]
+) -> dict[str, Any] | None:
     """Merge-patch the status subresource of one of our objects; None if the object is gone."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}/status"
     try:
@@ -159,16 +173,21 @@ def drifted(actual: Any, desired: Any) -> bool:
     if isinstance(desired, dict):
         return not isinstance(actual, dict) or any(drifted(actual.get(key), value) for key, value in desired.items())
     if isinstance(desired, list):
-        return (not isinstance(actual, list) or len(actual) != len(desired)
-                or any(drifted(a, d) for a, d in zip(actual, desired)))
+        return (
+            not isinstance(actual, list)
+            or len(actual) != len(desired)
+            or any(drifted(a, d) for a, d in zip(actual, desired))
+        )
     return actual != desired
 
 
 def _owned_fields(desired: dict[str, Any]) -> dict[str, Any]:
     """What `drifted` compares: everything rendered except the identity metadata the API server adds to."""
     meta = desired["metadata"]
-    return {**{key: value for key, value in desired.items() if key != "metadata"},
-            "metadata": {key: meta[key] for key in ("labels", "annotations") if key in meta}}
+    return {
+        **{key: value for key, value in desired.items() if key != "metadata"},
+        "metadata": {key: meta[key] for key in ("labels", "annotations") if key in meta},
+    }
 
 
 def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -191,10 +210,12 @@ def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[d
             actual = get(api, path=path)  # created concurrently by another reconcile of the same server
             if actual is None:
                 raise
-    same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == \
-        metadata["annotations"][naming.ANNOTATION_HASH]
+    same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == metadata[
+        "annotations"
+    ][naming.ANNOTATION_HASH]
     if same_hash and not drifted(actual, _owned_fields(desired)):
         return actual, "unchanged"
-    patched = _request(api, "PATCH", path, body=update_patch(actual, desired),
-                       content_type="application/merge-patch+json")
+    patched = _request(
+        api, "PATCH", path, body=update_patch(actual, desired), content_type="application/merge-patch+json"
+    )
     return patched, "patched"

@@ -26,8 +26,20 @@ STARTUP_BUDGET_SECONDS = 3600
 _PROBE_PERIOD = 10
 
 _SUFFIXES = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": Decimal("0.001"),
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "m": Decimal("0.001"),
 }
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(e[0-9]+|[KMGTPE]i|[mkKMGTPE])?$")
 
@@ -43,8 +55,12 @@ def quantity_bytes(quantity: str) -> int:
 
 
 def _http_probe(*, path: str, port: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
-            "failureThreshold": failures, "timeoutSeconds": timeout}
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+    }
 
 
 def _resources(spec: ModelServerSpec) -> dict[str, Any]:
@@ -70,8 +86,11 @@ def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     if spec.s3.credentials_secret:
         secret = spec.s3.credentials_secret.name
         # The key pair must be there; a session token only for temporary credentials.
-        for key, optional in (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False),
-                              ("AWS_SESSION_TOKEN", True)):
+        for key, optional in (
+            ("AWS_ACCESS_KEY_ID", False),
+            ("AWS_SECRET_ACCESS_KEY", False),
+            ("AWS_SESSION_TOKEN", True),
+        ):
             env.append({"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": optional}}})
     return env
 
@@ -96,7 +115,11 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
 
 
 def deployment(
-    spec: ModelServerSpec, *, name: str, namespace: str, settings: Settings,
+    spec: ModelServerSpec,
+    *,
+    name: str,
+    namespace: str,
+    settings: Settings,
     kernel_configs: KernelConfigPlan | None = None,
 ) -> dict[str, Any]:
     """The Deployment for a ModelServer. Raises engine.SpecProblem for engineArgs/env the operator refuses."""
@@ -115,14 +138,16 @@ def deployment(
     elif model.scheme == "s3":
         volumes.append({"name": "models", "emptyDir": {}})
         vllm_mounts.append({"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True})
-        init_containers.append({
-            "name": FETCH_CONTAINER,
-            "image": settings.agent_image,
-            "command": ["python3", "-m", "moelora.agent"],
-            "args": ["fetch-model", model.uri, engine.MODELS_DIR],
-            "env": s3_env(spec),
-            "volumeMounts": [{"name": "models", "mountPath": engine.MODELS_DIR}],
-        })
+        init_containers.append(
+            {
+                "name": FETCH_CONTAINER,
+                "image": settings.agent_image,
+                "command": ["python3", "-m", "moelora.agent"],
+                "args": ["fetch-model", model.uri, engine.MODELS_DIR],
+                "env": s3_env(spec),
+                "volumeMounts": [{"name": "models", "mountPath": engine.MODELS_DIR}],
+            }
+        )
     template_annotations: dict[str, str] = {}
     if kernel_configs is not None:
         config_map: dict[str, Any] = {"name": kernel_configs.config_map_name}
@@ -140,8 +165,9 @@ def deployment(
         "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None),
         "ports": [{"name": "http", "containerPort": engine.VLLM_PORT, "protocol": "TCP"}],
         "volumeMounts": vllm_mounts,
-        "startupProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD,
-                                    failures=STARTUP_BUDGET_SECONDS // _PROBE_PERIOD),
+        "startupProbe": _http_probe(
+            path="/health", port="http", period=_PROBE_PERIOD, failures=STARTUP_BUDGET_SECONDS // _PROBE_PERIOD
+        ),
         "readinessProbe": _http_probe(path="/health", port="http", period=5, failures=3),
         "livenessProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD, failures=6),
     }

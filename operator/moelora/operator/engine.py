@@ -18,17 +18,34 @@ MODELS_DIR = "/models"
 KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
 
 # Flags whose value comes from the spec (or whose job is done by LoRAAdapter objects): the user sets those fields.
-MANAGED_FLAGS = frozenset({
-    "--model", "--served-model-name", "--host", "--port",
-    "--enable-lora", "--no-enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras",
-    "--fully-sharded-loras", "--no-fully-sharded-loras", "--tensor-parallel-size", "-tp",
-    "--lora-modules",
-})
+MANAGED_FLAGS = frozenset(
+    {
+        "--model",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--enable-lora",
+        "--no-enable-lora",
+        "--max-loras",
+        "--max-lora-rank",
+        "--max-cpu-loras",
+        "--fully-sharded-loras",
+        "--no-fully-sharded-loras",
+        "--tensor-parallel-size",
+        "-tp",
+        "--lora-modules",
+    }
+)
 # Environment the operator sets on the vLLM container; a user's env entry of the same name is refused.
-MANAGED_ENV = frozenset({
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS", "VLLM_TUNED_CONFIG_FOLDER", "MOELORA_KERNEL",
-    "VLLM_LORA_ENABLE_DUAL_STREAM",
-})
+MANAGED_ENV = frozenset(
+    {
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "MOELORA_KERNEL",
+        "VLLM_LORA_ENABLE_DUAL_STREAM",
+    }
+)
 
 
 class SpecProblem(Exception):
@@ -61,8 +78,9 @@ def model_ref(spec: ModelServerSpec) -> ModelRef:
     if scheme == "pvc":
         claim, _, path = rest.partition("/")
         path = path.strip("/")
-        return ModelRef(scheme="pvc", vllm_model=f"{MODELS_DIR}/{path}" if path else MODELS_DIR,
-                        claim=claim, sub_path=path)
+        return ModelRef(
+            scheme="pvc", vllm_model=f"{MODELS_DIR}/{path}" if path else MODELS_DIR, claim=claim, sub_path=path
+        )
     raise SpecProblem("InvalidModelSource", f"unsupported model source {source!r}")  # the schema forbids it
 
 
@@ -89,12 +107,15 @@ def check_engine_args(engine_args: list[str]) -> None:
     while index < len(engine_args):
         token = engine_args[index]
         if _is_value(token):
-            raise SpecProblem("EngineArgValue", f"engineArgs has the value {token!r} where a flag should be "
-                              "(the model comes from spec.model)")
+            raise SpecProblem(
+                "EngineArgValue",
+                f"engineArgs has the value {token!r} where a flag should be (the model comes from spec.model)",
+            )
         name = flag_name(token)
         if name in MANAGED_FLAGS:
-            raise SpecProblem("ManagedEngineFlag",
-                              f"engineArgs may not set {name}: moelora sets it from the ModelServer spec")
+            raise SpecProblem(
+                "ManagedEngineFlag", f"engineArgs may not set {name}: moelora sets it from the ModelServer spec"
+            )
         if name not in arity:
             raise SpecProblem("UnknownEngineFlag", f"engineArgs has {name}, which vLLM does not know")
         index += 1
@@ -125,10 +146,19 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
     check_engine_args(spec.engine_args)
     lora = spec.lora
     args = [
-        "--model", model_ref(spec).vllm_model,
-        "--served-model-name", served_model_name(spec, name=name),
-        "--host", "0.0.0.0", "--port", str(VLLM_PORT),
-        "--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(lora.max_lora_rank),
+        "--model",
+        model_ref(spec).vllm_model,
+        "--served-model-name",
+        served_model_name(spec, name=name),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(VLLM_PORT),
+        "--enable-lora",
+        "--max-loras",
+        str(lora.max_loras),
+        "--max-lora-rank",
+        str(lora.max_lora_rank),
     ]
     if lora.max_cpu_loras is not None:
         args += ["--max-cpu-loras", str(lora.max_cpu_loras)]

@@ -67,12 +67,14 @@ def kube_configuration(settings: Settings) -> kubernetes.client.Configuration:
 
 # --- activities ---------------------------------------------------------------------------------------------------
 
+
 def kopf_settings(*, namespaces: Collection[str]) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     # Keep kopf's bookkeeping in our own annotations, out of status (which is all ours and schema-checked).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration")
+        prefix=PREFIX, key="last-handled-configuration"
+    )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
     settings.watching.connect_timeout = 10
@@ -98,33 +100,43 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's own connection, from the same configuration as our client (one source of truth)."""
     configuration: kubernetes.client.Configuration = memo.api.configuration
-    header = configuration.get_api_key_with_prefix("BearerToken") or \
-        configuration.get_api_key_with_prefix("authorization") or ""
+    header = (
+        configuration.get_api_key_with_prefix("BearerToken")
+        or configuration.get_api_key_with_prefix("authorization")
+        or ""
+    )
     scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(
-        server=configuration.host, ca_path=configuration.ssl_ca_cert, insecure=not configuration.verify_ssl,
-        scheme=scheme or None, token=token or None, certificate_path=configuration.cert_file,
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
     )
 
 
 # --- indexes ------------------------------------------------------------------------------------------------------
 
+
 def model_servers_index(name: str, namespace: str, **_: Any) -> dict[tuple[str, str], Any]:
     # Only which servers exist: reconcile reads the server itself when it runs.
     return {(namespace, name): {"metadata": {"name": name, "namespace": namespace}}}
 
 
-def adapters_index(spec: kopf.Spec, status: kopf.Status, name: str, namespace: str,
-                   **_: Any) -> dict[tuple[str, str], Any] | None:
+def adapters_index(
+    spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, **_: Any
+) -> dict[tuple[str, str], Any] | None:
     server = spec.get("modelServer")
     if not server:
         return None
     return {(namespace, server): {"name": name, "phase": status.get("phase") or "Pending"}}
 
 
-def pods_index(status: kopf.Status, labels: kopf.Labels, name: str, namespace: str,
-               **_: Any) -> dict[tuple[str, str], Any] | None:
+def pods_index(
+    status: kopf.Status, labels: kopf.Labels, name: str, namespace: str, **_: Any
+) -> dict[tuple[str, str], Any] | None:
     server = labels.get(naming.LABEL_SERVER)
     if not server:
         return None
@@ -134,14 +146,16 @@ def pods_index(status: kopf.Status, labels: kopf.Labels, name: str, namespace: s
 
 # --- ModelServer ----------------------------------------------------------------------------------------------------
 
+
 def _problem_from_validation(error: pydantic.ValidationError) -> SpecProblem:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     return SpecProblem("InvalidSpec", f"spec.{where}: {first['msg']}")
 
 
-def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubernetes.client.ApiClient,
-                     bundle: Any) -> list[dict[str, Any]]:
+def desired_children(
+    body: Mapping[str, Any], *, settings: Settings, api: kubernetes.client.ApiClient, bundle: Any
+) -> list[dict[str, Any]]:
     """The objects the server should own. Raises SpecProblem for what the operator refuses."""
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     try:
@@ -155,10 +169,13 @@ def desired_children(body: Mapping[str, Any], *, settings: Settings, api: kubern
     user_config_map = None
     if spec.kernels.config_map_name:
         user_config_map = apply.get_config_map(api, namespace=namespace, name=spec.kernels.config_map_name)
-    plan = kernelconfigs.plan(spec, name=name, namespace=namespace, labels=naming.labels(name), root=bundle,
-                              user_config_map=user_config_map)
-    children = [deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=plan),
-                service(name=name, namespace=namespace)]
+    plan = kernelconfigs.plan(
+        spec, name=name, namespace=namespace, labels=naming.labels(name), root=bundle, user_config_map=user_config_map
+    )
+    children = [
+        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=plan),
+        service(name=name, namespace=namespace),
+    ]
     if plan is not None and plan.owned_config_map is not None:
         children.insert(0, plan.owned_config_map)
     budget = disruption_budget(spec, name=name, namespace=namespace)
@@ -171,7 +188,8 @@ async def in_pool(memo: kopf.Memo, fn: Any, /, *args: Any, **kwargs: Any) -> Any
     """Run blocking API work in the operator's pool, with the context kopf.event() needs."""
     context = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(
-        memo.pool, functools.partial(context.run, fn, *args, **kwargs))
+        memo.pool, functools.partial(context.run, fn, *args, **kwargs)
+    )
 
 
 def snapshot(index: Any, key: tuple[str, str]) -> list[Any]:
@@ -188,8 +206,7 @@ def adapter_phases(memo: kopf.Memo, adapters_index: Any, key: tuple[str, str]) -
     adapters = snapshot(adapters_index, key)
     for gone in set(written) - {entry["name"] for entry in adapters}:
         del written[gone]
-    return [{**entry, "phase": written[entry["name"]]} if entry["name"] in written else entry
-            for entry in adapters]
+    return [{**entry, "phase": written[entry["name"]]} if entry["name"] in written else entry for entry in adapters]
 
 
 async def reconcile_serially(body: Mapping[str, Any], *, memo: kopf.Memo, adapters_index: Any) -> None:
@@ -248,8 +265,15 @@ def reconcile(body: Mapping[str, Any], *, memo: kopf.Memo, adapters: list[Any]) 
         spec = ModelServerSpec.model_construct(replicas=int((body.get("spec") or {}).get("replicas") or 0))
     phases = [entry["phase"] for entry in adapters]
     new = status.model_server_status(
-        spec, name=name, namespace=namespace, generation=meta.get("generation"), deployment=actual_deployment,
-        problem=problem, adapters=status.adapter_counts(phases), previous=previous, now=now(),
+        spec,
+        name=name,
+        namespace=namespace,
+        generation=meta.get("generation"),
+        deployment=actual_deployment,
+        problem=problem,
+        adapters=status.adapter_counts(phases),
+        previous=previous,
+        now=now(),
     ).to_wire()
     if problem is not None and _degraded_reason(raw_status) != problem.reason:
         kopf.event(dict(body), type="Warning", reason=problem.reason, message=problem.message)
@@ -264,36 +288,53 @@ def _degraded_reason(raw_status: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def model_server_changed(body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, adapters_index: Any,
-                               **_: Any) -> None:
+async def model_server_changed(
+    body: kopf.Body, name: str, namespace: str, memo: kopf.Memo, adapters_index: Any, **_: Any
+) -> None:
     await reconcile_serially(dict(body), memo=memo, adapters_index=adapters_index)
 
 
-async def deployment_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
-                           adapters_index: Any, **_: Any) -> None:
+async def deployment_event(
+    labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any, adapters_index: Any, **_: Any
+) -> None:
     """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
     server = labels.get(naming.LABEL_SERVER, "")
     for body in snapshot(model_servers_index, (namespace, server)):
         await reconcile_serially(body, memo=memo, adapters_index=adapters_index)
 
 
-async def model_server_event(event: kopf.RawEvent, name: str, namespace: str, memo: kopf.Memo,
-                             model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
+async def model_server_event(
+    event: kopf.RawEvent,
+    name: str,
+    namespace: str,
+    memo: kopf.Memo,
+    model_servers_index: Any,
+    adapters_index: Any,
+    pods_index: Any,
+    **_: Any,
+) -> None:
     """A server appeared or went away: its adapters' phases may flip (ModelServerNotFound)."""
     key = (namespace, name)
     if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
         del memo.locks[key]
     if event.get("type") in ("ADDED", "DELETED", None):
         servers = snapshot(model_servers_index, key)
-        new_phases = await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key),
-                                   memo=memo, server_exists=bool(servers), pods=snapshot(pods_index, key))
+        new_phases = await in_pool(
+            memo,
+            rollup_server_adapters,
+            namespace,
+            adapters=snapshot(adapters_index, key),
+            memo=memo,
+            server_exists=bool(servers),
+            pods=snapshot(pods_index, key),
+        )
         await recount(servers, key, memo=memo, adapters_index=adapters_index, new_phases=new_phases)
 
 
 # --- LoRAAdapter ----------------------------------------------------------------------------------------------------
 
-def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: bool,
-                   pods: list[Any]) -> str | None:
+
+def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: bool, pods: list[Any]) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
     meta, spec = body["metadata"], body.get("spec") or {}
     namespace = meta["namespace"]
@@ -302,13 +343,20 @@ def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: b
     # A pod this operator has not seen yet (its watch may lag the pod's agent) is not gone: ask before pruning.
     for pod in set(raw_status.get("replicas") or {}) - set(known):
         found = apply.get(memo.api, path=f"/api/v1/namespaces/{namespace}/pods/{pod}")
-        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == \
-                spec.get("modelServer"):
-            known[pod] = any(c.get("type") == "Ready" and c.get("status") == "True"
-                             for c in (found.get("status") or {}).get("conditions") or [])
+        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == spec.get(
+            "modelServer"
+        ):
+            known[pod] = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (found.get("status") or {}).get("conditions") or []
+            )
     patch = status.adapter_status_patch(
-        raw_status, served_name=spec.get("servedName") or meta["name"], generation=meta.get("generation"),
-        server_exists=server_exists, pods=known, now=now(),
+        raw_status,
+        served_name=spec.get("servedName") or meta["name"],
+        generation=meta.get("generation"),
+        server_exists=server_exists,
+        pods=known,
+        now=now(),
     )
     if not patch:
         return None
@@ -316,21 +364,32 @@ def rollup_adapter(body: Mapping[str, Any], *, memo: kopf.Memo, server_exists: b
     return patch.get("phase")
 
 
-async def adapter_changed(body: kopf.Body, namespace: str, spec: kopf.Spec, memo: kopf.Memo,
-                          model_servers_index: Any, adapters_index: Any, pods_index: Any, **_: Any) -> None:
+async def adapter_changed(
+    body: kopf.Body,
+    namespace: str,
+    spec: kopf.Spec,
+    memo: kopf.Memo,
+    model_servers_index: Any,
+    adapters_index: Any,
+    pods_index: Any,
+    **_: Any,
+) -> None:
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
     key = (namespace, spec.get("modelServer", ""))
     servers = snapshot(model_servers_index, key)
-    new_phase = await in_pool(memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers),
-                              pods=snapshot(pods_index, key))
+    new_phase = await in_pool(
+        memo, rollup_adapter, dict(body), memo=memo, server_exists=bool(servers), pods=snapshot(pods_index, key)
+    )
     if new_phase:
-        await recount(servers, key, memo=memo, adapters_index=adapters_index,
-                      new_phases={body["metadata"]["name"]: new_phase})
+        await recount(
+            servers, key, memo=memo, adapters_index=adapters_index, new_phases={body["metadata"]["name"]: new_phase}
+        )
 
 
-async def recount(servers: list[Any], key: tuple[str, str], *, memo: kopf.Memo, adapters_index: Any,
-                  new_phases: Mapping[str, str]) -> None:
+async def recount(
+    servers: list[Any], key: tuple[str, str], *, memo: kopf.Memo, adapters_index: Any, new_phases: Mapping[str, str]
+) -> None:
     """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
     new phases already: see adapter_phases)."""
     if not new_phases:
@@ -340,8 +399,9 @@ async def recount(servers: list[Any], key: tuple[str, str], *, memo: kopf.Memo, 
         await reconcile_serially(server_body, memo=memo, adapters_index=adapters_index)
 
 
-def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool,
-                           pods: list[Any]) -> dict[str, str]:
+def rollup_server_adapters(
+    namespace: str, *, adapters: list[Any], memo: kopf.Memo, server_exists: bool, pods: list[Any]
+) -> dict[str, str]:
     """Re-judge every adapter of one server; the new phase of each whose phase changed."""
     new_phases = {}
     for entry in adapters:
@@ -353,17 +413,32 @@ def rollup_server_adapters(namespace: str, *, adapters: list[Any], memo: kopf.Me
     return new_phases
 
 
-async def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo, model_servers_index: Any,
-                    adapters_index: Any, pods_index: Any, **_: Any) -> None:
+async def pod_event(
+    labels: kopf.Labels,
+    namespace: str,
+    memo: kopf.Memo,
+    model_servers_index: Any,
+    adapters_index: Any,
+    pods_index: Any,
+    **_: Any,
+) -> None:
     """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
     key = (namespace, labels.get(naming.LABEL_SERVER, ""))
     servers = snapshot(model_servers_index, key)
-    new_phases = await in_pool(memo, rollup_server_adapters, namespace, adapters=snapshot(adapters_index, key),
-                               memo=memo, server_exists=bool(servers), pods=snapshot(pods_index, key))
+    new_phases = await in_pool(
+        memo,
+        rollup_server_adapters,
+        namespace,
+        adapters=snapshot(adapters_index, key),
+        memo=memo,
+        server_exists=bool(servers),
+        pods=snapshot(pods_index, key),
+    )
     await recount(servers, key, memo=memo, adapters_index=adapters_index, new_phases=new_phases)
 
 
 # --- wiring ---------------------------------------------------------------------------------------------------------
+
 
 def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     """All handlers in a fresh registry (no import-time registration: tests and the local stack build their own)."""
@@ -395,18 +470,29 @@ def peering_priority(settings: Settings) -> int | None:
     return random.SystemRandom().randrange(1, 2**31)  # distinct per replica: exactly one of them is active
 
 
-async def run(*, settings: Settings, namespaces: Collection[str] = (), registry: kopf.OperatorRegistry | None = None,
-              stop_flag: threading.Event | asyncio.Event | None = None,
-              ready_flag: threading.Event | asyncio.Event | None = None) -> None:
+async def run(
+    *,
+    settings: Settings,
+    namespaces: Collection[str] = (),
+    registry: kopf.OperatorRegistry | None = None,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+) -> None:
     """Run the operator until stop_flag is set. Namespaces: those given, else settings', else all."""
     namespaces = tuple(namespaces) or settings.namespaces
     bundle = pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernelconfigs.bundle_root()
     memo = kopf.Memo(settings=settings, bundle=bundle)
     await kopf.operator(
-        registry=registry or make_registry(settings), memo=memo, settings=kopf_settings(namespaces=namespaces),
-        clusterwide=not namespaces, namespaces=namespaces,
+        registry=registry or make_registry(settings),
+        memo=memo,
+        settings=kopf_settings(namespaces=namespaces),
+        clusterwide=not namespaces,
+        namespaces=namespaces,
         # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
-        standalone=settings.peering is None, peering_name=settings.peering,
-        priority=peering_priority(settings), liveness_endpoint=settings.liveness_endpoint,
-        stop_flag=stop_flag, ready_flag=ready_flag,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        priority=peering_priority(settings),
+        liveness_endpoint=settings.liveness_endpoint,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
     )

@@ -68,8 +68,13 @@ def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
         files[single.name] = single.read_text()
     folder = root.joinpath(gpu)
     if folder.is_dir():
-        files.update({entry.name: entry.read_text() for entry in sorted(folder.iterdir(), key=lambda e: e.name)
-                      if entry.is_file() and entry.name.endswith(".json")})
+        files.update(
+            {
+                entry.name: entry.read_text()
+                for entry in sorted(folder.iterdir(), key=lambda e: e.name)
+                if entry.is_file() and entry.name.endswith(".json")
+            }
+        )
     return files
 
 
@@ -84,8 +89,11 @@ def _table_for_shape(text: str, shape: MoeShape) -> str | None:
         return None
     hidden, inter, experts = modelshapes.key(shape)
     wanted = {(hidden, 2 * inter, experts), (hidden, inter, experts), (inter, hidden, experts)}
-    entries = [e for e in table.get("entries") or []
-               if isinstance(e, dict) and (e.get("k"), e.get("n"), e.get("num_experts")) in wanted]
+    entries = [
+        e
+        for e in table.get("entries") or []
+        if isinstance(e, dict) and (e.get("k"), e.get("n"), e.get("num_experts")) in wanted
+    ]
     return _dump({**table, "entries": entries}) if entries else None
 
 
@@ -176,8 +184,9 @@ def bundled_shapes(files: Mapping[str, str], *, gpu: str) -> list[str]:
     for model_id, shape in modelshapes.KNOWN_SHAPES.items():
         ids.setdefault(modelshapes.key(shape), []).append(model_id)
         shapes[modelshapes.key(shape)] = shape
-    return [f"{modelshapes.describe(shapes[k])} ({', '.join(ids[k])})" for k in ids
-            if for_shape(files, shapes[k], gpu=gpu)]
+    return [
+        f"{modelshapes.describe(shapes[k])} ({', '.join(ids[k])})" for k in ids if for_shape(files, shapes[k], gpu=gpu)
+    ]
 
 
 def content_hash(files: Mapping[str, str]) -> str:
@@ -200,8 +209,13 @@ def owned_config_map_name(name: str) -> str:
 
 
 def plan(
-    spec: ModelServerSpec, *, name: str, namespace: str, labels: Mapping[str, str],
-    root: Traversable | None, user_config_map: Mapping[str, Any] | None = None,
+    spec: ModelServerSpec,
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    root: Traversable | None,
+    user_config_map: Mapping[str, Any] | None = None,
 ) -> KernelConfigPlan | None:
     """The volume to mount, or None for `none`. `user_config_map` is the fetched ConfigMap (None if absent)."""
     mode = spec.kernels.configs
@@ -216,28 +230,39 @@ def plan(
 
     gpu = device_name(spec.node_selector)
     if gpu is None:
-        raise SpecProblem("GPUUnknown", f"kernels.configs is auto, but nodeSelector has no {GPU_PRODUCT_LABEL} "
-                          "label to pick the tuned set by")
+        raise SpecProblem(
+            "GPUUnknown",
+            f"kernels.configs is auto, but nodeSelector has no {GPU_PRODUCT_LABEL} label to pick the tuned set by",
+        )
     bundle = read_bundle(gpu, root=root) if root is not None else {}
     if not bundle:
-        raise SpecProblem("KernelConfigsNotFound", f"no bundled kernel configs for GPU {gpu}; "
-                          "use kernels.configs=configMap with your own, or none")
+        raise SpecProblem(
+            "KernelConfigsNotFound",
+            f"no bundled kernel configs for GPU {gpu}; use kernels.configs=configMap with your own, or none",
+        )
     shape = modelshapes.model_shape(spec)
     files = for_shape(bundle, shape, gpu=gpu)
     if not files:
         bundled = "; ".join(bundled_shapes(bundle, gpu=gpu)) or "none of a model moelora knows"
-        raise SpecProblem("KernelConfigsNotFound", f"no bundled kernel configs for GPU {gpu} and the model's shape "
-                          f"({modelshapes.describe(shape)}); bundled for {gpu}: {bundled}. "
-                          "Use kernels.configs=configMap with your own, or none")
+        raise SpecProblem(
+            "KernelConfigsNotFound",
+            f"no bundled kernel configs for GPU {gpu} and the model's shape "
+            f"({modelshapes.describe(shape)}); bundled for {gpu}: {bundled}. "
+            "Use kernels.configs=configMap with your own, or none",
+        )
     size = sum(len(text.encode()) for text in files.values())
     if size > MAX_CONFIG_BYTES:
-        raise SpecProblem("KernelConfigsTooLarge", f"bundled kernel configs for {gpu} and "
-                          f"{modelshapes.describe(shape)} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}")
+        raise SpecProblem(
+            "KernelConfigsTooLarge",
+            f"bundled kernel configs for {gpu} and "
+            f"{modelshapes.describe(shape)} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}",
+        )
     taken: set[str] = set()
     keyed = {config_map_key(file_name, taken): (file_name, text) for file_name, text in files.items()}
     cm_name = owned_config_map_name(name)
     config_map = {
-        "apiVersion": "v1", "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
         "metadata": {"name": cm_name, "namespace": namespace, "labels": dict(labels)},
         "data": {key: text for key, (_, text) in keyed.items()},
     }

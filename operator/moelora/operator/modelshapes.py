@@ -31,8 +31,10 @@ def key(shape: MoeShape) -> tuple[int, int, int]:
 
 def describe(shape: MoeShape) -> str:
     """The shape in the CRD's own field names, so a message can be copied into spec.kernels.shape."""
-    return (f"hiddenSize={shape.hidden_size} moeIntermediateSize={shape.moe_intermediate_size} "
-            f"numExperts={shape.num_experts}")
+    return (
+        f"hiddenSize={shape.hidden_size} moeIntermediateSize={shape.moe_intermediate_size} "
+        f"numExperts={shape.num_experts}"
+    )
 
 
 def known_shape(model_name: str) -> MoeShape | None:
@@ -45,7 +47,10 @@ def model_shape(spec: ModelServerSpec) -> MoeShape:
         return spec.kernels.shape
     shape = known_shape(spec.model.name)
     if shape is None:
-        raise SpecProblem("ModelShapeUnknown", f"kernels.configs is auto, but moelora does not know the MoE shape of "
-                          f"{spec.model.name!r}; set kernels.shape from the model's config.json (hiddenSize, "
-                          "moeIntermediateSize, numExperts), or use kernels.configs=configMap or none")
+        raise SpecProblem(
+            "ModelShapeUnknown",
+            f"kernels.configs is auto, but moelora does not know the MoE shape of "
+            f"{spec.model.name!r}; set kernels.shape from the model's config.json (hiddenSize, "
+            "moeIntermediateSize, numExperts), or use kernels.configs=configMap or none",
+        )
     return shape

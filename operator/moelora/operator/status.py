@@ -17,7 +17,9 @@ ModelServer condition reasons (all conditions carry observedGeneration):
 
 The operator's verdicts on a spec (Degraded=True and Progressing=False with the same reason, plus one Warning
 Event; the running Deployment is left as it was): UnknownEngineFlag, ManagedEngineFlag (engineArgs sets what the
-spec sets), EngineArgValue (a value that does not fit its flag), ManagedEnvVar, SecretNotFound (spec.s3.credentialsSecret), ConfigMapNotFound (kernels.configMapName),
+spec sets), EngineArgValue (a value that does not fit its flag), ManagedEnvVar,
+SecretNotFound (spec.s3.credentialsSecret),
+ConfigMapNotFound (kernels.configMapName),
 GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), ModelShapeUnknown (auto for a
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
 model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse).
@@ -51,9 +53,16 @@ def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[s
 
 
 def model_server_status(
-    spec: ModelServerSpec, *, name: str, namespace: str, generation: int | None,
-    deployment: Mapping[str, Any] | None, problem: SpecProblem | None, adapters: AdapterCounts,
-    previous: ModelServerStatus, now: datetime.datetime,
+    spec: ModelServerSpec,
+    *,
+    name: str,
+    namespace: str,
+    generation: int | None,
+    deployment: Mapping[str, Any] | None,
+    problem: SpecProblem | None,
+    adapters: AdapterCounts,
+    previous: ModelServerStatus,
+    now: datetime.datetime,
 ) -> ModelServerStatus:
     """The whole ModelServer status. `previous` keeps lastTransitionTime of conditions that did not flip."""
     desired = spec.replicas
@@ -64,13 +73,22 @@ def model_server_status(
     available = int(dep_status.get("availableReplicas") or 0)
 
     def cond(kind: str, status: bool, reason: str, message: str) -> Condition:
-        return Condition(type=kind, status="True" if status else "False", reason=reason, message=message,
-                         observed_generation=generation)
+        return Condition(
+            type=kind,
+            status="True" if status else "False",
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+        )
 
     # Ready: is anything serving?
     if deployment is None:
-        ready_cond = cond("Ready", False, problem.reason if problem else "DeploymentNotFound",
-                          problem.message if problem else "the Deployment does not exist yet")
+        ready_cond = cond(
+            "Ready",
+            False,
+            problem.reason if problem else "DeploymentNotFound",
+            problem.message if problem else "the Deployment does not exist yet",
+        )
     elif desired == 0:
         ready_cond = cond("Ready", False, "ScaledToZero", "spec.replicas is 0")
     elif ready >= desired:
@@ -86,7 +104,9 @@ def model_server_status(
     dep_meta = (deployment or {}).get("metadata") or {}
     rolled_out = (
         int(dep_status.get("observedGeneration") or 0) >= int(dep_meta.get("generation") or 0)
-        and updated >= desired and current <= desired and available >= desired
+        and updated >= desired
+        and current <= desired
+        and available >= desired
     )
     if problem is not None:
         progressing = cond("Progressing", False, problem.reason, "the spec is not applied: " + problem.message)
@@ -95,8 +115,9 @@ def model_server_status(
     elif deadline_exceeded:
         progressing = cond("Progressing", False, "ProgressDeadlineExceeded", str(progress.get("message") or ""))
     elif not rolled_out:
-        progressing = cond("Progressing", True, "RollingOut",
-                           f"{updated}/{desired} replicas updated, {available} available")
+        progressing = cond(
+            "Progressing", True, "RollingOut", f"{updated}/{desired} replicas updated, {available} available"
+        )
     else:
         progressing = cond("Progressing", False, "RolledOut", "the Deployment runs the current spec")
 
@@ -107,8 +128,9 @@ def model_server_status(
     elif deadline_exceeded:
         degraded = cond("Degraded", True, "ProgressDeadlineExceeded", str(progress.get("message") or ""))
     elif failure is not None and failure.get("status") == "True":
-        degraded = cond("Degraded", True, str(failure.get("reason") or "ReplicaFailure"),
-                        str(failure.get("message") or ""))
+        degraded = cond(
+            "Degraded", True, str(failure.get("reason") or "ReplicaFailure"), str(failure.get("message") or "")
+        )
     else:
         degraded = cond("Degraded", False, "AsExpected", "")
 
@@ -136,8 +158,13 @@ def adapter_counts(phases: list[str]) -> AdapterCounts:
 
 
 def adapter_status_patch(
-    raw_status: Mapping[str, Any], *, served_name: str, generation: int | None, server_exists: bool,
-    pods: Mapping[str, bool], now: datetime.datetime,
+    raw_status: Mapping[str, Any],
+    *,
+    served_name: str,
+    generation: int | None,
+    server_exists: bool,
+    pods: Mapping[str, bool],
+    now: datetime.datetime,
 ) -> dict[str, Any]:
     """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready.
 
@@ -150,8 +177,11 @@ def adapter_status_patch(
 
     failed = [(pod, state) for pod, state in sorted(replicas.items()) if state.state == AdapterPhase.FAILED]
     if not server_exists:
-        phase, reason, message = AdapterPhase.FAILED, FailureReason.MODEL_SERVER_NOT_FOUND.value, \
-            "spec.modelServer names a ModelServer that does not exist in this namespace"
+        phase, reason, message = (
+            AdapterPhase.FAILED,
+            FailureReason.MODEL_SERVER_NOT_FOUND.value,
+            "spec.modelServer names a ModelServer that does not exist in this namespace",
+        )
     elif failed:
         pod, state = failed[0]
         phase = AdapterPhase.FAILED
@@ -162,25 +192,36 @@ def adapter_status_patch(
     elif any(state.state == AdapterPhase.DOWNLOADING or state.loaded for state in replicas.values()):
         # Loaded on some pods and still to come on others counts as work in progress too.
         loaded = sum(state.loaded for state in replicas.values())
-        phase, reason, message = AdapterPhase.DOWNLOADING, "Downloading", \
-            f"loaded on {loaded} of {len(ready_pods)} ready pod(s)"
+        phase, reason, message = (
+            AdapterPhase.DOWNLOADING,
+            "Downloading",
+            f"loaded on {loaded} of {len(ready_pods)} ready pod(s)",
+        )
     else:
         phase, reason = AdapterPhase.PENDING, "Pending"
         message = "waiting for a ready pod of the server" if not ready_pods else "waiting for the agents"
 
     def cond(kind: str, value: bool, why: str, text: str) -> Condition:
-        return Condition(type=kind, status="True" if value else "False", reason=why, message=text,
-                         observed_generation=generation)
+        return Condition(
+            type=kind, status="True" if value else "False", reason=why, message=text, observed_generation=generation
+        )
 
     conditions = list(status.conditions)
     conditions = set_condition(conditions, cond("Ready", phase == AdapterPhase.LOADED, reason, message), now=now)
     is_failed = phase == AdapterPhase.FAILED
-    conditions = set_condition(conditions, cond("Failed", is_failed, reason if is_failed else "AsExpected",
-                                                message if is_failed else ""), now=now)
+    conditions = set_condition(
+        conditions,
+        cond("Failed", is_failed, reason if is_failed else "AsExpected", message if is_failed else ""),
+        now=now,
+    )
 
     old = raw_status or {}
-    new = {"observedGeneration": generation, "phase": phase.value, "servedName": served_name,
-           "conditions": [c.to_wire() for c in conditions]}
+    new = {
+        "observedGeneration": generation,
+        "phase": phase.value,
+        "servedName": served_name,
+        "conditions": [c.to_wire() for c in conditions],
+    }
     patch: dict[str, Any] = {key: value for key, value in new.items() if old.get(key) != value}
     if gone:
         patch["replicas"] = {pod: None for pod in gone}
