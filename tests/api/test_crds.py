@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from moelora.api import __main__ as generator
-from moelora.api.crd import custom_resource_definitions
+from moelora.api.crd import custom_resource_definitions, render_yaml
 from moelora.local.kube import apply_defaults, schema_errors
 
 ROOT = pathlib.Path(__file__).parents[2]
@@ -138,6 +138,52 @@ def test_names_subresources_and_columns() -> None:
             for part in re.sub(r"\[\?.*?\]", "", column["jsonPath"]).strip(".").split("."):
                 node = (node.get("properties") or {}).get(part) or node.get("items", {}).get("properties", {}).get(part)
                 assert node is not None, f"{column['name']}: {column['jsonPath']} is not in the schema"
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+def test_every_field_is_described_for_kubectl_explain(kind: str) -> None:
+    schema = schema_of(kind)
+    undescribed = [
+        path or "<root>"
+        for path, node in walk(schema)
+        # Items and map values without fields of their own (strings, free-form objects) are explained by their field.
+        if not str(node.get("description", "")).strip() and (not path.endswith(("[]", "{}")) or "properties" in node)
+    ]
+    assert undescribed == []
+    assert len(walk(schema)) > 40
+
+
+def test_conditions_are_a_map_keyed_by_type() -> None:
+    for kind in CRDS:
+        conditions = schema_of(kind)["properties"]["status"]["properties"]["conditions"]
+        assert conditions["x-kubernetes-list-type"] == "map"
+        assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+        # The API server refuses a list-map key that is neither required nor defaulted.
+        assert "type" in conditions["items"]["required"] and "default" not in conditions["items"]["properties"]["type"]
+
+
+@pytest.mark.parametrize(
+    "path", [*sorted((ROOT / "crds").glob("*.yaml")), *sorted((ROOT / "charts/moelora/files/crds").glob("*.yaml"))]
+)
+def test_generated_yaml_has_no_anchors_or_aliases(path: pathlib.Path) -> None:
+    events = list(yaml.parse(path.read_text()))
+    assert not [event for event in events if isinstance(event, yaml.AliasEvent)]
+    assert not [event for event in events if getattr(event, "anchor", None)]
+
+
+def test_a_value_used_twice_is_written_twice() -> None:
+    shared = ["Pending", "Loaded"]
+    text = render_yaml({"a": shared, "b": shared})
+    assert "&" not in text and "*" not in text
+    assert yaml.safe_load(text) == {"a": shared, "b": shared}
+
+
+def test_kubectl_get_lora_shows_loaded_and_desired_replicas() -> None:
+    columns = {c["name"]: c for c in CRDS["LoRAAdapter"]["spec"]["versions"][0]["additionalPrinterColumns"]}
+    status = schema_of("LoRAAdapter")["properties"]["status"]["properties"]
+    for name, field in (("Loaded", "loadedReplicas"), ("Desired", "desiredReplicas")):
+        assert (columns[name]["type"], columns[name]["jsonPath"]) == ("integer", f".status.{field}")
+        assert status[field]["type"] == "integer"
 
 
 # --- bad input ------------------------------------------------------------------------------------------------------

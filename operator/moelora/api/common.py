@@ -30,12 +30,15 @@ class ApiModel(BaseModel):
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
+# A list of conditions is a map keyed by type, so server-side apply merges each condition instead of the whole list.
+CONDITIONS_LIST_MAP = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
 
 class Condition(ApiModel):
     """One observation of the object's state, in the shape of metav1.Condition."""
 
     type: str = Field(description="Ready, Progressing, Degraded (ModelServer); Ready, Failed (LoRAAdapter).")
-    status: ConditionStatus
+    status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase word a program can match on; see the README's troubleshooting.")
     message: str = Field(default="", description="What happened, for a person.")
     last_transition_time: datetime.datetime | None = Field(default=None, description="When status last changed.")

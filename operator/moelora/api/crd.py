@@ -40,6 +40,14 @@ _KEPT = {
     "x-kubernetes-int-or-string",
     "x-kubernetes-map-type",
     "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+}
+
+# The API server's own fields of every object, described as `kubectl explain` shows them.
+_OBJECT_FIELDS = {
+    "apiVersion": {"type": "string", "description": "The API group and version of this object: moelora.io/v1alpha1."},
+    "kind": {"type": "string", "description": "The object's kind."},
+    "metadata": {"type": "object", "description": "The standard object metadata: name, namespace, labels..."},
 }
 
 
@@ -92,12 +100,7 @@ def _root_schema(model: type[BaseModel], *, name_rule: dict[str, str] | None) ->
         "type": "object",
         "description": body.get("description", ""),
         "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object"},
-            **properties,
-        },
+        "properties": {**_OBJECT_FIELDS, **properties},
     }
     if name_rule:
         schema["x-kubernetes-validations"] = [name_rule]
@@ -184,6 +187,8 @@ def lora_adapter_crd() -> dict[str, Any]:
         columns=[
             {"name": "Server", "type": "string", "jsonPath": ".spec.modelServer"},
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Loaded", "type": "integer", "jsonPath": ".status.loadedReplicas"},
+            {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
             {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
             {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
         ],
@@ -197,5 +202,12 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
 HEADER = "# Generated from the pydantic models in operator/moelora/api by `python -m moelora.api`. Do not edit.\n"
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a value used twice (an enum shared by two fields) twice: anchors and aliases confuse readers and tools."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def render_yaml(crd: dict[str, Any]) -> str:
-    return HEADER + yaml.safe_dump(crd, sort_keys=False, width=120)
+    return HEADER + yaml.dump(crd, Dumper=_NoAliasDumper, sort_keys=False, width=120)

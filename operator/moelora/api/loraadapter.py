@@ -7,10 +7,12 @@ import enum
 
 from pydantic import ConfigDict, Field
 
-from moelora.api.common import DNS_LABEL, ApiModel, Condition, SecretRef
+from moelora.api.common import CONDITIONS_LIST_MAP, DNS_LABEL, ApiModel, Condition, SecretRef
 
 
 class AdapterPhase(str, enum.Enum):
+    """Pending, Downloading, Loaded or Failed."""
+
     PENDING = "Pending"
     DOWNLOADING = "Downloading"
     LOADED = "Loaded"
@@ -39,6 +41,8 @@ class FailureReason(str, enum.Enum):
 
 
 class AdapterSource(ApiModel):
+    """Where the adapter's files are in S3, and how to reach them."""
+
     uri: str = Field(
         pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?$",
         description="s3://bucket/prefix/ holding adapter_config.json and adapter_model.safetensors.",
@@ -46,7 +50,11 @@ class AdapterSource(ApiModel):
     endpoint_url: str | None = Field(
         default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores. Default: the ModelServer's."
     )
-    region: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
+    region: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+$",
+        description="The bucket's region, e.g. eu-west-1. Default: the ModelServer's.",
+    )
     credentials_secret: SecretRef | None = Field(
         default=None, description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials."
     )
@@ -78,6 +86,8 @@ class VersionPin(ApiModel):
 
 
 class LoRAAdapterSpec(ApiModel):
+    """Which ModelServer serves the adapter, where its files are, and the name clients ask for it by."""
+
     model_server: str = Field(
         pattern=DNS_LABEL, max_length=63, description="Name of the ModelServer (same namespace) that serves it."
     )
@@ -89,32 +99,60 @@ class LoRAAdapterSpec(ApiModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
         description="The `model` name clients send. Default: metadata.name.",
     )
-    pin: VersionPin | None = None
+    pin: VersionPin | None = Field(
+        default=None,
+        description="Serve only these exact weights (one of etag, sha256); anything else fails with VersionMismatch. "
+        "Default: whatever the prefix holds; a change there is loaded at the agents' next resync.",
+    )
 
 
 class ReplicaAdapterState(ApiModel):
     """This adapter on one pod, written by that pod's agent."""
 
-    loaded: bool = False
-    state: AdapterPhase = AdapterPhase.PENDING
-    reason: str | None = None
-    last_error: str | None = None
-    loaded_at: datetime.datetime | None = None
+    loaded: bool = Field(default=False, description="True while vLLM on this pod serves the adapter.")
+    state: AdapterPhase = Field(default=AdapterPhase.PENDING, description="Where this pod is with the adapter.")
+    reason: str | None = Field(
+        default=None, description="Why this pod does not serve it: a reason of the README's troubleshooting table."
+    )
+    last_error: str | None = Field(default=None, description="The last failure on this pod, for a person.")
+    loaded_at: datetime.datetime | None = Field(default=None, description="When vLLM on this pod loaded it.")
     version: str | None = Field(default=None, description="Digest of the weights this pod serves.")
 
 
 class LoRAAdapterStatus(ApiModel):
-    observed_generation: int | None = None
-    phase: AdapterPhase = AdapterPhase.PENDING
-    conditions: list[Condition] = Field(default_factory=list)
+    """Written by moelora: the roll-up by the operator, each pod's state and the adapter's own facts by the agents."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status was judged on."
+    )
+    phase: AdapterPhase = Field(
+        default=AdapterPhase.PENDING,
+        description="Loaded: served on every ready pod of the server. Downloading: on its way to some. Failed: see "
+        "the Failed condition's reason. Pending: no ready pod, or no agent has reported yet.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready and Failed, one of each; their reasons are in the README's troubleshooting table.",
+        json_schema_extra=CONDITIONS_LIST_MAP,
+    )
+    loaded_replicas: int | None = Field(
+        default=None, ge=0, description="Ready pods of the server that serve the adapter now."
+    )
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="Ready pods of the server, each of which should serve the adapter."
+    )
     replicas: dict[str, ReplicaAdapterState] = Field(
         default_factory=dict, description="Per pod name: a map, so each agent patches only its own key."
     )
-    served_name: str | None = None
-    rank: int | None = None
-    base_model: str | None = None
-    target_modules: list[str] | None = None
-    size_bytes: int | None = None
+    served_name: str | None = Field(default=None, description="The `model` name clients send to use the adapter.")
+    rank: int | None = Field(default=None, description="The LoRA rank (r) in adapter_config.json.")
+    base_model: str | None = Field(
+        default=None, description="base_model_name_or_path in adapter_config.json: the model it was trained on."
+    )
+    target_modules: list[str] | None = Field(
+        default=None, description="target_modules in adapter_config.json: the modules the adapter changes."
+    )
+    size_bytes: int | None = Field(default=None, description="Bytes of the adapter's files as downloaded.")
 
 
 class LoRAAdapter(ApiModel):

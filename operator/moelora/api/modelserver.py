@@ -7,7 +7,15 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from moelora.api.common import DNS_LABEL, DNS_SUBDOMAIN, QUANTITY, ApiModel, Condition, SecretRef
+from moelora.api.common import (
+    CONDITIONS_LIST_MAP,
+    DNS_LABEL,
+    DNS_SUBDOMAIN,
+    QUANTITY,
+    ApiModel,
+    Condition,
+    SecretRef,
+)
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -74,12 +82,16 @@ class LoRASpec(ApiModel):
 
 
 class KernelConfigMode(str, enum.Enum):
+    """Where the fused MoE-LoRA kernel configs come from: none, auto or configMap."""
+
     NONE = "none"
     AUTO = "auto"
     CONFIG_MAP = "configMap"
 
 
 class KernelImplementation(str, enum.Enum):
+    """Which fused MoE-LoRA kernel runs: vllm or moelora."""
+
     VLLM = "vllm"
     MOELORA = "moelora"
 
@@ -121,7 +133,13 @@ class KernelSpec(ApiModel):
         description="none: vLLM's defaults. auto: the bundled set for this model's shape and GPU. "
         "configMap: the ConfigMap named in configMapName.",
     )
-    config_map_name: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
+    config_map_name: str | None = Field(
+        default=None,
+        pattern=DNS_SUBDOMAIN,
+        max_length=253,
+        description="ConfigMap in the server's namespace whose keys are the kernel config JSON files (as the tuner "
+        "writes them). Required when configs is configMap, and only then.",
+    )
     shape: MoeShape | None = Field(
         default=None,
         description="The values from the model's config.json that auto matches the bundled sets against. Only "
@@ -137,10 +155,14 @@ class ResourceSpec(ApiModel):
     """Extra container resources for the vLLM container; GPUs come from `gpus`."""
 
     requests: dict[str, str] = Field(
-        default_factory=dict, json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}}
+        default_factory=dict,
+        description="Resource name to quantity, e.g. {cpu: '8', memory: 64Gi}: what the scheduler reserves.",
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
     )
     limits: dict[str, str] = Field(
-        default_factory=dict, json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}}
+        default_factory=dict,
+        description="Resource name to quantity, e.g. {memory: 96Gi}: the most the container may use.",
+        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
     )
 
 
@@ -154,10 +176,14 @@ class S3Spec(ApiModel):
     endpoint_url: str | None = Field(
         default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores (MinIO, Ceph...)."
     )
-    region: str | None = Field(default=None, pattern=r"^[a-z0-9-]+$")
+    region: str | None = Field(
+        default=None, pattern=r"^[a-z0-9-]+$", description="The buckets' region, e.g. eu-west-1 (the pods' AWS_REGION)."
+    )
 
 
 class AdapterCacheSpec(ApiModel):
+    """Each replica's disk cache of downloaded adapters."""
+
     size_limit: str = Field(
         default="20Gi",
         pattern=QUANTITY,
@@ -166,26 +192,48 @@ class AdapterCacheSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-    value: str = ""
+    """One environment variable of the vLLM container."""
+
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="The variable's name.")
+    value: str = Field(default="", description="Its value.")
 
 
 class ModelServerSpec(ApiModel):
+    """What to serve and how: the base model, replicas and GPUs, vLLM's LoRA limits, kernels and S3 access."""
+
     model: ModelSpec
     image: str | None = Field(
         default=None,
         min_length=1,
         description="vLLM serving image. Default: the operator's pinned moelora server image.",
     )
-    replicas: int = Field(default=1, ge=0, le=1000)
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Pods, each serving the whole model and every adapter. Also set by `kubectl scale` and "
+        "autoscalers (the scale subresource). 0 stops serving and keeps the adapters' objects.",
+    )
     gpus: int = Field(
         default=1, ge=0, le=16, description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU."
     )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": FREE_FORM})
-    affinity: dict[str, Any] | None = Field(default=None, json_schema_extra=FREE_FORM)
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the pods must run on. kernels.configs=auto reads the GPU model from "
+        "nvidia.com/gpu.product here.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Taints the pods tolerate (Kubernetes Toleration objects), e.g. those of a GPU node pool.",
+        json_schema_extra={"items": FREE_FORM},
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Affinity of the pods (a Kubernetes Affinity object), e.g. to spread replicas over nodes.",
+        json_schema_extra=FREE_FORM,
+    )
     lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
     kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
     engine_args: list[str] = Field(
@@ -193,7 +241,11 @@ class ModelServerSpec(ApiModel):
         max_length=100,
         description="Extra vLLM flags, e.g. ['--max-model-len=8192']. Flags moelora sets itself are refused.",
     )
-    env: list[EnvVar] = Field(default_factory=list, max_length=100)
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=100,
+        description="Extra environment variables of the vLLM container. Variables moelora sets itself are refused.",
+    )
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
     service_account_name: str | None = Field(
@@ -204,16 +256,27 @@ class ModelServerSpec(ApiModel):
 
 
 class AdapterCounts(ApiModel):
-    desired: int = 0
-    loaded: int = 0
-    failed: int = 0
+    """The LoRAAdapters that name this server, by phase."""
+
+    desired: int = Field(default=0, description="LoRAAdapters that name this server.")
+    loaded: int = Field(default=0, description="Of those, loaded on every ready pod (phase Loaded).")
+    failed: int = Field(default=0, description="Of those, failed (phase Failed).")
 
 
 class ModelServerStatus(ApiModel):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    replicas: int = 0
-    ready_replicas: int = 0
+    """Written by the operator, from the Deployment, its pods and the adapters."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation this status was judged on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing and Degraded, one of each; their reasons are in the README's "
+        "troubleshooting table.",
+        json_schema_extra=CONDITIONS_LIST_MAP,
+    )
+    replicas: int = Field(default=0, description="Pods of the server's Deployment, of any version.")
+    ready_replicas: int = Field(default=0, description="Pods ready to serve requests.")
     selector: str | None = Field(default=None, description="Label selector of the pods (for the scale subresource).")
     endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL inside the cluster.")
     adapters: AdapterCounts = Field(default_factory=AdapterCounts)
