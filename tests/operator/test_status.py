@@ -210,3 +210,11 @@ def test_nothing_to_write_when_unchanged() -> None:
     first = patch(status, {"p1": True})
     applied = LoRAAdapterStatus.model_validate({**status, **first}).to_wire()
     assert patch(applied, {"p1": True}) == {}
+
+
+def test_loaded_and_desired_count_the_ready_pods() -> None:
+    p = patch(
+        adapter({"p1": {"loaded": True, "state": "Loaded"}, "p3": {"loaded": True, "state": "Loaded"}}),
+        {"p1": True, "p2": True, "p3": False},
+    )
+    assert (p["loadedReplicas"], p["desiredReplicas"]) == (1, 2)

@@ -219,6 +219,9 @@ def adapter_status_patch(
     new = {
         "observedGeneration": generation,
         "phase": phase.value,
+        # What `kubectl get lora` shows as Loaded and Desired: the same ready pods the phase is judged on.
+        "loadedReplicas": sum(pod in replicas and replicas[pod].loaded for pod in ready_pods),
+        "desiredReplicas": len(ready_pods),
         "servedName": served_name,
         "conditions": [c.to_wire() for c in conditions],
     }
