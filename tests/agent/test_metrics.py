@@ -1,9 +1,14 @@
-"""Per-adapter metrics and the status server's three endpoints."""
+"""The agent's metrics, as the README documents them, and the status server's three endpoints."""
 
 from __future__ import annotations
 
+import pathlib
+import re
 import urllib.error
 import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from moelora.agent.metrics import Metrics, StatusServer
 
@@ -41,7 +46,6 @@ def test_forget_drops_every_series_of_a_deleted_adapter() -> None:
     metrics = Metrics()
     for name in ("gone", "kept"):
         metrics.loaded.labels(name, name).set(1)
-        metrics.load_seconds.labels(name).observe(0.5)
         metrics.downloaded.labels(name).inc(100)
         metrics.failures.labels(name, "SourceNotFound").inc()
         metrics.failures.labels(name, "RankTooHigh").inc()
@@ -50,3 +54,75 @@ def test_forget_drops_every_series_of_a_deleted_adapter() -> None:
     assert not [s for s in samples if s.labels.get("adapter") == "gone"]
     assert len({s.labels["reason"] for s in samples if s.name == "moelora_adapter_failures_total"}) == 2
     assert metrics.registry.get_sample_value("moelora_adapter_downloaded_bytes_total", {"adapter": "kept"}) == 100
+
+
+# --- the README's table is the contract -------------------------------------------------------------------------
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+
+
+def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
+    """{name: (type, label names)} from the README's metrics table."""
+    section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        name, kind, labels = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        table[name.strip("`")] = (kind, frozenset(label.strip() for label in labels.split(",") if label.strip()))
+    return table
+
+
+def recorded() -> Metrics:
+    """Every metric with a sample: a labelled metric without one exposes no label names."""
+    metrics = Metrics()
+    metrics.loaded.labels(adapter="a", served_name="team/a").set(1)
+    metrics.failures.labels(adapter="a", reason="RankTooHigh").inc()
+    metrics.downloaded.labels(adapter="a").inc(100)
+    metrics.load_seconds.observe(2.5)
+    metrics.cache_bytes.set(100)
+    metrics.ready.set(1)
+    return metrics
+
+
+def exposed(metrics: Metrics) -> list[Any]:
+    server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: True, alive=lambda: True)
+    server.start()
+    try:
+        status, _, body = fetch(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
+    assert status == 200
+    return list(text_string_to_metric_families(body))
+
+
+def test_exposition_matches_the_readme_table_both_ways() -> None:
+    families = exposed(recorded())
+    found = {}
+    for family in families:
+        names = {sample.name for sample in family.samples}
+        assert names == {family.name + suffix for suffix in SUFFIXES[family.type]}, family.name
+        query_name = family.name + "_total" if family.type == "counter" else family.name
+        labels = {label for sample in family.samples for label in sample.labels} - {"le"}
+        found[query_name] = (family.type, frozenset(labels))
+    assert found == readme_metrics()
+
+
+def test_no_created_series() -> None:
+    samples = [sample.name for family in exposed(recorded()) for sample in family.samples]
+    assert samples and not [name for name in samples if name.endswith("_created")]
+
+
+def test_series_per_pod_are_bounded_as_the_readme_says() -> None:
+    """Adapters add only per-adapter gauges and counters; the rest is a fixed count, stated in the README."""
+    metrics = recorded()
+    for index in range(50):
+        metrics.loaded.labels(adapter=f"x{index}", served_name=f"x{index}").set(1)
+        metrics.downloaded.labels(adapter=f"x{index}").inc(1)
+        metrics.load_seconds.observe(index)
+    samples = [sample for family in exposed(metrics) for sample in family.samples]
+    per_adapter = [sample for sample in samples if "adapter" in sample.labels]
+    assert len(per_adapter) == 2 * 51 + 1  # the two series of each adapter, and "a"'s one failure reason
+    fixed = len(samples) - len(per_adapter)
+    stated = re.search(r"and (\d+) more whatever the number of adapters", README.read_text())
+    assert stated and int(stated.group(1)) == fixed

@@ -222,7 +222,7 @@ class Agent:
         record.permanent = False
         record.loaded_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         if observe and record.started is not None:
-            self.metrics.load_seconds.labels(record.name).observe(self.monotonic() - record.started)
+            self.metrics.load_seconds.observe(self.monotonic() - record.started)
         record.started = None
         self.metrics.loaded.labels(record.name, record.served_name).set(1)
         if record.version:
