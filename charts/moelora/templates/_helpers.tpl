@@ -97,3 +97,19 @@ app.kubernetes.io/component: operator
 {{- toJson (list .Release.Namespace) }}
 {{- end }}
 {{- end }}
+
+{{/* Labels the operator puts on every server pod and Service it creates (moelora.operator.naming): the monitors select by them. */}}
+{{- define "moelora.serverSelectorLabels" -}}
+app.kubernetes.io/name: moelora-server
+app.kubernetes.io/managed-by: moelora
+{{- end }}
+
+{{/* Where server pods can run, as a Prometheus Operator namespaceSelector: the watched namespaces, or all. */}}
+{{- define "moelora.serverNamespaceSelector" -}}
+{{- if .Values.watchNamespaces }}
+matchNames:
+  {{- toYaml (.Values.watchNamespaces | uniq) | nindent 2 }}
+{{- else }}
+any: true
+{{- end }}
+{{- end }}

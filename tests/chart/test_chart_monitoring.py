@@ -1,0 +1,299 @@
+"""The chart's optional monitoring: a PodMonitor or ServiceMonitor of the server pods, and a Grafana dashboard.
+
+The server pods and Services are the operator's, not the chart's, so the monitors are checked against what the
+operator's own builders render: their selector must match those labels and every scraped port name must exist there.
+The monitors themselves are checked against the Prometheus Operator's published CRD facts (CRD_FACTS below), and
+the dashboard's queries may name only metrics that exist: the agent's, from its registry, and vLLM's (VLLM_METRICS).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import pathlib
+import re
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from moelora.agent.metrics import Metrics
+from moelora.api import ModelServerSpec
+from moelora.operator import deployment, naming, service
+from moelora.operator.settings import Settings
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "moelora"
+NAMESPACE = "moelora-system"
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "pod-monitor": {
+        "watchNamespaces": ["serving", "staging"],
+        "monitoring": {
+            "podMonitor": {"enabled": True, "labels": {"release": "kps"}, "interval": "30s", "scrapeTimeout": "10s"},
+            "dashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "LLM"}},
+        },
+    },
+    "service-monitor": {"monitoring": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}}},
+}
+
+# The Prometheus Operator's monitoring.coreos.com/v1 CRDs as published (example/prometheus-operator-crd/ of
+# prometheus-operator, 0.84 and 0.91): the fields the chart writes, with their types, the required ones, and the
+# duration pattern. Closed objects, so a misspelt field (which the API server would silently prune) fails here.
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"sourceLabels": {"type": "array", "items": {"type": "string"}}, "targetLabel": {"type": "string"}},
+}
+_ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["port"],  # not required by the CRD, but without a port name nothing names what to scrape
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "relabelings": {"type": "array", "items": _RELABEL},
+    },
+}
+_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+}
+_NAMESPACE_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
+}
+
+
+def _monitor_schema(endpoints: str, required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": required,
+                "properties": {
+                    "selector": _SELECTOR,
+                    "namespaceSelector": _NAMESPACE_SELECTOR,
+                    endpoints: {"type": "array", "items": _ENDPOINT, "minItems": 1},
+                },
+            },
+        },
+    }
+
+
+CRD_FACTS = {
+    "PodMonitor": _monitor_schema("podMetricsEndpoints", ["selector"]),
+    "ServiceMonitor": _monitor_schema("endpoints", ["endpoints", "selector"]),
+}
+
+# vLLM's metrics the dashboard reads, with their types: the V1 engine's PrometheusStatLogger
+# (vllm/v1/metrics/loggers.py) defines them; test_vllm_metric_names_are_defined_by_vllm checks the installed vLLM.
+# Counters and histograms are exposed with prometheus_client's suffixes (_total; _bucket, _sum, _count).
+VLLM_METRICS = {
+    "vllm:lora_requests_info": "gauge",  # labels running_lora_adapters, waiting_lora_adapters, max_lora
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",  # label finished_reason
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+}
+SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+@functools.cache
+def _render(name: str) -> tuple[tuple[str, str], ...]:
+    chart = helm.Chart.load(CHART)
+    manifests = chart.render(copy.deepcopy(VALUE_SETS[name]), name="moelora", namespace=NAMESPACE, is_install=True)
+    return tuple(sorted(manifests.items()))
+
+
+def render(name: str) -> list[dict[str, Any]]:
+    return [
+        doc for path, text in _render(name) if not path.endswith("NOTES.txt") for doc in yaml.safe_load_all(text) if doc
+    ]
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [obj for obj in objects if obj["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def server_objects() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod template and the Service the operator renders for a ModelServer."""
+    spec = ModelServerSpec.model_validate({"model": {"name": "org/tiny-moe"}})
+    settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1")
+    pod = deployment.deployment(spec, name="srv", namespace="serving", settings=settings)["spec"]["template"]
+    return pod, service.service(name="srv", namespace="serving")
+
+
+def meta_label(role: str, key: str) -> str:
+    """Prometheus' Kubernetes discovery label of an object label: non-alphanumerics become underscores."""
+    return f"__meta_kubernetes_{role}_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+# --- the monitors ---------------------------------------------------------------------------------------------
+
+
+def test_off_by_default() -> None:
+    manifests = helm.Chart.load(CHART).render({}, name="moelora", namespace=NAMESPACE)
+    assert not manifests.get("moelora/templates/monitoring.yaml", "").strip()
+    assert not manifests.get("moelora/templates/dashboard.yaml", "").strip()
+
+
+@pytest.mark.parametrize(("value_set", "kind"), [("pod-monitor", "PodMonitor"), ("service-monitor", "ServiceMonitor")])
+def test_monitor_follows_the_prometheus_operator_crd(value_set: str, kind: str) -> None:
+    objects = render(value_set)
+    monitor = one(objects, kind)
+    jsonschema.validate(monitor, CRD_FACTS[kind])
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert not [obj for obj in objects if obj["kind"] in {"PodMonitor", "ServiceMonitor"} - {kind}]
+
+
+def test_pod_monitor_scrapes_the_agent_and_vllm_ports_of_the_operators_pods() -> None:
+    monitor = one(render("pod-monitor"), "PodMonitor")
+    pod, _ = server_objects()
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    ports = {
+        port["name"]: (container["name"], port["containerPort"])
+        for container in pod["spec"]["containers"]
+        for port in container.get("ports", [])
+    }
+    scraped = {endpoint["port"]: ports.get(endpoint["port"]) for endpoint in monitor["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"http": ("vllm", 8000), "agent": ("agent", service.AGENT_PORT)}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert (endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == ("/metrics", "30s", "10s")
+        relabel = endpoint["relabelings"][0]
+        assert relabel == {"sourceLabels": [meta_label("pod", naming.LABEL_SERVER)], "targetLabel": "model_server"}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["serving", "staging"]}
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+def test_service_monitor_scrapes_the_ports_of_the_operators_service() -> None:
+    monitor = one(render("service-monitor"), "ServiceMonitor")
+    pod, svc = server_objects()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    container_ports = {port["name"] for c in pod["spec"]["containers"] for port in c.get("ports", [])}
+    service_ports = {port["name"]: port for port in svc["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert endpoint["port"] in service_ports
+        assert service_ports[endpoint["port"]]["targetPort"] in container_ports
+        assert endpoint["relabelings"][0]["sourceLabels"] == [meta_label("service", naming.LABEL_SERVER)]
+        assert "interval" not in endpoint  # empty value: Prometheus' own
+    assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} == {"http", "agent-metrics"}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}  # all namespaces are watched
+
+
+def test_both_monitors_at_once_are_refused() -> None:
+    values = {"monitoring": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
+    with pytest.raises(helm.HelmRenderError, match="not both"):
+        helm.Chart.load(CHART).render(values, name="moelora", namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("bad", [{"interval": "30 seconds"}, {"scrapeTimeout": "10"}, {"enable": True}])
+def test_schema_rejects_bad_monitor_values(bad: dict[str, Any]) -> None:
+    with pytest.raises(helm.HelmValuesError):
+        helm.Chart.load(CHART).render({"monitoring": {"podMonitor": bad}}, name="moelora", namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_lint_is_clean(value_set: str) -> None:
+    report = helm.lint(CHART, copy.deepcopy(VALUE_SETS[value_set]), strict=True, namespace=NAMESPACE)
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+# --- the dashboard --------------------------------------------------------------------------------------------
+
+
+def dashboard(value_set: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    config_map = one(render(value_set), "ConfigMap")
+    return config_map, json.loads(config_map["data"]["moelora.json"])
+
+
+def exprs(board: dict[str, Any]) -> list[str]:
+    found = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
+    return found + [variable["definition"] for variable in board["templating"]["list"] if variable["type"] == "query"]
+
+
+def our_metric_names() -> set[str]:
+    """The names the agent's registry exposes, with the suffixes of each type."""
+    return {family.name + suffix for family in Metrics().registry.collect() for suffix in SUFFIXES[family.type]}
+
+
+def test_dashboard_configmap_is_for_grafanas_sidecar() -> None:
+    for value_set, namespace in (("pod-monitor", "monitoring"), ("service-monitor", NAMESPACE)):
+        config_map, board = dashboard(value_set)
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert config_map["metadata"]["namespace"] == namespace
+        for version in ("1.29.0", "1.37.0"):
+            kubernetes_validate.validate(config_map, version, strict=True)
+        assert board == json.loads((CHART / "files" / "dashboards" / "moelora.json").read_text())
+    assert one(render("pod-monitor"), "ConfigMap")["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+
+
+def test_dashboard_panels_are_well_formed() -> None:
+    _, board = dashboard("pod-monitor")
+    assert board["uid"] and board["title"]
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {variable["name"] for variable in board["templating"]["list"]}
+    assert variables == {"datasource", "namespace", "model_server"}
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}" and panel["title"] and panel["description"]
+        for target in panel["targets"]:
+            # model_server exists only through the monitors' relabelings: every query filters on it.
+            assert 'namespace=~"$namespace", model_server=~"$model_server"' in target["expr"], panel["title"]
+            expr = re.sub(r'"[^"]*"', "", target["expr"])  # label values may hold any character
+            assert (expr.count("("), expr.count("{"), expr.count("[")) == (
+                expr.count(")"),
+                expr.count("}"),
+                expr.count("]"),
+            ), target["expr"]
+
+
+def test_dashboard_queries_name_only_metrics_that_exist() -> None:
+    _, board = dashboard("pod-monitor")
+    known = our_metric_names() | {name + suffix for name, kind in VLLM_METRICS.items() for suffix in SUFFIXES[kind]}
+    used = set()
+    for expr in exprs(board):
+        names = set(re.findall(r"(?<![\w:])(moelora_\w+|vllm:[\w:]+)", expr))
+        assert names, f"names no metric: {expr}"
+        used |= names
+    assert used - known == set()
+    # Every metric of the agent appears on the dashboard.
+    assert {name.removesuffix("_total") for name in used} >= {
+        family.name for family in Metrics().registry.collect() if family.type != "histogram"
+    }
+
+
+def test_vllm_metric_names_are_defined_by_vllm() -> None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed")
+    source = (pathlib.Path(spec.submodule_search_locations[0]) / "v1" / "metrics" / "loggers.py").read_text()
+    for name, kind in VLLM_METRICS.items():
+        assert re.search(rf'_{kind}_cls\(\s*name="{re.escape(name)}"', source), name
