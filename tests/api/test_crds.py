@@ -163,7 +163,13 @@ def test_conditions_are_a_map_keyed_by_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", [*sorted((ROOT / "crds").glob("*.yaml")), *sorted((ROOT / "charts/moelora/files/crds").glob("*.yaml"))]
+    "path",
+    [
+        path
+        for folder in ("crds", "charts/moelora/files/crds", "charts/moelora/crds")
+        for path in sorted((ROOT / folder).glob("*.yaml"))
+    ],
+    ids=lambda path: str(path.relative_to(ROOT)),
 )
 def test_generated_yaml_has_no_anchors_or_aliases(path: pathlib.Path) -> None:
     events = list(yaml.parse(path.read_text()))
