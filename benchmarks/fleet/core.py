@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -76,11 +77,29 @@ def round_robin() -> Router:
     return lambda adapter, now, replicas: next(counter) % len(replicas)
 
 
-def affinity(holders: Sequence[Sequence[int]]) -> Router:
-    """Only replicas holding the adapter, the one with the fewest requests in flight; ties go to the best-ranked."""
+def random_spread(seed: int) -> Router:
+    """What kube-proxy's default (iptables) mode does: a replica drawn at random for each connection."""
+    rng = random.Random(seed)
+    return lambda adapter, now, replicas: rng.randrange(len(replicas))
+
+
+def affinity(holders: Sequence[Sequence[int]], slack: int | None = None) -> Router:
+    """Only replicas holding the adapter, the one with the fewest requests in flight; ties go to the best-ranked.
+
+    With `slack`, a holder that has the adapter on its GPU already is preferred while it has at most `slack` more
+    requests in flight than the least-loaded holder, as the inference extension's picker prefers active adapters.
+    """
 
     def pick(adapter: int, now: float, replicas: Sequence[Replica]) -> int:
-        return min(holders[adapter], key=lambda index: replicas[index].in_flight(now))
+        load = {index: replicas[index].in_flight(now) for index in holders[adapter]}
+        least = min(load, key=load.__getitem__)
+        if slack is not None:
+            active = [index for index in load if adapter in replicas[index].gpu]
+            if active:
+                best = min(active, key=load.__getitem__)
+                if load[best] <= load[least] + slack:
+                    return best
+        return least
 
     return pick
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.core import DISK, GPU, Costs, Replica, Stats, affinity, round_robin, run
+from fleet.core import DISK, GPU, Costs, Replica, Router, Stats, affinity, random_spread, round_robin, run
 from fleet.workload import requests, zipf_shares
 from moelora.operator import placement
 
@@ -67,7 +67,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--s3-mibps", type=float, default=458.0, help="measured: agent download, s3rver on loopback (benchmarks.md)"
     )
+    p.add_argument(
+        "--copy-rate",
+        type=float,
+        default=0.0,
+        help="req/s one copy should carry (default: rate-per-replica / max-cpu-loras)",
+    )
     p.add_argument("--disk-slack", type=float, default=1.2, help="placement's disk budget / a replica's fair share")
+    p.add_argument(
+        "--affinity-slack",
+        type=int,
+        default=4,
+        help="GPU-first picker: a holder with the adapter active may have this many more requests in flight",
+    )
     p.add_argument("--target", type=ints, default=[1000, 16], help="the (adapters, replicas) cell judged")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="", help="write the PNG here")
@@ -87,7 +99,7 @@ def place(args: argparse.Namespace, shares: np.ndarray, sizes: list[float], repl
     counts = placement.replica_counts(
         {name: share * rate for name, share in zip(names, shares.tolist())},
         replicas=replicas,
-        copy_rate=args.rate_per_replica / args.max_cpu_loras,
+        copy_rate=args.copy_rate or args.rate_per_replica / args.max_cpu_loras,
     )
     adapters = [placement.Adapter(name, int(size * GB), counts[name]) for name, size in zip(names, sizes)]
     if budget is None:
@@ -96,34 +108,52 @@ def place(args: argparse.Namespace, shares: np.ndarray, sizes: list[float], repl
     return placement.place(adapters, fleet), budget
 
 
-def cells(args: argparse.Namespace, adapters: int, replicas: int) -> tuple[Cell, Cell]:
+LAYOUTS = {
+    "all-on-all": "all-on-all, round-robin",
+    "all-on-all-random": "all-on-all, random (kube-proxy iptables)",
+    "placement": "placement, least-loaded holder",
+    "placement-gpu-first": "placement, GPU-resident holder first",
+}
+
+
+def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
+    """The four layouts of one (adapters, replicas) cell, on the same request stream."""
     shares = zipf_shares(adapters, args.zipf)
     sizes = adapter_sizes(args, adapters)
     stream = requests(shares, rate=args.rate_per_replica * replicas, count=args.requests, seed=args.seed)
     costs = Costs(h2d_gbps=args.h2d_gbps, disk_gbps=args.disk_gbps)
-    warmup = int(args.warmup * args.requests)
-    new = lambda: [Replica(args.max_loras, args.max_cpu_loras) for _ in range(replicas)]  # noqa: E731
     s3_gbps = args.s3_mibps * 2**20 / GB
+    index = lambda name: int(name.rsplit("-", 1)[1])  # noqa: E731
 
-    everywhere = run(stream, new(), round_robin(), sizes, costs, service_s=args.service_s, warmup=warmup)
+    def serve(router: Router) -> Stats:
+        fleet = [Replica(args.max_loras, args.max_cpu_loras) for _ in range(replicas)]
+        return run(stream, fleet, router, sizes, costs, service_s=args.service_s, warmup=int(args.warmup * len(stream)))
+
     total_gb = sum(sizes)
-    a = Cell(adapters, replicas, "all-on-all", everywhere, total_gb, total_gb, 0.0, total_gb / s3_gbps)
-
+    everywhere = dict(disk_gb=total_gb, scale_gb=total_gb, scale_moved=0.0, new_pod_s=total_gb / s3_gbps)
+    result = [
+        Cell(adapters, replicas, "all-on-all", serve(round_robin()), **everywhere),
+        Cell(adapters, replicas, "all-on-all-random", serve(random_spread(args.seed)), **everywhere),
+    ]
     placed, budget = place(args, shares, sizes, replicas, None)
-    holders = [[int(home.rsplit("-", 1)[1]) for home in placed.homes[f"adapter-{i}"]] for i in range(adapters)]
+    holders = [[index(home) for home in placed.homes[f"adapter-{i}"]] for i in range(adapters)]
     if any(not found for found in holders):
         raise SystemExit(f"{adapters} adapters x {replicas} replicas: an adapter has no replica; raise --disk-slack")
-    served = run(stream, new(), affinity(holders), sizes, costs, service_s=args.service_s, warmup=warmup)
-    held = placed.held()
-    disk_gb = max(sum(sizes[int(name.rsplit("-", 1)[1])] for name in names) for names in held.values())
+    disk_gb = max(sum(sizes[index(name)] for name in names) for names in placed.held().values())
     scaled, _ = place(args, shares, sizes, replicas + 1, budget)
     moves = placement.plan(placed.homes, scaled.homes)
-    loaded_gb = sum(sizes[int(name.rsplit("-", 1)[1])] for name, _ in moves.loads)
-    newcomer_gb = sum(sizes[int(name.rsplit("-", 1)[1])] for name, home in moves.loads if home == f"ms-{replicas}")
-    moved = len({unload.adapter for unload in moves.unloads}) / adapters
-    short = sum(placed.short.values())
-    b = Cell(adapters, replicas, "placement", served, disk_gb, loaded_gb, moved, newcomer_gb / s3_gbps, short)
-    return a, b
+    newcomer_gb = sum(sizes[index(name)] for name, home in moves.loads if home == f"ms-{replicas}")
+    common = dict(
+        disk_gb=disk_gb,
+        scale_gb=sum(sizes[index(name)] for name, _ in moves.loads),
+        scale_moved=len({unload.adapter for unload in moves.unloads}) / adapters,
+        new_pod_s=newcomer_gb / s3_gbps,
+        short=sum(placed.short.values()),
+    )
+    result.append(Cell(adapters, replicas, "placement", serve(affinity(holders)), **common))
+    gpu_first = affinity(holders, slack=args.affinity_slack)
+    result.append(Cell(adapters, replicas, "placement-gpu-first", serve(gpu_first), **common))
+    return result
 
 
 HEADER = (
@@ -135,7 +165,7 @@ HEADER = (
 
 def row(cell: Cell) -> str:
     s = cell.stats
-    routing = "all-on-all, round-robin" if cell.strategy == "all-on-all" else "placement, affinity"
+    routing = LAYOUTS[cell.strategy]
     return (
         f"| {cell.adapters} | {cell.replicas} | {routing} | {s.share(GPU):.1%} | {s.cpu_hit():.1%} | "
         f"{s.share(DISK):.1%} | {s.quantile(0.5) * 1e3:.0f} | {s.quantile(0.99) * 1e3:.0f} | "
@@ -145,19 +175,25 @@ def row(cell: Cell) -> str:
     )
 
 
-def verdicts(a: Cell, b: Cell) -> list[str]:
-    limit_moved = 1.2 / (a.replicas + 1)
-    p99_a, p99_b = a.stats.quantile(0.99), b.stats.quantile(0.99)
-    checks = [
-        ("disk per pod ≤ 10% of all-on-all", f"{b.disk_gb:.1f} / {a.disk_gb:.1f} GB = {b.disk_gb / a.disk_gb:.1%}",
-         b.disk_gb <= 0.1 * a.disk_gb),
-        ("p99 added TTFT ≤ 1/5 of all-on-all's", f"{p99_b * 1e3:.0f} / {p99_a * 1e3:.0f} ms",
-         p99_b <= p99_a / 5),
-        (f"scale {a.replicas}→{a.replicas + 1} moves ≤ 1.2 × 1/{a.replicas + 1} = {limit_moved:.1%}",
-         f"{b.scale_moved:.1%} of adapters", b.scale_moved <= limit_moved),
-    ]  # fmt: skip
-    lines = ["| target | measured | result |", "|---|---|---|"]
-    lines += [f"| {name} | {measured} | {'pass' if ok else 'FAIL'} |" for name, measured, ok in checks]
+def verdicts(cell_list: list[Cell]) -> list[str]:
+    """The issue's three targets, each placement layout against all-on-all with round-robin."""
+    base = next(c for c in cell_list if c.strategy == "all-on-all")
+    limit_moved = 1.2 / (base.replicas + 1)
+    p99_a = base.stats.quantile(0.99)
+    lines = ["| layout + routing | target | measured | result |", "|---|---|---|---|"]
+    for b in (c for c in cell_list if c.strategy.startswith("placement")):
+        p99_b, share = b.stats.quantile(0.99), base.disk_gb
+        checks = [
+            ("disk per pod ≤ 10% of all-on-all", f"{b.disk_gb:.1f} / {base.disk_gb:.1f} GB = {b.disk_gb / share:.1%}",
+             b.disk_gb <= 0.1 * base.disk_gb),
+            ("p99 added TTFT ≤ 1/5 of all-on-all round-robin's", f"{p99_b * 1e3:.0f} / {p99_a * 1e3:.0f} ms",
+             p99_b <= p99_a / 5),
+            (f"scale {b.replicas}→{b.replicas + 1} moves ≤ 1.2 × 1/{b.replicas + 1} = {limit_moved:.1%}",
+             f"{b.scale_moved:.1%} of adapters", b.scale_moved <= limit_moved),
+        ]  # fmt: skip
+        lines += [
+            f"| {LAYOUTS[b.strategy]} | {name} | {got} | {'pass' if ok else 'FAIL'} |" for name, got, ok in checks
+        ]
     return lines
 
 
@@ -174,11 +210,11 @@ def plot(path: str, results: list[Cell]) -> None:
         ("disk per pod (GB)", lambda c: c.disk_gb, "log"),
     ]
     for axis, (title, value, scale) in zip(axes, panels):
-        for replicas in sorted({c.replicas for c in results}):
-            for strategy, style in (("all-on-all", "--"), ("placement", "-")):
+        for color, replicas in enumerate(sorted({c.replicas for c in results})):
+            for strategy, style in (("all-on-all", "--"), ("placement", "-"), ("placement-gpu-first", ":")):
                 chosen = [c for c in results if c.replicas == replicas and c.strategy == strategy]
-                label = f"{strategy}, {replicas} replicas"
-                axis.plot([c.adapters for c in chosen], [value(c) for c in chosen], style, marker="o", label=label)
+                xs, ys = [c.adapters for c in chosen], [value(c) for c in chosen]
+                axis.plot(xs, ys, style, color=f"C{color}", marker="o", label=f"{LAYOUTS[strategy]}, {replicas}")
         axis.set_xscale("log")
         axis.set_yscale(scale)
         axis.set_xlabel("adapters")
@@ -199,20 +235,21 @@ def main(argv: list[str] | None = None) -> None:
     results: list[Cell] = []
     for adapters in args.adapters:
         for replicas in args.replicas:
-            pair = cells(args, adapters, replicas)
-            results.extend(pair)
-            for cell in pair:
+            layouts = cells(args, adapters, replicas)
+            results.extend(layouts)
+            for cell in layouts:
                 print(row(cell), flush=True)
-            if pair[1].short:
-                print(f"<!-- {pair[1].short} copies found no room -->")
+    short = [f"{c.adapters} x {c.replicas}: {c.short}" for c in results if c.short]
+    if short:
+        print(f"\nExtra copies the disk budgets had no room for (adapters x replicas: copies): {'; '.join(short)}")
     target = [c for c in results if [c.adapters, c.replicas] == args.target]
-    if len(target) == 2:
+    if target:
         print(f"\nTargets at {args.target[0]} adapters x {args.target[1]} replicas:\n")
-        print("\n".join(verdicts(*target)))
+        print("\n".join(verdicts(target)))
     if args.plot:
         plot(args.plot, results)
         print(f"\nplot: {args.plot}")
-    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 2 layouts x {args.requests} requests "
+    print(f"\n{len(args.adapters) * len(args.replicas)} cells x {len(LAYOUTS)} layouts x {args.requests} requests "
           f"in {time.time() - started:.0f} s")  # fmt: skip
 
 

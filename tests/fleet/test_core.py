@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleet.core import CPU, DISK, GPU, Costs, Replica, affinity, round_robin, run
+from fleet.core import CPU, DISK, GPU, Costs, Replica, affinity, random_spread, round_robin, run
 from fleet.workload import requests, zipf_shares
 
 # 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more.
@@ -62,3 +62,21 @@ def test_zipf_shares_and_seeded_requests() -> None:
     assert times == sorted(times)
     assert times[-1] == pytest.approx(200.0, rel=0.1)
     assert sum(adapter == 0 for _, adapter in first) / 2000 == pytest.approx(shares[0], abs=0.03)
+
+
+def test_gpu_first_prefers_an_active_holder_within_the_slack() -> None:
+    replicas = fleet()
+    replicas[1].gpu[0] = 0.0
+    replicas[1].finishes = [9.0, 9.0]
+    pick = affinity([[0, 1]], slack=2)
+    assert pick(0, 1.0, replicas) == 1  # two more in flight than replica 0: still within the slack
+    replicas[1].finishes.append(9.0)
+    assert pick(0, 1.0, replicas) == 0  # three more: the least-loaded holder wins
+    assert affinity([[0, 1]])(0, 1.0, replicas) == 0
+
+
+def test_random_spread_is_seeded() -> None:
+    replicas = fleet()
+    router_a, router_b = random_spread(3), random_spread(3)
+    picks = [router_a(0, 0.0, replicas) for _ in range(50)]
+    assert picks == [router_b(0, 0.0, replicas) for _ in range(50)] and set(picks) == {0, 1}
