@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             results.extend(layouts)
             for cell in layouts:
                 print(row(cell), flush=True)
-    short = [f"{c.adapters} x {c.replicas}: {c.short}" for c in results if c.short]
+    short = [f"{c.adapters} x {c.replicas}: {c.short}" for c in results if c.short and c.strategy == "placement"]
     if short:
         print(f"\nExtra copies the disk budgets had no room for (adapters x replicas: copies): {'; '.join(short)}")
     target = [c for c in results if [c.adapters, c.replicas] == args.target]
