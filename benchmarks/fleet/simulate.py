@@ -2,11 +2,13 @@
 
     PYTHONPATH=operator:image:kernels:benchmarks .venv/bin/python -m fleet.simulate [--plot docs/fleet-simulation.png]
 
-For every (adapters, replicas) cell, one seeded request stream is served twice: (a) today's layout, every adapter
-on every replica and each request to the next replica in turn (a ClusterIP Service); (b) `moelora.operator.placement`
-(copies per adapter from its request rate, a disk budget per replica) and each request to the least-loaded replica
-holding its adapter (the Gateway API Inference Extension endpoint picker's LoRA affinity). The scale event re-places
-the same adapters on N+1 replicas with the same disk budget and counts what the make-before-break plan loads.
+For every (adapters, replicas) cell, one seeded request stream is served four times: today's layout, every adapter
+on every replica, with each request to the next replica in turn or to a random one (a ClusterIP Service); and
+`moelora.operator.placement` (copies per adapter from its request rate, a disk budget per replica) with each request
+to the least-loaded replica holding its adapter, or to a holder that has it on the GPU already unless that one is
+busier by more than a slack (the Gateway API Inference Extension endpoint picker's LoRA affinity). The scale event
+re-places the same adapters on N+1 replicas with the same disk budget and counts what the make-before-break plan
+loads.
 Where each default comes from is in its help text and in docs/fleet-simulation.md.
 """
 
