@@ -1,0 +1,170 @@
+"""Which replicas of a ModelServer hold which adapters: pure functions of names, sizes, counts and capacities.
+
+Each adapter lives on a few of its server's replicas instead of all of them. The replicas are chosen by weighted
+rendezvous (highest-random-weight) hashing: every (adapter, replica) pair gets a score that depends only on the two
+names and the replica's weight, and an adapter's copies go to its best-scoring replicas that have room.
+
+Stable replica identities are what make this cheap to change. The score of a pair never depends on the other
+replicas, so adding `<ms>-N` to `<ms>-0 .. <ms>-(N-1)` moves only the copies for which the new replica now outranks
+one of the old homes (about 1/(N+1) of them), and those copies move to the new replica, never between old ones.
+That holds only if a replica keeps its name for life: StatefulSet ordinals (`<ms>-0`, `<ms>-1`, ...) survive
+restarts and rescheduling, whereas a Deployment's random pod names would make every restarted pod a stranger and
+reshuffle its share of adapters (a full re-download of each) on every rollout.
+
+Capacity: a replica holds adapters up to its disk budget. Copies are placed in rounds (every adapter's first copy,
+then every second copy, ...) so that when the fleet is short of room, extra copies are dropped before any adapter's
+only copy; within a round adapters go in an order fixed by a hash of their names. A copy whose best-ranked replica
+is full spills to the next-ranked one with room; a copy no replica can take is reported in `Placement.short`.
+
+Moves are make-before-break (`plan`): every new copy loads first, and an adapter's old copies are unloaded only
+after all of its new copies report loaded. Known limit: a replica that gains and loses adapters in the same plan
+holds both sets until the unloads run, so its disk budget needs room for that transient.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+_SCALE = float(2**64)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica of a ModelServer, by its stable name (a StatefulSet ordinal such as `<ms>-0`)."""
+
+    name: str
+    disk_bytes: int | None = None  # None: no disk budget
+    weight: float = 1.0  # relative share of adapters it should attract, e.g. for larger disks
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    size_bytes: int
+    replicas: int = 1  # copies wanted; `place` clamps it to [1, number of replicas]
+
+
+@dataclass(frozen=True)
+class Placement:
+    homes: Mapping[str, tuple[str, ...]]  # adapter -> its replicas, best-ranked first
+    short: Mapping[str, int] = field(default_factory=dict)  # adapter -> copies wanted that no replica had room for
+
+    def held(self) -> dict[str, set[str]]:
+        """Replica -> the adapters it holds (only replicas holding at least one)."""
+        by_replica: dict[str, set[str]] = {}
+        for adapter, replicas in self.homes.items():
+            for replica in replicas:
+                by_replica.setdefault(replica, set()).add(adapter)
+        return by_replica
+
+
+def _unit(*parts: str) -> float:
+    """A uniform number in (0, 1) from the names; blake2b, not `hash()`, so every process agrees."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") + 0.5) / _SCALE
+
+
+def score(adapter: str, replica: Replica) -> float:
+    """The pair's rendezvous score; -w/ln(u) makes a replica of weight w win in proportion to w."""
+    return -replica.weight / math.log(_unit(adapter, replica.name))
+
+
+def ranking(adapter: str, replicas: Sequence[Replica]) -> list[Replica]:
+    """The replicas in the adapter's order of preference (ties, practically impossible, broken by name)."""
+    return sorted(replicas, key=lambda replica: (-score(adapter, replica), replica.name))
+
+
+def clamp_count(count: int, replicas: int) -> int:
+    return max(1, min(count, replicas))
+
+
+def replica_counts(
+    rates: Mapping[str, float],
+    *,
+    replicas: int,
+    copy_rate: float,
+    explicit: Mapping[str, int] | None = None,
+    minimum: int = 1,
+) -> dict[str, int]:
+    """Copies per adapter: the explicit count where one is given, else enough copies that each carries at most
+    `copy_rate` requests/s of the adapter's observed rate (at least `minimum`); all clamped to [1, replicas].
+
+    A sensible `copy_rate` is a replica's request rate divided by its `maxCpuLoras`: a replica keeps that many
+    adapters warm, so an adapter that alone needs more than one warm slot's share of a replica gets more replicas.
+    The result depends on the number of replicas only through the clamp, so scaling out does not reshuffle counts.
+    """
+    explicit = explicit or {}
+    counts = {}
+    for adapter, rate in rates.items():
+        wanted = explicit.get(adapter)
+        if wanted is None:
+            wanted = max(minimum, math.ceil(rate / copy_rate)) if copy_rate > 0 else minimum
+        counts[adapter] = clamp_count(wanted, replicas)
+    return counts
+
+
+def place(adapters: Sequence[Adapter], replicas: Sequence[Replica]) -> Placement:
+    """Assign each adapter its copies: best-ranked replicas first, spilling past replicas without room."""
+    if not replicas:
+        return Placement(homes={adapter.name: () for adapter in adapters}, short={})
+    used = {replica.name: 0 for replica in replicas}
+    wanted = {adapter.name: clamp_count(adapter.replicas, len(replicas)) for adapter in adapters}
+    prefs = {adapter.name: ranking(adapter.name, replicas) for adapter in adapters}
+    cursor = dict.fromkeys(wanted, 0)  # a replica passed over as full stays full, so each list is walked once
+    homes: dict[str, list[str]] = {adapter.name: [] for adapter in adapters}
+    short: dict[str, int] = {}
+    order = sorted(adapters, key=lambda adapter: (_unit(adapter.name), adapter.name))
+    for copy in range(max(wanted.values(), default=0)):
+        for adapter in order:
+            if wanted[adapter.name] <= copy or adapter.name in short:
+                continue
+            pref = prefs[adapter.name]
+            while cursor[adapter.name] < len(pref):
+                replica = pref[cursor[adapter.name]]
+                cursor[adapter.name] += 1
+                if replica.disk_bytes is None or used[replica.name] + adapter.size_bytes <= replica.disk_bytes:
+                    used[replica.name] += adapter.size_bytes
+                    homes[adapter.name].append(replica.name)
+                    break
+            else:
+                short[adapter.name] = wanted[adapter.name] - copy
+    return Placement(homes={name: tuple(found) for name, found in homes.items()}, short=short)
+
+
+@dataclass(frozen=True)
+class Unload:
+    adapter: str
+    replica: str
+    after: frozenset[str]  # replicas whose load of this adapter must report loaded first (empty: at once)
+
+
+@dataclass(frozen=True)
+class Plan:
+    loads: tuple[tuple[str, str], ...]  # (adapter, replica) pairs to load now
+    unloads: tuple[Unload, ...]
+
+    def ready(self, loaded: Collection[tuple[str, str]]) -> tuple[Unload, ...]:
+        """The unloads that may run now, given the (adapter, replica) pairs that report loaded."""
+        return tuple(
+            unload for unload in self.unloads if all((unload.adapter, replica) in loaded for replica in unload.after)
+        )
+
+
+def plan(old: Mapping[str, Sequence[str]], new: Mapping[str, Sequence[str]]) -> Plan:
+    """Make-before-break moves from the old homes to the new (adapter -> replicas, e.g. `Placement.homes`).
+
+    Every copy in `new` but not in `old` loads first. A copy in `old` but not in `new` unloads after all of its
+    adapter's new copies report loaded, so an adapter keeps serving from its old homes until the new ones can; an
+    adapter absent from `new` (deleted) has nothing to wait for.
+    """
+    loads: list[tuple[str, str]] = []
+    unloads: list[Unload] = []
+    for adapter in sorted(set(old) | set(new)):
+        before, after = set(old.get(adapter, ())), set(new.get(adapter, ()))
+        gained = frozenset(after - before)
+        loads.extend((adapter, replica) for replica in sorted(gained))
+        unloads.extend(Unload(adapter, replica, gained) for replica in sorted(before - after))
+    return Plan(loads=tuple(loads), unloads=tuple(unloads))
