@@ -1,7 +1,7 @@
 """The moelora operator: kopf handlers (thin) around pure manifest builders.
 
 Modules, one concern each: `settings` (env -> Settings), `naming` (labels, names), `engine` (vLLM args/env,
-refused flags), `kernelconfigs` (the tuned-config volume), `deployment`, `service`, `disruption` (the
+refused flags), `kernel_configs` (the tuned-config volume), `deployment`, `service`, `disruption` (the
 PodDisruptionBudget), `status` (conditions and roll-ups), `apply` (the only module that writes to the Kubernetes
 API), `handlers` (kopf wiring).
 Run it with `python3 -m moelora.operator`.

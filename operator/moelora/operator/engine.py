@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from moelora.api import KernelImplementation, ModelServerSpec
-from moelora.operator import vllmflags
+from moelora.operator import vllm_flags
 
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
@@ -102,7 +102,7 @@ def _is_value(token: str) -> bool:
 def check_engine_args(engine_args: list[str]) -> None:
     """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag), one vLLM does not know
     (UnknownEngineFlag), or values that do not fit the flag (EngineArgValue): vLLM would exit on any of them."""
-    arity = vllmflags.flag_arity()
+    arity = vllm_flags.flag_arity()
     index = 0
     while index < len(engine_args):
         token = engine_args[index]
@@ -125,9 +125,9 @@ def check_engine_args(engine_args: list[str]) -> None:
             values += 1
             index += 1
         dotted = token.split("=", 1)[0] != name and "." in token.split("=", 1)[0]  # --json-arg.key value
-        if arity[name] == vllmflags.NONE and (inline or values):
+        if arity[name] == vllm_flags.NONE and (inline or values):
             raise SpecProblem("EngineArgValue", f"engineArgs: {name} is a switch and takes no value")
-        if arity[name] == vllmflags.ONE and not dotted and inline + values != 1:
+        if arity[name] == vllm_flags.ONE and not dotted and inline + values != 1:
             raise SpecProblem("EngineArgValue", f"engineArgs: {name} takes exactly one value")
 
 

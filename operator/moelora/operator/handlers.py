@@ -28,7 +28,7 @@ import kubernetes.config
 import pydantic
 
 from moelora.api import GROUP, VERSION, ModelServerSpec, ModelServerStatus
-from moelora.operator import apply, kernelconfigs, naming, status
+from moelora.operator import apply, kernel_configs, naming, status
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import SpecProblem
@@ -40,7 +40,7 @@ LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
 MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
 # Children rendered only sometimes -> their name: when one is not rendered, the one we own is deleted.
 OPTIONAL_CHILDREN = {
-    ("v1", "ConfigMap"): kernelconfigs.owned_config_map_name,  # kernels.configs=auto
+    ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
     ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
 }
 PREFIX = "moelora.io"
@@ -169,15 +169,15 @@ def desired_children(
     user_config_map = None
     if spec.kernels.config_map_name:
         user_config_map = apply.get_config_map(api, namespace=namespace, name=spec.kernels.config_map_name)
-    plan = kernelconfigs.plan(
+    volume = kernel_configs.volume(
         spec, name=name, namespace=namespace, labels=naming.labels(name), root=bundle, user_config_map=user_config_map
     )
     children = [
-        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=plan),
+        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume),
         service(name=name, namespace=namespace),
     ]
-    if plan is not None and plan.owned_config_map is not None:
-        children.insert(0, plan.owned_config_map)
+    if volume is not None and volume.owned_config_map is not None:
+        children.insert(0, volume.owned_config_map)
     budget = disruption_budget(spec, name=name, namespace=namespace)
     if budget is not None:
         children.append(budget)
@@ -480,7 +480,7 @@ async def run(
 ) -> None:
     """Run the operator until stop_flag is set. Namespaces: those given, else settings', else all."""
     namespaces = tuple(namespaces) or settings.namespaces
-    bundle = pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernelconfigs.bundle_root()
+    bundle = pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernel_configs.bundle_root()
     memo = kopf.Memo(settings=settings, bundle=bundle)
     await kopf.operator(
         registry=registry or make_registry(settings),

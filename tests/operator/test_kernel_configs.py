@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from moelora.operator import kernelconfigs as kc
+from moelora.operator import kernel_configs as kc
 from moelora.operator.engine import SpecProblem
 
 from .conftest import k8s_valid, make_spec
@@ -107,7 +107,7 @@ def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def shape_of(model: str) -> object:
-    return kc.modelshapes.model_shape(make_spec(model={"name": model}))
+    return kc.model_shapes.model_shape(make_spec(model={"name": model}))
 
 
 def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
@@ -115,10 +115,10 @@ def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
     return make_spec(**{**wire, **overrides})
 
 
-def mounted(plan: kc.KernelConfigPlan | None) -> dict[str, object]:
-    """{file name as vLLM sees it: parsed JSON} of an `auto` plan."""
-    assert plan is not None and plan.owned_config_map is not None
-    return {item["path"]: json.loads(plan.owned_config_map["data"][item["key"]]) for item in plan.items or []}
+def mounted(volume: kc.KernelConfigVolume | None) -> dict[str, object]:
+    """{file name as vLLM sees it: parsed JSON} of an `auto` volume."""
+    assert volume is not None and volume.owned_config_map is not None
+    return {item["path"]: json.loads(volume.owned_config_map["data"][item["key"]]) for item in volume.items or []}
 
 
 def pop_dense(files: dict[str, object], bundled: pathlib.Path, model: str = GPT_OSS) -> None:
@@ -158,25 +158,25 @@ def test_device_name_is_vllms_form(product: str, device: str) -> None:
 
 
 def test_none_mode_has_no_volume(bundle: pathlib.Path) -> None:
-    assert kc.plan(make_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle) is None
+    assert kc.volume(make_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle) is None
 
 
 def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Path) -> None:
-    plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and plan.owned_config_map is not None
-    k8s_valid(plan.owned_config_map)
-    assert plan.config_map_name == "srv-kernel-configs"
-    assert plan.owned_config_map["metadata"]["labels"] == LABELS
-    paths = {item["key"]: item["path"] for item in plan.items or []}
+    volume = kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and volume.owned_config_map is not None
+    k8s_valid(volume.owned_config_map)
+    assert volume.config_map_name == "srv-kernel-configs"
+    assert volume.owned_config_map["metadata"]["labels"] == LABELS
+    paths = {item["key"]: item["path"] for item in volume.items or []}
     # The W2 expand file holds Qwen3 entries only: nothing of it is GPT-OSS', so it is not mounted; the dense-op
     # files are, whole.
     assert paths == {name: name for name in ("NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES)}
-    assert set(plan.owned_config_map["data"]) == set(paths)
+    assert set(volume.owned_config_map["data"]) == set(paths)
 
 
 @pytest.mark.parametrize("model", [GPT_OSS, QWEN3, "qwen/qwen3-30b-a3b-instruct-2507", "OpenAI/GPT-OSS-20B"])
 def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> None:
-    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
     canonical = GPT_OSS if "gpt" in model.lower() else QWEN3
     pop_dense(files, bundle / "NVIDIA_H200", canonical)
     assert_only_shape(files, canonical)
@@ -187,7 +187,7 @@ def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> 
 def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
     root = kc.bundle_root()
     assert root is not None
-    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
+    files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
     pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200", model)
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
@@ -199,8 +199,8 @@ def test_the_real_dense_files_are_mounted_whole() -> None:
     vLLM takes the nearest key at each level) go with GPT-OSS' fused ones on the H200, unchanged."""
     root = kc.bundle_root()
     assert root is not None
-    plan = kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=root)
-    files = mounted(plan)
+    volume = kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=root)
+    files = mounted(volume)
     assert set(DENSE_FILES) <= set(files) and any(name.startswith("NVIDIA_H200_FUSED_MOE_LORA_") for name in files)
     for name in DENSE_FILES:
         assert files[name] == json.loads((pathlib.Path(str(root)) / "NVIDIA_H200" / name).read_text())
@@ -211,7 +211,7 @@ def test_dense_files_are_kept_whole_by_their_exact_names(bundle: pathlib.Path) -
     (gpu / "NVIDIA_H200_EXPAND_FALSE.json").write_text(json.dumps(dense_tree(16, 2880)))
     (gpu / "NVIDIA_H100_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))  # another GPU's name
     (gpu / "MY_NVIDIA_H200_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))
-    files = mounted(kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle))
     # Not exactly a dense file's name: cut like a fused file, where they have no leaves of GPT-OSS' sizes.
     assert set(files) == {"NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES, "NVIDIA_H200_EXPAND_FALSE.json"}
     assert files["NVIDIA_H200_EXPAND_FALSE.json"] == dense_tree(16, 2880)
@@ -228,19 +228,19 @@ def test_dense_files_count_toward_a_config_maps_limit(bundle: pathlib.Path) -> N
     size = {name: len(text.encode()) for name, text in cut.items()}
     assert size[DENSE_FILES[0]] <= kc.MAX_CONFIG_BYTES < sum(size.values())  # under the limit alone, not in all
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsTooLarge"
 
 
 def test_every_bundled_entry_belongs_to_a_known_model() -> None:
-    """The bundle and modelshapes.KNOWN_SHAPES stay in step, so KernelConfigsNotFound lists every bundled shape."""
+    """The bundle and model_shapes.KNOWN_SHAPES stay in step, so KernelConfigsNotFound lists every bundled shape."""
     root = kc.bundle_root()
     assert root is not None
     for gpu in sorted(p.stem for p in pathlib.Path(str(root)).glob("*.json")):
         bundle = kc.read_bundle(gpu, root=root)
         dense = {name: bundle.pop(name) for name in kc.dense_file_names(gpu) if name in bundle}  # mounted whole
         covered: dict[str, set] = {name: set() for name in bundle}
-        for shape in {kc.modelshapes.key(s): s for s in kc.modelshapes.KNOWN_SHAPES.values()}.values():
+        for shape in {kc.model_shapes.key(s): s for s in kc.model_shapes.KNOWN_SHAPES.values()}.values():
             for name, text in kc.for_shape({**bundle, **dense}, shape, gpu=gpu).items():
                 data = json.loads(text)
                 if name in dense:
@@ -262,24 +262,24 @@ def test_every_bundled_entry_belongs_to_a_known_model() -> None:
 
 
 def test_an_explicit_shape_serves_a_model_moelora_does_not_know(bundle: pathlib.Path) -> None:
-    qwen = kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    qwen = kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
     shape = {"hiddenSize": 2048, "moeIntermediateSize": 768, "numExperts": 128}
     spec = auto_spec("my-org/my-qwen3-finetune", kernels={"configs": "auto", "shape": shape})
-    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and qwen is not None and plan.content_hash == qwen.content_hash
-    files = mounted(plan)
+    volume = kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and qwen is not None and volume.content_hash == qwen.content_hash
+    files = mounted(volume)
     pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
     # Given, the shape wins over the one moelora knows for the id.
     spec = auto_spec(GPT_OSS, kernels={"configs": "auto", "shape": shape})
-    files = mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
     pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
 
 
 def test_an_unknown_model_without_a_shape_is_a_problem(bundle: pathlib.Path) -> None:
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec("my-org/mystery-moe"), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec("my-org/mystery-moe"), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "ModelShapeUnknown"
     assert "my-org/mystery-moe" in caught.value.message and "kernels.shape" in caught.value.message
 
@@ -288,7 +288,7 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
     shape = {"hiddenSize": 4096, "moeIntermediateSize": 1536, "numExperts": 128}
     spec = auto_spec("Qwen/Qwen3-235B-A22B", kernels={"configs": "auto", "shape": shape})
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     message = caught.value.message
     assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_H200" in message
     assert "hiddenSize=4096 moeIntermediateSize=1536 numExperts=128" in message
@@ -298,15 +298,15 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
     # Same hidden size, another intermediate size: nothing of GPT-OSS' leaks in.
     spec = auto_spec("x/y", kernels={"configs": "auto", "shape": {**shape, "hiddenSize": 2880}})
     with pytest.raises(SpecProblem, match="numExperts=128"):
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
 
 
 def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_H200" / "E=32,N=5760,device_name=NVIDIA_H200.json").write_text(
         json.dumps({"1": {"BLOCK_SIZE_M": 16}})
     )
-    plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and {item["path"] for item in plan.items or []} == {
+    volume = kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and {item["path"] for item in volume.items or []} == {
         "NVIDIA_H200.json",
         *VLLM_FILES[:2],
         *DENSE_FILES,
@@ -316,15 +316,15 @@ def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_B200.json").write_text(json.dumps({"entries": [table_entry(2880, 5760, 32)]}))
     spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
-    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and plan.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
+    volume = kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and volume.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
     assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"NVIDIA_H200.json", *VLLM_FILES, *DENSE_FILES}
 
 
 def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:
     def hashes() -> tuple[str, str]:
         plans = [
-            kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
+            kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
             for model in (GPT_OSS, QWEN3)
         ]
         assert plans[0] and plans[1]
@@ -351,17 +351,17 @@ def test_colliding_keys_stay_unique() -> None:
 
 def test_auto_without_a_gpu_label_is_a_problem(bundle: pathlib.Path) -> None:
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(nodeSelector={}), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(nodeSelector={}), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "GPUUnknown"
 
 
 def test_auto_without_a_bundled_set_is_a_problem_not_a_fallback(bundle: pathlib.Path) -> None:
     spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_B200" in caught.value.message
     with pytest.raises(SpecProblem):
-        kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=None)
+        kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=None)
 
 
 def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> None:
@@ -369,15 +369,15 @@ def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> Non
     table = json.loads(table_path.read_text())
     table["entries"].append(table_entry(768, 2048, 128, pad="x" * kc.MAX_CONFIG_BYTES))  # a Qwen3 entry
     table_path.write_text(json.dumps(table))
-    assert kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
+    assert kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsTooLarge"
 
 
 def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Path) -> None:
     spec = make_spec(kernels={"configs": "configMap", "configMapName": "tuned"})
-    plan = kc.plan(
+    volume = kc.volume(
         spec,
         name="srv",
         namespace="ns",
@@ -385,9 +385,9 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
         root=bundle,
         user_config_map={"data": {"NVIDIA_H200_SHRINK.json": "{}"}},
     )
-    assert plan is not None
-    assert (plan.config_map_name, plan.items, plan.owned_config_map) == ("tuned", None, None)
-    other = kc.plan(
+    assert volume is not None
+    assert (volume.config_map_name, volume.items, volume.owned_config_map) == ("tuned", None, None)
+    other = kc.volume(
         spec,
         name="srv",
         namespace="ns",
@@ -395,15 +395,15 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
         root=bundle,
         user_config_map={"data": {"NVIDIA_H200_SHRINK.json": '{"1": {}}'}},
     )
-    assert other is not None and other.content_hash != plan.content_hash
+    assert other is not None and other.content_hash != volume.content_hash
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
     assert caught.value.reason == "ConfigMapNotFound"
 
 
 def test_the_bundle_is_found_without_importing_torch() -> None:
     code = (
-        "import sys; from moelora.operator import kernelconfigs as kc; root = kc.bundle_root(); "
+        "import sys; from moelora.operator import kernel_configs as kc; root = kc.bundle_root(); "
         "print(root is not None and str(root).endswith('moelora/kernels/configs'), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
