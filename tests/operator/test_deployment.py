@@ -6,7 +6,7 @@ import pytest
 
 from moelora.operator import deployment as dep
 from moelora.operator import naming, service
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.settings import Settings
 

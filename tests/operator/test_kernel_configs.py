@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from moelora.operator import kernel_configs as kc
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 
 from .conftest import k8s_valid, make_spec
 

@@ -122,7 +122,7 @@ def deployment(
     settings: Settings,
     kernel_configs: KernelConfigVolume | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for a ModelServer. Raises engine.SpecProblem for engineArgs/env the operator refuses."""
+    """The Deployment for a ModelServer. Raises SpecProblem for engineArgs/env the operator refuses."""
     labels = naming.labels(name)
     model = engine.model_ref(spec)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from moelora.api import KernelImplementation, ModelServerSpec
 from moelora.operator import vllm_flags
+from moelora.operator.errors import SpecProblem
 
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
@@ -46,15 +47,6 @@ MANAGED_ENV = frozenset(
         "VLLM_LORA_ENABLE_DUAL_STREAM",
     }
 )
-
-
-class SpecProblem(Exception):
-    """Something in a spec the schema accepted but only the operator can judge. Becomes a condition and an Event."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -181,8 +173,7 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
     if spec.kernels.implementation == KernelImplementation.MOELORA:
         env.append({"name": "MOELORA_KERNEL", "value": "moelora"})
         if spec.gpus > 0:
-            # vLLM's own switch to run the LoRA kernels on a second CUDA stream, overlapping the base GEMMs: with our
-            # plugin on an H200 it was part of the configuration that reached 4.92 ms median TPOT. CUDA only: vLLM
-            # refuses to start with it on the CPU, where the plugin runs too (gpus: 0, moelora.local).
+            # LoRA kernels on a second CUDA stream overlap the base GEMMs (docs/benchmarks.md); CUDA only, as vLLM
+            # refuses it on the CPU, where the plugin also runs (gpus: 0, moelora.local).
             env.append({"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "1"})
     return env + [{"name": var.name, "value": var.value} for var in spec.env]

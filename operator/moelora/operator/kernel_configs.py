@@ -26,7 +26,7 @@ from typing import Any
 
 from moelora.api import KernelConfigMode, ModelServerSpec, MoeShape
 from moelora.operator import model_shapes
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery, e.g. NVIDIA-H200
 MAX_CONFIG_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
