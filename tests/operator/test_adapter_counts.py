@@ -134,35 +134,33 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
     import asyncio
     import concurrent.futures
     import threading
-    from types import SimpleNamespace
 
-    from moelora.operator import handlers
+    from moelora.operator import lora_adapters, model_servers
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
 
     key = ("ns", "srv")
-    index = {key: [{"name": "a", "phase": "Pending"}, {"name": "b", "phase": "Pending"}]}
+    index = {key: [AdapterEntry(name="a", phase="Pending"), AdapterEntry(name="b", phase="Pending")]}
     seen: list[dict[str, str]] = []
     first_started, release_first = threading.Event(), threading.Event()
 
-    def fake_reconcile(body, *, memo, adapters):  # holds the lock until the second recount is queued behind it
-        seen.append({entry["name"]: entry["phase"] for entry in adapters})
+    def fake_reconcile(key, *, memo, adapters):  # holds the lock until the second recount is queued behind it
+        seen.append({entry.name: entry.phase for entry in adapters})
         if len(seen) == 1:
             first_started.set()
             release_first.wait(5)
 
-    monkeypatch.setattr(handlers, "reconcile", fake_reconcile)
-    memo = SimpleNamespace(
-        pool=concurrent.futures.ThreadPoolExecutor(2), locks={key: asyncio.Lock()}, written_phases={key: {}}
-    )
-    server = {"metadata": {"namespace": "ns", "name": "srv"}}
+    monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
     first = asyncio.create_task(
-        handlers.recount([server], key, memo=memo, adapters_index=index, new_phases={"a": "Failed"})
+        lora_adapters.recount([key], key, memo=memo, adapters_index=index, new_phases={"a": "Failed"})
     )
     await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
     second = asyncio.create_task(
-        handlers.recount([server], key, memo=memo, adapters_index=index, new_phases={"b": "Failed"})
+        lora_adapters.recount([key], key, memo=memo, adapters_index=index, new_phases={"b": "Failed"})
     )
     await asyncio.sleep(0.05)
     release_first.set()
     await asyncio.gather(first, second)
-    memo.pool.shutdown()
+    memo.executor.shutdown()
     assert seen[-1] == {"a": "Failed", "b": "Failed"}, seen

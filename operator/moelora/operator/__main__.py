@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sys
 
-from moelora.operator.handlers import run
+from moelora.operator.wiring import run
 from moelora.operator.settings import Settings
 
 
