@@ -144,7 +144,7 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
     seen: list[dict[str, str]] = []
     first_started, release_first = threading.Event(), threading.Event()
 
-    def fake_reconcile(key, *, memo, adapters):  # holds the lock until the second recount is queued behind it
+    def fake_reconcile(*, memo, key, adapters):  # holds the lock until the second recount is queued behind it
         seen.append({entry.name: entry.phase for entry in adapters})
         if len(seen) == 1:
             first_started.set()
@@ -153,11 +153,11 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
     monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
     first = asyncio.create_task(
-        lora_adapters.recount([key], key, memo=memo, adapters_index=index, new_phases={"a": "Failed"})
+        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"a": "Failed"})
     )
     await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
     second = asyncio.create_task(
-        lora_adapters.recount([key], key, memo=memo, adapters_index=index, new_phases={"b": "Failed"})
+        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"b": "Failed"})
     )
     await asyncio.sleep(0.05)
     release_first.set()

@@ -29,7 +29,7 @@ class Observation:
 
 
 def observe_pods(
-    body: Mapping[str, Any], *, api: kubernetes.client.ApiClient, known: Mapping[str, bool]
+    *, api: kubernetes.client.ApiClient, body: Mapping[str, Any], known: Mapping[str, bool]
 ) -> dict[str, bool]:
     """The server's pods -> ready: the index's, plus each pod the adapter's status names that the index lacks but
     the API server still has (its watch may lag the pod's agent: such a pod is not gone, so not pruned)."""
@@ -58,10 +58,11 @@ def render_status_patch(observation: Observation) -> dict[str, Any]:
 
 
 def rollup_adapter(
-    body: Mapping[str, Any], *, memo: Context, server_exists: bool, pods: Mapping[str, bool]
+    *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
-    observation = Observation(body=body, server_exists=server_exists, pods=observe_pods(body, api=memo.api, known=pods))
+    observed_pods = observe_pods(api=memo.api, body=body, known=pods)
+    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
     patch = render_status_patch(observation)
     if not patch:
         return None
@@ -73,24 +74,24 @@ def rollup_adapter(
 
 
 def rollup_server_adapters(
-    namespace: str, *, adapters: list[AdapterEntry], memo: Context, server_exists: bool, pods: Mapping[str, bool]
+    *, memo: Context, namespace: str, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
 ) -> dict[str, str]:
     """Re-judge every adapter of one server; the new phase of each whose phase changed."""
     new_phases = {}
     for entry in adapters:
         body = apply.get_lora_adapter(api=memo.api, namespace=namespace, name=entry.name)
         if body is not None:
-            phase = rollup_adapter(body, memo=memo, server_exists=server_exists, pods=pods)
+            phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=pods)
             if phase:
                 new_phases[entry.name] = phase
     return new_phases
 
 
 async def recount(
-    servers: list[ServerKey],
-    key: ServerKey,
     *,
     memo: Context,
+    key: ServerKey,
+    servers: list[ServerKey],
     adapters_index: indexes.AdaptersIndex,
     new_phases: Mapping[str, str],
 ) -> None:
@@ -100,7 +101,7 @@ async def recount(
         return
     memo.written_phases[key].update(new_phases)
     for server in servers:
-        await reconcile_serially(server, memo=memo, adapters_index=adapters_index)
+        await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
 
 
 async def _rejudge_server_adapters(
@@ -114,13 +115,13 @@ async def _rejudge_server_adapters(
     servers = indexes.servers(model_servers_index, key)
     new_phases = await memo.call(
         rollup_server_adapters,
-        key[0],
-        adapters=indexes.adapters(adapters_index, key),
         memo=memo,
+        namespace=key[0],
+        adapters=indexes.adapters(adapters_index, key),
         server_exists=bool(servers),
         pods=indexes.pods(pods_index, key),
     )
-    await recount(servers, key, memo=memo, adapters_index=adapters_index, new_phases=new_phases)
+    await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
 async def adapter_changed(
@@ -138,12 +139,11 @@ async def adapter_changed(
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
     new_phase = await memo.call(
-        rollup_adapter, dict(body), memo=memo, server_exists=bool(servers), pods=indexes.pods(pods_index, key)
+        rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
     )
     if new_phase:
-        await recount(
-            servers, key, memo=memo, adapters_index=adapters_index, new_phases={body["metadata"]["name"]: new_phase}
-        )
+        new_phases = {body["metadata"]["name"]: new_phase}
+        await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
 async def pod_event(

@@ -63,7 +63,7 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
 
 
 def apply_children(
-    children: list[dict[str, Any]], *, api: kubernetes.client.ApiClient, owner: Mapping[str, Any]
+    *, api: kubernetes.client.ApiClient, children: list[dict[str, Any]], owner: Mapping[str, Any]
 ) -> dict[str, Any] | None:
     """Create or patch every child, delete the optional ones no longer rendered; the Deployment as stored."""
     meta = owner["metadata"]
@@ -116,7 +116,7 @@ def render_status(
     ).to_wire()
 
 
-def reconcile(key: ServerKey, *, memo: Context, adapters: list[AdapterEntry]) -> None:
+def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> None:
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
     namespace, name = key
     observation = observe(api=memo.api, key=key)
@@ -137,7 +137,7 @@ def reconcile(key: ServerKey, *, memo: Context, adapters: list[AdapterEntry]) ->
         except SpecProblem as exc:
             problem = exc
         else:
-            stored_deployment = apply_children(children, api=memo.api, owner=observation.body)
+            stored_deployment = apply_children(api=memo.api, children=children, owner=observation.body)
     if stored_deployment is None:
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name)
 
@@ -149,19 +149,19 @@ def reconcile(key: ServerKey, *, memo: Context, adapters: list[AdapterEntry]) ->
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
 
 
-async def reconcile_serially(key: ServerKey, *, memo: Context, adapters_index: indexes.AdaptersIndex) -> None:
+async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
     """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here).
     Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
     before it."""
     async with memo.locks[key]:
         adapters = indexes.adapter_phases(memo, adapters_index, key)
-        await memo.call(reconcile, key, memo=memo, adapters=adapters)
+        await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
 
 
 async def model_server_changed(
     name: str, namespace: str, memo: Context, adapters_index: indexes.AdaptersIndex, **_: Any
 ) -> None:
-    await reconcile_serially((namespace, name), memo=memo, adapters_index=adapters_index)
+    await reconcile_serially(memo=memo, key=(namespace, name), adapters_index=adapters_index)
 
 
 async def deployment_event(
@@ -175,7 +175,7 @@ async def deployment_event(
     """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
     server = labels.get(naming.LABEL_SERVER, "")
     for key in indexes.servers(model_servers_index, (namespace, server)):
-        await reconcile_serially(key, memo=memo, adapters_index=adapters_index)
+        await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
 
 
 async def model_server_deleted(event: kopf.RawEvent, name: str, namespace: str, memo: Context, **_: Any) -> None:

@@ -1,4 +1,5 @@
-"""Status, judged from what exists: pure functions of the spec, the Deployment, the pods and the adapters.
+"""Status, judged from what exists: pure functions of the spec, the Deployment, the pods and the adapters, and the
+readers of status others wrote (a pod's readiness, a server's stored conditions).
 
 ModelServer: conditions Ready / Progressing / Degraded from the Deployment and its own conditions, plus the
 operator's verdict on the spec. LoRAAdapter: the phase roll-up of docs/architecture.md "Status ownership" from the
