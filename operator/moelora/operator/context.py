@@ -26,7 +26,7 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
-def now() -> datetime.datetime:
+def wall_clock() -> datetime.datetime:
     """The wall clock to the second, as conditions store their transition times."""
     return datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
 

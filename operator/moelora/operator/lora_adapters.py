@@ -7,6 +7,7 @@ A phase change also reconciles the server at once, so its adapter counts follow 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import kopf
 import kubernetes.client
 
 from moelora.operator import apply, indexes, naming, status
-from moelora.operator.context import Context, ServerKey, now
+from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.model_servers import reconcile_serially
 
@@ -44,7 +45,7 @@ def observe_pods(
     return pods
 
 
-def render_status_patch(observation: Observation) -> dict[str, Any]:
+def render_status_patch(observation: Observation, *, now: datetime.datetime) -> dict[str, Any]:
     """The merge patch of the operator's share of the status; empty when nothing changes."""
     meta, spec = observation.body["metadata"], observation.body.get("spec") or {}
     return status.adapter_status_patch(
@@ -53,7 +54,7 @@ def render_status_patch(observation: Observation) -> dict[str, Any]:
         generation=meta.get("generation"),
         server_exists=observation.server_exists,
         pods=observation.pods,
-        now=now(),
+        now=now,
     )
 
 
@@ -63,7 +64,7 @@ def rollup_adapter(
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
     observed_pods = observe_pods(api=memo.api, body=body, known=pods)
     observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
-    patch = render_status_patch(observation)
+    patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
     meta = body["metadata"]

@@ -9,6 +9,7 @@ a reason plus one Warning Event per new reason, and leaves the running Deploymen
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +21,7 @@ import pydantic
 from moelora.api import ModelServerSpec
 from moelora.operator import apply, indexes, naming, status
 from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
-from moelora.operator.context import Context, ServerKey, now
+from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.indexes import AdapterEntry
 
@@ -96,6 +97,7 @@ def render_status(
     deployment: Mapping[str, Any] | None,
     problem: SpecProblem | None,
     adapters: list[AdapterEntry],
+    now: datetime.datetime,
 ) -> dict[str, Any]:
     """The whole status on the wire, from the observation, the Deployment as stored and the adapters' phases."""
     body = observation.body
@@ -112,7 +114,7 @@ def render_status(
         problem=problem,
         adapters=status.adapter_counts([entry.phase for entry in adapters]),
         previous=status.stored_server_status(body.get("status") or {}),
-        now=now(),
+        now=now,
     ).to_wire()
 
 
@@ -141,7 +143,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     if stored_deployment is None:
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name)
 
-    new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters)
+    new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}
     if problem is not None and status.degraded_reason(stored) != problem.reason:
         kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
