@@ -1,27 +1,27 @@
-"""A server's adapter counts follow its adapters' phases at once, not at the next resync.
+"""Adapters' phases through the real operator: rolled up from the agents' reports and the server's pods, and
+counted on the server at once, not at the next resync.
 
 The operator's adapter index learns a phase the operator itself wrote only when that write's watch event comes
 back, so counting from the index right after the write would report the old phase. The resync timer is set to an
-hour here so that it cannot hide such a stale count.
+hour here so that it cannot hide such a stale count (nor any other change that arrives only by resync).
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
 import time
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 
-EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
-MS = "moelora.io/v1alpha1/modelservers"
+from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, make_ready, manifest, patch_status, server_pod, wait_for
+
 NS = "counts"
 POD_FIRST = "counts-pod-first"
+# What the pod's agent reports once it has loaded the adapter.
+LOADED_ON_THE_POD = {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +37,6 @@ def kube() -> Iterator[KubeAPI]:
             yield api
 
 
-def apply(kube: KubeAPI, obj: dict) -> None:
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
-
-
 def adapter_counts(kube: KubeAPI, namespace: str = NS) -> dict | None:
     return ((kube.get(MS, namespace, "qwen-moe") or {}).get("status") or {}).get("adapters")
 
@@ -52,38 +48,9 @@ def wait_for_counts(kube: KubeAPI, namespace: str, want: dict, *, timeout: float
         time.sleep(0.05)
 
 
-def server_pod(namespace: str) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "qwen-moe-abc",
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"},
-        },
-        "spec": {"containers": [{"name": "vllm", "image": "x"}]},
-    }
-
-
-def make_ready(kube: KubeAPI, namespace: str) -> None:
-    kube.kubectl(
-        "patch",
-        "pod",
-        "qwen-moe-abc",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
-    )
-
-
 def apply_examples(kube: KubeAPI, namespace: str) -> None:
     for name in ("modelserver.yaml", "loraadapter.yaml"):
-        obj = yaml.safe_load((EXAMPLES / name).read_text())
-        obj["metadata"]["namespace"] = namespace
-        apply(kube, obj)
+        apply(kube, manifest(name, namespace=namespace))
 
 
 def test_loaded_count_follows_the_agents_report_without_a_resync(kube: KubeAPI) -> None:
@@ -93,17 +60,7 @@ def test_loaded_count_follows_the_agents_report_without_a_resync(kube: KubeAPI) 
     wait_for_counts(kube, NS, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
 
     # The pod's agent reports the adapter loaded; the operator rolls it up to Loaded and must count it.
-    kube.kubectl(
-        "patch",
-        "lora",
-        "support-bot",
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}),
-    )
+    patch_status(kube, "lora", "support-bot", NS, LOADED_ON_THE_POD)
     wait_for_counts(kube, NS, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
 
 
@@ -112,20 +69,69 @@ def test_loaded_count_follows_the_pod_turning_ready_without_a_resync(kube: KubeA
     # through the pod's readiness event, not through an adapter event.
     apply_examples(kube, POD_FIRST)
     apply(kube, server_pod(POD_FIRST))
-    kube.kubectl(
-        "patch",
-        "lora",
-        "support-bot",
-        "-n",
-        POD_FIRST,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}}),
-    )
+    patch_status(kube, "lora", "support-bot", POD_FIRST, LOADED_ON_THE_POD)
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
     make_ready(kube, POD_FIRST)
     wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
+
+
+def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI) -> None:
+    ns = "adapters"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    apply(kube, manifest("loraadapter.yaml", namespace=ns))
+    pending = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a, what="a phase"
+    )
+    assert pending["status"]["phase"] == "Pending" and pending["status"]["servedName"] == "support-bot"
+
+    orphan = manifest("loraadapter.yaml", namespace=ns, modelServer="no-such-server")
+    orphan["metadata"]["name"] = "orphan"
+    apply(kube, orphan)
+    lost = wait_for(lambda: (c := condition(kube.get(LORA, ns, "orphan"), "Ready")) and c, what="orphan condition")
+    assert lost["reason"] == "ModelServerNotFound"
+    assert kube.get(LORA, ns, "orphan")["status"]["phase"] == "Failed"
+
+    # A ready pod of the server (what the kubelet would report), and its agent's report.
+    apply(kube, server_pod(ns))
+    make_ready(kube, ns)
+    patch_status(
+        kube,
+        "lora",
+        "support-bot",
+        ns,
+        {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}},
+    )
+    loaded = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a, what="Loaded"
+    )
+    assert "gone-pod" not in loaded["status"]["replicas"]  # pruned: that pod does not exist
+    assert condition(loaded, "Ready")["status"] == "True"
+    counts = wait_for(
+        lambda: (
+            (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and s["status"]["adapters"]
+        ),
+        what="server adapter counts",
+    )
+    assert counts == {"desired": 1, "loaded": 1, "failed": 0}
+
+    # The pod goes away: its entry is pruned and the adapter waits for a ready pod again.
+    kube.kubectl("delete", "pod", "qwen-moe-abc", "-n", ns)
+    again = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
+        what="Pending again",
+    )
+    assert again["status"].get("replicas", {}) == {}
+
+    # The server goes away: its adapters say so.
+    kube.kubectl("delete", "ms", "qwen-moe", "-n", ns)
+    gone = wait_for(
+        lambda: (
+            (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and c["reason"] == "ModelServerNotFound" and c
+        ),
+        what="ModelServerNotFound after deletion",
+    )
+    assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
 
 
 async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.MonkeyPatch) -> None:
