@@ -106,9 +106,9 @@ async def recount(
 
 
 async def _rejudge_server_adapters(
-    key: ServerKey,
     *,
     memo: Context,
+    key: ServerKey,
     model_servers_index: indexes.ServersIndex,
     adapters_index: indexes.AdaptersIndex,
     pods_index: indexes.PodsIndex,
@@ -158,8 +158,8 @@ async def pod_event(
 ) -> None:
     """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
     await _rejudge_server_adapters(
-        (namespace, labels.get(naming.LABEL_SERVER, "")),
         memo=memo,
+        key=(namespace, labels.get(naming.LABEL_SERVER, "")),
         model_servers_index=model_servers_index,
         adapters_index=adapters_index,
         pods_index=pods_index,
@@ -179,8 +179,8 @@ async def model_server_event(
     """A server appeared or went away: its adapters' phases may flip (ModelServerNotFound)."""
     if event.get("type") in ("ADDED", "DELETED", None):
         await _rejudge_server_adapters(
-            (namespace, name),
             memo=memo,
+            key=(namespace, name),
             model_servers_index=model_servers_index,
             adapters_index=adapters_index,
             pods_index=pods_index,
