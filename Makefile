@@ -1,5 +1,5 @@
 # The two entry points of the README. Each makes its own environment first (scripts/bootstrap.sh).
-.PHONY: demo test test-fast crds bootstrap
+.PHONY: demo test test-fast crds docs bootstrap
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -18,3 +18,7 @@ test-fast: bootstrap
 
 crds: bootstrap
 	.venv/bin/python -m moelora.api
+
+# The CRD field reference, generated from the same models as the CRDs.
+docs: bootstrap
+	.venv/bin/python -m moelora.api.docs > docs/crd-reference.md

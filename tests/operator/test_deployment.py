@@ -6,8 +6,8 @@ import pytest
 
 from moelora.operator import deployment as dep
 from moelora.operator import naming, service
-from moelora.operator.engine import SpecProblem
-from moelora.operator.kernelconfigs import KernelConfigPlan
+from moelora.operator.errors import SpecProblem
+from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
@@ -142,10 +142,10 @@ def test_cpu_server_has_no_gpu_resources(settings: Settings) -> None:
 
 
 def test_kernel_configs_are_mounted_and_hashed_into_the_template(settings: Settings) -> None:
-    plan = KernelConfigPlan(
+    volume = KernelConfigVolume(
         config_map_name="srv-kernel-configs", content_hash="abc", items=[{"key": "E_8.json", "path": "E=8.json"}]
     )
-    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=plan)
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=volume)
     k8s_valid(obj)
     volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
     assert volumes["kernel-configs"]["configMap"] == {
@@ -158,7 +158,7 @@ def test_kernel_configs_are_mounted_and_hashed_into_the_template(settings: Setti
     ]
     assert env_of(vllm)["VLLM_TUNED_CONFIG_FOLDER"] == "/etc/moelora/kernel-configs"
     assert obj["spec"]["template"]["metadata"]["annotations"] == {naming.ANNOTATION_KERNEL_CONFIGS: "abc"}
-    other = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="def", items=None)
+    other = KernelConfigVolume(config_map_name="srv-kernel-configs", content_hash="def", items=None)
     rolled = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings, kernel_configs=other)
     assert rolled["spec"]["template"]["metadata"]["annotations"] != obj["spec"]["template"]["metadata"]["annotations"]
 

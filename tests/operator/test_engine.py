@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from moelora.operator import engine
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 
 from .conftest import make_spec
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pathlib
 
-import kopf
 import yaml
 
-from moelora.operator import handlers
+from moelora.operator import wiring
+from moelora.operator.context import Context
 from moelora.operator.settings import Settings
 
 
@@ -27,10 +27,9 @@ def test_kopf_connects_with_the_kubeconfigs_token(tmp_path: pathlib.Path) -> Non
             }
         )
     )
-    memo = kopf.Memo(settings=Settings(kubeconfig=str(path)))
-    handlers.configure(memo=memo)
+    memo = Context.open(Settings(kubeconfig=str(path)))
     try:
-        info = handlers.login(memo=memo)
+        info = wiring.login(memo=memo)
         assert (info.server, info.scheme, info.token, info.insecure) == (
             "https://api.example:6443",
             "Bearer",
@@ -39,4 +38,4 @@ def test_kopf_connects_with_the_kubeconfigs_token(tmp_path: pathlib.Path) -> Non
         )
         assert memo.api.configuration.host == "https://api.example:6443"
     finally:
-        handlers.cleanup(memo=memo)
+        memo.close()

@@ -1,4 +1,4 @@
-"""The real kopf operator against the emulated API server over HTTP, driven with kubectl like a user would.
+"""ModelServers through the real kopf operator against the emulated API server over HTTP, driven with kubectl.
 
 One API server and one operator for the module (starting kopf is the slow part); each test works in its own
 namespace so they cannot see each other's objects. The emulator has no Deployment controller and no kubelet: where
@@ -8,9 +8,7 @@ a test needs a rollout or a ready pod, it writes their status itself, as those c
 from __future__ import annotations
 
 import copy
-import functools
 import json
-import pathlib
 import time
 import urllib.error
 import urllib.request
@@ -18,17 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
 from moelora.local import process
 from moelora.local.kube import KubeAPI, OperatorThread
 from moelora.operator.settings import Settings
 
-EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
-MS = "moelora.io/v1alpha1/modelservers"
-LORA = "moelora.io/v1alpha1/loraadapters"
-DEPLOYMENTS = "apps/v1/deployments"
-PDBS = "policy/v1/poddisruptionbudgets"
+from .cluster import DEPLOYMENTS, EXAMPLES, MS, PDBS, apply, condition, manifest, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -38,70 +31,16 @@ def kube() -> Iterator[KubeAPI]:
 
 
 @pytest.fixture(scope="module")
-def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """Stands in for moelora.kernels' bundled configs (filled by the tuner on real GPUs)."""
-    root = tmp_path_factory.mktemp("kernel-configs")
-    (root / "NVIDIA_H200").mkdir()
-    # vLLM's data[max_loras][num_slices][m][rank][hidden][inter]: one GPT-OSS-20B leaf, one Qwen3-30B-A3B leaf.
-    leaf = {
-        "block_m": 16,
-        "block_n": 32,
-        "block_k": 32,
-        "group_size_m": 8,
-        "num_warps": 4,
-        "num_stages": 3,
-        "split_k": 1,
-    }
-    (root / "NVIDIA_H200" / "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json").write_text(
-        json.dumps({"1": {"1": {"1": {"16": {"2880": {"2880": leaf}, "2048": {"768": leaf}}}}}})
-    )
-    (root / "NVIDIA_H200.json").write_text(
-        json.dumps(
-            {
-                "entries": [
-                    {"k": 2880, "n": 5760, "rank": 16, "num_experts": 32, "max_loras": 1, "m": 1, "config": {}},
-                    {"k": 768, "n": 2048, "rank": 16, "num_experts": 128, "max_loras": 1, "m": 1, "config": {}},
-                ]
-            }
-        )
-    )
-    return root
-
-
-@pytest.fixture(scope="module")
-def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThread]:
+def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
     settings = Settings(
         server_image="example.com/server:1",
         agent_image="example.com/agent:1",
         kubeconfig=str(kube.kubeconfig),
         resync_seconds=1.0,
-        kernel_configs_dir=str(kernel_bundle),
         liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz",
     )
     with OperatorThread(settings=settings) as running:
         yield running
-
-
-# Polls every 50 ms; 15 s is far beyond what the operator needs on this machine.
-wait_for = functools.partial(process.wait_for, timeout=15)
-
-
-def manifest(path: str, *, namespace: str, **spec: Any) -> dict[str, Any]:
-    obj = yaml.safe_load((EXAMPLES / path).read_text())
-    obj["metadata"]["namespace"] = namespace
-    obj["spec"].update(spec)
-    return obj
-
-
-def apply(kube: KubeAPI, obj: dict[str, Any], *, check: bool = True) -> Any:
-    return kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj), check=check)
-
-
-def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond["type"] == kind:
-            return cond
-    return None
 
 
 def vllm_args(deployment: dict[str, Any]) -> list[str]:
@@ -329,177 +268,6 @@ def test_schema_rejects_what_a_real_server_would(kube: KubeAPI, operator: Operat
     result = apply(kube, cel, check=False)
     assert result.returncode != 0 and "maxCpuLoras must be at least maxLoras" in result.stderr
     assert kube.get(MS, "schema", "qwen-moe") is None
-
-
-def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI, operator: OperatorThread) -> None:
-    ns = "adapters"
-    apply(kube, manifest("modelserver.yaml", namespace=ns))
-    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
-    apply(kube, manifest("loraadapter.yaml", namespace=ns))
-    pending = wait_for(
-        lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a, what="a phase"
-    )
-    assert pending["status"]["phase"] == "Pending" and pending["status"]["servedName"] == "support-bot"
-
-    orphan = manifest("loraadapter.yaml", namespace=ns, modelServer="no-such-server")
-    orphan["metadata"]["name"] = "orphan"
-    apply(kube, orphan)
-    lost = wait_for(lambda: (c := condition(kube.get(LORA, ns, "orphan"), "Ready")) and c, what="orphan condition")
-    assert lost["reason"] == "ModelServerNotFound"
-    assert kube.get(LORA, ns, "orphan")["status"]["phase"] == "Failed"
-
-    # A ready pod of the server (what the kubelet would report), and its agent's report.
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "qwen-moe-abc",
-            "namespace": ns,
-            "labels": {"app.kubernetes.io/managed-by": "moelora", "moelora.io/model-server": "qwen-moe"},
-        },
-        "spec": {"containers": [{"name": "vllm", "image": "x"}]},
-    }
-    kube.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    kube.kubectl(
-        "patch",
-        "pod",
-        "qwen-moe-abc",
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
-    )
-    kube.kubectl(
-        "patch",
-        "lora",
-        "support-bot",
-        "-n",
-        ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(
-            {
-                "status": {
-                    "replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}
-                }
-            }
-        ),
-    )
-    loaded = wait_for(
-        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a, what="Loaded"
-    )
-    assert "gone-pod" not in loaded["status"]["replicas"]  # pruned: that pod does not exist
-    assert condition(loaded, "Ready")["status"] == "True"
-    counts = wait_for(
-        lambda: (
-            (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and s["status"]["adapters"]
-        ),
-        what="server adapter counts",
-    )
-    assert counts == {"desired": 1, "loaded": 1, "failed": 0}
-
-    # The pod goes away: its entry is pruned and the adapter waits for a ready pod again.
-    kube.kubectl("delete", "pod", "qwen-moe-abc", "-n", ns)
-    again = wait_for(
-        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
-        what="Pending again",
-    )
-    assert again["status"].get("replicas", {}) == {}
-
-    # The server goes away: its adapters say so.
-    kube.kubectl("delete", "ms", "qwen-moe", "-n", ns)
-    gone = wait_for(
-        lambda: (
-            (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and c["reason"] == "ModelServerNotFound" and c
-        ),
-        what="ModelServerNotFound after deletion",
-    )
-    assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
-
-
-def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: OperatorThread) -> None:
-    ns = "kernels"
-    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}))  # no Secret needed for this test
-    server = wait_for(lambda: kube.get(MS, ns, "gpt-oss"), what="the server")
-    config_map = wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs"), what="the ConfigMap")
-    assert config_map["metadata"]["ownerReferences"][0]["uid"] == server["metadata"]["uid"]
-    assert set(config_map["data"]) == {"NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json", "NVIDIA_H200.json"}
-    # Only the model's shape: GPT-OSS-20B's leaf and table entry, not Qwen3's.
-    assert (
-        "2048" not in json.loads(config_map["data"]["NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json"])["1"]["1"]["1"]["16"]
-    )
-    assert [e["num_experts"] for e in json.loads(config_map["data"]["NVIDIA_H200.json"])["entries"]] == [32]
-    dep = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "gpt-oss"), what="the Deployment")
-    volume = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "kernel-configs")
-    assert {"key": "NVIDIA_H200.json", "path": "NVIDIA_H200.json"} in volume["configMap"]["items"]
-    assert dep["spec"]["template"]["metadata"]["annotations"]["moelora.io/kernel-configs-hash"]
-    [fetch] = dep["spec"]["template"]["spec"]["initContainers"]  # s3:// weights
-    assert fetch["args"][:2] == ["fetch-model", "s3://models/openai/gpt-oss-20b/"]
-
-    # A GPU with no bundled set is a condition, not a silent fallback; the running server is left alone.
-    apply(
-        kube,
-        manifest("modelserver-s3.yaml", namespace=ns, s3={}, nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"}),
-    )
-    reason = wait_for(
-        lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["status"] == "True" and c["reason"],
-        what="KernelConfigsNotFound",
-    )
-    assert reason == "KernelConfigsNotFound"
-    assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
-
-    # A model whose shape moelora does not know, and no kernels.shape: a condition too.
-    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}, model={"name": "my-org/mystery-moe"}))
-    wait_for(
-        lambda: (
-            (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded"))
-            and c["status"] == "True"
-            and c["reason"] == "ModelShapeUnknown"
-        ),
-        what="ModelShapeUnknown",
-    )
-    assert kube.get(DEPLOYMENTS, ns, "gpt-oss")["spec"] == dep["spec"]
-
-    # Back to none: the volume, the annotation, the init container's absence all follow.
-    apply(
-        kube,
-        manifest(
-            "modelserver-s3.yaml",
-            namespace=ns,
-            s3={},
-            kernels={"configs": "none"},
-            model={"name": "openai/gpt-oss-20b"},
-        ),
-    )
-    plain = wait_for(
-        lambda: (
-            (d := kube.get(DEPLOYMENTS, ns, "gpt-oss")) and "initContainers" not in d["spec"]["template"]["spec"] and d
-        ),
-        what="the updated Deployment",
-    )
-    assert all(v["name"] != "kernel-configs" for v in plain["spec"]["template"]["spec"]["volumes"])
-    assert "moelora.io/kernel-configs-hash" not in (plain["spec"]["template"]["metadata"].get("annotations") or {})
-    wait_for(lambda: condition(kube.get(MS, ns, "gpt-oss"), "Degraded")["status"] == "False", what="recovered")
-    wait_for(lambda: kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs") is None, what="the stale ConfigMap gone")
-    # A ConfigMap of that name that the server does not own is never touched.
-    kube.kubectl(
-        "apply",
-        "-f",
-        "-",
-        stdin=json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": "gpt-oss-kernel-configs", "namespace": ns},
-                "data": {"mine": "yes"},
-            }
-        ),
-    )
-    time.sleep(1.5)  # a resync or two
-    assert kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs")["data"] == {"mine": "yes"}
 
 
 def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operator: OperatorThread) -> None:

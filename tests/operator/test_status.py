@@ -5,7 +5,7 @@ from typing import Any
 
 from moelora.api import AdapterCounts, LoRAAdapterStatus, ModelServerStatus
 from moelora.operator import status as st
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 
 from .conftest import make_spec
 

@@ -5,7 +5,7 @@ agent both import it, and never each other.
 """
 
 from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
-from moelora.api.loraadapter import (
+from moelora.api.lora_adapter import (
     AdapterPhase,
     AdapterSource,
     FailureReason,
@@ -15,7 +15,7 @@ from moelora.api.loraadapter import (
     ReplicaAdapterState,
     VersionPin,
 )
-from moelora.api.modelserver import (
+from moelora.api.model_server import (
     MAX_LORA_RANKS,
     AdapterCacheSpec,
     AdapterCounts,

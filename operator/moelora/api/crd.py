@@ -13,8 +13,8 @@ import yaml
 from pydantic import BaseModel
 
 from moelora.api.common import GROUP, VERSION
-from moelora.api.loraadapter import LoRAAdapter
-from moelora.api.modelserver import ModelServer
+from moelora.api.lora_adapter import LoRAAdapter
+from moelora.api.model_server import ModelServer
 
 # Keys of JSON Schema that a structural schema keeps; everything else pydantic writes (title, $defs...) goes.
 _KEPT = {

@@ -1,9 +1,14 @@
-"""The moelora operator: kopf handlers (thin) around pure manifest builders.
+"""The moelora operator: thin kopf handlers around pure manifest builders, and one module that talks to the API.
 
-Modules, one concern each: `settings` (env -> Settings), `naming` (labels, names), `engine` (vLLM args/env,
-refused flags), `kernelconfigs` (the tuned-config volume), `deployment`, `service`, `disruption` (the
-PodDisruptionBudget), `status` (conditions and roll-ups), `apply` (the only module that writes to the Kubernetes
-API), `handlers` (kopf wiring).
+Modules, one concern each, the lower layers first:
+- pure builders: `settings` (env -> Settings), `naming` (labels, names), `errors` (SpecProblem), `vllm_flags`
+  (vLLM's flags, bundled), `engine` (vLLM args/env, refused flags), `model_shapes` (a model's MoE shape),
+  `kernel_configs` (the tuned-config volume), `deployment`, `service`, `disruption` (the PodDisruptionBudget),
+  `children` (everything a ModelServer owns), `status` (reading what exists, and the status judged from it);
+- `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
+- `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
+- handlers by resource: `model_servers`, `lora_adapters`; `wiring` registers them and runs kopf (`handlers` only
+  re-exports `run` for moelora.local).
 Run it with `python3 -m moelora.operator`.
 
 Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace):

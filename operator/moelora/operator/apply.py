@@ -1,4 +1,5 @@
-"""The only module that talks to the Kubernetes API: reads, and idempotent create-or-patch of owned objects.
+"""The only module that talks to the Kubernetes API: reads, status patches, and idempotent create-or-patch of
+owned objects.
 
 Each owned object carries the hash of what the operator rendered (`moelora.io/desired-hash`). An unchanged hash on
 an object that still holds every field we set means no write at all, so running a reconcile twice never writes
@@ -67,7 +68,7 @@ def _request(
     return json.loads(data or b"{}")
 
 
-def get(api: kubernetes.client.ApiClient, *, path: str) -> dict[str, Any] | None:
+def _get(api: kubernetes.client.ApiClient, path: str) -> dict[str, Any] | None:
     """The object at `path`, or None on 404."""
     try:
         return _request(api, "GET", path)
@@ -77,33 +78,59 @@ def get(api: kubernetes.client.ApiClient, *, path: str) -> dict[str, Any] | None
         raise
 
 
-def secret_exists(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> bool | None:
+def _object_path(api_version: str, kind: str, *, namespace: str, name: str) -> str:
+    return f"{_PATHS[(api_version, kind)].format(namespace=namespace)}/{name}"
+
+
+def _custom_path(plural: str, *, namespace: str, name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}"
+
+
+def get_model_server(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The ModelServer as stored now, or None on 404."""
+    return _get(api, _custom_path("modelservers", namespace=namespace, name=name))
+
+
+def get_lora_adapter(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The LoRAAdapter as stored now, or None on 404."""
+    return _get(api, _custom_path("loraadapters", namespace=namespace, name=name))
+
+
+def get_pod(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Pod, or None on 404."""
+    return _get(api, f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+def get_config_map(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The ConfigMap, or None on 404."""
+    return _get(api, _object_path("v1", "ConfigMap", namespace=namespace, name=name))
+
+
+def get_deployment(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The Deployment, or None on 404."""
+    return _get(api, _object_path("apps/v1", "Deployment", namespace=namespace, name=name))
+
+
+def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool | None:
     """Whether the Secret exists; None when the operator may not read Secrets there (403).
 
     The chart grants no cluster-wide Secret read unless asked (`operator.secretAccess`); then the check is
     skipped, and a missing Secret surfaces as the pods' own SecretNotFound instead. Its data is never kept.
     """
     try:
-        return get(api, path=f"/api/v1/namespaces/{namespace}/secrets/{name}") is not None
+        return _get(api, f"/api/v1/namespaces/{namespace}/secrets/{name}") is not None
     except ApiException as exc:
         if exc.status == 403:
             return None
         raise
 
 
-def get_config_map(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
-    return get(api, path=object_path("v1", "ConfigMap", namespace=namespace, name=name))
-
-
-def get_deployment(api: kubernetes.client.ApiClient, *, namespace: str, name: str) -> dict[str, Any] | None:
-    return get(api, path=object_path("apps/v1", "Deployment", namespace=namespace, name=name))
-
-
 def patch_status(
-    api: kubernetes.client.ApiClient, *, plural: str, namespace: str, name: str, status: dict[str, Any]
+    *, api: kubernetes.client.ApiClient, plural: str, namespace: str, name: str, status: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """Merge-patch the status subresource of one of our objects; None if the object is gone."""
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{plural}/{name}/status"
+    """Merge-patch the status subresource of a ModelServer or LoRAAdapter (`plural`); the patched object, or None
+    on 404 (the object is gone)."""
+    path = _custom_path(plural, namespace=namespace, name=name) + "/status"
     try:
         return _request(api, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
     except ApiException as exc:
@@ -112,13 +139,13 @@ def patch_status(
         raise
 
 
-def object_path(api_version: str, kind: str, *, namespace: str, name: str) -> str:
-    return f"{_PATHS[(api_version, kind)].format(namespace=namespace)}/{name}"
-
-
-def delete_if_owned(api: kubernetes.client.ApiClient, *, path: str, owner_uid: str) -> bool:
-    """Delete the object at `path` if `owner_uid` owns it (never someone else's object). True if deleted."""
-    obj = get(api, path=path)
+def delete_if_owned(
+    *, api: kubernetes.client.ApiClient, api_version: str, kind: str, namespace: str, name: str, owner_uid: str
+) -> bool:
+    """Delete the object if `owner_uid` owns it (never someone else's object). True if deleted (or gone meanwhile),
+    False if absent or not ours."""
+    path = _object_path(api_version, kind, namespace=namespace, name=name)
+    obj = _get(api, path)
     if obj is None or not any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or []):
         return False
     try:
@@ -190,24 +217,25 @@ def _owned_fields(desired: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ensure(api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Create `desired` or bring the existing object in line. Returns (the object, 'created'|'patched'|'unchanged').
+def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Create `desired` or bring the existing object in line. Returns (the object as stored,
+    'created'|'patched'|'unchanged').
 
-    `desired` must already carry its ownerReferences (kopf.adopt) and namespace.
+    `desired` must already carry its ownerReferences and namespace.
     """
     desired = copy.deepcopy(desired)
     metadata = desired["metadata"]
     metadata.setdefault("annotations", {})[naming.ANNOTATION_HASH] = desired_hash(desired)
     collection = _PATHS[(desired["apiVersion"], desired["kind"])].format(namespace=metadata["namespace"])
     path = f"{collection}/{metadata['name']}"
-    actual = get(api, path=path)
+    actual = _get(api, path)
     if actual is None:
         try:
             return _request(api, "POST", collection, body=desired), "created"
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            actual = get(api, path=path)  # created concurrently by another reconcile of the same server
+            actual = _get(api, path)  # created concurrently by another reconcile of the same server
             if actual is None:
                 raise
     same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == metadata[

@@ -1,6 +1,6 @@
 """The Deployment of a ModelServer: the pod exactly as docs/architecture.md "The pod" describes it.
 
-A pure function of the spec, the operator settings and the kernel-config plan; `SpecProblem` for what only the
+A pure function of the spec, the operator settings and the kernel-config volume; `SpecProblem` for what only the
 operator can refuse (engine flags, env).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from moelora.api import ModelServerSpec
 from moelora.operator import engine, naming
-from moelora.operator.kernelconfigs import KernelConfigPlan
+from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.service import AGENT_PORT
 from moelora.operator.settings import Settings
 
@@ -120,9 +120,9 @@ def deployment(
     name: str,
     namespace: str,
     settings: Settings,
-    kernel_configs: KernelConfigPlan | None = None,
+    kernel_configs: KernelConfigVolume | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for a ModelServer. Raises engine.SpecProblem for engineArgs/env the operator refuses."""
+    """The Deployment for a ModelServer. Raises SpecProblem for engineArgs/env the operator refuses."""
     labels = naming.labels(name)
     model = engine.model_ref(spec)
 

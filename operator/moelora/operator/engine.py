@@ -11,7 +11,8 @@ import re
 from typing import Any
 
 from moelora.api import KernelImplementation, ModelServerSpec
-from moelora.operator import vllmflags
+from moelora.operator import vllm_flags
+from moelora.operator.errors import SpecProblem
 
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
@@ -46,15 +47,6 @@ MANAGED_ENV = frozenset(
         "VLLM_LORA_ENABLE_DUAL_STREAM",
     }
 )
-
-
-class SpecProblem(Exception):
-    """Something in a spec the schema accepted but only the operator can judge. Becomes a condition and an Event."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -102,7 +94,7 @@ def _is_value(token: str) -> bool:
 def check_engine_args(engine_args: list[str]) -> None:
     """Raise SpecProblem for a flag moelora manages (ManagedEngineFlag), one vLLM does not know
     (UnknownEngineFlag), or values that do not fit the flag (EngineArgValue): vLLM would exit on any of them."""
-    arity = vllmflags.flag_arity()
+    arity = vllm_flags.flag_arity()
     index = 0
     while index < len(engine_args):
         token = engine_args[index]
@@ -125,9 +117,9 @@ def check_engine_args(engine_args: list[str]) -> None:
             values += 1
             index += 1
         dotted = token.split("=", 1)[0] != name and "." in token.split("=", 1)[0]  # --json-arg.key value
-        if arity[name] == vllmflags.NONE and (inline or values):
+        if arity[name] == vllm_flags.NONE and (inline or values):
             raise SpecProblem("EngineArgValue", f"engineArgs: {name} is a switch and takes no value")
-        if arity[name] == vllmflags.ONE and not dotted and inline + values != 1:
+        if arity[name] == vllm_flags.ONE and not dotted and inline + values != 1:
             raise SpecProblem("EngineArgValue", f"engineArgs: {name} takes exactly one value")
 
 
@@ -181,8 +173,7 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
     if spec.kernels.implementation == KernelImplementation.MOELORA:
         env.append({"name": "MOELORA_KERNEL", "value": "moelora"})
         if spec.gpus > 0:
-            # vLLM's own switch to run the LoRA kernels on a second CUDA stream, overlapping the base GEMMs: with our
-            # plugin on an H200 it was part of the configuration that reached 4.92 ms median TPOT. CUDA only: vLLM
-            # refuses to start with it on the CPU, where the plugin runs too (gpus: 0, moelora.local).
+            # LoRA kernels on a second CUDA stream overlap the base GEMMs (docs/benchmarks.md); CUDA only, as vLLM
+            # refuses it on the CPU, where the plugin also runs (gpus: 0, moelora.local).
             env.append({"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "1"})
     return env + [{"name": var.name, "value": var.value} for var in spec.env]

@@ -1,4 +1,5 @@
-"""Status, judged from what exists: pure functions of the spec, the Deployment, the pods and the adapters.
+"""Status, judged from what exists: pure functions of the spec, the Deployment, the pods and the adapters, and the
+readers of status others wrote (a pod's readiness, a server's stored conditions).
 
 ModelServer: conditions Ready / Progressing / Degraded from the Deployment and its own conditions, plus the
 operator's verdict on the spec. LoRAAdapter: the phase roll-up of docs/architecture.md "Status ownership" from the
@@ -31,6 +32,8 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic
+
 from moelora.api import (
     AdapterCounts,
     AdapterPhase,
@@ -42,7 +45,28 @@ from moelora.api import (
 )
 from moelora.api.common import set_condition
 from moelora.operator import naming
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
+
+
+def pod_ready(pod_status: Mapping[str, Any]) -> bool:
+    """Whether a pod's status says Ready."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod_status.get("conditions") or [])
+
+
+def stored_server_status(raw_status: Mapping[str, Any]) -> ModelServerStatus:
+    """A ModelServer's status as stored; empty when it does not parse (a hand edit), so it is rewritten whole."""
+    try:
+        return ModelServerStatus.model_validate(dict(raw_status))
+    except pydantic.ValidationError:
+        return ModelServerStatus()
+
+
+def degraded_reason(raw_status: Mapping[str, Any]) -> str | None:
+    """The reason of a stored Degraded=True condition, None when not degraded."""
+    for condition in raw_status.get("conditions") or []:
+        if condition.get("type") == "Degraded" and condition.get("status") == "True":
+            return str(condition.get("reason"))
+    return None
 
 
 def _deployment_condition(deployment: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:

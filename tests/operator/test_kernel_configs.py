@@ -7,107 +7,34 @@ import sys
 
 import pytest
 
-from moelora.operator import kernelconfigs as kc
-from moelora.operator.engine import SpecProblem
+from moelora.operator import kernel_configs as kc
+from moelora.operator.errors import SpecProblem
 
 from .conftest import k8s_valid, make_spec
+from .kernel_bundles import (
+    DENSE_FILES,
+    GPT_OSS,
+    QWEN3,
+    SHAPES,
+    TABLE_KEYS,
+    VLLM_FILES,
+    dense_tree,
+    table_entry,
+    vllm_leaves,
+    write_bundle,
+)
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
 LABELS = {"app.kubernetes.io/managed-by": "moelora"}
-GPT_OSS, QWEN3 = "openai/gpt-oss-20b", "Qwen/Qwen3-30B-A3B"
-# (hidden, moe_intermediate, experts); moelora's table holds (k, n, experts) of each op: gate_up (hidden, 2 x inter)
-# or per slice (hidden, inter), down (inter, hidden).
-SHAPES = {GPT_OSS: (2880, 2880, 32), QWEN3: (2048, 768, 128)}
-TABLE_KEYS = {
-    GPT_OSS: {(2880, 5760, 32), (2880, 2880, 32)},
-    QWEN3: {(2048, 1536, 128), (2048, 768, 128), (768, 2048, 128)},
-}
-LEAF = {"block_m": 16, "block_n": 32, "block_k": 32, "group_size_m": 8, "num_warps": 4, "num_stages": 3, "split_k": 1}
-VLLM_FILES = (
-    "NVIDIA_H200_FUSED_MOE_LORA_W13_SHRINK.json",
-    "NVIDIA_H200_FUSED_MOE_LORA_W2_SHRINK.json",
-    "NVIDIA_H200_FUSED_MOE_LORA_W2_EXPAND.json",
-)
-# vLLM's dense LoRA ops (attention and router projections): data[max_loras+1][num_slices][m][k][n] -> leaf, keyed by
-# sizes a MoE shape does not carry, so mounted whole, for the model whose hidden size they were tuned with.
-DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json")
-
-
-def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
-    """vLLM's nesting data[max_loras][num_slices][m][rank][hidden][inter], for leaves (num_slices, hidden, inter)."""
-    tree: dict = {}
-    for slices, hidden, inter in leaves:
-        for max_loras, m in (("1", "1"), ("4", "64")):
-            node = tree
-            for key in (max_loras, str(slices), m, "16", str(hidden)):
-                node = node.setdefault(key, {})
-            node[str(inter)] = dict(LEAF)
-    return tree
-
-
-def dense_tree(k: int, n: int) -> dict:
-    """vLLM's dense-op nesting data[max_loras+1][num_slices][m][k][n], for one (k, n) and a few m."""
-    return {
-        "5": {"1": {m: {str(k): {str(n): dict(LEAF)}} for m in ("1", "64")}, "3": {"1": {str(k): {str(n): dict(LEAF)}}}}
-    }
-
-
-def table_entry(k: int, n: int, experts: int, **config: object) -> dict:
-    return {
-        "k": k,
-        "n": n,
-        "rank": 16,
-        "num_experts": experts,
-        "max_loras": 1,
-        "m": 1,
-        "config": {"split_k": 1, **config},
-    }
-
-
-def vllm_leaves(tree: dict) -> list[tuple[str, ...]]:
-    """The key paths of every leaf, checking the file is nested exactly like vLLM's: six levels of integer keys."""
-    paths = []
-
-    def walk(node: object, path: tuple[str, ...]) -> None:
-        if len(path) == 6:
-            assert isinstance(node, dict) and set(node) == set(LEAF), path
-            paths.append(path)
-            return
-        assert isinstance(node, dict) and node, path  # no empty branch left behind
-        for key, child in node.items():
-            assert key.isdigit(), path
-            walk(child, (*path, key))
-
-    walk(tree, ())
-    return paths
 
 
 @pytest.fixture
 def bundle(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A small stand-in for moelora.kernels' bundled configs/: GPT-OSS-20B and Qwen3-30B-A3B on the H200."""
-    table = {
-        "device": "NVIDIA H200",
-        "source": "test",
-        "entries": [table_entry(*key) for model in (GPT_OSS, QWEN3) for key in sorted(TABLE_KEYS[model])]
-        + [table_entry(2880, 5760, 128)],
-    }  # GPT-OSS' sizes with another expert count: no one's here
-    (tmp_path / "NVIDIA_H200.json").write_text(json.dumps(table))
-    gpu = tmp_path / "NVIDIA_H200"
-    gpu.mkdir()
-    w13, w2_shrink, w2_expand = VLLM_FILES
-    (gpu / w13).write_text(json.dumps(vllm_tree((1, 2880, 5760), (2, 2048, 768))))
-    # (4096, 2880): another model with GPT-OSS' intermediate size, of a hidden size no one here has.
-    (gpu / w2_shrink).write_text(json.dumps(vllm_tree((1, 2880, 2880), (1, 2048, 768), (1, 4096, 2880))))
-    (gpu / w2_expand).write_text(json.dumps(vllm_tree((1, 2048, 768))))  # tuned for Qwen3 only
-    shrink, expand = DENSE_FILES
-    (gpu / shrink).write_text(json.dumps(dense_tree(2880, 16)))
-    (gpu / expand).write_text(json.dumps(dense_tree(16, 2880)))  # o_proj's output: GPT-OSS' hidden size
-    (gpu / "README.txt").write_text("not a config")
-    return tmp_path
+    return write_bundle(tmp_path)
 
 
 def shape_of(model: str) -> object:
-    return kc.modelshapes.model_shape(make_spec(model={"name": model}))
+    return kc.model_shapes.model_shape(make_spec(model={"name": model}))
 
 
 def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
@@ -115,10 +42,10 @@ def auto_spec(model: str = GPT_OSS, **overrides: object) -> object:
     return make_spec(**{**wire, **overrides})
 
 
-def mounted(plan: kc.KernelConfigPlan | None) -> dict[str, object]:
-    """{file name as vLLM sees it: parsed JSON} of an `auto` plan."""
-    assert plan is not None and plan.owned_config_map is not None
-    return {item["path"]: json.loads(plan.owned_config_map["data"][item["key"]]) for item in plan.items or []}
+def mounted(volume: kc.KernelConfigVolume | None) -> dict[str, object]:
+    """{file name as vLLM sees it: parsed JSON} of an `auto` volume."""
+    assert volume is not None and volume.owned_config_map is not None
+    return {item["path"]: json.loads(volume.owned_config_map["data"][item["key"]]) for item in volume.items or []}
 
 
 def pop_dense(files: dict[str, object], bundled: pathlib.Path, model: str = GPT_OSS) -> None:
@@ -158,25 +85,25 @@ def test_device_name_is_vllms_form(product: str, device: str) -> None:
 
 
 def test_none_mode_has_no_volume(bundle: pathlib.Path) -> None:
-    assert kc.plan(make_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle) is None
+    assert kc.volume(make_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle) is None
 
 
 def test_auto_renders_an_owned_config_map_of_the_models_files(bundle: pathlib.Path) -> None:
-    plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and plan.owned_config_map is not None
-    k8s_valid(plan.owned_config_map)
-    assert plan.config_map_name == "srv-kernel-configs"
-    assert plan.owned_config_map["metadata"]["labels"] == LABELS
-    paths = {item["key"]: item["path"] for item in plan.items or []}
+    volume = kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and volume.owned_config_map is not None
+    k8s_valid(volume.owned_config_map)
+    assert volume.config_map_name == "srv-kernel-configs"
+    assert volume.owned_config_map["metadata"]["labels"] == LABELS
+    paths = {item["key"]: item["path"] for item in volume.items or []}
     # The W2 expand file holds Qwen3 entries only: nothing of it is GPT-OSS', so it is not mounted; the dense-op
     # files are, whole.
     assert paths == {name: name for name in ("NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES)}
-    assert set(plan.owned_config_map["data"]) == set(paths)
+    assert set(volume.owned_config_map["data"]) == set(paths)
 
 
 @pytest.mark.parametrize("model", [GPT_OSS, QWEN3, "qwen/qwen3-30b-a3b-instruct-2507", "OpenAI/GPT-OSS-20B"])
 def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> None:
-    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle))
     canonical = GPT_OSS if "gpt" in model.lower() else QWEN3
     pop_dense(files, bundle / "NVIDIA_H200", canonical)
     assert_only_shape(files, canonical)
@@ -187,7 +114,7 @@ def test_auto_mounts_only_the_models_shape(bundle: pathlib.Path, model: str) -> 
 def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
     root = kc.bundle_root()
     assert root is not None
-    files = mounted(kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
+    files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
     pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200", model)
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
@@ -199,8 +126,8 @@ def test_the_real_dense_files_are_mounted_whole() -> None:
     vLLM takes the nearest key at each level) go with GPT-OSS' fused ones on the H200, unchanged."""
     root = kc.bundle_root()
     assert root is not None
-    plan = kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=root)
-    files = mounted(plan)
+    volume = kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=root)
+    files = mounted(volume)
     assert set(DENSE_FILES) <= set(files) and any(name.startswith("NVIDIA_H200_FUSED_MOE_LORA_") for name in files)
     for name in DENSE_FILES:
         assert files[name] == json.loads((pathlib.Path(str(root)) / "NVIDIA_H200" / name).read_text())
@@ -211,7 +138,7 @@ def test_dense_files_are_kept_whole_by_their_exact_names(bundle: pathlib.Path) -
     (gpu / "NVIDIA_H200_EXPAND_FALSE.json").write_text(json.dumps(dense_tree(16, 2880)))
     (gpu / "NVIDIA_H100_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))  # another GPU's name
     (gpu / "MY_NVIDIA_H200_SHRINK.json").write_text(json.dumps(dense_tree(2880, 16)))
-    files = mounted(kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle))
     # Not exactly a dense file's name: cut like a fused file, where they have no leaves of GPT-OSS' sizes.
     assert set(files) == {"NVIDIA_H200.json", *VLLM_FILES[:2], *DENSE_FILES, "NVIDIA_H200_EXPAND_FALSE.json"}
     assert files["NVIDIA_H200_EXPAND_FALSE.json"] == dense_tree(16, 2880)
@@ -228,19 +155,19 @@ def test_dense_files_count_toward_a_config_maps_limit(bundle: pathlib.Path) -> N
     size = {name: len(text.encode()) for name, text in cut.items()}
     assert size[DENSE_FILES[0]] <= kc.MAX_CONFIG_BYTES < sum(size.values())  # under the limit alone, not in all
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsTooLarge"
 
 
 def test_every_bundled_entry_belongs_to_a_known_model() -> None:
-    """The bundle and modelshapes.KNOWN_SHAPES stay in step, so KernelConfigsNotFound lists every bundled shape."""
+    """The bundle and model_shapes.KNOWN_SHAPES stay in step, so KernelConfigsNotFound lists every bundled shape."""
     root = kc.bundle_root()
     assert root is not None
     for gpu in sorted(p.stem for p in pathlib.Path(str(root)).glob("*.json")):
         bundle = kc.read_bundle(gpu, root=root)
         dense = {name: bundle.pop(name) for name in kc.dense_file_names(gpu) if name in bundle}  # mounted whole
         covered: dict[str, set] = {name: set() for name in bundle}
-        for shape in {kc.modelshapes.key(s): s for s in kc.modelshapes.KNOWN_SHAPES.values()}.values():
+        for shape in {kc.model_shapes.key(s): s for s in kc.model_shapes.KNOWN_SHAPES.values()}.values():
             for name, text in kc.for_shape({**bundle, **dense}, shape, gpu=gpu).items():
                 data = json.loads(text)
                 if name in dense:
@@ -262,24 +189,24 @@ def test_every_bundled_entry_belongs_to_a_known_model() -> None:
 
 
 def test_an_explicit_shape_serves_a_model_moelora_does_not_know(bundle: pathlib.Path) -> None:
-    qwen = kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    qwen = kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
     shape = {"hiddenSize": 2048, "moeIntermediateSize": 768, "numExperts": 128}
     spec = auto_spec("my-org/my-qwen3-finetune", kernels={"configs": "auto", "shape": shape})
-    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and qwen is not None and plan.content_hash == qwen.content_hash
-    files = mounted(plan)
+    volume = kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and qwen is not None and volume.content_hash == qwen.content_hash
+    files = mounted(volume)
     pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
     # Given, the shape wins over the one moelora knows for the id.
     spec = auto_spec(GPT_OSS, kernels={"configs": "auto", "shape": shape})
-    files = mounted(kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
+    files = mounted(kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle))
     pop_dense(files, bundle / "NVIDIA_H200", QWEN3)
     assert_only_shape(files, QWEN3)
 
 
 def test_an_unknown_model_without_a_shape_is_a_problem(bundle: pathlib.Path) -> None:
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec("my-org/mystery-moe"), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec("my-org/mystery-moe"), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "ModelShapeUnknown"
     assert "my-org/mystery-moe" in caught.value.message and "kernels.shape" in caught.value.message
 
@@ -288,7 +215,7 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
     shape = {"hiddenSize": 4096, "moeIntermediateSize": 1536, "numExperts": 128}
     spec = auto_spec("Qwen/Qwen3-235B-A22B", kernels={"configs": "auto", "shape": shape})
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     message = caught.value.message
     assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_H200" in message
     assert "hiddenSize=4096 moeIntermediateSize=1536 numExperts=128" in message
@@ -298,15 +225,15 @@ def test_a_shape_with_nothing_bundled_is_a_problem_naming_what_is(bundle: pathli
     # Same hidden size, another intermediate size: nothing of GPT-OSS' leaks in.
     spec = auto_spec("x/y", kernels={"configs": "auto", "shape": {**shape, "hiddenSize": 2880}})
     with pytest.raises(SpecProblem, match="numExperts=128"):
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
 
 
 def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_H200" / "E=32,N=5760,device_name=NVIDIA_H200.json").write_text(
         json.dumps({"1": {"BLOCK_SIZE_M": 16}})
     )
-    plan = kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and {item["path"] for item in plan.items or []} == {
+    volume = kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and {item["path"] for item in volume.items or []} == {
         "NVIDIA_H200.json",
         *VLLM_FILES[:2],
         *DENSE_FILES,
@@ -316,15 +243,15 @@ def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:
     (bundle / "NVIDIA_B200.json").write_text(json.dumps({"entries": [table_entry(2880, 5760, 32)]}))
     spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
-    plan = kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
-    assert plan is not None and plan.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
+    volume = kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert volume is not None and volume.items == [{"key": "NVIDIA_B200.json", "path": "NVIDIA_B200.json"}]
     assert set(kc.read_bundle("NVIDIA_H200", root=bundle)) == {"NVIDIA_H200.json", *VLLM_FILES, *DENSE_FILES}
 
 
 def test_the_hash_follows_the_models_content_only(bundle: pathlib.Path) -> None:
     def hashes() -> tuple[str, str]:
         plans = [
-            kc.plan(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
+            kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=bundle)
             for model in (GPT_OSS, QWEN3)
         ]
         assert plans[0] and plans[1]
@@ -351,17 +278,17 @@ def test_colliding_keys_stay_unique() -> None:
 
 def test_auto_without_a_gpu_label_is_a_problem(bundle: pathlib.Path) -> None:
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(nodeSelector={}), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(nodeSelector={}), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "GPUUnknown"
 
 
 def test_auto_without_a_bundled_set_is_a_problem_not_a_fallback(bundle: pathlib.Path) -> None:
     spec = auto_spec(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-B200"})
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsNotFound" and "NVIDIA_B200" in caught.value.message
     with pytest.raises(SpecProblem):
-        kc.plan(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=None)
+        kc.volume(auto_spec(), name="srv", namespace="ns", labels=LABELS, root=None)
 
 
 def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> None:
@@ -369,15 +296,15 @@ def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> Non
     table = json.loads(table_path.read_text())
     table["entries"].append(table_entry(768, 2048, 128, pad="x" * kc.MAX_CONFIG_BYTES))  # a Qwen3 entry
     table_path.write_text(json.dumps(table))
-    assert kc.plan(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
+    assert kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+        kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
     assert caught.value.reason == "KernelConfigsTooLarge"
 
 
 def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Path) -> None:
     spec = make_spec(kernels={"configs": "configMap", "configMapName": "tuned"})
-    plan = kc.plan(
+    volume = kc.volume(
         spec,
         name="srv",
         namespace="ns",
@@ -385,9 +312,9 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
         root=bundle,
         user_config_map={"data": {"NVIDIA_H200_SHRINK.json": "{}"}},
     )
-    assert plan is not None
-    assert (plan.config_map_name, plan.items, plan.owned_config_map) == ("tuned", None, None)
-    other = kc.plan(
+    assert volume is not None
+    assert (volume.config_map_name, volume.items, volume.owned_config_map) == ("tuned", None, None)
+    other = kc.volume(
         spec,
         name="srv",
         namespace="ns",
@@ -395,15 +322,15 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
         root=bundle,
         user_config_map={"data": {"NVIDIA_H200_SHRINK.json": '{"1": {}}'}},
     )
-    assert other is not None and other.content_hash != plan.content_hash
+    assert other is not None and other.content_hash != volume.content_hash
     with pytest.raises(SpecProblem) as caught:
-        kc.plan(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
     assert caught.value.reason == "ConfigMapNotFound"
 
 
 def test_the_bundle_is_found_without_importing_torch() -> None:
     code = (
-        "import sys; from moelora.operator import kernelconfigs as kc; root = kc.bundle_root(); "
+        "import sys; from moelora.operator import kernel_configs as kc; root = kc.bundle_root(); "
         "print(root is not None and str(root).endswith('moelora/kernels/configs'), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

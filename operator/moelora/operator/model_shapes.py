@@ -8,7 +8,7 @@ guesses a shape from a name it does not know.
 from __future__ import annotations
 
 from moelora.api import ModelServerSpec, MoeShape
-from moelora.operator.engine import SpecProblem
+from moelora.operator.errors import SpecProblem
 
 _GPT_OSS_20B = MoeShape(hidden_size=2880, moe_intermediate_size=2880, num_experts=32)
 _QWEN3_30B_A3B = MoeShape(hidden_size=2048, moe_intermediate_size=768, num_experts=128)

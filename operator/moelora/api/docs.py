@@ -1,6 +1,6 @@
 """A Markdown reference of the CRDs, generated from the same schemas as the CRDs themselves.
 
-`python -m moelora.api.reference > docs/crd-reference.md`; a test keeps the file current.
+`python -m moelora.api.docs > docs/crd-reference.md` (`make docs`); a test keeps the file current.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def render() -> str:
     lines = [
         "# CRD reference",
         "",
-        "Generated from the pydantic models by `python -m moelora.api.reference`. Do not edit.",
+        "Generated from the pydantic models by `python -m moelora.api.docs`. Do not edit.",
         "",
     ]
     for crd in custom_resource_definitions():

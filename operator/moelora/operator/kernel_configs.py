@@ -3,7 +3,7 @@
 `configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
 bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
 e.g. NVIDIA_H200), picked by the GPU product in the node selector, and cut down to the entries tuned for the
-model's MoE shape (moelora.operator.modelshapes). vLLM's files for its dense LoRA ops (`<GPU>_SHRINK.json`,
+model's MoE shape (moelora.operator.model_shapes). vLLM's files for its dense LoRA ops (`<GPU>_SHRINK.json`,
 `<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router projections) go in whole, with the shape's, when they were
 tuned for the model's hidden size: their other keys are sizes the MoE shape does not carry, and vLLM takes the
 nearest key at each level. Nothing is ever guessed: no
@@ -25,8 +25,8 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import KernelConfigMode, ModelServerSpec, MoeShape
-from moelora.operator import modelshapes
-from moelora.operator.engine import SpecProblem
+from moelora.operator import model_shapes
+from moelora.operator.errors import SpecProblem
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA's GPU feature discovery, e.g. NVIDIA-H200
 MAX_CONFIG_BYTES = 1024 * 1024  # a ConfigMap holds at most 1 MiB
@@ -35,7 +35,7 @@ _KEY_UNSAFE = re.compile(r"[^-._a-zA-Z0-9]")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class KernelConfigPlan:
+class KernelConfigVolume:
     config_map_name: str  # what the volume mounts
     items: list[dict[str, str]] | None  # key -> file name, when ConfigMap keys cannot be the file names
     content_hash: str  # goes on the pod template: new content rolls the pods
@@ -87,7 +87,7 @@ def _table_for_shape(text: str, shape: MoeShape) -> str | None:
     table = json.loads(text)
     if not isinstance(table, dict):
         return None
-    hidden, inter, experts = modelshapes.key(shape)
+    hidden, inter, experts = model_shapes.key(shape)
     wanted = {(hidden, 2 * inter, experts), (hidden, inter, experts), (inter, hidden, experts)}
     entries = [
         e
@@ -181,11 +181,11 @@ def bundled_shapes(files: Mapping[str, str], *, gpu: str) -> list[str]:
     """The known models' shapes that have entries in `files`, for a message: 'hiddenSize=.. (model ids)'."""
     ids: dict[tuple[int, int, int], list[str]] = {}
     shapes: dict[tuple[int, int, int], MoeShape] = {}
-    for model_id, shape in modelshapes.KNOWN_SHAPES.items():
-        ids.setdefault(modelshapes.key(shape), []).append(model_id)
-        shapes[modelshapes.key(shape)] = shape
+    for model_id, shape in model_shapes.KNOWN_SHAPES.items():
+        ids.setdefault(model_shapes.key(shape), []).append(model_id)
+        shapes[model_shapes.key(shape)] = shape
     return [
-        f"{modelshapes.describe(shapes[k])} ({', '.join(ids[k])})" for k in ids if for_shape(files, shapes[k], gpu=gpu)
+        f"{model_shapes.describe(shapes[k])} ({', '.join(ids[k])})" for k in ids if for_shape(files, shapes[k], gpu=gpu)
     ]
 
 
@@ -208,7 +208,7 @@ def owned_config_map_name(name: str) -> str:
     return f"{name}-kernel-configs"
 
 
-def plan(
+def volume(
     spec: ModelServerSpec,
     *,
     name: str,
@@ -216,7 +216,7 @@ def plan(
     labels: Mapping[str, str],
     root: Traversable | None,
     user_config_map: Mapping[str, Any] | None = None,
-) -> KernelConfigPlan | None:
+) -> KernelConfigVolume | None:
     """The volume to mount, or None for `none`. `user_config_map` is the fetched ConfigMap (None if absent)."""
     mode = spec.kernels.configs
     if mode == KernelConfigMode.NONE:
@@ -226,7 +226,7 @@ def plan(
         if user_config_map is None:
             raise SpecProblem("ConfigMapNotFound", f"kernel-config ConfigMap {cm_name!r} does not exist")
         data = dict(user_config_map.get("data") or {})
-        return KernelConfigPlan(config_map_name=cm_name, items=None, content_hash=content_hash(data))
+        return KernelConfigVolume(config_map_name=cm_name, items=None, content_hash=content_hash(data))
 
     gpu = device_name(spec.node_selector)
     if gpu is None:
@@ -240,14 +240,14 @@ def plan(
             "KernelConfigsNotFound",
             f"no bundled kernel configs for GPU {gpu}; use kernels.configs=configMap with your own, or none",
         )
-    shape = modelshapes.model_shape(spec)
+    shape = model_shapes.model_shape(spec)
     files = for_shape(bundle, shape, gpu=gpu)
     if not files:
         bundled = "; ".join(bundled_shapes(bundle, gpu=gpu)) or "none of a model moelora knows"
         raise SpecProblem(
             "KernelConfigsNotFound",
             f"no bundled kernel configs for GPU {gpu} and the model's shape "
-            f"({modelshapes.describe(shape)}); bundled for {gpu}: {bundled}. "
+            f"({model_shapes.describe(shape)}); bundled for {gpu}: {bundled}. "
             "Use kernels.configs=configMap with your own, or none",
         )
     size = sum(len(text.encode()) for text in files.values())
@@ -255,7 +255,7 @@ def plan(
         raise SpecProblem(
             "KernelConfigsTooLarge",
             f"bundled kernel configs for {gpu} and "
-            f"{modelshapes.describe(shape)} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}",
+            f"{model_shapes.describe(shape)} are {size} bytes, over a ConfigMap's {MAX_CONFIG_BYTES}",
         )
     taken: set[str] = set()
     keyed = {config_map_key(file_name, taken): (file_name, text) for file_name, text in files.items()}
@@ -266,7 +266,7 @@ def plan(
         "metadata": {"name": cm_name, "namespace": namespace, "labels": dict(labels)},
         "data": {key: text for key, (_, text) in keyed.items()},
     }
-    return KernelConfigPlan(
+    return KernelConfigVolume(
         config_map_name=cm_name,
         items=[{"key": key, "path": file_name} for key, (file_name, _) in keyed.items()],
         content_hash=content_hash(files),

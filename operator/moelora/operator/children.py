@@ -1,0 +1,66 @@
+"""The objects a ModelServer owns: one pure function of its spec and of what the operator observed around it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from moelora.api import ModelServerSpec
+from moelora.operator import kernel_configs, naming
+from moelora.operator.deployment import deployment
+from moelora.operator.disruption import disruption_budget
+from moelora.operator.errors import SpecProblem
+from moelora.operator.service import service
+from moelora.operator.settings import Settings
+
+# Children rendered only sometimes -> their name: when one is not rendered, the one we own is deleted.
+OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
+    ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
+    ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Surroundings:
+    """What the children depend on besides the spec, read from the cluster before rendering."""
+
+    # Whether spec.s3.credentialsSecret exists; None when none is named or the operator may not read Secrets.
+    credentials_secret_exists: bool | None = None
+    # The ConfigMap named by kernels.configMapName; None when absent or not named.
+    kernel_config_map: Mapping[str, Any] | None = None
+
+
+def desired_children(
+    spec: ModelServerSpec,
+    *,
+    name: str,
+    namespace: str,
+    settings: Settings,
+    kernel_bundle: Traversable | None,
+    surroundings: Surroundings,
+) -> list[dict[str, Any]]:
+    """The objects the server should own, without ownerReferences. Raises SpecProblem for what the operator
+    refuses."""
+    if spec.s3.credentials_secret is not None and surroundings.credentials_secret_exists is False:
+        secret = spec.s3.credentials_secret.name
+        raise SpecProblem("SecretNotFound", f"S3 credentials Secret {secret!r} does not exist in {namespace}")
+    volume = kernel_configs.volume(
+        spec,
+        name=name,
+        namespace=namespace,
+        labels=naming.labels(name),
+        root=kernel_bundle,
+        user_config_map=surroundings.kernel_config_map,
+    )
+    children = [
+        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume),
+        service(name=name, namespace=namespace),
+    ]
+    if volume is not None and volume.owned_config_map is not None:
+        children.insert(0, volume.owned_config_map)
+    budget = disruption_budget(spec, name=name, namespace=namespace)
+    if budget is not None:
+        children.append(budget)
+    return children

@@ -1,0 +1,87 @@
+"""The operator's shared state, passed to every handler as kopf's memo: settings, the API client, the executor."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextvars
+import dataclasses
+import datetime
+import functools
+import pathlib
+from collections.abc import Callable
+from importlib.resources.abc import Traversable
+from typing import ParamSpec, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+
+from moelora.operator import kernel_configs
+from moelora.operator.settings import Settings
+
+ServerKey = tuple[str, str]  # (namespace, ModelServer name)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def wall_clock() -> datetime.datetime:
+    """The wall clock to the second, as conditions store their transition times."""
+    return datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
+
+
+def kube_configuration(settings: Settings) -> kubernetes.client.Configuration:
+    """The API client configuration: in-cluster service account, else the kubeconfig. Touches no global state."""
+    configuration = kubernetes.client.Configuration()
+    if settings.kubeconfig is None:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except kubernetes.config.ConfigException:
+            pass
+    kubernetes.config.load_kube_config(config_file=settings.kubeconfig, client_configuration=configuration)
+    return configuration
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Context:
+    """kopf copies the memo per object shallowly, so the mutable fields below are shared by every handler."""
+
+    settings: Settings
+    kernel_bundle: Traversable | None  # moelora.kernels' configs/ folder (or settings.kernel_configs_dir)
+    api: kubernetes.client.ApiClient
+    # The kubernetes client blocks: handlers are async (indexes are read in the loop) and do API work here.
+    executor: concurrent.futures.ThreadPoolExecutor
+    # One reconcile of a server at a time.
+    locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
+    )
+    # Server -> {adapter: the phase this operator last wrote}; see indexes.adapter_phases.
+    written_phases: collections.defaultdict[ServerKey, dict[str, str]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+
+    @classmethod
+    def open(cls, settings: Settings) -> Context:
+        """A context with its own API client and executor; close() releases them."""
+        bundle = (
+            pathlib.Path(settings.kernel_configs_dir) if settings.kernel_configs_dir else kernel_configs.bundle_root()
+        )
+        return cls(
+            settings=settings,
+            kernel_bundle=bundle,
+            api=kubernetes.client.ApiClient(kube_configuration(settings)),
+            executor=concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="moelora-api"),
+        )
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.api.close()
+
+    async def call(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Run blocking API work in the executor, with the context kopf.event() needs."""
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(context.run, fn, *args, **kwargs)
+        )

@@ -1,0 +1,187 @@
+"""LoRAAdapter handlers: the operator's share of an adapter's status, rolled up from the per-pod states its server's
+agents write, whenever the adapter, a server pod, or the server changes.
+
+A phase change also reconciles the server at once, so its adapter counts follow without waiting for a resync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+import kubernetes.client
+
+from moelora.operator import apply, indexes, naming, status
+from moelora.operator.context import Context, ServerKey, wall_clock
+from moelora.operator.indexes import AdapterEntry
+from moelora.operator.model_servers import reconcile_serially
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """A LoRAAdapter as stored, with what its phase is judged from."""
+
+    body: Mapping[str, Any]
+    server_exists: bool
+    pods: Mapping[str, bool]  # the server's pods -> ready
+
+
+def observe_pods(
+    *, api: kubernetes.client.ApiClient, body: Mapping[str, Any], known: Mapping[str, bool]
+) -> dict[str, bool]:
+    """The server's pods -> ready: the index's, plus each pod the adapter's status names that the index lacks but
+    the API server still has (its watch may lag the pod's agent: such a pod is not gone, so not pruned)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    pods = dict(known)
+    for pod in set((body.get("status") or {}).get("replicas") or {}) - set(pods):
+        found = apply.get_pod(api=api, namespace=meta["namespace"], name=pod)
+        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == spec.get(
+            "modelServer"
+        ):
+            pods[pod] = status.pod_ready(found.get("status") or {})
+    return pods
+
+
+def render_status_patch(observation: Observation, *, now: datetime.datetime) -> dict[str, Any]:
+    """The merge patch of the operator's share of the status; empty when nothing changes."""
+    meta, spec = observation.body["metadata"], observation.body.get("spec") or {}
+    return status.adapter_status_patch(
+        dict(observation.body.get("status") or {}),
+        served_name=spec.get("servedName") or meta["name"],
+        generation=meta.get("generation"),
+        server_exists=observation.server_exists,
+        pods=observation.pods,
+        now=now,
+    )
+
+
+def rollup_adapter(
+    *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
+) -> str | None:
+    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
+    observed_pods = observe_pods(api=memo.api, body=body, known=pods)
+    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
+    patch = render_status_patch(observation, now=wall_clock())
+    if not patch:
+        return None
+    meta = body["metadata"]
+    apply.patch_status(
+        api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
+    )
+    return patch.get("phase")
+
+
+def rollup_server_adapters(
+    *, memo: Context, namespace: str, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
+) -> dict[str, str]:
+    """Re-judge every adapter of one server; the new phase of each whose phase changed."""
+    new_phases = {}
+    for entry in adapters:
+        body = apply.get_lora_adapter(api=memo.api, namespace=namespace, name=entry.name)
+        if body is not None:
+            phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=pods)
+            if phase:
+                new_phases[entry.name] = phase
+    return new_phases
+
+
+async def recount(
+    *,
+    memo: Context,
+    key: ServerKey,
+    servers: list[ServerKey],
+    adapters_index: indexes.AdaptersIndex,
+    new_phases: Mapping[str, str],
+) -> None:
+    """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
+    new phases already: see indexes.adapter_phases)."""
+    if not new_phases:
+        return
+    memo.written_phases[key].update(new_phases)
+    for server in servers:
+        await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
+
+
+async def _rejudge_server_adapters(
+    *,
+    memo: Context,
+    key: ServerKey,
+    model_servers_index: indexes.ServersIndex,
+    adapters_index: indexes.AdaptersIndex,
+    pods_index: indexes.PodsIndex,
+) -> None:
+    servers = indexes.servers(model_servers_index, key)
+    new_phases = await memo.call(
+        rollup_server_adapters,
+        memo=memo,
+        namespace=key[0],
+        adapters=indexes.adapters(adapters_index, key),
+        server_exists=bool(servers),
+        pods=indexes.pods(pods_index, key),
+    )
+    await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
+
+
+async def adapter_changed(
+    body: kopf.Body,
+    namespace: str,
+    spec: kopf.Spec,
+    memo: Context,
+    model_servers_index: indexes.ServersIndex,
+    adapters_index: indexes.AdaptersIndex,
+    pods_index: indexes.PodsIndex,
+    **_: Any,
+) -> None:
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    key = (namespace, spec.get("modelServer", ""))
+    servers = indexes.servers(model_servers_index, key)
+    new_phase = await memo.call(
+        rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
+    )
+    if new_phase:
+        new_phases = {body["metadata"]["name"]: new_phase}
+        await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
+
+
+async def pod_event(
+    labels: kopf.Labels,
+    namespace: str,
+    memo: Context,
+    model_servers_index: indexes.ServersIndex,
+    adapters_index: indexes.AdaptersIndex,
+    pods_index: indexes.PodsIndex,
+    **_: Any,
+) -> None:
+    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
+    await _rejudge_server_adapters(
+        memo=memo,
+        key=(namespace, labels.get(naming.LABEL_SERVER, "")),
+        model_servers_index=model_servers_index,
+        adapters_index=adapters_index,
+        pods_index=pods_index,
+    )
+
+
+async def model_server_event(
+    event: kopf.RawEvent,
+    name: str,
+    namespace: str,
+    memo: Context,
+    model_servers_index: indexes.ServersIndex,
+    adapters_index: indexes.AdaptersIndex,
+    pods_index: indexes.PodsIndex,
+    **_: Any,
+) -> None:
+    """A server appeared or went away: its adapters' phases may flip (ModelServerNotFound)."""
+    if event.get("type") in ("ADDED", "DELETED", None):
+        await _rejudge_server_adapters(
+            memo=memo,
+            key=(namespace, name),
+            model_servers_index=model_servers_index,
+            adapters_index=adapters_index,
+            pods_index=pods_index,
+        )

@@ -1,0 +1,187 @@
+"""ModelServer handlers: observe, render, apply, then write the status once and only if it changed.
+
+Every path into a server (its own create/update/resume, the resync timer, an event of the Deployment it owns, its
+adapters changing phase) runs the same `reconcile`, which compares desired with actual, so it is idempotent and
+repairs drift. What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with
+a reason plus one Warning Event per new reason, and leaves the running Deployment as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+import kubernetes.client
+import pydantic
+
+from moelora.api import ModelServerSpec
+from moelora.operator import apply, indexes, naming, status
+from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.context import Context, ServerKey, wall_clock
+from moelora.operator.errors import SpecProblem, problem_from_validation
+from moelora.operator.indexes import AdapterEntry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """A ModelServer as stored now, with what its children depend on."""
+
+    body: Mapping[str, Any]
+    spec: ModelServerSpec | None  # None when the models refuse the stored spec (problem says why)
+    problem: SpecProblem | None
+    surroundings: Surroundings
+
+
+def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation | None:
+    """What the reconcile judges; None when the server is gone or being deleted (the garbage collector takes its
+    children). The stored object, not the triggering event's copy, which may predate the last status write."""
+    namespace, name = key
+    body = apply.get_model_server(api=api, namespace=namespace, name=name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        spec = ModelServerSpec.model_validate(dict(body.get("spec") or {}))
+    except pydantic.ValidationError as exc:
+        return Observation(body=body, spec=None, problem=problem_from_validation(exc), surroundings=Surroundings())
+    secret_exists = None
+    if spec.s3.credentials_secret is not None:
+        secret_exists = apply.secret_exists(api=api, namespace=namespace, name=spec.s3.credentials_secret.name)
+    config_map = None
+    if spec.kernels.config_map_name:
+        config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
+    return Observation(
+        body=body,
+        spec=spec,
+        problem=None,
+        surroundings=Surroundings(credentials_secret_exists=secret_exists, kernel_config_map=config_map),
+    )
+
+
+def apply_children(
+    *, api: kubernetes.client.ApiClient, children: list[dict[str, Any]], owner: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Create or patch every child, delete the optional ones no longer rendered; the Deployment as stored."""
+    meta = owner["metadata"]
+    # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels onto
+    # the children, so a label edit on the server would rewrite every child.)
+    kopf.append_owner_reference(children, owner=dict(owner))
+    stored_deployment = None
+    for child in children:
+        obj, action = apply.ensure(api=api, desired=child)
+        if action != "unchanged":
+            logger.info("%s %s/%s %s", child["kind"], meta["namespace"], child["metadata"]["name"], action)
+        if child["kind"] == "Deployment":
+            stored_deployment = obj
+    rendered = {(child["apiVersion"], child["kind"]) for child in children}
+    for (api_version, kind), child_name in OPTIONAL_CHILDREN.items():
+        if (api_version, kind) in rendered:
+            continue
+        name = child_name(meta["name"])
+        deleted = apply.delete_if_owned(
+            api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]
+        )
+        if deleted:
+            logger.info("%s %s/%s deleted", kind, meta["namespace"], name)
+    return stored_deployment
+
+
+def render_status(
+    observation: Observation,
+    *,
+    deployment: Mapping[str, Any] | None,
+    problem: SpecProblem | None,
+    adapters: list[AdapterEntry],
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """The whole status on the wire, from the observation, the Deployment as stored and the adapters' phases."""
+    body = observation.body
+    meta = body["metadata"]
+    spec = observation.spec
+    if spec is None:  # refused: the replica count is all the status needs from it
+        spec = ModelServerSpec.model_construct(replicas=int((body.get("spec") or {}).get("replicas") or 0))
+    return status.model_server_status(
+        spec,
+        name=meta["name"],
+        namespace=meta["namespace"],
+        generation=meta.get("generation"),
+        deployment=deployment,
+        problem=problem,
+        adapters=status.adapter_counts([entry.phase for entry in adapters]),
+        previous=status.stored_server_status(body.get("status") or {}),
+        now=now,
+    ).to_wire()
+
+
+def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> None:
+    """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
+    namespace, name = key
+    observation = observe(api=memo.api, key=key)
+    if observation is None:
+        return
+    problem = observation.problem
+    stored_deployment = None
+    if observation.spec is not None:
+        try:
+            children = desired_children(
+                observation.spec,
+                name=name,
+                namespace=namespace,
+                settings=memo.settings,
+                kernel_bundle=memo.kernel_bundle,
+                surroundings=observation.surroundings,
+            )
+        except SpecProblem as exc:
+            problem = exc
+        else:
+            stored_deployment = apply_children(api=memo.api, children=children, owner=observation.body)
+    if stored_deployment is None:
+        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name)
+
+    new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
+    stored = observation.body.get("status") or {}
+    if problem is not None and status.degraded_reason(stored) != problem.reason:
+        kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+    if any(stored.get(field) != value for field, value in new.items()):
+        apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
+
+
+async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
+    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here).
+    Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
+    before it."""
+    async with memo.locks[key]:
+        adapters = indexes.adapter_phases(memo, adapters_index, key)
+        await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
+
+
+async def model_server_changed(
+    name: str, namespace: str, memo: Context, adapters_index: indexes.AdaptersIndex, **_: Any
+) -> None:
+    await reconcile_serially(memo=memo, key=(namespace, name), adapters_index=adapters_index)
+
+
+async def deployment_event(
+    labels: kopf.Labels,
+    namespace: str,
+    memo: Context,
+    model_servers_index: indexes.ServersIndex,
+    adapters_index: indexes.AdaptersIndex,
+    **_: Any,
+) -> None:
+    """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
+    server = labels.get(naming.LABEL_SERVER, "")
+    for key in indexes.servers(model_servers_index, (namespace, server)):
+        await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
+
+
+async def model_server_deleted(event: kopf.RawEvent, name: str, namespace: str, memo: Context, **_: Any) -> None:
+    """Forget a deleted server's lock, unless a reconcile still holds it."""
+    key = (namespace, name)
+    if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
+        del memo.locks[key]

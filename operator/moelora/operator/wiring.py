@@ -1,0 +1,119 @@
+"""kopf wiring: the registry of every handler, kopf's settings and login, and `run`, which owns the Context."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+from collections.abc import Collection
+from typing import Any
+
+import kopf
+import kubernetes.client
+
+from moelora.api import GROUP, VERSION
+from moelora.operator import indexes, lora_adapters, model_servers, naming
+from moelora.operator.context import Context
+from moelora.operator.settings import Settings
+
+MODEL_SERVERS = (GROUP, VERSION, "modelservers")
+LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
+MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+PREFIX = "moelora.io"
+
+
+def kopf_settings(*, namespaces: Collection[str]) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    # Keep kopf's bookkeeping in our own annotations, out of status (which is all ours and schema-checked).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
+    settings.watching.connect_timeout = 10
+    # Named namespaces are exact names, not patterns: no need to list/watch namespaces and CRDs (nor the RBAC).
+    settings.scanning.disabled = bool(namespaces)
+    return settings
+
+
+def login(memo: Context, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's own connection, from the same configuration as our client (one source of truth)."""
+    configuration: kubernetes.client.Configuration = memo.api.configuration
+    header = (
+        configuration.get_api_key_with_prefix("BearerToken")
+        or configuration.get_api_key_with_prefix("authorization")
+        or ""
+    )
+    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
+
+
+def make_registry(settings: Settings) -> kopf.OperatorRegistry:
+    """All handlers in a fresh registry (no import-time registration: tests and the local stack build their own)."""
+    registry = kopf.OperatorRegistry()
+    kopf.on.login(registry=registry)(login)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)
+    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)
+    kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)
+
+    changed = model_servers.model_server_changed
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*MODEL_SERVERS, registry=registry, id="reconcile")(changed)
+    kopf.timer(*MODEL_SERVERS, interval=settings.resync_seconds, registry=registry, id="resync")(changed)
+    # Registered before the adapters' handler of the same events, so a deleted server's lock goes first.
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)
+    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(model_servers.deployment_event)
+    kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)
+    # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
+    # (agent status patches, pods, servers) already arrives as an event.
+    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)(lora_adapters.pod_event)
+    return registry
+
+
+def peering_priority(settings: Settings) -> int | None:
+    if settings.peering is None:
+        return None
+    if settings.peering_priority is not None:
+        return settings.peering_priority
+    return random.SystemRandom().randrange(1, 2**31)  # distinct per replica: exactly one of them is active
+
+
+async def run(
+    *,
+    settings: Settings,
+    namespaces: Collection[str] = (),
+    registry: kopf.OperatorRegistry | None = None,
+    stop_flag: threading.Event | asyncio.Event | None = None,
+    ready_flag: threading.Event | asyncio.Event | None = None,
+) -> None:
+    """Run the operator until stop_flag is set. Namespaces: those given, else settings', else all."""
+    namespaces = tuple(namespaces) or settings.namespaces
+    context = Context.open(settings)
+    try:
+        await kopf.operator(
+            registry=registry or make_registry(settings),
+            memo=context,
+            settings=kopf_settings(namespaces=namespaces),
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            # peering_name makes kopf require the peering CRD, so pass it only when peering is asked for.
+            standalone=settings.peering is None,
+            peering_name=settings.peering,
+            priority=peering_priority(settings),
+            liveness_endpoint=settings.liveness_endpoint,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        context.close()

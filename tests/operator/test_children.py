@@ -1,0 +1,58 @@
+"""The objects a ModelServer owns, rendered from its spec and what was observed, without a cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.errors import SpecProblem
+from moelora.operator.settings import Settings
+
+from .conftest import make_spec
+
+WITH_SECRET = {"s3": {"credentialsSecret": {"name": "s3-creds"}}}
+
+
+def kinds(children: list[dict]) -> list[str]:
+    return [child["kind"] for child in children]
+
+
+def render(spec_overrides: dict, surroundings: Surroundings, settings: Settings) -> list[dict]:
+    return desired_children(
+        make_spec(**spec_overrides),
+        name="srv",
+        namespace="ns",
+        settings=settings,
+        kernel_bundle=None,
+        surroundings=surroundings,
+    )
+
+
+def test_one_replica_owns_a_deployment_and_a_service(settings: Settings) -> None:
+    assert kinds(render({}, Surroundings(), settings)) == ["Deployment", "Service"]
+
+
+def test_two_replicas_add_a_disruption_budget(settings: Settings) -> None:
+    children = render({"replicas": 2}, Surroundings(), settings)
+    assert kinds(children) == ["Deployment", "Service", "PodDisruptionBudget"]
+    assert ("policy/v1", "PodDisruptionBudget") in OPTIONAL_CHILDREN
+
+
+def test_a_missing_credentials_secret_is_refused(settings: Settings) -> None:
+    with pytest.raises(SpecProblem) as problem:
+        render(WITH_SECRET, Surroundings(credentials_secret_exists=False), settings)
+    assert problem.value.reason == "SecretNotFound"
+
+
+def test_an_unreadable_credentials_secret_is_not_judged(settings: Settings) -> None:
+    # None: the operator may not read Secrets there, so the pods' own SecretNotFound tells instead.
+    assert kinds(render(WITH_SECRET, Surroundings(credentials_secret_exists=None), settings))[0] == "Deployment"
+
+
+def test_a_missing_kernel_config_map_is_refused(settings: Settings) -> None:
+    spec = {"kernels": {"configs": "configMap", "configMapName": "tuned"}}
+    with pytest.raises(SpecProblem) as problem:
+        render(spec, Surroundings(kernel_config_map=None), settings)
+    assert problem.value.reason == "ConfigMapNotFound"
+    children = render(spec, Surroundings(kernel_config_map={"data": {"a.json": "{}"}}), settings)
+    assert kinds(children) == ["Deployment", "Service"]

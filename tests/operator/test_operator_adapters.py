@@ -1,0 +1,172 @@
+"""Adapters' phases through the real operator: rolled up from the agents' reports and the server's pods, and
+counted on the server at once, not at the next resync.
+
+The operator's adapter index learns a phase the operator itself wrote only when that write's watch event comes
+back, so counting from the index right after the write would report the old phase. The resync timer is set to an
+hour here so that it cannot hide such a stale count (nor any other change that arrives only by resync).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.operator.settings import Settings
+
+from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, make_ready, manifest, patch_status, server_pod, wait_for
+
+NS = "counts"
+POD_FIRST = "counts-pod-first"
+# What the pod's agent reports once it has loaded the adapter.
+LOADED_ON_THE_POD = {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeAPI]:
+    with KubeAPI() as api:
+        settings = Settings(
+            server_image="example.com/server:1",
+            agent_image="example.com/agent:1",
+            kubeconfig=str(api.kubeconfig),
+            resync_seconds=3600.0,
+        )
+        with OperatorThread(settings=settings):
+            yield api
+
+
+def adapter_counts(kube: KubeAPI, namespace: str = NS) -> dict | None:
+    return ((kube.get(MS, namespace, "qwen-moe") or {}).get("status") or {}).get("adapters")
+
+
+def wait_for_counts(kube: KubeAPI, namespace: str, want: dict, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while adapter_counts(kube, namespace) != want:
+        assert time.monotonic() < deadline, f"stale count: {adapter_counts(kube, namespace)}, want {want}"
+        time.sleep(0.05)
+
+
+def apply_examples(kube: KubeAPI, namespace: str) -> None:
+    for name in ("modelserver.yaml", "loraadapter.yaml"):
+        apply(kube, manifest(name, namespace=namespace))
+
+
+def test_loaded_count_follows_the_agents_report_without_a_resync(kube: KubeAPI) -> None:
+    apply_examples(kube, NS)
+    apply(kube, server_pod(NS))
+    make_ready(kube, NS)
+    wait_for_counts(kube, NS, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
+
+    # The pod's agent reports the adapter loaded; the operator rolls it up to Loaded and must count it.
+    patch_status(kube, "lora", "support-bot", NS, LOADED_ON_THE_POD)
+    wait_for_counts(kube, NS, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
+
+
+def test_loaded_count_follows_the_pod_turning_ready_without_a_resync(kube: KubeAPI) -> None:
+    # The agent loads adapters before its pod is Ready (readiness waits for them): the adapter becomes Loaded
+    # through the pod's readiness event, not through an adapter event.
+    apply_examples(kube, POD_FIRST)
+    apply(kube, server_pod(POD_FIRST))
+    patch_status(kube, "lora", "support-bot", POD_FIRST, LOADED_ON_THE_POD)
+    wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 0, "failed": 0}, timeout=10)
+    make_ready(kube, POD_FIRST)
+    wait_for_counts(kube, POD_FIRST, {"desired": 1, "loaded": 1, "failed": 0}, timeout=5)
+
+
+def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI) -> None:
+    ns = "adapters"
+    apply(kube, manifest("modelserver.yaml", namespace=ns))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")
+    apply(kube, manifest("loraadapter.yaml", namespace=ns))
+    pending = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a.get("status", {}).get("phase") and a, what="a phase"
+    )
+    assert pending["status"]["phase"] == "Pending" and pending["status"]["servedName"] == "support-bot"
+
+    orphan = manifest("loraadapter.yaml", namespace=ns, modelServer="no-such-server")
+    orphan["metadata"]["name"] = "orphan"
+    apply(kube, orphan)
+    lost = wait_for(lambda: (c := condition(kube.get(LORA, ns, "orphan"), "Ready")) and c, what="orphan condition")
+    assert lost["reason"] == "ModelServerNotFound"
+    assert kube.get(LORA, ns, "orphan")["status"]["phase"] == "Failed"
+
+    # A ready pod of the server (what the kubelet would report), and its agent's report.
+    apply(kube, server_pod(ns))
+    make_ready(kube, ns)
+    patch_status(
+        kube,
+        "lora",
+        "support-bot",
+        ns,
+        {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}, "gone-pod": {"state": "Failed"}}},
+    )
+    loaded = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Loaded" and a, what="Loaded"
+    )
+    assert "gone-pod" not in loaded["status"]["replicas"]  # pruned: that pod does not exist
+    assert condition(loaded, "Ready")["status"] == "True"
+    counts = wait_for(
+        lambda: (
+            (s := kube.get(MS, ns, "qwen-moe")) and s["status"]["adapters"]["loaded"] == 1 and s["status"]["adapters"]
+        ),
+        what="server adapter counts",
+    )
+    assert counts == {"desired": 1, "loaded": 1, "failed": 0}
+
+    # The pod goes away: its entry is pruned and the adapter waits for a ready pod again.
+    kube.kubectl("delete", "pod", "qwen-moe-abc", "-n", ns)
+    again = wait_for(
+        lambda: (a := kube.get(LORA, ns, "support-bot")) and a["status"].get("phase") == "Pending" and a,
+        what="Pending again",
+    )
+    assert again["status"].get("replicas", {}) == {}
+
+    # The server goes away: its adapters say so.
+    kube.kubectl("delete", "ms", "qwen-moe", "-n", ns)
+    gone = wait_for(
+        lambda: (
+            (c := condition(kube.get(LORA, ns, "support-bot"), "Ready")) and c["reason"] == "ModelServerNotFound" and c
+        ),
+        what="ModelServerNotFound after deletion",
+    )
+    assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
+
+
+async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two adapters fail at once; the index has seen neither write yet. Whichever reconcile runs last must count
+    both: it reads the phases under the server's lock, with every phase the operator has written so far."""
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    from moelora.operator import lora_adapters, model_servers
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
+
+    key = ("ns", "srv")
+    index = {key: [AdapterEntry(name="a", phase="Pending"), AdapterEntry(name="b", phase="Pending")]}
+    seen: list[dict[str, str]] = []
+    first_started, release_first = threading.Event(), threading.Event()
+
+    def fake_reconcile(*, memo, key, adapters):  # holds the lock until the second recount is queued behind it
+        seen.append({entry.name: entry.phase for entry in adapters})
+        if len(seen) == 1:
+            first_started.set()
+            release_first.wait(5)
+
+    monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
+    first = asyncio.create_task(
+        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"a": "Failed"})
+    )
+    await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
+    second = asyncio.create_task(
+        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"b": "Failed"})
+    )
+    await asyncio.sleep(0.05)
+    release_first.set()
+    await asyncio.gather(first, second)
+    memo.executor.shutdown()
+    assert seen[-1] == {"a": "Failed", "b": "Failed"}, seen
