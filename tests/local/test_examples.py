@@ -7,7 +7,7 @@ import yaml
 from moelora.api.crd import custom_resource_definitions
 from moelora.local import manifests
 from moelora.local.__main__ import ADAPTERS, EXAMPLE_S3, EXAMPLES, SERVER, _example_text
-from moelora.local.kube import apply_defaults, schema_errors
+from moelora.local.apiserver import apply_defaults, schema_errors
 
 
 def _objects() -> list[dict]:

