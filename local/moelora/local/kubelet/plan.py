@@ -40,6 +40,8 @@ class Probe:
 
 @dataclasses.dataclass(frozen=True)
 class ContainerPlan:
+    """One container as a local process: its argv and environment after the translations, its probes."""
+
     name: str
     argv: tuple[str, ...]
     env: Mapping[str, str]

@@ -28,6 +28,8 @@ PROBE_INTERVAL = 0.5
 
 @dataclasses.dataclass
 class ContainerState:
+    """What the supervisor knows of one container: its current process, probe results and restarts."""
+
     plan: ContainerPlan
     process: subprocess.Popen[bytes] | None = None
     started: bool = False  # startupProbe passed (or there is none)
