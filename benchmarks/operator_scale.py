@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/operator_scale.py [--servers 200] [--workers 16]
 
-The API server is moelora.local.kube's emulator (kmock) in this process; the operator runs as its own process,
+The API server is moelora.local.apiserver's emulator (kmock) in this process; the operator runs as its own process,
 `python -m moelora.operator`, exactly as in a cluster, so its peak RSS (VmHWM) is its own. Prints a Markdown table.
 """
 
@@ -23,7 +23,7 @@ import urllib.request
 
 import kmock
 
-from moelora.local.kube import KubeAPI
+from moelora.local.apiserver import KubeAPI
 
 DEPLOYMENTS = "apps/v1/deployments"
 MS = "moelora.io/v1alpha1/modelservers"

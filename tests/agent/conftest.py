@@ -130,7 +130,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def vllm_url(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from moelora.local import vllm as local_vllm
+    from moelora.local import vllm_server as local_vllm
 
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     server = local_vllm.start(

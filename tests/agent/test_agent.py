@@ -19,7 +19,7 @@ from moelora.agent.settings import Settings
 from moelora.agent.vllm import VllmClient
 from moelora.api import ReplicaAdapterState
 from moelora.local import process as local_process
-from moelora.local import vllm as local_vllm
+from moelora.local import vllm_server as local_vllm
 
 from .conftest import POD, VLLM_BASE_NAME, VLLM_MAX_RANK, MemoryDesired, MemoryKube, eventually, get, s3_client
 

@@ -1,4 +1,4 @@
-"""The agent's Kubernetes side against the emulated API server (moelora.local.kube): watch, Secrets, status."""
+"""The agent's Kubernetes side against the emulated API server (moelora.local.apiserver): watch, Secrets, status."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from moelora.agent.kube import PLURAL, AdapterWatcher, Kube
 from moelora.agent.validate import AdapterInfo
 from moelora.api import GROUP, VERSION, AdapterPhase, ReplicaAdapterState
-from moelora.local.kube import KubeAPI
+from moelora.local.apiserver import KubeAPI
 
 NS = "team"
 

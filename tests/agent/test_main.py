@@ -18,7 +18,7 @@ import pytest
 
 from moelora.api import GROUP, VERSION
 from moelora.local import process
-from moelora.local.kube import KubeAPI
+from moelora.local.apiserver import KubeAPI
 
 from .conftest import KEYS, VLLM_BASE_NAME, VLLM_MAX_RANK, s3_client, upload
 

@@ -10,7 +10,7 @@ from moelora.agent.errors import AdapterError, TransientError
 from moelora.agent.vllm import Duplicate, VllmClient, classify_load_error
 from moelora.api import FailureReason
 from moelora.local import process
-from moelora.local import vllm as local_vllm
+from moelora.local import vllm_server as local_vllm
 
 from .conftest import VLLM_BASE_NAME
 

@@ -17,7 +17,7 @@ import yaml
 
 from moelora.api import __main__ as generator
 from moelora.api.crd import custom_resource_definitions, render_yaml
-from moelora.local.kube import apply_defaults, schema_errors
+from moelora.local.apiserver import apply_defaults, schema_errors
 
 ROOT = pathlib.Path(__file__).parents[2]
 CRDS = {crd["spec"]["names"]["kind"]: crd for crd in custom_resource_definitions()}

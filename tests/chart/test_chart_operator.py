@@ -25,7 +25,8 @@ import kmock
 import yaml
 
 from moelora.local import process
-from moelora.local.kube import Emulator, KubeAPI, OperatorThread
+from moelora.local.apiserver import Emulator, KubeAPI
+from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

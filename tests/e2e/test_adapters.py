@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from moelora.local import manifests, models, s3, stack, vllm
+from moelora.local import manifests, models, s3, stack, vllm_server
 
 from .conftest import REPLICAS, S3_KEYS, SERVER
 
@@ -37,9 +37,9 @@ def _until(check: Any, *, timeout: float, what: str) -> Any:
 
 def _answers(url: str, model: str) -> bool:
     try:
-        vllm.complete(url=url, model=model, prompt="hi", max_tokens=1)
+        vllm_server.complete(url=url, model=model, prompt="hi", max_tokens=1)
         return True
-    except vllm.HTTPError as exc:
+    except vllm_server.HTTPError as exc:
         if exc.status == 404:
             return False
         raise
@@ -65,7 +65,8 @@ def test_apply_loads_on_every_replica_and_matches_peft(local: stack.Stack, adapt
     assert len({c.token_ids for c in want}) == 3  # base, alpha, beta all differ: the comparison means something
     for url in local.vllm_urls(SERVER):
         got = [
-            vllm.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS) for model in (SERVER, *adapters)
+            vllm_server.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS)
+            for model in (SERVER, *adapters)
         ]
         assert got == want
 
@@ -144,7 +145,7 @@ def test_bad_adapters_disturb_nothing_else(
     local: stack.Stack, bad_applied: dict[str, dict[str, Any]], adapters: dict[str, pathlib.Path]
 ) -> None:
     for url in local.vllm_urls(SERVER):
-        served = vllm.models(url=url)
+        served = vllm_server.models(url=url)
         assert not set(bad_applied) & set(served)  # none of them reached vLLM
         for name in adapters:
             assert _answers(url, name)
@@ -179,7 +180,7 @@ def test_adapter_in_s3rver(local: stack.Stack, adapters: dict[str, pathlib.Path]
             model_dir=local.model_dir, adapter_dir=adapters["beta"], prompt=PROMPT, max_tokens=MAX_TOKENS
         )
         for url in local.vllm_urls(SERVER):
-            assert vllm.complete(url=url, model="gamma", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
+            assert vllm_server.complete(url=url, model="gamma", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
     finally:
         local.delete("loraadapter", "gamma")
         server.stop()
@@ -189,8 +190,8 @@ def test_delete_makes_the_name_404(local: stack.Stack, adapters: dict[str, pathl
     local.delete("loraadapter", "beta")
     for url in local.vllm_urls(SERVER):
         _until(lambda url=url: not _answers(url, "beta"), timeout=30, what=f"beta unloaded from {url}")
-        with pytest.raises(vllm.HTTPError) as info:
-            vllm.complete(url=url, model="beta", prompt=PROMPT, max_tokens=2)
+        with pytest.raises(vllm_server.HTTPError) as info:
+            vllm_server.complete(url=url, model="beta", prompt=PROMPT, max_tokens=2)
         assert info.value.status == 404
         assert _answers(url, "alpha")
     _until(lambda: local.adapter("beta") is None, timeout=30, what="LoRAAdapter beta gone (finalizers done)")
@@ -234,7 +235,7 @@ def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[st
     want = models.reference_completion(
         model_dir=local.model_dir, adapter_dir=adapters["alpha"], prompt=PROMPT, max_tokens=MAX_TOKENS
     )
-    assert vllm.complete(url=url, model="alpha", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
+    assert vllm_server.complete(url=url, model="alpha", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
     assert local.wait_adapter("alpha", phase="Loaded", replicas=REPLICAS, timeout=60)
 
 

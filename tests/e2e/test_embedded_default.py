@@ -15,6 +15,7 @@ import pytest
 from moelora.local import models
 
 pytestmark = pytest.mark.slow
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "local"
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -34,7 +35,10 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_embedded_default(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "local"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moelora.local", "--dir", str(root), "--prompt", "hello world", "--max-tokens", "8"],
+        [
+            *(sys.executable, "-m", "moelora.local", "--dir", str(root), "--manifests", str(EXAMPLES)),
+            *("--prompt", "hello world", "--max-tokens", "8"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

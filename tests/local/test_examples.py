@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import yaml
 
 from moelora.api.crd import custom_resource_definitions
 from moelora.local import manifests
-from moelora.local.__main__ import ADAPTERS, EXAMPLE_S3, EXAMPLES, SERVER, _example_text
-from moelora.local.kube import apply_defaults, schema_errors
+from moelora.local.__main__ import ADAPTERS, DEFAULT_MANIFESTS, EXAMPLE_S3, SERVER, _example_text
+from moelora.local.apiserver import apply_defaults, schema_errors
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "local"
 
 
 def _objects() -> list[dict]:
@@ -45,14 +50,18 @@ def test_examples_equal_the_builders() -> None:
 
 
 def test_example_text_points_at_this_runs_s3() -> None:
-    text = _example_text("http://127.0.0.1:41234")
+    text = _example_text("http://127.0.0.1:41234", folder=EXAMPLES)
     assert "http://127.0.0.1:41234" in text and EXAMPLE_S3 not in text
 
 
 def test_dense_variant_is_the_llama_without_the_plugin() -> None:
-    objects = list(yaml.safe_load_all(_example_text("http://127.0.0.1:41234", dense=True)))
+    objects = list(yaml.safe_load_all(_example_text("http://127.0.0.1:41234", folder=None)))
     server = next(o for o in objects if o["kind"] == "ModelServer")
     assert server["spec"]["model"]["name"] == manifests.BASE_MODEL_NAME
     assert server["spec"].get("kernels") is None
     assert {o["spec"]["modelServer"] for o in objects if o["kind"] == "LoRAAdapter"} == {server["metadata"]["name"]}
     assert server["spec"]["s3"]["endpointUrl"] == "http://127.0.0.1:41234"
+
+
+def test_the_default_manifests_folder_is_examples_local_from_the_repositorys_root() -> None:
+    assert (ROOT / DEFAULT_MANIFESTS).resolve() == EXAMPLES

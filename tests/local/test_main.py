@@ -45,3 +45,9 @@ def test_main_exits_2_with_the_instructions(tmp_path: pathlib.Path) -> None:
     )
     assert result.returncode == 2
     assert "pip uninstall -y torchcodec" in result.stderr
+
+
+def test_main_exits_2_without_a_manifests_folder(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert local_main.main(["--exit", "--dir", str(tmp_path / "run"), "--manifests", str(tmp_path / "none")]) == 2
+    assert f"no manifests in {tmp_path / 'none'}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before it made or started anything

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from moelora.local import process
-from moelora.local.kube import KubeAPI
+from moelora.local.apiserver import KubeAPI
 
 EXAMPLES = pathlib.Path(__file__).parents[2] / "examples"
 MS = "moelora.io/v1alpha1/modelservers"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from moelora.local.kube import KubeAPI, merge_diff
+from moelora.local.apiserver import KubeAPI, merge_diff
 
 MS = "moelora.io/v1alpha1/modelservers"
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from moelora.local.kube import KubeAPI
+from moelora.local.apiserver import KubeAPI
 
 
 def test_runs_from_the_environment_and_stops_on_sigterm(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.local.apiserver import KubeAPI
+from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, make_ready, manifest, patch_status, server_pod, wait_for

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from moelora.local import process
-from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.local.apiserver import KubeAPI
+from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, EXAMPLES, MS, PDBS, apply, condition, manifest, wait_for
@@ -88,7 +89,7 @@ def test_apply_update_delete_through_kubectl(kube: KubeAPI, operator: OperatorTh
     )
     assert len(kube.list(DEPLOYMENTS, ns)) == 1 and len(kube.list("v1/services", ns)) == 1
 
-    # Delete: the API server's garbage collector (emulated by moelora.local.kube) removes what the server owned.
+    # Delete: the API server's garbage collector (emulated by moelora.local.apiserver) removes what the server owned.
     kube.kubectl("delete", "ms", "qwen-moe", "-n", ns, "--wait=true", "--timeout=20s")
     wait_for(
         lambda: (

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from moelora.local.kube import KubeAPI, OperatorThread
+from moelora.local.apiserver import KubeAPI
+from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, MS, apply, condition, manifest, wait_for

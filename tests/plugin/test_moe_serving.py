@@ -13,7 +13,7 @@ import pathlib
 import pytest
 
 from moelora.local import moe
-from moelora.local import vllm as local_vllm
+from moelora.local import vllm_server as local_vllm
 from moelora.local.models import reference_completions
 
 PROMPT = "the quick brown fox"

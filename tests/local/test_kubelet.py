@@ -8,7 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from moelora.local import kube, pods, process
+from moelora.local import process
+from moelora.local.apiserver import KubeAPI, Rest
+from moelora.local.kubelet import LocalKubelet
 
 # An HTTP server on the port of its argument; ready once its first argument's file exists (a volume file).
 SERVER = """
@@ -53,8 +55,8 @@ def _deployment(replicas: int, token_key: str = "token") -> dict:
 
 
 @pytest.fixture
-def api() -> Iterator[kube.KubeAPI]:
-    with kube.KubeAPI() as running:
+def api() -> Iterator[KubeAPI]:
+    with KubeAPI() as running:
         yield running
 
 
@@ -67,15 +69,15 @@ def _until(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
     raise AssertionError("condition not reached")
 
 
-def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
-    rest = pods.Rest(url=api.url)
+def test_kubelet_lifecycle(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = Rest(url=api.url)
     rest.request(
         method="POST",
         path="/api/v1/namespaces/default/secrets",
         body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web"}, "data": {"token": "aGVsbG8="}},
     )  # "hello"
     rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=_deployment(2))
-    with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
+    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
         running = _until(lambda: len(kubelet.pods_of("web")) == 2 and kubelet.pods_of("web"))
         a, b = running
         assert a.plan.ports[8000] != b.plan.ports[8000]  # side by side on one machine
@@ -129,12 +131,12 @@ def test_kubelet_lifecycle(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
         assert all(p.containers["web"].process.poll() is not None for p in running)
 
 
-def test_missing_secret_key_fails_the_pod(api: kube.KubeAPI, tmp_path: pathlib.Path) -> None:
-    rest = pods.Rest(url=api.url)
+def test_missing_secret_key_fails_the_pod(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = Rest(url=api.url)
     rest.request(
         method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=_deployment(1, token_key="absent")
     )
-    with pods.LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
+    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path) as kubelet:
         with pytest.raises(RuntimeError, match="absent"):
             kubelet.wait_ready("web", replicas=1, timeout=10)
         _until(

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
@@ -22,10 +21,13 @@ from typing import Any, Self
 
 import yaml
 
-from moelora.local import kube, manifests, models, pods, process, s3
+from moelora.local import kubelet, manifests, models, process, s3
+from moelora.local.apiserver import KubeAPI, Rest
+from moelora.local.apiserver.kubectl import find_kubectl
+from moelora.local.operator_thread import OperatorThread
 
 log = logging.getLogger("moelora.local.stack")
-KUBECTL = shutil.which("kubectl", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("kubectl")
+KUBECTL = find_kubectl()
 
 
 class Stack:
@@ -58,9 +60,9 @@ class Stack:
         self.s3_port = s3_port
         self.moe = moe
         self.progress = progress
-        self.api: kube.KubeAPI | None = None
+        self.api: KubeAPI | None = None
         self.s3: s3.S3Server | None = None
-        self.kubelet: pods.LocalKubelet | None = None
+        self.kubelet: kubelet.LocalKubelet | None = None
         self.model_dir = root / "model"
         self._operator: Any = None
         self._operator_log: logging.Handler | None = None
@@ -76,7 +78,7 @@ class Stack:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.progress("starting the Kubernetes API emulator")
-            self.api = kube.KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace).start()
+            self.api = KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace).start()
             self.progress(f"  API server at {self.api.url}, kubeconfig {self.api.kubeconfig}")
             self.progress("starting S3 (moto) and uploading the generated tiny model")
             self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1], port=self.s3_port)
@@ -96,7 +98,7 @@ class Stack:
             self.progress(f"  S3 at {self.s3.endpoint_url}, model at {model_uri}")
             self.apply(manifests.s3_secret(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1]))
             self._start_operator()
-            self.kubelet = pods.LocalKubelet(
+            self.kubelet = kubelet.LocalKubelet(
                 api_url=self.api.url,
                 namespace=self.namespace,
                 root=self.root / "pods",
@@ -128,7 +130,7 @@ class Stack:
         self._operator_log = handler
         # Cluster-wide: with a namespace list kopf also lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
         settings = Settings(kubeconfig=str(self.api.kubeconfig))
-        self._operator = kube.OperatorThread(settings=settings).start()
+        self._operator = OperatorThread(settings=settings).start()
 
     def stop(self) -> None:
         self.progress("stopping")
@@ -184,7 +186,7 @@ class Stack:
     def read(self, path: str) -> Any:
         """GET an API path straight from the emulator (faster than kubectl when polling)."""
         assert self.api is not None
-        return pods.Rest(url=self.api.url).request(method="GET", path=path)
+        return Rest(url=self.api.url).request(method="GET", path=path)
 
     def adapter(self, name: str) -> dict[str, Any] | None:
         from moelora.api import GROUP, VERSION
@@ -204,7 +206,7 @@ class Stack:
         return uri
 
     # -- waiting ----------------------------------------------------------------------------------------------------
-    def wait_pods(self, server: str, *, replicas: int, timeout: float = 300.0) -> list[pods.LocalPod]:
+    def wait_pods(self, server: str, *, replicas: int, timeout: float = 300.0) -> list[kubelet.LocalPod]:
         """Wait until the server's Deployment exists and `replicas` of its pods are ready."""
         assert self.kubelet is not None
         return self.kubelet.wait_ready(server, replicas=replicas, timeout=timeout)

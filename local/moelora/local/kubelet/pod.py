@@ -1,0 +1,160 @@
+"""One pod's containers as local processes, supervised: init containers, restarts, probes.
+
+Init containers run first, one after another, and must exit 0. Containers that exit are restarted (the
+restartPolicy Always of a Deployment), counted in `restarts`. Probes: the startupProbe must pass before the
+readinessProbe is polled; readiness turns true on the first success and false after `failureThreshold`
+consecutive failures. Probes are polled every `PROBE_INTERVAL` s rather than `periodSeconds`, so tests are fast;
+liveness probes are not acted on (a crash is what restarts a container here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+
+from moelora.local import process
+from moelora.local.kubelet.plan import ContainerPlan, PodPlan
+
+log = logging.getLogger("moelora.local.kubelet")
+
+PROBE_INTERVAL = 0.5
+
+
+@dataclasses.dataclass
+class ContainerState:
+    """What the supervisor knows of one container: its current process, probe results and restarts."""
+
+    plan: ContainerPlan
+    process: subprocess.Popen[bytes] | None = None
+    started: bool = False  # startupProbe passed (or there is none)
+    ready: bool = False
+    failures: int = 0
+    restarts: int = 0
+    log_path: pathlib.Path = pathlib.Path()
+
+
+class LocalPod:
+    """One pod's containers as processes, with a supervisor thread (init containers, restarts, probes).
+
+    `ready` is the pod's Ready condition; `error` is set if it could not start (e.g. an init container failed).
+    """
+
+    def __init__(self, *, plan: PodPlan, root: pathlib.Path, on_change: Callable[[], None] = lambda: None) -> None:
+        self.plan = plan
+        self.root = root
+        self.on_change = on_change
+        self.containers = {
+            c.name: ContainerState(plan=c, log_path=root / "logs" / f"{c.name}.log") for c in plan.containers
+        }
+        self.error: str | None = None
+        self.waiting_reason: str | None = None  # set with `error` when the pod never started
+        self.ready = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._supervise, name=f"pod-{plan.name}", daemon=True)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    def url(self, container_port: int) -> str:
+        """http://127.0.0.1:<local port> for a containerPort of this pod."""
+        return f"http://127.0.0.1:{self.plan.ports[container_port]}"
+
+    def log(self, container: str) -> str:
+        path = self.root / "logs" / f"{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self) -> None:
+        for path in self.plan.volumes.values():
+            path.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        with self._lock:
+            for state in self.containers.values():
+                if state.process is not None:
+                    process.stop(state.process)
+
+    def kill(self, container: str) -> None:
+        """Kill one container's process group (SIGKILL), as an OOM kill would; the supervisor restarts it."""
+        with self._lock:
+            proc = self.containers[container].process
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _spawn(self, state: ContainerState) -> None:
+        state.process = process.spawn(argv=state.plan.argv, env=state.plan.env, log_path=state.log_path, cwd=self.root)
+        state.started = state.plan.startup is None
+        state.ready = False
+        state.failures = 0
+
+    def _supervise(self) -> None:
+        for init in self.plan.init_containers:
+            log_path = self.root / "logs" / f"{init.name}.log"
+            proc = process.spawn(argv=init.argv, env=init.env, log_path=log_path, cwd=self.root)
+            while proc.poll() is None:
+                if self._stop.wait(0.2):
+                    process.stop(proc)
+                    return
+            if proc.returncode != 0:
+                self.error = f"init container {init.name} exited with {proc.returncode}; see {log_path}"
+                self.waiting_reason = "Init:Error"
+                log.error("pod %s: %s", self.name, self.error)
+                self.on_change()
+                return
+        with self._lock:
+            for state in self.containers.values():
+                self._spawn(state)
+        while not self._stop.wait(PROBE_INTERVAL):
+            changed = False
+            with self._lock:
+                for state in self.containers.values():
+                    assert state.process is not None
+                    if state.process.poll() is not None:  # restartPolicy: Always
+                        log.warning(
+                            "pod %s: container %s exited with %s; restarting",
+                            self.name,
+                            state.plan.name,
+                            state.process.returncode,
+                        )
+                        self._spawn(state)
+                        state.restarts += 1  # after _spawn: a visible restart count implies the reset state
+                        changed = True
+            for state in self.containers.values():
+                changed |= self._probe(state)
+            ready = all(state.ready for state in self.containers.values())
+            if ready != self.ready:
+                self.ready = ready
+                changed = True
+            if changed:
+                self.on_change()
+
+    @staticmethod
+    def _probe(state: ContainerState) -> bool:
+        """Poll the container's startup and readiness probes; True if its readiness changed."""
+        if not state.started:
+            assert state.plan.startup is not None
+            if not process.http_ok(state.plan.startup.url):
+                return False
+            state.started = True
+        before = state.ready
+        probe = state.plan.readiness
+        if probe is None:
+            state.ready = True
+        elif process.http_ok(probe.url):
+            state.ready, state.failures = True, 0
+        else:
+            state.failures += 1
+            if not state.ready or state.failures >= probe.failure_threshold:
+                state.ready = False
+        return state.ready != before

@@ -1,0 +1,68 @@
+"""The real kopf operator in a thread of its own, against any API server (the emulator, in tests and the stack).
+
+It gets its own event loop because kopf's shutdown, run inside pytest-asyncio's loop, cancels the fixture's own
+teardown tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Collection
+from typing import Any, Self
+
+
+class OperatorThread:
+    """The operator (`moelora.operator.wiring.run`) in a thread with its own event loop.
+
+    `with OperatorThread(settings=...):` returns once kopf is ready (its indexes filled); leaving stops it.
+    """
+
+    def __init__(self, *, settings: Any, namespaces: Collection[str] = (), registry: Any = None) -> None:
+        self.settings = settings
+        self.namespaces = tuple(namespaces) or tuple(settings.namespaces)
+        self.registry = registry
+        self._thread = threading.Thread(target=self._run, name="moelora-operator", daemon=True)
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self, *, timeout: float = 60) -> Self:
+        self._thread.start()
+        if not self._ready.wait(timeout=timeout):
+            self.stop()
+            raise TimeoutError("the operator did not become ready") from self.error
+        if self.error is not None:
+            raise RuntimeError("the operator failed to start") from self.error
+        return self
+
+    def stop(self, *, timeout: float = 30) -> None:
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        from moelora.operator import wiring  # imported late: importing it registers kopf handlers
+
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(
+                wiring.run(
+                    settings=self.settings,
+                    namespaces=self.namespaces,
+                    registry=self.registry,
+                    stop_flag=self._stop,
+                    ready_flag=self._ready,
+                )
+            )
+        except BaseException as exc:  # noqa: BLE001 - surfaced by start()
+            self.error = exc
+            self._ready.set()
+        finally:
+            loop.close()
