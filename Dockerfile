@@ -9,11 +9,13 @@
 #   docker build --target server   -t ghcr.io/moelora/moelora-server:0.1.0-vllm0.26.0 .
 #
 # The server's base is pinned: a vLLM upgrade changes the kernels and flags the plugin and the operator target, so
-# it is a deliberate edit here and in the chart's server.image.tag. A CPU-only cluster (the kind quickstart) builds
-# the same target on vLLM's CPU image: --build-arg VLLM_IMAGE=<vLLM CPU image of the same version>.
+# it is a deliberate edit of VLLM_VERSION here and of the chart's server.image.tag (a test checks they agree; the
+# images workflow tags the server image from it). A CPU-only cluster (the kind quickstart) builds the same target on
+# vLLM's CPU image: --build-arg VLLM_IMAGE=<vLLM CPU image of the same version>.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.26.0
+ARG VLLM_VERSION=0.26.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
 
 # --- the moelora wheel, built once for both images ------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
