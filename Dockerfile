@@ -9,6 +9,8 @@
 #   docker build --target operator -t ghcr.io/moelora/moelora-operator:0.1.0 .
 #   docker build --target server   -t ghcr.io/moelora/moelora-server:0.1.0-vllm0.26.0 .
 #
+# .github/workflows/images.yml builds both with these tags (the operator for amd64 and arm64) and pushes them.
+#
 # The server's base is pinned: a vLLM upgrade changes the kernels and flags the plugin and the operator target, so
 # it is a deliberate edit of VLLM_VERSION here and of the chart's server.image.tag (a test checks they agree; the
 # images workflow tags the server image from it). A CPU-only cluster (the kind quickstart) builds the same target on
