@@ -141,6 +141,17 @@ def test_copied_sources_are_in_the_build_context(tmp_path: pathlib.Path) -> None
         if instruction == "COPY" and "--from" not in arguments:
             for source in arguments.split()[:-1]:
                 assert (context / source).exists(), f"COPY {source}: not in the build context"
+    # Bind mounts without from= read the build context too (the operator's lock).
+    mounts = [
+        match.group(1)
+        for stage in stages().values()
+        for instruction, arguments in stage
+        if instruction == "RUN"
+        for match in re.finditer(r"--mount=type=bind,source=([^,\s]+),target=\S+", arguments)
+    ]
+    assert "image/operator.lock" in mounts
+    for source in mounts:
+        assert (context / source).exists(), f"--mount source={source}: not in the build context"
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for package, folder in package_dirs.items():
         assert (context / folder / "__init__.py").exists(), f"{package} ({folder}) is not in the build context"
