@@ -94,7 +94,8 @@ def lock_problems(pyproject: pathlib.Path, lock: pathlib.Path) -> list[str]:
 
 
 def test_the_lock_is_current() -> None:
-    assert lock_problems(ROOT / "pyproject.toml", LOCK) == []
+    problems = lock_problems(ROOT / "pyproject.toml", LOCK)
+    assert problems == [], "regenerate image/operator.lock with the command in its header (image/README.md)"
 
 
 def test_the_lock_pins_the_operator_closure() -> None:
