@@ -20,7 +20,7 @@ from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 
 from moelora.agent.errors import AdapterError
-from moelora.agent.source import CONFIG_FILE, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
+from moelora.agent.source import CONFIG_FILE, CONFIG_LIMIT, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
 
 TEMP_PREFIX = ".tmp-"
@@ -71,9 +71,6 @@ def check_etag_pin(listing: Listing, pin: VersionPin | None) -> None:
             FailureReason.VERSION_MISMATCH,
             f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}",
         )
-
-
-CONFIG_LIMIT = 1 * MiB  # adapter_config.json is a few hundred bytes; anything this large is not one
 
 
 def read_config_object(*, client: Any, listing: Listing) -> bytes:

@@ -23,6 +23,7 @@ from moelora.api import FailureReason
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_LIMIT = 2**20  # adapter_config.json is a few hundred bytes; anything this large is not one
 # Pickle-based formats: torch.load on them can run arbitrary code, so they are refused outright.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
