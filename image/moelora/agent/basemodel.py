@@ -137,7 +137,8 @@ def from_config(config: Any) -> BaseModel:
             router="mlp.router",
         )
         return BaseModel(model_type=model_type, layers=(moe,) * count, top=top)
-    experts = _positive(config, "num_experts")
+    # transformers 5 writes Qwen3-MoE's expert count as num_local_experts, earlier versions as num_experts.
+    experts = _positive(config, "num_experts" if "num_experts" in config else "num_local_experts")
     moe = _moe(
         attention, hidden=hidden, inter=_positive(config, "moe_intermediate_size"), experts=experts, router="mlp.gate"
     )
