@@ -23,6 +23,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 SERVER = "hostile"
+REPO = pathlib.Path(__file__).resolve().parents[2]
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
@@ -99,7 +100,13 @@ def _hostile(good: pathlib.Path, root: pathlib.Path) -> dict[str, tuple[dict[str
 def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     stack, manifests = _local("stack"), _local("manifests")
     root = tmp_path_factory.mktemp("hostile")
-    env = {"MOELORA_POLL_SECONDS": "1", "MOELORA_BASE_MODEL_CONFIG": str(root / "model" / "config.json")}
+    # The agent runs this checkout's code, not whatever the venv's editable install points at.
+    code = ":".join(str(REPO / folder) for folder in ("operator", "image", "kernels"))
+    env = {
+        "MOELORA_POLL_SECONDS": "1",
+        "MOELORA_BASE_MODEL_CONFIG": str(root / "model" / "config.json"),
+        "PYTHONPATH": code,
+    }
     with stack.Stack(root=root, agent_env=env) as running:
         running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=1))
         running.wait_pods(SERVER, replicas=1, timeout=400)
