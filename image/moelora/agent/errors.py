@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
+from typing import Any
 
 from moelora.api import FailureReason
 
@@ -35,3 +37,32 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+class _Capped(reprlib.Repr):
+    """reprlib with small limits, and big integers summarised (repr of an int over 4300 digits raises ValueError)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist, self.maxtuple, self.maxset = 3, 6, 6, 6, 6
+        self.maxstring = self.maxother = self.maxlong = 80
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return f"<integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_CAPPED = _Capped()
+QUOTE_LIMIT = 120
+
+
+def quote(value: Any, *, limit: int = QUOTE_LIMIT) -> str:
+    """An untrusted value (S3 key, tensor name, config value, a message from vLLM) as it may appear in a log line,
+    status message or event: repr-quoted, so newlines and control characters show escaped, and at most `limit`
+    characters long. Every such value goes through here."""
+    if isinstance(value, str):
+        text = repr(value[:limit]) + (f"...(+{len(value) - limit} chars)" if len(value) > limit else "")
+    else:
+        text = _CAPPED.repr(value)
+    return text if len(text) <= limit + 24 else text[:limit] + "..."

@@ -8,6 +8,7 @@ fails the download instead of mixing versions). Only a complete, verified direct
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pathlib
@@ -19,8 +20,8 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 
-from moelora.agent.errors import AdapterError
-from moelora.agent.source import CONFIG_FILE, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
+from moelora.agent.errors import AdapterError, TransientError, quote
+from moelora.agent.source import CONFIG_FILE, CONFIG_LIMIT, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
 
 TEMP_PREFIX = ".tmp-"
@@ -69,18 +70,15 @@ def check_etag_pin(listing: Listing, pin: VersionPin | None) -> None:
     if found != pin.etag.strip('"').lower():
         raise AdapterError(
             FailureReason.VERSION_MISMATCH,
-            f"{WEIGHTS_FILE} has ETag {found!r}, the pin asks for {pin.etag.strip(chr(34))!r}",
+            f"{WEIGHTS_FILE} has ETag {quote(found)}, the pin asks for {quote(pin.etag.strip(chr(34)))}",
         )
-
-
-CONFIG_LIMIT = 1 * MiB  # adapter_config.json is a few hundred bytes; anything this large is not one
 
 
 def read_config_object(*, client: Any, listing: Listing) -> bytes:
     """adapter_config.json's bytes, read before any weights (pinned to the listed ETag; at most CONFIG_LIMIT)."""
     obj = listing.get(CONFIG_FILE)
     if obj is None:
-        raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {listing.location}")
+        raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {quote(str(listing.location))}")
     if obj.size > CONFIG_LIMIT:
         raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is {obj.size} bytes, not a config")
     try:
@@ -109,6 +107,28 @@ def fetch(
     if final.is_dir():
         _verify_sha256(final, pin)
         return final
+    try:
+        return _fetch_new(
+            client=client, listing=listing, final=final, pin=pin, on_bytes=on_bytes, transfer_config=transfer_config
+        )
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise TransientError(
+                f"the adapter cache's disk is full ({quote(str(final.parent))})", reason=FailureReason.CACHE_FULL
+            ) from None
+        raise
+
+
+def _fetch_new(
+    *,
+    client: Any,
+    listing: Listing,
+    final: pathlib.Path,
+    pin: VersionPin | None,
+    on_bytes: Callable[[int], None] | None,
+    transfer_config: TransferConfig,
+) -> pathlib.Path:
+    cache_dir = final.parent
     cache_dir.mkdir(parents=True, exist_ok=True)
     temp = pathlib.Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=cache_dir))
     try:
@@ -117,7 +137,7 @@ def fetch(
             size = (temp / obj.relpath).stat().st_size
             if size != obj.size:
                 raise AdapterError(
-                    FailureReason.VERSION_MISMATCH, f"{obj.relpath}: got {size} bytes, listed {obj.size}"
+                    FailureReason.VERSION_MISMATCH, f"{quote(obj.relpath)}: got {size} bytes, listed {obj.size}"
                 )
         _verify_sha256(temp, pin)
         os.chmod(temp, 0o755)  # mkdtemp makes it 0700; vLLM may run as another user
@@ -180,7 +200,7 @@ def _download_all(
             except AdapterError:
                 raise
             except Exception as error:  # noqa: BLE001 - classified, never swallowed
-                raise classify_client_error(error, what=f"downloading {obj.relpath}") from None
+                raise classify_client_error(error, what=f"downloading {quote(obj.relpath)}") from None
     finally:
         manager.shutdown(cancel=any(not f.done() for _, f in futures))
         client.meta.events.unregister("before-parameter-build.s3.GetObject", unique_id=handler_id)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from moelora.agent import reconcile
 from moelora.agent.cache import AdapterCache
-from moelora.agent.errors import AdapterError, TransientError, redact
+from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.fetch import fetch, read_config_object
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired, Record, Stage
@@ -78,6 +78,7 @@ class Agent:
             max_rank=settings.max_lora_rank,
             target_modules=settings.target_modules,
             max_bytes=settings.max_adapter_bytes,
+            base_config=settings.base_model_config,
         )
         self.cache = AdapterCache(root=settings.cache_dir, limit_bytes=settings.cache_bytes)
         self.records: dict[str, Record] = {}
@@ -239,6 +240,8 @@ class Agent:
 
     def _fail(self, record: Record, reason: FailureReason, message: str, *, permanent: bool) -> None:
         message = redact(message, self._secrets)
+        if not message.isprintable():  # values are quoted where messages are made; this catches any that were not
+            message = quote(message, limit=2000)
         record.fail(reason, message, permanent=permanent, now=self.monotonic())
         self.metrics.failures.labels(record.name, reason.value).inc()
         self.metrics.loaded.labels(record.name, record.served_name).set(0)

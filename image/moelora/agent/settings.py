@@ -29,6 +29,7 @@ class Settings:
     resync_seconds: float = 300.0
     poll_seconds: float = 5.0
     download_workers: int = 8
+    base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -88,4 +89,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         resync_seconds=_number(env, "MOELORA_RESYNC_SECONDS", default=300.0),
         poll_seconds=_number(env, "MOELORA_POLL_SECONDS", default=5.0),
         download_workers=_integer(env, "MOELORA_DOWNLOAD_WORKERS", default=8, minimum=1),
+        base_model_config=pathlib.Path(base_config)
+        if (base_config := env.get("MOELORA_BASE_MODEL_CONFIG", "").strip())
+        else None,
     )

@@ -7,10 +7,12 @@ fail the adapter without a byte fetched, and the listing's ETags name the versio
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import posixpath
 import re
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,11 +20,12 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from moelora.agent.errors import AdapterError, TransientError
+from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.api import FailureReason
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_LIMIT = 2**20  # adapter_config.json is a few hundred bytes; anything this large is not one
 # Pickle-based formats: torch.load on them can run arbitrary code, so they are refused outright.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -36,6 +39,16 @@ _ACCESS_CODES = {
     "ExpiredToken",
 }
 _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+# Refused connections, DNS failures and timeouts (botocore's and the sockets' beneath them).
+_UNREACHABLE = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionClosedError,
+    ConnectionError,
+    TimeoutError,
+    socket.gaierror,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +64,7 @@ def parse_s3_uri(uri: str) -> S3Location:
     """s3://bucket/some/prefix[/] -> S3Location; the prefix always names a directory (ends with '/')."""
     match = re.fullmatch(r"s3://([^/]+)/?(.*)", uri.strip())
     if not match or not match.group(1):
-        raise AdapterError(FailureReason.SOURCE_NOT_FOUND, f"not an s3:// URI: {uri!r}")
+        raise AdapterError(FailureReason.SOURCE_NOT_FOUND, f"not an s3:// URI: {quote(uri)}")
     prefix = match.group(2)
     if prefix and not prefix.endswith("/"):
         prefix += "/"  # "a/b" must not also match "a/bc/..."
@@ -145,7 +158,7 @@ class Listing:
 def safe_relpath(key: str, *, prefix: str) -> str:
     """The key's path below `prefix`, or AdapterError(UnsafeKey) if it could land outside the adapter's directory."""
     if not key.startswith(prefix):
-        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} is outside prefix {prefix!r}")
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {quote(key)} is outside prefix {quote(prefix)}")
     rel = key[len(prefix) :]
     parts = rel.split("/")
     if (
@@ -156,22 +169,42 @@ def safe_relpath(key: str, *, prefix: str) -> str:
         or re.match(r"^[A-Za-z]:", rel)
         or any(part in ("", ".", "..") for part in parts)
     ):
-        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} would escape the adapter's directory")
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {quote(key)} would escape the adapter's directory")
     if posixpath.normpath(rel) != rel:
-        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {key!r} is not a normal relative path")
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"key {quote(key)} is not a normal relative path")
     return rel
 
 
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and what it wraps (s3transfer's last_exception, __cause__, __context__), nearest first."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [error]
+    while todo and len(seen) < 8:
+        item = todo.pop(0)
+        if item is not None and all(item is not s for s in seen):
+            seen.append(item)
+            todo += [getattr(item, "last_exception", None), item.__cause__, item.__context__]
+    return seen
+
+
 def classify_client_error(error: Exception, *, what: str) -> Exception:
-    """An S3/botocore error as AdapterError (access denied, not found) or TransientError (everything else)."""
+    """An S3/botocore error as AdapterError (access denied, not found) or TransientError (a full cache disk, an
+    unreachable endpoint, anything else)."""
+    for cause in _causes(error):
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            return TransientError(f"{what}: the adapter cache's disk is full", reason=FailureReason.CACHE_FULL)
+        if isinstance(cause, _UNREACHABLE):
+            return TransientError(
+                f"{what}: S3 endpoint unreachable ({type(cause).__name__})", reason=FailureReason.ENDPOINT_UNREACHABLE
+            )
     if isinstance(error, botocore.exceptions.ClientError):
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in _ACCESS_CODES or status == 403:
-            return AdapterError(FailureReason.ACCESS_DENIED, f"{what}: access denied ({code})")
+            return AdapterError(FailureReason.ACCESS_DENIED, f"{what}: access denied ({quote(code)})")
         if code in _MISSING_CODES or status == 404:
-            return AdapterError(FailureReason.SOURCE_NOT_FOUND, f"{what}: not found ({code})")
-        return TransientError(f"{what}: S3 error {code or status}", reason=FailureReason.SOURCE_NOT_FOUND)
+            return AdapterError(FailureReason.SOURCE_NOT_FOUND, f"{what}: not found ({quote(code)})")
+        return TransientError(f"{what}: S3 error {quote(code or status)}", reason=FailureReason.SOURCE_NOT_FOUND)
     if isinstance(error, botocore.exceptions.NoCredentialsError):
         return AdapterError(FailureReason.ACCESS_DENIED, f"{what}: no S3 credentials (no Secret, no pod identity)")
     # Connection refused, timeouts, truncated reads: the store may come back.
@@ -198,13 +231,15 @@ def list_source(client: Any, *, location: S3Location, max_objects: int = 10000) 
                     )
                 )
                 if len(objects) > max_objects:
-                    raise AdapterError(FailureReason.TOO_LARGE, f"{location} holds more than {max_objects} objects")
+                    raise AdapterError(
+                        FailureReason.TOO_LARGE, f"{quote(str(location))} holds more than {max_objects} objects"
+                    )
     except AdapterError:
         raise
     except Exception as error:  # noqa: BLE001 - classified, never swallowed
-        raise classify_client_error(error, what=f"listing {location}") from None
+        raise classify_client_error(error, what=f"listing {quote(str(location))}") from None
     if not objects:
-        raise AdapterError(FailureReason.SOURCE_NOT_FOUND, f"nothing under {location}")
+        raise AdapterError(FailureReason.SOURCE_NOT_FOUND, f"nothing under {quote(str(location))}")
     return Listing(location=location, objects=tuple(sorted(objects, key=lambda o: o.relpath)))
 
 
@@ -214,14 +249,14 @@ def check_listing(listing: Listing, *, max_bytes: int) -> None:
     if unsafe:
         raise AdapterError(
             FailureReason.UNSAFE_WEIGHTS_FORMAT,
-            f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}",
+            f"pickle-format files are refused (use safetensors): {quote(unsafe[:5])}",
         )
     if listing.get(CONFIG_FILE) is None:
-        raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {listing.location}")
+        raise AdapterError(FailureReason.CONFIG_MISSING, f"no {CONFIG_FILE} under {quote(str(listing.location))}")
     if listing.get(WEIGHTS_FILE) is None:
-        raise AdapterError(FailureReason.WEIGHTS_MISSING, f"no {WEIGHTS_FILE} under {listing.location}")
+        raise AdapterError(FailureReason.WEIGHTS_MISSING, f"no {WEIGHTS_FILE} under {quote(str(listing.location))}")
     if listing.total_bytes > max_bytes:
         raise AdapterError(
             FailureReason.TOO_LARGE,
-            f"{listing.total_bytes} bytes under {listing.location}, over the limit of {max_bytes}",
+            f"{listing.total_bytes} bytes under {quote(str(listing.location))}, over the limit of {max_bytes}",
         )

@@ -6,12 +6,13 @@ Each refusal is an AdapterError with its own FailureReason, so the LoRAAdapter's
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
-from moelora.agent.errors import AdapterError
-from moelora.agent.source import CONFIG_FILE, UNSAFE_SUFFIXES, WEIGHTS_FILE
+from moelora.agent import basemodel, safetensors_header, tensors
+from moelora.agent.errors import AdapterError, quote
+from moelora.agent.source import CONFIG_FILE, CONFIG_LIMIT, UNSAFE_SUFFIXES, WEIGHTS_FILE
+from moelora.agent.strictjson import load_json
 from moelora.api import FailureReason
 
 
@@ -23,6 +24,7 @@ class Limits:
     max_rank: int
     target_modules: frozenset[str]  # empty: any
     max_bytes: int
+    base_config: pathlib.Path | None = None  # the base model's config.json: module dims are checked when set
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,10 +52,15 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+CONFIG_DEPTH = 10  # peft's configs nest 3 levels; loftq_config and friends a little more
+
+
 def read_config(directory: pathlib.Path) -> dict[str, Any]:
     path = directory / CONFIG_FILE
     if not path.is_file():
         raise AdapterError(FailureReason.CONFIG_MISSING, f"{CONFIG_FILE} is missing")
+    if path.stat().st_size > CONFIG_LIMIT:
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is {path.stat().st_size} bytes, not a config")
     return parse_config(path.read_bytes())
 
 
@@ -61,7 +68,7 @@ def adapter_rank(config: dict[str, Any]) -> int:
     """The highest rank of any module: `r`, or a larger one from peft's per-module `rank_pattern`."""
     rank: Any = config.get("r")
     if not _positive_int(rank):
-        raise AdapterError(FailureReason.CONFIG_INVALID, f"'r' must be a positive integer, got {rank!r}")
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"'r' must be a positive integer, got {quote(rank)}")
     pattern = config.get("rank_pattern") or {}
     if not isinstance(pattern, dict) or not all(_positive_int(v) for v in pattern.values()):
         raise AdapterError(FailureReason.CONFIG_INVALID, "'rank_pattern' must map module names to positive integers")
@@ -75,7 +82,7 @@ def adapter_target_modules(config: dict[str, Any]) -> tuple[str, ...]:
     if isinstance(modules, list) and modules and all(isinstance(m, str) and m for m in modules):
         return tuple(sorted(set(modules)))
     raise AdapterError(
-        FailureReason.CONFIG_INVALID, f"'target_modules' must be a non-empty list of module names, got {modules!r}"
+        FailureReason.CONFIG_INVALID, f"'target_modules' must be a non-empty list of module names, got {quote(modules)}"
     )
 
 
@@ -84,11 +91,11 @@ def directory_bytes(directory: pathlib.Path) -> int:
 
 
 def parse_config(text: bytes) -> dict[str, Any]:
-    """adapter_config.json's bytes as a JSON object, or AdapterError(ConfigInvalid)."""
-    try:
-        config = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not JSON: {error}") from None
+    """adapter_config.json's bytes as a JSON object, or AdapterError(ConfigInvalid): also for hostile ones (too
+    large, nested too deep, integers of thousands of digits)."""
+    if len(text) > CONFIG_LIMIT:
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is {len(text)} bytes, not a config")
+    config = load_json(text, what=CONFIG_FILE, max_depth=CONFIG_DEPTH, reason=FailureReason.CONFIG_INVALID)
     if not isinstance(config, dict):
         raise AdapterError(FailureReason.CONFIG_INVALID, f"{CONFIG_FILE} is not a JSON object")
     return config
@@ -101,8 +108,8 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
     milliseconds), and again on the downloaded directory.
     """
     peft_type = config.get("peft_type", "LORA")
-    if str(peft_type).upper() != "LORA":
-        raise AdapterError(FailureReason.CONFIG_INVALID, f"peft_type is {peft_type!r}, only LORA is served")
+    if not isinstance(peft_type, str) or peft_type.upper() != "LORA":
+        raise AdapterError(FailureReason.CONFIG_INVALID, f"peft_type is {quote(peft_type)}, only LORA is served")
     if config.get("use_dora"):
         raise AdapterError(FailureReason.CONFIG_INVALID, "DoRA adapters (use_dora) are not supported by vLLM")
     rank = adapter_rank(config)
@@ -111,28 +118,29 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
     if not isinstance(base, str) or not base.strip():
         raise AdapterError(
             FailureReason.BASE_MODEL_MISMATCH,
-            f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {limits.base_model!r}",
+            f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {quote(limits.base_model)}",
         )
     if rank > limits.max_rank:
         raise AdapterError(
-            FailureReason.RANK_TOO_HIGH, f"rank {rank} is above this server's maxLoraRank {limits.max_rank}"
+            FailureReason.RANK_TOO_HIGH, f"rank {quote(rank)} is above this server's maxLoraRank {limits.max_rank}"
         )
     if not same_base_model(limits.base_model, base):
         raise AdapterError(
-            FailureReason.BASE_MODEL_MISMATCH, f"trained on {base!r}, this server serves {limits.base_model!r}"
+            FailureReason.BASE_MODEL_MISMATCH,
+            f"trained on {quote(base)}, this server serves {quote(limits.base_model)}",
         )
     if limits.target_modules:
         if isinstance(config.get("target_modules"), str) and modules[0] not in limits.target_modules:
             raise AdapterError(
                 FailureReason.UNSUPPORTED_TARGET_MODULES,
-                f"target_modules is the pattern {modules[0]!r}; this server allows only "
+                f"target_modules is the pattern {quote(modules[0])}; this server allows only "
                 f"{sorted(limits.target_modules)}: list the modules explicitly",
             )
         extra = sorted(set(modules) - limits.target_modules)
         if extra:
             raise AdapterError(
                 FailureReason.UNSUPPORTED_TARGET_MODULES,
-                f"targets {extra}, this server allows only {sorted(limits.target_modules)}",
+                f"targets {quote(extra)}, this server allows only {sorted(limits.target_modules)}",
             )
     return rank, base, modules
 
@@ -145,16 +153,26 @@ def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
     if unsafe:
         raise AdapterError(
             FailureReason.UNSAFE_WEIGHTS_FORMAT,
-            f"pickle-format files are refused (use safetensors): {', '.join(unsafe[:5])}",
+            f"pickle-format files are refused (use safetensors): {quote(unsafe[:5])}",
         )
     links = [p for p in directory.rglob("*") if p.is_symlink()]
     if links:
-        raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {links[0].name}")
-    rank, base, modules = check_config(read_config(directory), limits)
+        raise AdapterError(FailureReason.UNSAFE_KEY, f"symbolic links are refused: {quote(links[0].name)}")
+    config = read_config(directory)
+    rank, base, modules = check_config(config, limits)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file() or weights.stat().st_size == 0:
         raise AdapterError(FailureReason.WEIGHTS_MISSING, f"{WEIGHTS_FILE} is missing or empty")
     size = directory_bytes(directory)
     if size > limits.max_bytes:
         raise AdapterError(FailureReason.TOO_LARGE, f"{size} bytes, over the limit of {limits.max_bytes}")
+    check_weights(weights, config, limits)
     return AdapterInfo(rank=rank, base_model=base, target_modules=modules, size_bytes=size)
+
+
+def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits) -> None:
+    """The safetensors header parsed strictly, then every tensor checked against the config, the server's allowed
+    modules and (when known) the base model's modules and dims; AdapterError otherwise."""
+    base = basemodel.for_checks(limits.base_config)
+    header = safetensors_header.read(weights)
+    tensors.check(header, config, allowed=limits.target_modules, base=base)

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from moelora.agent.errors import AdapterError, TransientError
+from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.api import FailureReason
 
 
@@ -117,13 +117,14 @@ class VllmClient:
 
 
 def _message(payload: bytes) -> str:
+    """vLLM's error message, escaped: it may quote tensor names or paths from the adapter's files."""
     try:
         body = json.loads(payload)
     except ValueError:
-        return payload.decode(errors="replace")[:500]
+        return quote(payload.decode(errors="replace"), limit=500)
     error = body.get("error") if isinstance(body, dict) else None
     if isinstance(error, dict) and "message" in error:
-        return str(error["message"])[:2000]
+        return quote(str(error["message"]), limit=2000)
     if isinstance(body, dict) and "message" in body:
-        return str(body["message"])[:2000]
-    return payload.decode(errors="replace")[:500]
+        return quote(str(body["message"]), limit=2000)
+    return quote(payload.decode(errors="replace"), limit=500)

@@ -38,6 +38,10 @@ class FailureReason(str, enum.Enum):
     VERSION_MISMATCH = "VersionMismatch"
     NAME_CONFLICT = "NameConflict"
     LOAD_FAILED = "LoadFailed"
+    WEIGHTS_INVALID = "WeightsInvalid"
+    WEIGHTS_MISMATCH = "WeightsMismatch"
+    CACHE_FULL = "CacheFull"
+    ENDPOINT_UNREACHABLE = "EndpointUnreachable"
 
 
 class AdapterSource(ApiModel):
