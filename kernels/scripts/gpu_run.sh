@@ -13,16 +13,16 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $steps; do
   case $step in
     test) timeout 200 python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" ;;
-    headline) timeout 200 python3 -m moelora.kernels.bench --breakdown --json "$OUT/headline.json" 2>"$OUT/headline.err" | tee "$OUT/headline.md" ;;
-    sweep) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --sweep --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.md" ;;
-    quick) timeout ${QUICK_S:-150} python3 -m moelora.kernels.bench --preset quick --json "$OUT/quick.json" 2>"$OUT/quick.err" | tee "$OUT/quick.md" ;;
+    headline) timeout 200 python3 -m moelora.kernels.tools.bench --breakdown --json "$OUT/headline.json" 2>"$OUT/headline.err" | tee "$OUT/headline.md" ;;
+    sweep) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.tools.bench --sweep --json "$OUT/sweep.json" 2>"$OUT/sweep.err" | tee "$OUT/sweep.md" ;;
+    quick) timeout ${QUICK_S:-150} python3 -m moelora.kernels.tools.bench --preset quick --json "$OUT/quick.json" 2>"$OUT/quick.err" | tee "$OUT/quick.md" ;;
     routes) for r in ${ROUTES:-grouped direct}; do
-        timeout ${ROUTES_S:-120} python3 -m moelora.kernels.bench --models ${ROUTES_MODELS:-gpt-oss,qwen3} --m ${ROUTES_M:-1,16,64,256} --route $r \
+        timeout ${ROUTES_S:-120} python3 -m moelora.kernels.tools.bench --models ${ROUTES_MODELS:-gpt-oss,qwen3} --m ${ROUTES_M:-1,16,64,256} --route $r \
           --json "$OUT/route_$r.json" 2>"$OUT/route_$r.err" | tee "$OUT/route_$r.md"; done ;;
-    sweep_direct) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
+    sweep_direct) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.tools.bench --models ${SWEEP_MODELS:-gpt-oss} \
         --m ${SWEEP_M:-16,64} --route direct --sweep --breakdown --json "$OUT/sweep_direct.json" \
         2>"$OUT/sweep_direct.err" | tee "$OUT/sweep_direct.md" ;;
-    sweep_cases) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.bench --models ${SWEEP_MODELS:-gpt-oss} \
+    sweep_cases) timeout ${SWEEP_S:-330} python3 -m moelora.kernels.tools.bench --models ${SWEEP_MODELS:-gpt-oss} \
         --m ${SWEEP_M:-64} --route ${SWEEP_ROUTE:-auto} --sweep --breakdown --json "$OUT/sweep_cases.json" \
         2>"$OUT/sweep_cases.err" | tee "$OUT/sweep_cases.md" ;;
     kernel_test) timeout ${TEST_S:-200} python3 -m pytest -c /dev/null --rootdir=. -p no:cacheprovider -q -x \
@@ -30,7 +30,7 @@ for step in $steps; do
     grid) for g in ${GRIDS:-w13:expand w2:expand}; do timeout ${GRID_S:-150} python3 kernels/scripts/op_grid.py \
         ${GRID_MODEL:-gpt-oss} ${GRID_M:-64} ${g%:*} ${g#*:} --route ${GRID_ROUTE:-auto} 2>&1 | tee "$OUT/grid_${g/:/_}.txt"; done ;;
     ab) timeout ${AB_S:-300} python3 kernels/scripts/$AB_SCRIPT $AB_ARGS 2>&1 | tee "$OUT/ab_${AB_SCRIPT%.py}.txt" ;;
-    full) timeout ${FULL_S:-400} python3 -m moelora.kernels.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
+    full) timeout ${FULL_S:-400} python3 -m moelora.kernels.tools.bench --preset full --json "$OUT/full.json" 2>"$OUT/full.err" | tee "$OUT/full.md" ;;
   esac
 done
 tail -5 "$OUT"/*.err 2>/dev/null

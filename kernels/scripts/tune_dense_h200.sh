@@ -12,7 +12,7 @@
 # matter most first (MODELS, RANKS, MAX_LORAS, MS override them).
 # Afterwards: copy $OUT/dense/NVIDIA_H200_{SHRINK,EXPAND_TRUE}.json into kernels/moelora/kernels/configs/NVIDIA_H200/
 # and $OUT/dense/tune_dense_state.json over kernels/scripts/tune_dense_state_h200.json, and paste
-# `python -m moelora.kernels.tune_dense --report --output $OUT/dense` into docs/benchmarks.md.
+# `python -m moelora.kernels.tools.tune_dense --report --output $OUT/dense` into docs/benchmarks.md.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/moelora-out}; DIR="$OUT/dense"; mkdir -p "$DIR"
@@ -31,8 +31,8 @@ models=()
 for m in ${MODELS:-gpt-oss-20b qwen3-30b-a3b}; do models+=(--model "$m"); done
 args=("${models[@]}" --ranks "${RANKS:-32,16,64}" --max-loras "${MAX_LORAS:-8,4,1}" --m "${MS:-1,16,32,64,256,1024,4096,8192}"
       --passes "${PASSES:-2}" --output "$DIR")
-"$PY" -m moelora.kernels.tune_dense "${args[@]}" --dry-run > "$OUT/dense_plan.txt" && head -3 "$OUT/dense_plan.txt"
+"$PY" -m moelora.kernels.tools.tune_dense "${args[@]}" --dry-run > "$OUT/dense_plan.txt" && head -3 "$OUT/dense_plan.txt"
 [ -n "${DRY_RUN:-}" ] && exit 0
-timeout "${DENSE_S:-540}" "$PY" -m moelora.kernels.tune_dense "${args[@]}" 2>&1 | tee "$OUT/tune_dense.log" | grep -v '^    '
-"$PY" -m moelora.kernels.tune_dense --report --output "$DIR" > "$OUT/tune_dense_table.md"
+timeout "${DENSE_S:-540}" "$PY" -m moelora.kernels.tools.tune_dense "${args[@]}" 2>&1 | tee "$OUT/tune_dense.log" | grep -v '^    '
+"$PY" -m moelora.kernels.tools.tune_dense --report --output "$DIR" > "$OUT/tune_dense_table.md"
 tar -czf "$OUT/dense.tgz" -C "$OUT" dense tune_dense_table.md && rm -rf "$DIR" && echo "wrote $OUT/dense.tgz"

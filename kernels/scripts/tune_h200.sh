@@ -39,16 +39,16 @@ fi
 args=(--model gpt-oss-20b --model qwen3-30b-a3b --ranks 16,32,64 --max-loras 1,4,8 --m 1,16,64,256,1024
       --space h200 --passes 1 --output "$DIR")
 if [ -n "${DRY_RUN:-}" ]; then
-  "$PY" -m moelora.kernels.tune "${args[@]}" --dry-run | sed -n 1,3p
+  "$PY" -m moelora.kernels.tools.tune "${args[@]}" --dry-run | sed -n 1,3p
   exit $?
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/smi.txt"
 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-timeout "${OURS_S:-330}" "$PY" -m moelora.kernels.tune "${args[@]}" --kernels ours 2>&1 | tee "$OUT/tune_ours.log" \
+timeout "${OURS_S:-330}" "$PY" -m moelora.kernels.tools.tune "${args[@]}" --kernels ours 2>&1 | tee "$OUT/tune_ours.log" \
   | grep -v '^    '
-timeout "${VLLM_S:-200}" "$PY" -m moelora.kernels.tune "${args[@]}" --kernels vllm 2>&1 | tee "$OUT/tune_vllm.log" \
+timeout "${VLLM_S:-200}" "$PY" -m moelora.kernels.tools.tune "${args[@]}" --kernels vllm 2>&1 | tee "$OUT/tune_vllm.log" \
   | grep -v '^    '
-"$PY" -m moelora.kernels.tune --report --output "$DIR" | tee "$OUT/tune_table.md" | tail -3
+"$PY" -m moelora.kernels.tools.tune --report --output "$DIR" | tee "$OUT/tune_table.md" | tail -3
 ls -la "$DIR"
 # One archive: the device tool fetches only a few files per call, and it once dropped tune_state.json.
 tar -czf "$OUT/tune.tgz" -C "$OUT" tune && rm -rf "$DIR" && echo "wrote $OUT/tune.tgz (RESUME= its tune/ folder)"

@@ -11,7 +11,7 @@ import torch
 
 from moelora.kernels.fused import KernelConfig, default_config
 from moelora.kernels.routing import max_blocks_for
-from moelora.kernels.tune import MODEL_PRESETS
+from moelora.kernels.tools.tune import MODEL_PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "kernels" / "moelora" / "kernels" / "configs"
 OURS = CONFIGS / "NVIDIA_H200.json"

@@ -1,5 +1,5 @@
-"""Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference,
-the benchmark (`python -m moelora.kernels.bench`). Needs only torch and triton."""
+"""Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference. Needs only
+torch and triton. The tuner and the benchmark live in moelora.kernels.tools, which this runtime never imports."""
 
 from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora, table_token_counts
 from .reference import moe_lora_layer_reference, moe_lora_reference

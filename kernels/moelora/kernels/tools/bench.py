@@ -1,8 +1,8 @@
 """Benchmark of one MoE layer's LoRA work (routing + gate_up op + down op), bf16, on a CUDA GPU.
 
-    python -m moelora.kernels.bench                      # headline: both models, rank 32, 8 adapters, all M
-    python -m moelora.kernels.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
-    python -m moelora.kernels.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
+    python -m moelora.kernels.tools.bench                      # headline: both models, rank 32, 8 adapters, all M
+    python -m moelora.kernels.tools.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
+    python -m moelora.kernels.tools.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
 
 Time: CUDA-graph replay median over 40 layer calls per graph (the graph's launch cost spread thin, as in a served
 model), cycling through rotated input sets whose touched weights together exceed 3x the L2, so every call reads its
@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from .routing import method_takes, moe_lora_routing, resolve_method
+from ..fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
+from ..routing import method_takes, moe_lora_routing, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
