@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from . import warmups_on
+from .patches import Patches
 
-__all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
+__all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
@@ -368,8 +369,9 @@ def _once(msg: str) -> None:
         log.info("%s", msg)
 
 
-def install_moe_hooks(cls: type) -> str | None:
-    """Hook cls.add_lora_w13 / add_lora_w2 (PunicaWrapperGPU); None when done, else why not (nothing changed)."""
+def install_moe_hooks(cls: type, patches: Patches) -> str | None:
+    """Hook cls.add_lora_w13 / add_lora_w2 (PunicaWrapperGPU) through `patches`; None when done, else why not
+    (nothing changed)."""
     import inspect
 
     for name, want in (("add_lora_w13", W13_PARAMETERS), ("add_lora_w2", W2_PARAMETERS)):
@@ -381,15 +383,13 @@ def install_moe_hooks(cls: type) -> str | None:
             return f"{cls.__name__}.{name} signature differs from the pinned one"
     for name, hook in (("add_lora_w13", add_lora_w13), ("add_lora_w2", add_lora_w2)):
         _originals[name] = cls.__dict__[name]
-        setattr(cls, name, hook)
-    _originals["cls"] = cls
+        patches.set(cls, name, hook)
+    patches.on_undo(_forget)
     return None
 
 
-def uninstall_moe_hooks() -> None:
-    cls = _originals.pop("cls", None)
-    if cls is not None:
-        for name in ("add_lora_w13", "add_lora_w2"):
-            setattr(cls, name, _originals.pop(name))
+def _forget() -> None:
+    """Drop what the hooks hold: vLLM's originals, the kept routing and the warmed shapes."""
+    _originals.clear()
     _kept.routing = None
     _warmed.clear()
