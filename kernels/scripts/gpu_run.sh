@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, then the headline benchmark with a launch-parameter sweep, then a quick subset.
-# Usage (repo root, on the GPU machine): OUT=/some/dir bash kernels/scripts/gpu_run.sh [test|headline|sweep|quick|
-#   routes|sweep_direct|sweep_cases|kernel_test|grid|ab|full]...  (routes: the layer with each routing method; sweep_direct:
-#   a sweep with direct routing; sweep_cases: a sweep of SWEEP_MODELS x SWEEP_M; kernel_test: the kernel's GPU tests;
-#   grid: op_grid.py for each GRIDS entry; ab: kernels/scripts/$AB_SCRIPT $AB_ARGS, an A/B comparison script)
+# The kernels' GPU tests and benchmarks on a CUDA machine (torch, triton and pytest installed), results in one folder.
+# Usage, from the repo root: bash kernels/scripts/gpu_run.sh OUTPUT_DIR [STEP...]   (default steps: test sweep quick)
+# Steps: test (tests/gpu), kernel_test (the kernel's GPU tests only), headline (the benchmark with its time
+#   breakdown), sweep (a launch-parameter sweep), quick, full (presets), routes (the layer with each routing method in
+#   ROUTES), sweep_direct (a sweep with direct routing), sweep_cases (a sweep of SWEEP_MODELS x SWEEP_M), grid
+#   (op_grid.py for each GRIDS entry), ab (kernels/scripts/$AB_SCRIPT $AB_ARGS, an A/B comparison script).
+# Each step has a timeout, changed by its *_S variable (SWEEP_S=600 ...). PACK=1 leaves OUTPUT_DIR as one archive,
+# gpu_run.tgz, for copying the results off a remote machine.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
-OUT=${OUT:-/tmp/moelora-out}; mkdir -p "$OUT"
+OUT=${1:?usage: gpu_run.sh OUTPUT_DIR [STEP...]}; shift; mkdir -p "$OUT"
 steps=${*:-test sweep quick}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/smi.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -34,5 +37,4 @@ for step in $steps; do
   esac
 done
 tail -5 "$OUT"/*.err 2>/dev/null
-# The device tool fetches only a few files per call: PACK=1 leaves one archive.
 if [ -n "${PACK:-}" ]; then (cd "$OUT" && tar czf /tmp/gpu_run.tgz --exclude gpu_run.tgz . && rm -rf ./* && mv /tmp/gpu_run.tgz .); fi

@@ -46,9 +46,8 @@ def _num_sms(device: torch.device) -> int:
 
 
 def default_block_m(*, num_pairs: int, num_groups: int) -> int:
-    """Pairs per block. 16 everywhere: on an H200 (GPT-OSS and Qwen3 layers, rank 32, 8 adapters, M 1..1600) the
-    sweep never picked 32 or 64, even at M=1600 where a GPT-OSS group holds ~25 pairs: more, smaller CTAs keep more
-    loads in flight, and a group's second block finds its weights in L2."""
+    """Pairs per block. 16 everywhere: more, smaller CTAs keep more loads in flight and a group's second block finds
+    its weights in L2, so the tuning sweeps never picked 32 or 64 (docs/benchmarks.md, Kernels)."""
     del num_pairs, num_groups
     return 16
 
@@ -65,7 +64,7 @@ def default_config(
     sms = _num_sms(device)
     block_k = 64 if k % 64 == 0 or k < 128 else 128
     k_iters = triton.cdiv(k, block_k)
-    # Enough shrink CTAs to keep every SM streaming A: ~4 per SM (the H200 sweep's picks were within 2x of this).
+    # Enough shrink CTAs to keep every SM streaming A: ~4 per SM, near what the tuning sweeps picked.
     split_k = max(1, min(k_iters // 2, triton.cdiv(4 * sms, routing.max_blocks)))
     split_k = min(split_k, 16)
     block_n = 256 if rank <= 32 else 128

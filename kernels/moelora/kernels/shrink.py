@@ -140,8 +140,8 @@ def _shrink_kernel(
 
 def early_a_fits(block_k: int, rank_pad: int, warps: int) -> bool:
     """Whether a shrink may hold its first A tile across its wait: at most 64 elements a thread. The tile roughly
-    doubles the kernel's registers (sm_90: 80 -> 175 at 256 x 32 over 4 warps); past 64 elements it reached 255 and
-    spilled (256 x 64 over 2 warps), in configurations where the early tile was never measured to pay."""
+    doubles the kernel's registers, and past 64 elements a thread the kernel spills (kernels/scripts/sm90_ptx.py
+    shows the register counts)."""
     return block_k * rank_pad <= 64 * 32 * warps
 
 

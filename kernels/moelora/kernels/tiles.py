@@ -66,7 +66,7 @@ def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: 
     """The (RANK_PAD, BLOCK_N) tile of B at columns offs_n, zero past N and past the rank.
 
     Each mask only where needed: a rank mask (a runtime bound along the contiguous rank axis) stops the compiler
-    from vectorising the loads, and with it every B load became a 2-byte one (sm_90 PTX: ld.global.b16)."""
+    from vectorising the loads, down to one 2-byte load per element."""
     if EVEN_N and EVEN_R:
         bt = tl.load(b_ptrs)
     elif EVEN_R:
