@@ -16,14 +16,12 @@ _ABSENT = object()
 
 @dataclass(frozen=True)
 class Patch:
-    """owner.name was set; `original` is the value the owner itself held before, or ABSENT when it held none (the
-    attribute came from a base class or did not exist), in which case undoing deletes it."""
+    """owner.name was set; `original` is the value the owner itself held before, or a private marker when it held
+    none (the attribute came from a base class or did not exist), in which case undoing deletes it."""
 
     owner: object
     name: str
     original: object
-
-    ABSENT = _ABSENT
 
     def undo(self) -> None:
         if self.original is _ABSENT:
