@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .shrink import launch_options
-from .tiles import _block_span, _expand_row, _load_b_tile, _load_out_tile, _store_out_tile
+from .tiles import block_span, expand_row, load_b_tile, load_out_tile, store_out_tile
 
 if TYPE_CHECKING:
     from .fused import OpPlan
@@ -65,7 +65,7 @@ def _expand_kernel(
         # The next kernel waits for this whole grid before it reads anything of ours; starting it now lets its
         # CTAs take free SMs and fetch what does not depend on us (the down op's shrink: routing and A).
         tl.extra.cuda.gdc_launch_dependents()
-    adapter, expert, start, end, live = _block_span(
+    adapter, expert, start, end, live = block_span(
         table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras, DIRECT
     )
     if not live:
@@ -75,7 +75,7 @@ def _expand_kernel(
     b_ptrs = (
         b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
     )
-    bt = _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
+    bt = load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
     if USE_PDL and not READY:
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
@@ -85,11 +85,11 @@ def _expand_kernel(
         # arithmetic, so a CTA always has B in flight.
         for t in tl.static_range(N_TILES):
             if t + 1 < N_TILES:
-                bt_next = _load_b_tile(
+                bt_next = load_b_tile(
                     b_ptrs + (t + 1) * BLOCK_N * stride_bn, offs_n + (t + 1) * BLOCK_N, offs_r, N, rank, EVEN_N, EVEN_R
                 )
             for pos in range(start, end):
-                _expand_row(
+                expand_row(
                     bt,
                     pos,
                     part_ptr,
@@ -114,7 +114,7 @@ def _expand_kernel(
         pair = tl.load(sorted_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
         out_ptrs = out_ptr + pair[:, None] * stride_om + offs_n[None, :] * stride_on
         # The output tile's load goes out before the partial sums' so the two round trips overlap.
-        old = _load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N)
+        old = load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N)
         part_ptrs = part_ptr + offs_m[:, None] * RANK_PAD + offs_r[None, :]
         if READY:
             # Wait for this block's SPLIT_K shrink CTAs only, not the whole shrink grid. No deadlock: PDL starts
@@ -134,13 +134,13 @@ def _expand_kernel(
         w = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if MUL_ROUTED_WEIGHT:
             w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
-        _store_out_tile(out_ptrs, old, tl.dot(inter, bt), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N)
+        store_out_tile(out_ptrs, old, tl.dot(inter, bt), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N)
         # A loop, not unrolled: with num_stages > 1 Triton pipelines its B loads (cp.async into shared memory).
         for t in range(1, N_TILES):
             offs_t = offs_n + t * BLOCK_N
-            bt = _load_b_tile(b_ptrs + t * BLOCK_N * stride_bn, offs_t, offs_r, N, rank, EVEN_N, EVEN_R)
-            old = _load_out_tile(out_ptrs + t * BLOCK_N * stride_on, offs_t, mask_m, N, EVEN_N)
-            _store_out_tile(
+            bt = load_b_tile(b_ptrs + t * BLOCK_N * stride_bn, offs_t, offs_r, N, rank, EVEN_N, EVEN_R)
+            old = load_out_tile(out_ptrs + t * BLOCK_N * stride_on, offs_t, mask_m, N, EVEN_N)
+            store_out_tile(
                 out_ptrs + t * BLOCK_N * stride_on,
                 old,
                 tl.dot(inter, bt),

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _block_span, _load_a_tile, _load_x_tile
+from .tiles import block_span, load_a_tile, load_x_tile
 
 if TYPE_CHECKING:
     from .fused import OpPlan
@@ -63,7 +63,7 @@ def _shrink_kernel(
         # routing's tables and B before their own wait.
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    adapter, expert, start, end, live = _block_span(
+    adapter, expert, start, end, live = block_span(
         table_ptr, num_blocks_ptr, topk_ptr, lora_ptr, pid_b, max_blocks, num_experts, top_k, max_loras, DIRECT
     )
     if not live:
@@ -91,7 +91,7 @@ def _shrink_kernel(
             a_ptrs = a_block + a_offs
             acc = tl.zeros((RANK_PAD,), dtype=tl.float32)
             for it in range(it_lo, it_hi):
-                at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+                at = load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
                 if EVEN_K:
                     xt = tl.load(x_ptrs)
                 else:
@@ -115,19 +115,19 @@ def _shrink_kernel(
         if A_BEFORE_WAIT:
             # The routing is complete (an earlier op on it waited for it) and A is the adapter's weights: the first
             # A tile is in flight while this CTA waits for whatever wrote x.
-            at = _load_a_tile(a_ptrs, it_lo * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            at = load_a_tile(a_ptrs, it_lo * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
             if USE_PDL:
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
-            xt = _load_x_tile(x_ptrs, it_lo * BLOCK_K, offs_k, mask_m, K, EVEN_K)
+            xt = load_x_tile(x_ptrs, it_lo * BLOCK_K, offs_k, mask_m, K, EVEN_K)
             acc += tl.dot(xt, at.to(xt.dtype))
             x_ptrs += BLOCK_K * stride_xk
             a_ptrs += BLOCK_K * stride_ak
             it_first = it_lo + 1
         for it in range(it_first, it_hi):
             # A first: its address does not wait on the sorted-pairs load that x's does.
-            at = _load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
-            xt = _load_x_tile(x_ptrs, it * BLOCK_K, offs_k, mask_m, K, EVEN_K)
+            at = load_a_tile(a_ptrs, it * BLOCK_K, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            xt = load_x_tile(x_ptrs, it * BLOCK_K, offs_k, mask_m, K, EVEN_K)
             acc += tl.dot(xt, at.to(xt.dtype))
             x_ptrs += BLOCK_K * stride_xk
             a_ptrs += BLOCK_K * stride_ak

@@ -6,9 +6,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+__all__ = ["block_span", "expand_row", "load_a_tile", "load_b_tile", "load_out_tile", "load_x_tile", "store_out_tile"]
+
 
 @triton.jit
-def _block_span(
+def block_span(
     table_ptr,
     num_blocks_ptr,
     topk_ptr,
@@ -38,7 +40,7 @@ def _block_span(
 
 
 @triton.jit
-def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
+def load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
     """The (BLOCK_K, RANK_PAD) tile of A at K offset k0, zero past K and past the rank."""
     if EVEN_K:
         if EVEN_R:
@@ -51,7 +53,7 @@ def _load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN
 
 
 @triton.jit
-def _load_x_tile(x_ptrs, k0, offs_k, mask_m, K, EVEN_K: tl.constexpr):
+def load_x_tile(x_ptrs, k0, offs_k, mask_m, K, EVEN_K: tl.constexpr):
     """The (BLOCK_M, BLOCK_K) tile of a grouped block's input rows at K offset k0, zero in rows past the block's
     end and past K."""
     if EVEN_K:
@@ -62,7 +64,7 @@ def _load_x_tile(x_ptrs, k0, offs_k, mask_m, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr):
+def load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: tl.constexpr):
     """The (RANK_PAD, BLOCK_N) tile of B at columns offs_n, zero past N and past the rank.
 
     Each mask only where needed: a rank mask (a runtime bound along the contiguous rank axis) stops the compiler
@@ -79,7 +81,7 @@ def _load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N: tl.constexpr, EVEN_R: 
 
 
 @triton.jit
-def _expand_row(
+def expand_row(
     bt,
     pos,
     part_ptr,
@@ -113,7 +115,7 @@ def _expand_row(
 
 
 @triton.jit
-def _load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N: tl.constexpr):
+def load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N: tl.constexpr):
     if EVEN_N:
         old = tl.load(out_ptrs, mask=mask_m[:, None], other=0.0)
     else:
@@ -122,7 +124,7 @@ def _load_out_tile(out_ptrs, offs_n, mask_m, N, EVEN_N: tl.constexpr):
 
 
 @triton.jit
-def _store_out_tile(out_ptrs, old, acc, w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT: tl.constexpr, EVEN_N: tl.constexpr):
+def store_out_tile(out_ptrs, old, acc, w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT: tl.constexpr, EVEN_N: tl.constexpr):
     """old + acc (scaled by the rows' routed weights) back into the output rows, in their dtype."""
     if MUL_ROUTED_WEIGHT:
         acc = acc * w[:, None]
