@@ -1,5 +1,9 @@
-"""Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference. Needs only
-torch and triton. The tuner and the benchmark live in moelora.kernels.tools, which this runtime never imports."""
+"""Triton kernels for MoE-LoRA serving. Needs only torch and triton.
+
+routing (pairs grouped by adapter and expert), fused (the op: plan_op, fused_moe_lora), shrink and expand (its two
+kernels, each with its launcher), tiles (their shared jit helpers), launch_config (KernelConfig and the tuned tables
+in configs/), block_layout (vLLM's blocked routing back to topk_ids), reference (PyTorch). The tuner and the
+benchmark live in moelora.kernels.tools, which this runtime never imports."""
 
 from .block_layout import topk_ids_from_blocks
 from .fused import OpPlan, fused_moe_lora, plan_op
