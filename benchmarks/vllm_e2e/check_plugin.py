@@ -1,4 +1,4 @@
-"""Fail-fast check of the plugin on the GPU, inside the real vLLM (0.26.0 on the H200 kit), before any server starts.
+"""Fail-fast check of the plugin on the GPU, inside the real vLLM (the pinned release), before any server starts.
 
 1. vLLM's own plugin loader finds and runs the plugin (entry point via make_entry_point.py) and the dispatcher's
    CUDA kernel of `vllm::fused_moe_lora` is ours afterwards.

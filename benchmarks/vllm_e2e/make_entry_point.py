@@ -1,6 +1,6 @@
 """Write a minimal dist-info declaring the plugin's entry point, so vLLM's loader finds it on a machine where the
-repo is only on PYTHONPATH (the H200 image has no pip registry, and vLLM discovers general plugins only through
-installed distributions' `vllm.general_plugins` entry points).
+repo is only on PYTHONPATH rather than pip-installed (vLLM discovers general plugins only through installed
+distributions' `vllm.general_plugins` entry points).
 Usage: python make_entry_point.py DIR   (then put DIR, image/ and kernels/ on PYTHONPATH)"""
 
 import pathlib

@@ -1,11 +1,15 @@
 #!/bin/bash
-# One device call on the H200: plugin check (fail fast), then the kit's end-to-end bench with the plugin, with
-# tuned configs only (when kernels/moelora/kernels/configs/NVIDIA_H200/ has files), and stock vLLM.
-# Usage (repo root on the device, kit + archive carried in .bundle/): OUT=dir bash benchmarks/vllm_e2e/run_e2e.sh
-# Env: NP (prompts, default 128), RUNS (default "plugin stock tuned"), STEP_S (timeout per bench, default 260).
+# Plugin check (fail fast), then the benchmark kit's end-to-end bench with the plugin, with tuned configs only (when
+# kernels/moelora/kernels/configs/NVIDIA_H200/ has files), and stock vLLM; a summary table in OUTPUT_DIR/summary.md.
+# Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/run_e2e.sh OUTPUT_DIR
+# Needs the benchmark kit and its vLLM archive (benchmarks/vllm_e2e/README.md): KIT (default .bundle/kit) and
+# VLLM_ARCHIVE (default .bundle/vllm-site.tar.xz).
+# Env: NP (prompts, default 128), RUNS (default "plugin stock tuned"), STEP_S (timeout per bench, default 260),
+# BUDGET_S (the whole run's time, default 590), CHECK_ARGS (more arguments of check_plugin.py).
 set -uo pipefail
-R=$(pwd); KIT=$R/.bundle/kit; ARCH=$R/.bundle/vllm-site.tar.xz; OUT=${OUT:?}; NP=${NP:-128}
-RUNS=${RUNS:-plugin stock tuned}; STEP_S=${STEP_S:-260}; SITE=/tmp/vllm-site; T0=$(date +%s)
+R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}
+OUT=${1:?usage: run_e2e.sh OUTPUT_DIR}; mkdir -p "$OUT"; NP=${NP:-128}
+RUNS=${RUNS:-plugin stock tuned}; STEP_S=${STEP_S:-260}; SITE=${SITE:-/tmp/vllm-site}; T0=$(date +%s)
 log(){ echo "[$(( $(date +%s)-T0 ))s] $*"; }
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
 mkdir -p $SITE && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" $ARCH $SITE && touch $SITE/.done || exit 3

@@ -3,12 +3,15 @@
 # each saved with per-request TTFTs. Pass 1 is the kit's measurement; pass 2 shows what is left once every kernel
 # has been compiled and every adapter used. Optionally a short profiled load (PROFILE=1: 16 requests, 1600-token
 # prompts, 64 output tokens) whose per-kernel CUDA-time table vLLM's torch profiler writes.
-# Usage (repo root on the device, kit + archive in .bundle/): NAME=plugin OUT=dir bash benchmarks/vllm_e2e/serve_passes.sh
+# Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/serve_passes.sh OUTPUT_DIR NAME
+# (results in OUTPUT_DIR/NAME). Needs the benchmark kit and its vLLM archive (benchmarks/vllm_e2e/README.md): KIT
+# (default .bundle/kit) and VLLM_ARCHIVE (default .bundle/vllm-site.tar.xz).
 # Env: MODE (plugin | tuned | stock | nolora), PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."),
 # SERVER_ARGS (more vLLM flags, e.g. --enable-logging-iteration-details), PASS_S (timeout per pass).
 set -uo pipefail
-R=$(pwd); KIT=$R/.bundle/kit; ARCH=$R/.bundle/vllm-site.tar.xz; SITE=/tmp/vllm-site
-NAME=${NAME:?}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}; OUTD=${OUT:?}/$NAME; mkdir -p $OUTD
+R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
+NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
+OUTD=${1:?usage: serve_passes.sh OUTPUT_DIR NAME}/$NAME; mkdir -p $OUTD
 T0=$(date +%s); log(){ echo "[$NAME $(( $(date +%s)-T0 ))s] $*"; }
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 export CUDA_CACHE_MAXSIZE=4294967296

@@ -3,7 +3,7 @@ changes given as JSON."""
 
 from dataclasses import replace
 
-from moelora.kernels import bench
+from moelora.kernels.tools import bench
 
 
 def cases(specs: str):

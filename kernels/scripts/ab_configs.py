@@ -10,7 +10,7 @@ import sys
 
 from _cases import cases, changed
 
-from moelora.kernels import bench
+from moelora.kernels.tools import bench
 
 
 def main(specs: str, variants_json: str) -> None:

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from _cases import cases
 
-from moelora.kernels import bench, routing
+from moelora.kernels import routing
+from moelora.kernels.tools import bench
 
 # (shrink_block_k, split_k, shrink_warps, shrink_stages) for the down op; split_k is clamped to whole iterations.
 VARIANTS = [

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from _cases import cases, changed
 
-from moelora.kernels import bench
+from moelora.kernels.tools import bench
 
 # (expand_block_n, expand_tiles, expand_stages, expand_warps); kept where block_n * tiles divides N, or when last.
 EXPANDS = [

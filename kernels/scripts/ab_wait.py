@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from _cases import cases
 
-from moelora.kernels import bench
+from moelora.kernels.tools import bench
 
 
 def main(specs: str) -> None:

@@ -1,7 +1,7 @@
 """Merge a tuner run's configs/<GPU>.json into the bundled one: a tuned entry replaces the bundled entry with the
 same (k, n, num_experts, rank, max_loras, m, route); every other bundled entry stays.
 
-    python3 kernels/scripts/merge_configs.py OUT/tune/configs/NVIDIA_H200.json \
+    python3 kernels/scripts/merge_configs.py OUTPUT_DIR/tune/configs/NVIDIA_H200.json \
         kernels/moelora/kernels/configs/NVIDIA_H200.json
 """
 

@@ -11,7 +11,7 @@ import argparse
 import itertools
 from dataclasses import replace
 
-from moelora.kernels.bench import Case, default_layer_config
+from moelora.kernels.tools.bench import Case, default_layer_config
 
 GRIDS = {
     "shrink": {

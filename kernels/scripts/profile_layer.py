@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from moelora.kernels.bench import default_layer_config, make_inputs, run_layer
+from moelora.kernels.tools.bench import default_layer_config, make_inputs, run_layer
 
 model = sys.argv[1]
 for m in (int(v) for v in sys.argv[2:]):

@@ -22,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moelora.kernels import fused, routing
+from moelora.kernels import expand, routing, shrink
 
 TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {
@@ -102,12 +102,12 @@ def main() -> None:
             }
             print(
                 f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
-                f"even_n={even_n:d}: " + describe(compile_sm90(fused._expand_kernel, consts, 4, stages))
+                f"even_n={even_n:d}: " + describe(compile_sm90(expand._expand_kernel, consts, 4, stages))
             )
         # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
         # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
         for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True), (512, 4, 1, True)):
-            early = per_pair and not direct and fused.early_a_fits(block_k, 32, warps)
+            early = per_pair and not direct and shrink.early_a_fits(block_k, 32, warps)
             consts = {
                 "X_PER_PAIR": per_pair,
                 "BLOCK_M": 16,
@@ -124,7 +124,7 @@ def main() -> None:
             print(
                 f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
                 f"per_pair={per_pair:d} a_before_wait={early:d}: "
-                + describe(compile_sm90(fused._shrink_kernel, consts, warps, stages))
+                + describe(compile_sm90(shrink._shrink_kernel, consts, warps, stages))
             )
     # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
     print(

@@ -25,7 +25,7 @@ MODELS = {"gpt-oss": (2880, 2880, 32, 4), "qwen3": (2048, 768, 128, 8)}
 @pytest.fixture(scope="module")
 def k():
     from moelora import kernels
-    from moelora.kernels import bench
+    from moelora.kernels.tools import bench
 
     return kernels, bench
 

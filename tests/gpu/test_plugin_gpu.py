@@ -109,8 +109,7 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
 
 def test_one_variant_per_configuration_across_token_counts():
     """Token counts of one config bucket (different M classes, different block capacities) reuse one compile."""
-    from moelora.kernels import fused, moe_lora_routing
-    from moelora.kernels.fused import KernelConfig, default_block_m
+    from moelora.kernels import KernelConfig, default_block_m, expand, fused, moe_lora_routing, shrink
 
     dev, dt, top_k, experts, loras, hidden, n, rank = "cuda", torch.bfloat16, 4, 32, 8, 2880, 5760, 32
     a = torch.zeros(loras, experts, rank, hidden, device=dev, dtype=dt)
@@ -138,8 +137,8 @@ def test_one_variant_per_configuration_across_token_counts():
         )
 
     def variants() -> int:
-        return sum(len(c[0]) for c in fused._shrink_kernel.device_caches.values()) + sum(
-            len(c[0]) for c in fused._expand_kernel.device_caches.values()
+        return sum(len(c[0]) for c in shrink._shrink_kernel.device_caches.values()) + sum(
+            len(c[0]) for c in expand._expand_kernel.device_caches.values()
         )
 
     run(1024)

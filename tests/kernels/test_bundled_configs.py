@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moelora.kernels.fused import KernelConfig, default_config
+from moelora.kernels import KernelConfig, default_config
 from moelora.kernels.routing import max_blocks_for
-from moelora.kernels.tune import MODEL_PRESETS
+from moelora.kernels.tools.tune import MODEL_PRESETS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "kernels" / "moelora" / "kernels" / "configs"
 OURS = CONFIGS / "NVIDIA_H200.json"
@@ -154,10 +154,10 @@ def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
 
 
 def test_table_token_counts_are_the_bundled_buckets(monkeypatch):
-    from moelora.kernels import fused, table_token_counts
+    from moelora.kernels import launch_config, table_token_counts
 
     assert table_token_counts(torch.device("cpu")) == ()  # no table off CUDA
-    monkeypatch.setattr(fused, "_config_file", lambda device: OURS)
+    monkeypatch.setattr(launch_config, "_config_file", lambda device: OURS)
     counts = table_token_counts(torch.device("cpu"))
     assert counts == tuple(sorted({e["m"] for e in json.loads(OURS.read_text())["entries"]}))
     assert {1, 16, 64, 256, 1024} <= set(counts)

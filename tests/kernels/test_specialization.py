@@ -18,9 +18,9 @@ TOKEN_DEPENDENT = {"num_pairs", "max_blocks", "ready_len", "M", "m", "num_tokens
 
 PROBE = """
 import json
-from moelora.kernels import fused, routing
+from moelora.kernels import block_layout, expand, routing, shrink, tiles
 out = {}
-for mod in (fused, routing):
+for mod in (shrink, expand, tiles, routing, block_layout):
     for name in dir(mod):
         fn = getattr(mod, name)
         if type(fn).__name__ == "JITFunction":
@@ -37,7 +37,14 @@ def test_token_count_arguments_are_not_specialised():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
-    launched = {"_shrink_kernel", "_expand_kernel", "_route_count_kernel", "_route_finish_kernel", "_route_tiny_kernel"}
+    launched = {
+        "_shrink_kernel",
+        "_expand_kernel",
+        "_route_count_kernel",
+        "_route_finish_kernel",
+        "_route_tiny_kernel",
+        "_scatter_block_experts_kernel",
+    }
     assert launched <= set(kernels), sorted(kernels)
     specialised = sorted(
         (name, arg) for name in launched for arg, off in kernels[name].items() if arg in TOKEN_DEPENDENT and not off

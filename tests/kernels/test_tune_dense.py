@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from moelora.kernels import tune_dense as td
+from moelora.kernels.tools import tune_dense as td
 
 
 def test_plan_covers_each_projection_once():

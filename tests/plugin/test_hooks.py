@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from moelora.vllm_plugin import dense_warmup, moe_hooks
+from moelora.vllm_plugin.patches import Patches
 
 
 def _layer(*, m=7, top_k=2, experts=4, loras=3, hidden=32, inter=16, rank=8, slices=2, seed=0):
@@ -201,13 +202,19 @@ def test_hooks_install_on_vllms_punica_wrapper_and_come_off():
     from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
     before = (PunicaWrapperGPU.add_lora_w13, PunicaWrapperGPU.add_lora_w2)
-    assert moe_hooks.install_moe_hooks(PunicaWrapperGPU) is None  # the installed vLLM has the pinned signatures
+    patches = Patches()
+    assert moe_hooks.install_moe_hooks(PunicaWrapperGPU, patches) is None  # the installed vLLM has the pinned ones
     try:
         assert PunicaWrapperGPU.add_lora_w13 is moe_hooks.add_lora_w13
         assert PunicaWrapperGPU.add_lora_w2 is moe_hooks.add_lora_w2
+        assert [(p.owner, p.name, p.original) for p in patches.done[:2]] == [
+            (PunicaWrapperGPU, "add_lora_w13", before[0]),
+            (PunicaWrapperGPU, "add_lora_w2", before[1]),
+        ]
     finally:
-        moe_hooks.uninstall_moe_hooks()
+        patches.undo()
     assert (PunicaWrapperGPU.add_lora_w13, PunicaWrapperGPU.add_lora_w2) == before
+    assert not moe_hooks._originals
 
 
 def test_hooks_refuse_a_changed_signature():
@@ -218,7 +225,9 @@ def test_hooks_refuse_a_changed_signature():
         def add_lora_w2(self, *args):
             return "kept"
 
-    assert "signature differs" in moe_hooks.install_moe_hooks(Changed)
+    patches = Patches()
+    assert "signature differs" in moe_hooks.install_moe_hooks(Changed, patches)
+    assert not patches.done
     assert Changed().add_lora_w13(1, 2, 3, 4, 5) == "kept"
 
 
@@ -339,13 +348,14 @@ def test_model_warmup_wraps_vllms_kernel_warmup_and_comes_off(monkeypatch):
     monkeypatch.setattr(warmup_module, "kernel_warmup", vllms)
     monkeypatch.setattr(gpu_worker, "kernel_warmup", vllms)  # as bound by the worker module's own import
     monkeypatch.setattr(model_warmup, "warm_model", lambda worker: seen.append(("ours", worker)))
-    assert model_warmup.install_model_warmup() is None  # the installed vLLM (0.32) has what it pins
+    patches = Patches()
+    assert model_warmup.install_model_warmup(patches) is None  # the installed vLLM (0.32) has what it pins
     try:
         assert warmup_module.kernel_warmup is gpu_worker.kernel_warmup  # both names wrapped
         gpu_worker.kernel_warmup("w", process_local_only=True)
         assert seen == [("ours", "w"), ("vllm", {"process_local_only": True})]  # ours first, vLLM's untouched
     finally:
-        model_warmup.uninstall_model_warmup()
+        patches.undo()
     assert warmup_module.kernel_warmup is vllms and gpu_worker.kernel_warmup is vllms
 
 

@@ -173,9 +173,9 @@ def test_blocked_layout_inversion(align):
     has = c["mapping"] >= 0
     assert torch.equal(got[has], c["ids"][has])
     assert (got[~has] == -1).all()
-    from moelora.vllm_plugin._triton_layout import topk_ids_from_blocks_triton
+    from moelora.kernels import topk_ids_from_blocks
 
-    tri = topk_ids_from_blocks_triton(
+    tri = topk_ids_from_blocks(
         sorted_token_ids=sorted_ids,
         expert_ids=expert_ids,
         num_tokens_post_padded=npad,

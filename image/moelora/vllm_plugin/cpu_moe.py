@@ -23,7 +23,9 @@ from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as
 from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
-__all__ = ["TorchLoRAExperts", "check", "install_cpu_moe", "uninstall_cpu_moe"]
+from .patches import Patches
+
+__all__ = ["TorchLoRAExperts", "check", "install_cpu_moe"]
 
 _APPLY = (
     "self",
@@ -328,8 +330,8 @@ def _call_op(
     )
 
 
-def install_cpu_moe() -> str | None:
-    """Apply the patches (idempotent); returns why not when a signature differs, else None."""
+def install_cpu_moe(patches: Patches) -> str | None:
+    """Apply the patches through `patches` (idempotent); returns why not when a signature differs, else None."""
     reason = check()
     if reason:
         return reason
@@ -345,17 +347,7 @@ def install_cpu_moe() -> str | None:
 
         select_unquantized_moe_backend._moelora = True  # type: ignore[attr-defined]
         select_unquantized_moe_backend.__wrapped__ = select  # type: ignore[attr-defined]
-        method_mod.select_unquantized_moe_backend = select_unquantized_moe_backend
-    PunicaWrapperCPU.add_lora_w13 = _add_lora_w13  # type: ignore[method-assign]
-    PunicaWrapperCPU.add_lora_w2 = _add_lora_w2  # type: ignore[method-assign]
+        patches.set(method_mod, "select_unquantized_moe_backend", select_unquantized_moe_backend)
+    patches.set(PunicaWrapperCPU, "add_lora_w13", _add_lora_w13)
+    patches.set(PunicaWrapperCPU, "add_lora_w2", _add_lora_w2)
     return None
-
-
-def uninstall_cpu_moe() -> None:
-    """Undo install_cpu_moe (tests)."""
-    select = method_mod.select_unquantized_moe_backend
-    if getattr(select, "_moelora", False):
-        method_mod.select_unquantized_moe_backend = select.__wrapped__
-    for name in ("add_lora_w13", "add_lora_w2"):
-        if name in PunicaWrapperCPU.__dict__:
-            delattr(PunicaWrapperCPU, name)

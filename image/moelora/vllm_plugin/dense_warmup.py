@@ -3,8 +3,8 @@
 vLLM's `lora_shrink` / `lora_expand` Triton kernels are compiled per launch configuration (one per token bucket of
 the tuned file, or vLLM's two defaults) and per token-count class (Triton specialises M: 1, a multiple of 16, any
 other). Start-up compiles only what the profile run (M = max_num_batched_tokens) and CUDA-graph capture (M <= 32)
-touch; the first requests then stall on the rest. Measured on the H200 kit (GPT-OSS-20B shape, 8 adapters): the
-first burst of 16 requests waited 2.5-6 s for their first token, and 0.3-0.6 s once everything was compiled.
+touch; the first requests then stall for seconds on the rest (docs/benchmarks.md, "vLLM end to end", has the
+measurements).
 
 We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per
 weight shape it runs vLLM's own function on scratch buffers at every token bucket of the tuned file (both classes),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import contract
+from .patches import Patches
 
 __all__ = ["Installed", "install", "uninstall"]
 
@@ -22,6 +23,8 @@ log = logging.getLogger("vllm.moelora_plugin")
 
 # The Library object owns our registration: it must live as long as the process.
 _LIBRARY: torch.library.Library | None = None
+# Every attribute the optional parts replaced in vLLM (owner, name, original value), for uninstall().
+_PATCHES = Patches()
 
 
 @dataclass(frozen=True)
@@ -100,17 +103,20 @@ def _install_cuda_extras(dispatch_key: str) -> str:
 
         from .moe_hooks import install_moe_hooks
 
-        return install_moe_hooks(PunicaWrapperGPU)
+        return install_moe_hooks(PunicaWrapperGPU, _PATCHES)
 
     def dense_warmup() -> str | None:
-        from .dense_warmup import install_dense_warmup
+        from .dense_warmup import install_dense_warmup, reset
 
-        return install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
+        reason = install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
+        if reason is None:
+            _PATCHES.on_undo(reset)  # its kernels go with the Library; what it has warmed is forgotten here
+        return reason
 
     def model_warmup() -> str | None:
         from .model_warmup import install_model_warmup
 
-        return install_model_warmup()
+        return install_model_warmup(_PATCHES)
 
     parts = []
     for label, part in (
@@ -132,7 +138,7 @@ def _install_cpu_moe() -> str:
     try:
         from .cpu_moe import install_cpu_moe
 
-        reason = install_cpu_moe()
+        reason = install_cpu_moe(_PATCHES)
     except Exception as exc:  # noqa: BLE001  (the op stays installed; only the CPU MoE extras are missing)
         reason = repr(exc)
     return (
@@ -141,21 +147,13 @@ def _install_cpu_moe() -> str:
 
 
 def uninstall() -> None:
-    """Drop our registration: the dispatcher falls back to vLLM's kernel (used by tests)."""
+    """Drop our registration (the dispatcher falls back to vLLM's kernel) and undo, last first, every attribute the
+    optional parts patched, from the record install() kept (used by tests)."""
     global _LIBRARY
     if _LIBRARY is not None:
         _LIBRARY._destroy()
         _LIBRARY = None
-    import sys
-
-    if "moelora.vllm_plugin.cpu_moe" in sys.modules:
-        sys.modules["moelora.vllm_plugin.cpu_moe"].uninstall_cpu_moe()
-    if "moelora.vllm_plugin.moe_hooks" in sys.modules:
-        sys.modules["moelora.vllm_plugin.moe_hooks"].uninstall_moe_hooks()
-    if "moelora.vllm_plugin.dense_warmup" in sys.modules:
-        sys.modules["moelora.vllm_plugin.dense_warmup"].reset()
-    if "moelora.vllm_plugin.model_warmup" in sys.modules:
-        sys.modules["moelora.vllm_plugin.model_warmup"].uninstall_model_warmup()
+    _PATCHES.undo()
 
 
 def _has_op() -> bool:

@@ -38,9 +38,9 @@ def topk_ids_from_vllm(
             f"{tuple(sorted_token_ids.shape)} in blocks of {block_m}"
         )
     if sorted_token_ids.is_cuda:
-        from ._triton_layout import topk_ids_from_blocks_triton
+        from moelora.kernels import topk_ids_from_blocks
 
-        return topk_ids_from_blocks_triton(
+        return topk_ids_from_blocks(
             sorted_token_ids=sorted_token_ids,
             expert_ids=expert_ids,
             num_tokens_post_padded=num_tokens_post_padded,
@@ -70,7 +70,7 @@ def topk_ids_from_blocks_torch(
     top_k: int,
     block_m: int,
 ) -> torch.Tensor:
-    """The blocked form in plain torch ops (the CPU path, and the oracle of the Triton version)."""
+    """The blocked form in plain torch ops (the CPU path, and the oracle of moelora.kernels.topk_ids_from_blocks)."""
     slots, width = sorted_token_ids.shape
     num_pairs = num_tokens * top_k
     dev = sorted_token_ids.device

@@ -3,9 +3,9 @@
 vLLM compiles at start-up only what its profile run (max_num_batched_tokens) and CUDA-graph capture (<= the
 largest capture size) touch. A batch of another size can still meet a Triton kernel variant not compiled yet:
 launch configurations change with the token count, and Triton specialises integer arguments on their value class
-(1, a multiple of 16, other), and the token count and its multiples by top_k reach kernels as such arguments. On the
-H200 kit, with our kernels and vLLM's dense LoRA kernels compiled at start-up (moe_hooks, dense_warmup), the first
-burst still stalled ~2.9 s, compiling vLLM's base `fused_moe_kernel` (and ours, since fixed).
+(1, a multiple of 16, other), and the token count and its multiples by top_k reach kernels as such arguments. Even
+with our kernels and vLLM's dense LoRA kernels compiled at start-up (moe_hooks, dense_warmup), vLLM's base
+`fused_moe_kernel` was still compiled under the first requests (docs/benchmarks.md, "vLLM end to end").
 
 This wraps vLLM's `kernel_warmup` (which the GPU worker calls once, before graph capture) so that it first runs
 vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-up makes, with every LoRA slot
@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 
 from . import warmups_on
+from .patches import Patches
 
-__all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "uninstall_model_warmup", "warm_token_counts"]
+__all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "warm_token_counts"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
@@ -35,6 +36,7 @@ OFFSETS = (0, 1, 2, 4)
 _DUMMY_RUN_PARAMETERS = {"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"}
 
 _original: dict[str, Callable[..., object]] = {}
+WORKER_MODULE = "vllm.v1.worker.gpu_worker"  # binds kernel_warmup by name when it is imported
 
 
 def warm_token_counts(max_tokens: int, graph_max: int) -> list[int]:
@@ -104,8 +106,8 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def install_model_warmup() -> str | None:
-    """Wrap vLLM's kernel_warmup; None when done, else why not (nothing changed).
+def install_model_warmup(patches: Patches) -> str | None:
+    """Wrap vLLM's kernel_warmup through `patches`; None when done, else why not (nothing changed).
 
     The wrapper goes into vllm.model_executor.warmup.kernel_warmup, so the GPU worker module binds it when it is
     imported later (`from ... import kernel_warmup`), and into that module too if it already is. The plugin is
@@ -128,21 +130,23 @@ def install_model_warmup() -> str | None:
 
     kernel_warmup.__qualname__ = "moelora_kernel_warmup"
     _original["kernel_warmup"] = original
-    module.kernel_warmup = kernel_warmup
-    worker_module = sys.modules.get("vllm.v1.worker.gpu_worker")
+    patches.on_undo(_forget)
+    patches.on_undo(lambda: _unbind_late(kernel_warmup, original))
+    patches.set(module, "kernel_warmup", kernel_warmup)
+    worker_module = sys.modules.get(WORKER_MODULE)
     if worker_module is not None and getattr(worker_module, "kernel_warmup", None) is original:
-        worker_module.kernel_warmup = kernel_warmup
+        patches.set(worker_module, "kernel_warmup", kernel_warmup)
     return None
 
 
-def uninstall_model_warmup() -> None:
+def _forget() -> None:
+    _original.pop("kernel_warmup", None)
+
+
+def _unbind_late(ours: Callable[..., object], original: Callable[..., object]) -> None:
+    """A worker module imported after install bound our wrapper by its own import, unrecorded: give it vLLM's."""
     import sys
 
-    original = _original.pop("kernel_warmup", None)
-    if original is None:
-        return
-    for name in ("vllm.model_executor.warmup.kernel_warmup", "vllm.v1.worker.gpu_worker"):
-        module = sys.modules.get(name)
-        current = getattr(module, "kernel_warmup", None)
-        if getattr(current, "__qualname__", "") == "moelora_kernel_warmup":  # ours, bound at or after install
-            module.kernel_warmup = original
+    worker_module = sys.modules.get(WORKER_MODULE)
+    if worker_module is not None and getattr(worker_module, "kernel_warmup", None) is ours:
+        worker_module.kernel_warmup = original

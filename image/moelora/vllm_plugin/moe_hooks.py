@@ -1,14 +1,13 @@
 """Our kernel one level above the op: vLLM's `PunicaWrapperGPU.add_lora_w13` and `add_lora_w2` (CUDA only).
 
-vLLM's add_lora_w13 receives the layer's `topk_ids` and runs its own align kernel (moe_lora_align_block_size, ~10 us
-per GPT-OSS layer on an H200 at 16 tokens, most of a decode step's MoE-LoRA bookkeeping) only to hand the
-fused_moe_lora op a blocked layout, which the op-level plugin then inverts back to topk_ids (layout.py, ~2 us more).
-Hooked here, our routing is built straight from topk_ids and both are skipped. The w13 call returns vLLM's four
-routing values as (None, None, None, token_lora_mapping): vLLM only passes them on to the same layer's add_lora_w2,
-which is hooked too and takes that form as "the w13 call was ours" and reuses the routing kept from it (the two calls
-follow each other on one stream, at run time and during CUDA-graph capture alike). Whatever we do not cover (expert
-parallelism, fully sharded LoRA, shared-expert-dim LoRA, rank > 128) goes to vLLM's own methods, whose
-fused_moe_lora op is still ours.
+vLLM's add_lora_w13 receives the layer's `topk_ids` and runs its own align kernel (moe_lora_align_block_size, most
+of a decode step's MoE-LoRA bookkeeping) only to hand the fused_moe_lora op a blocked layout, which the op-level
+plugin then inverts back to topk_ids (layout.py). Hooked here, our routing is built straight from topk_ids and both
+are skipped. The w13 call returns vLLM's four routing values as (None, None, None, token_lora_mapping): vLLM only
+passes them on to the same layer's add_lora_w2, which is hooked too and takes that form as "the w13 call was ours"
+and reuses the routing kept from it (the two calls follow each other on one stream, at run time and during
+CUDA-graph capture alike). Whatever we do not cover (expert parallelism, fully sharded LoRA, shared-expert-dim LoRA,
+rank > 128) goes to vLLM's own methods, whose fused_moe_lora op is still ours.
 
 The first eager call per layer shape also compiles every launch configuration the bundled table can pick for it
 (warm-up), so no request later pays a Triton compile.
@@ -24,8 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from . import warmups_on
+from .patches import Patches
 
-__all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks", "uninstall_moe_hooks"]
+__all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
@@ -368,8 +368,9 @@ def _once(msg: str) -> None:
         log.info("%s", msg)
 
 
-def install_moe_hooks(cls: type) -> str | None:
-    """Hook cls.add_lora_w13 / add_lora_w2 (PunicaWrapperGPU); None when done, else why not (nothing changed)."""
+def install_moe_hooks(cls: type, patches: Patches) -> str | None:
+    """Hook cls.add_lora_w13 / add_lora_w2 (PunicaWrapperGPU) through `patches`; None when done, else why not
+    (nothing changed)."""
     import inspect
 
     for name, want in (("add_lora_w13", W13_PARAMETERS), ("add_lora_w2", W2_PARAMETERS)):
@@ -381,15 +382,13 @@ def install_moe_hooks(cls: type) -> str | None:
             return f"{cls.__name__}.{name} signature differs from the pinned one"
     for name, hook in (("add_lora_w13", add_lora_w13), ("add_lora_w2", add_lora_w2)):
         _originals[name] = cls.__dict__[name]
-        setattr(cls, name, hook)
-    _originals["cls"] = cls
+        patches.set(cls, name, hook)
+    patches.on_undo(_forget)
     return None
 
 
-def uninstall_moe_hooks() -> None:
-    cls = _originals.pop("cls", None)
-    if cls is not None:
-        for name in ("add_lora_w13", "add_lora_w2"):
-            setattr(cls, name, _originals.pop(name))
+def _forget() -> None:
+    """Drop what the hooks hold: vLLM's originals, the kept routing and the warmed shapes."""
+    _originals.clear()
     _kept.routing = None
     _warmed.clear()

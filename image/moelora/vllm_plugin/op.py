@@ -2,7 +2,7 @@
 
 `make_op(original=..., backend=...)` returns the function registered in place of vLLM's kernel. Per call it turns
 vLLM's arguments into our layout (layout.py: topk_ids from the naive or blocked routing; the w13 op's slices are
-column views of the output) and runs, per slice, the kernel engineer's Triton op on CUDA or the torch path on the
+column views of the output) and runs, per slice, moelora.kernels' Triton op on CUDA or the torch path on the
 CPU. What we do not cover — fully sharded LoRA (it all-reduces the rank intermediate between the two halves), rank
 above 128, a device with no backend — goes to vLLM's own implementation, logged once per reason.
 """

@@ -51,10 +51,9 @@ class Router:
 def route(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int) -> object:
     """moelora's routing of (M, top_k) expert ids, with the kernel's default block size.
 
-    Grouped, not the library's `auto`, unless MOELORA_ROUTING says otherwise: in served vLLM 0.26 on an H200 (GPT-OSS
-    shape, 8 adapters, concurrency 16, LoRA on vLLM's second stream) `auto`'s direct routing at decode measured a
-    median TPOT of 5.12 / 4.97 ms (two passes) against grouped's 4.91 / 4.95, although the layer alone ran 1.4x
-    faster with it (docs/benchmarks.md, 2026-11-30)."""
+    Grouped, not the library's `auto`, unless MOELORA_ROUTING says otherwise: `auto`'s direct routing at decode runs
+    the layer alone faster but did not make a served model's decode step faster (docs/benchmarks.md, "vLLM end to
+    end")."""
     m, top_k = topk_ids.shape
     block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
     return moe_lora_routing(

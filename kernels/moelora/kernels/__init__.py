@@ -1,18 +1,27 @@
-"""Triton kernels for MoE-LoRA serving: the fused MoE-LoRA op, its routing step, a PyTorch reference,
-the benchmark (`python -m moelora.kernels.bench`). Needs only torch and triton."""
+"""Triton kernels for MoE-LoRA serving. Needs only torch and triton.
 
-from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora, table_token_counts
+routing (pairs grouped by adapter and expert), fused (the op: plan_op, fused_moe_lora), shrink and expand (its two
+kernels, each with its launcher), tiles (their shared jit helpers), launch_config (KernelConfig and the tuned tables
+in configs/), block_layout (vLLM's blocked routing back to topk_ids), reference (PyTorch). The tuner and the
+benchmark live in moelora.kernels.tools, which this runtime never imports."""
+
+from .block_layout import topk_ids_from_blocks
+from .fused import OpPlan, fused_moe_lora, plan_op
+from .launch_config import KernelConfig, default_block_m, default_config, table_token_counts
 from .reference import moe_lora_layer_reference, moe_lora_reference
 from .routing import MoeLoraRouting, moe_lora_routing
 
 __all__ = [
     "KernelConfig",
     "MoeLoraRouting",
+    "OpPlan",
     "default_block_m",
     "default_config",
     "fused_moe_lora",
     "moe_lora_layer_reference",
     "moe_lora_reference",
     "moe_lora_routing",
+    "plan_op",
     "table_token_counts",
+    "topk_ids_from_blocks",
 ]

@@ -12,7 +12,7 @@ Counting sort in two or one launches:
 - finish: every CTA recomputes the exclusive prefix sum of the counts in registers (G <= a few thousand groups,
   cheaper than another launch), scatters its pairs to `start[g] + rank`, and CTA 0 writes the block table.
 When all pairs fit in one CTA (decode sizes) a single launch does both with the counters zeroed in-kernel, which
-saves the memset and one dependent launch (a few microseconds each inside a CUDA graph).
+saves the memset and one dependent launch.
 
 Or no grouping at all ("direct"): every pair is its own block, found by the compute kernels from topk_ids and the
 token map themselves. No routing launch sits in front of the op; pairs that share an (adapter, expert) read its
@@ -23,7 +23,8 @@ min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group
 
 The grouping kernels also zero `ready`, one counter per block for each of the first READY_SLOTS ops launched on
 the routing: an op's shrink CTAs count into their block's counter once their partial sums are stored, and the
-expand's CTAs wait for their own block's count instead of for the whole shrink grid (see fused.py).
+expand's CTAs wait for their own block's count instead of for the whole shrink grid (see fused.py). The
+thresholds below that pick a method were set from layer timings; docs/benchmarks.md (Kernels) has them.
 """
 
 from __future__ import annotations
@@ -42,15 +43,13 @@ __all__ = ["MoeLoraRouting", "moe_lora_routing"]
 # (M <= 256 tokens at top_k 4, M <= 128 at top_k 8).
 _ROUTE_BLOCK = 1024
 # Pairs the register-only path takes: its comparison matrices are BLOCK x BLOCK with BLOCK = next power of two
-# >= P. `auto` uses it up to _TINY_AUTO pairs only. H200, whole GPT-OSS layer (rank 32, 8 adapters): at 4 pairs
-# (M=1) it saved 2-3 us over "single" (13.2-16.2 vs 18.3 us); at 64 pairs it was even (40.5 vs 39.7 us), at 128
-# pairs (Qwen3 M=16) slower (40.9 vs 34.4 us), and at 256 pairs its 16-warp matrices cost ~200 us (274 vs 75 us).
+# >= P, so its cost grows with the square of P. `auto` uses it up to _TINY_AUTO pairs only, where it beats
+# "single" in the whole layer; from ~64 pairs on it no longer does (docs/benchmarks.md, Kernels).
 _TINY_BLOCK = 256
 _TINY_AUTO = 32
-# `auto` leaves pairs ungrouped ("direct") while they are at most this fraction of the (adapter, expert) groups, so
-# that few pairs share a group's weights. H200, rank 32, 8 adapters, same launch configs (docs/benchmarks.md,
-# Kernels), direct vs grouped layer µs: GPT-OSS M = 16 (pairs/groups 1/4) 26.3 vs 33.7, Qwen3 M = 16 (1/8) 20.6 vs
-# 28.8, Qwen3 M = 64 (1/2) 54.6 vs 64.3; GPT-OSS M = 64 (1) 67.8 vs 63.1, Qwen3 M = 256 (2) 185 vs 119.
+# `auto` leaves pairs ungrouped ("direct") while they are at most this fraction of the (adapter, expert) groups:
+# while few pairs share a group's weights, skipping the grouping launch beats reading a shared slice once
+# (docs/benchmarks.md, Kernels: direct routing at decode).
 _DIRECT_MAX_SHARE = 0.5
 # Ops on one routing that get per-block readiness counters (a layer has two, or three when vLLM splits gate_up);
 # later ones wait for their shrink grid as a whole.
@@ -288,7 +287,7 @@ def moe_lora_routing(
     topk_ids: (M, top_k) int32/int64 expert ids (entries outside [0, num_experts) are skipped);
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
-    pdl: programmatic dependent launch, None = where supported (see fused.use_pdl);
+    pdl: programmatic dependent launch, None = where supported (see _pdl.use_pdl);
     method: "direct" (no launch: one block per pair, see the module docstring), "tiny" (<= 256 pairs, one launch,
         all in registers), "single" (<= 1024 pairs, one launch with global atomics), "multi" (two launches and a
         memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most

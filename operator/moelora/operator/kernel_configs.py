@@ -98,7 +98,7 @@ def _table_for_shape(text: str, shape: MoeShape) -> str | None:
 
 
 # vLLM's fused MoE-LoRA nesting: data[max_loras][num_slices][m][rank][hidden][inter] -> leaf
-# (moelora.kernels.vllm_configs).
+# (moelora.kernels.tools.vllm_configs).
 _VLLM_DEPTH = 6
 _HIDDEN_LEVEL, _INTER_LEVEL = 4, 5
 

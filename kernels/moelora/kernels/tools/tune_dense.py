@@ -1,10 +1,10 @@
 """Tuner of vLLM's dense LoRA ops (`lora_shrink`, `lora_expand`) on an MoE model's attention and router projections.
 
-    python -m moelora.kernels.tune_dense --model gpt-oss-20b --ranks 32 --max-loras 8 --output out/
+    python -m moelora.kernels.tools.tune_dense --model gpt-oss-20b --ranks 32 --max-loras 8 --output out/
 
 An MoE model's LoRA adapters also cover the attention projections (q/k/v, o), and vLLM wraps the router with LoRA
-too; those run on vLLM's dense punica kernels, whose defaults are far from the H200's best at decode sizes (a
-qkv shrink of 16 tokens took 31 us in a served GPT-OSS-20B step, for 4 MB of weights). Per projection x rank x
+too; those run on vLLM's dense punica kernels, whose defaults are far from the best at decode sizes
+(docs/benchmarks.md has the served-model figures). Per projection x rank x
 max_loras x token bucket this runs the same coordinate descent as tune.py on vLLM's own op (the candidate config is
 handed to it in place of get_lora_op_configs), checks every candidate against a float64 reference, and writes
 vLLM's `{gpu}_SHRINK.json` and `{gpu}_EXPAND_TRUE.json` (add_inputs=True, the serving path).
@@ -358,7 +358,7 @@ DEFAULT_M = (1, 8, 16, 32, 64, 256, 1024, 4096, 8192)
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m moelora.kernels.tune_dense",
+        prog="python -m moelora.kernels.tools.tune_dense",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,8 +1,8 @@
 """Benchmark of one MoE layer's LoRA work (routing + gate_up op + down op), bf16, on a CUDA GPU.
 
-    python -m moelora.kernels.bench                      # headline: both models, rank 32, 8 adapters, all M
-    python -m moelora.kernels.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
-    python -m moelora.kernels.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
+    python -m moelora.kernels.tools.bench                      # headline: both models, rank 32, 8 adapters, all M
+    python -m moelora.kernels.tools.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
+    python -m moelora.kernels.tools.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
 
 Time: CUDA-graph replay median over 40 layer calls per graph (the graph's launch cost spread thin, as in a served
 model), cycling through rotated input sets whose touched weights together exceed 3x the L2, so every call reads its
@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .fused import KernelConfig, _plan, _run_expand, _run_shrink, default_block_m, default_config, fused_moe_lora
-from .routing import method_takes, moe_lora_routing, resolve_method
+from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing, plan_op
+from moelora.kernels.routing import method_takes, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
     "qwen3": (2048, 768, 128, 8),
 }
-# vLLM 0.33 on one H200, bf16, rank 32, 8 adapters, CUDA-graph medians (../shared/docs/vllm-moe-lora.md):
-# best of its default and two-kernel paths.
+# vLLM 0.33's fused MoE-LoRA op measured on one H200, bf16, rank 32, 8 adapters, CUDA-graph medians: the best of its
+# default and two-kernel paths (the vLLM column of docs/benchmarks.md, Kernels).
 VLLM_DOC_US = {
     "gpt-oss": {16: 61, 64: 112, 256: 205, 1600: 329},
     "qwen3": {16: 49, 64: 144, 256: 310, 1600: 629},
@@ -160,23 +160,13 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             config=cfg.w2,
         )
         return
-    m, top_k = inp.topk_ids.shape
     ops = [
-        _plan(
-            output=inp.gate_up_out,
-            x_rows=inp.hidden,
-            per_pair=False,
-            lora_a=inp.w13_a,
-            lora_b=inp.w13_b,
-            routing=routing,
-            topk_weights=None,
-            mul_routed_weight=False,
-            config=cfg.w13,
+        plan_op(
+            output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing, config=cfg.w13
         ),
-        _plan(
+        plan_op(
             output=inp.down_out,
-            x_rows=inp.down_in.reshape(m * top_k, -1),
-            per_pair=True,
+            x=inp.down_in,
             lora_a=inp.w2_a,
             lora_b=inp.w2_b,
             routing=routing,
@@ -185,9 +175,11 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             config=cfg.w2,
         ),
     ]
-    steps = [_run_shrink, _run_expand]
     for i in range(stages - 1):
-        steps[i % 2](ops[i // 2])
+        if i % 2 == 0:
+            ops[i // 2].shrink()
+        else:
+            ops[i // 2].expand()
 
 
 def min_bytes(inp: LayerInputs) -> int:
@@ -237,8 +229,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written.
 
     The best of a copy kernel (torch.mul(src, 1, out=dst)) and cudaMemcpy, timed eagerly with events: a memcpy
-    captured in a graph ran at only 2.75 TB/s on an H200 (a copy-engine node, not SM loads), against the ~4.3 TB/s
-    this workplace has measured with kernels.
+    captured in a graph becomes a copy-engine node, well below what SM loads reach.
     """
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
@@ -251,7 +242,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
         dst.copy_(src)
 
     for fn in (kernel_copy, memcpy):
-        for _ in range(100):  # load first: an idle H200 sits at 345 MHz
+        for _ in range(100):  # load first: an idle GPU runs at a low clock
             fn()
         times = []
         for _ in range(20):
@@ -266,7 +257,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
 
 
 # Layer calls per captured graph: the graph's own launch is a fixed cost per replay, which a served model pays once
-# for all its layers. On an H200 one call per set (2 at M >= 16) read up to 1.6 us more per call than 40 calls.
+# for all its layers; one call per graph would count it in every small-M figure.
 CALLS_PER_GRAPH = 40
 
 
@@ -361,15 +352,14 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     return best, best_us
 
 
-# (expand_block_n, expand_tiles, expand_stages) tried together by the sweep. H200, GPT-OSS r32 x 8: the best w13
-# expands at M = 64 and 256 were among these (kernels/scripts/op_grid.py, 2026-11-30).
+# (expand_block_n, expand_tiles, expand_stages) tried together by the sweep: the best w13 expands kernels/scripts/
+# op_grid.py found for GPT-OSS are among these.
 PIPELINED_EXPANDS = [(64, 16, 3), (64, 8, 3), (128, 8, 3), (128, 16, 3), (128, 4, 3), (256, 4, 3), (256, 8, 3)]
 
 
 def even_spans(n: int) -> list[tuple[int, int, int]]:
     """(expand_block_n, expand_tiles, 3) whose span divides n into 3 to 12 CTAs per block: the tile count need not be
-    a power of two. H200, GPT-OSS gate_up (N = 5760) at M = 64: 128 x 9 (five CTAs of 1152 columns) took 55.3 us
-    against 57.3 for 64 x 16 (six CTAs, the last 640 columns wide), 2026-11-30."""
+    a power of two, and equal CTAs beat a ragged last one (docs/benchmarks.md, Kernels)."""
     return [
         (block_n, n // block_n // ctas, 3)
         for block_n in (64, 128)
@@ -396,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "--calls",
         type=int,
         default=CALLS_PER_GRAPH,
-        help="layer calls per captured graph (1: one pass over the input sets, the method before "
-        "2026-11-30, which leaves the graph's launch cost in small-M figures)",
+        help="layer calls per captured graph (1: one pass over the input sets, which leaves the graph's launch "
+        "cost in small-M figures)",
     )
     p.add_argument("--json", help="write all rows here")
     p.add_argument(

@@ -1,5 +1,6 @@
-"""The blocked-routing inversion of layout.py as one Triton launch (plus the -1 fill): on the GPU the torch version
-is a dozen small launches per op, each a few microseconds inside a CUDA graph, 48 ops per decode step."""
+"""vLLM's blocked MoE-LoRA routing turned back into each pair's expert (topk_ids), in one Triton launch plus the -1
+fill: the same computation in torch ops takes a dozen small launches per op call (the vLLM plugin uses this on CUDA,
+and its torch version, moelora.vllm_plugin.layout, on the CPU and as this kernel's test oracle)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["topk_ids_from_blocks_triton"]
+__all__ = ["topk_ids_from_blocks"]
 
 _BLOCK = 1024
 
@@ -43,7 +44,7 @@ def _scatter_block_experts_kernel(
     tl.store(out_ptr + pair, expert, mask=valid)
 
 
-def topk_ids_from_blocks_triton(
+def topk_ids_from_blocks(
     *,
     sorted_token_ids: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -53,8 +54,25 @@ def topk_ids_from_blocks_triton(
     top_k: int,
     block_m: int,
 ) -> torch.Tensor:
-    """Same contract as layout.topk_ids_from_blocks_torch."""
+    """(num_tokens, top_k) int32 expert of each pair p = t * top_k + k, -1 for pairs not found.
+
+    sorted_token_ids: (slots, width) int32, per adapter slot the pair ids grouped by expert in blocks of block_m,
+    padded with num_tokens * top_k; expert_ids: (slots, >= width / block_m) int32, each block's expert;
+    num_tokens_post_padded: (slots,) int32, the used length of each row (rows of slots without tokens may hold
+    anything); token_lora_mapping: (num_tokens,) adapter slot of each token, -1 none. An entry counts only below its
+    row's length, when it names a real pair whose token maps to that row's slot."""
+    if sorted_token_ids.dim() != 2 or expert_ids.dim() != 2 or expert_ids.shape[0] != sorted_token_ids.shape[0]:
+        raise ValueError(
+            f"sorted_token_ids (slots, width) and expert_ids (slots, blocks) expected, got "
+            f"{tuple(sorted_token_ids.shape)} and {tuple(expert_ids.shape)}"
+        )
     slots, width = sorted_token_ids.shape
+    if expert_ids.shape[1] * block_m < width:
+        raise ValueError(f"expert_ids {tuple(expert_ids.shape)} does not cover {width} entries in blocks of {block_m}")
+    if num_tokens_post_padded.shape != (slots,) or token_lora_mapping.shape[0] < num_tokens:
+        raise ValueError("num_tokens_post_padded must be (slots,) and token_lora_mapping cover num_tokens tokens")
+    if sorted_token_ids.stride(1) != 1 or expert_ids.stride(1) != 1:
+        raise ValueError("sorted_token_ids and expert_ids need contiguous rows")
     num_pairs = num_tokens * top_k
     out = torch.full((num_pairs,), -1, dtype=torch.int32, device=sorted_token_ids.device)
     if num_pairs == 0:

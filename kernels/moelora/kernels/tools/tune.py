@@ -1,12 +1,12 @@
 """Tuner of the fused MoE-LoRA ops: searches launch parameters per model shape x rank x max_loras x token bucket.
 
-    python -m moelora.kernels.tune --model gpt-oss-20b --ranks 16,32,64 --max-loras 1,4,8 --output out/
-    python -m moelora.kernels.tune --model qwen3-30b-a3b --dry-run          # print the plan only
+    python -m moelora.kernels.tools.tune --model gpt-oss-20b --ranks 16,32,64 --max-loras 1,4,8 --output out/
+    python -m moelora.kernels.tools.tune --model qwen3-30b-a3b --dry-run          # print the plan only
 
 For every bucket and op (w13 = gate_up, w2 = down) it runs a coordinate descent from the default config (one field
 at a time over the space's values, a change kept when >= 1% faster), checks every candidate's output against the
 float64 reference (a wrong one is rejected and logged), and writes
-- out/configs/<GPU>.json: our kernel's configs in the format fused.default_config reads (copy it into
+- out/configs/<GPU>.json: our kernel's configs in the format launch_config.default_config reads (copy it into
   kernels/moelora/kernels/configs/ to bundle it);
 - out/<GPU>_FUSED_MOE_LORA_{W13,W2}_{SHRINK,EXPAND}.json: vLLM's tuned configs for its own fused_moe_lora op
   (vllm_configs.py has the format), timed on vLLM's op — only where vLLM's kernels can run (CUDA). Mount the folder
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from .fused import KernelConfig, default_block_m, default_config, fused_moe_lora
-from .routing import moe_lora_routing
+from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing
+
 from .vllm_configs import LEAF_FIELDS, VllmEntry, call_vllm_op, gpu_prefix, vllm_op, write_vllm_files
 
 __all__ = ["MODEL_PRESETS", "SPACES", "ModelShape", "main", "plan", "tune"]
@@ -558,7 +558,7 @@ def tune(
         if cuda:
             torch.cuda.empty_cache()
     source = (
-        f"python -m moelora.kernels.tune, {time.strftime('%Y-%m-%d', time.gmtime())}, torch {torch.__version__}"
+        f"python -m moelora.kernels.tools.tune, {time.strftime('%Y-%m-%d', time.gmtime())}, torch {torch.__version__}"
         f", timing {'CUDA graphs' if cuda else 'wall clock (Triton interpreter: not a performance figure)'}"
     )
     files = write_outputs(out_dir=out_dir, state=state, device_name=device_name, source=source)
@@ -600,9 +600,14 @@ def _ints(s: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {s!r}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, stand_in_op: Callable[..., None] | None = None) -> int:
+    """The command line. stand_in_op: an op with the signature of vLLM's _fused_moe_lora, timed in place of vLLM's
+    own when --vllm-op stand-in is given (the CPU pipeline test passes the moelora plugin's torch op); the tools
+    import the kernels, never the plugin above them."""
     p = argparse.ArgumentParser(
-        prog="python -m moelora.kernels.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m moelora.kernels.tools.tune",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--model",
@@ -623,10 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", default="ours,vllm", help="comma list of ours,vllm")
     p.add_argument(
         "--vllm-op",
-        choices=("auto", "plugin-torch"),
+        choices=("auto", "stand-in"),
         default="auto",
-        help="auto: vLLM's own op where it can run (CUDA), else no vLLM files; plugin-torch: the "
-        "moelora plugin's torch implementation of the same op signature (CPU pipeline test only)",
+        help="auto: vLLM's own op where it can run (CUDA), else no vLLM files; stand-in: the op a Python caller "
+        "passed as main(stand_in_op=...) (CPU pipeline test only)",
     )
     p.add_argument("--device-name", help="GPU name for the file names (default torch.cuda.get_device_name())")
     p.add_argument("--output", "-o", type=Path, required=True)
@@ -672,10 +677,10 @@ def main(argv: list[str] | None = None) -> int:
     space = SPACES[args.space or ("h200" if cuda else "tiny")]
     vllm, why = (None, "not asked")
     if "vllm" in kernels:
-        if args.vllm_op == "plugin-torch":
-            from moelora.vllm_plugin.op import make_op
-
-            vllm, why = make_op(original=None, backend="torch"), "the moelora plugin's torch op (NOT vLLM's kernel)"
+        if args.vllm_op == "stand-in":
+            if stand_in_op is None:
+                p.error("--vllm-op stand-in needs a caller that passes main(stand_in_op=...)")
+            vllm, why = stand_in_op, "a stand-in op given by the caller (NOT vLLM's kernel)"
         else:
             vllm, why = vllm_op()
     buckets = plan(models=models, ranks=args.ranks, max_loras=args.max_loras, ms=args.m, kernels=kernels)
