@@ -106,6 +106,7 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
     return [
         {"name": "MOELORA_NAMESPACE", **field("metadata.namespace")},
         {"name": "MOELORA_POD_NAME", **field("metadata.name")},
+        {"name": "MOELORA_POD_UID", **field("metadata.uid")},
         {"name": "MOELORA_MODEL_SERVER", "value": name},
         {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
         {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
