@@ -164,6 +164,7 @@ class MemoryKube:
     def __init__(self) -> None:
         self.secrets: dict[str, dict[str, str]] = {}
         self.status: dict[str, tuple[ReplicaAdapterState, AdapterInfo | None]] = {}
+        self.events: list[dict[str, str]] = []
         self.lock = threading.Lock()
 
     def read_secret(self, *, name: str) -> dict[str, str] | None:
@@ -174,6 +175,11 @@ class MemoryKube:
         with self.lock:
             self.status[name] = (state, info)
         return True
+
+    def create_pod_event(self, *, pod: str, pod_uid: str, reason: str, message: str, type: str = "Warning") -> None:
+        assert pod == POD
+        with self.lock:
+            self.events.append({"reason": reason, "message": message, "type": type})
 
 
 class MemoryDesired:

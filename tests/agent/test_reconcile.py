@@ -42,7 +42,7 @@ def run(
     busy: set[str] = frozenset(),
     now: float = 100.0,
 ):  # type: ignore[assignment]
-    return plan(desired=items, records={r.uid: r for r in records}, loaded=loaded, busy=busy, cache_dir=CACHE, now=now)
+    return plan(desired=items, records={r.uid: r for r in records}, loaded=loaded, busy=busy, now=now)
 
 
 def test_new_adapter_is_prepared_then_loaded() -> None:
@@ -86,9 +86,23 @@ def test_spec_change_prepares_again_but_keeps_serving_meanwhile() -> None:
 
 def test_deleted_adapter_is_unloaded_and_forgotten() -> None:
     a = desired("a")
-    result = run([], [record(a, Stage.LOADED)], vllm(a="/cache/v1", static="/models/static-lora"))
-    assert result.unload == ["a"]  # the static adapter is not under our cache: not ours
+    result = run([], [record(a, Stage.LOADED)], vllm(a="/cache/v1"))
+    assert result.unload == ["a"] and result.foreign == []
     assert result.forget == [a.uid]
+
+
+def test_an_adapter_no_record_explains_is_foreign_wherever_its_files_are() -> None:
+    a = desired("a")
+    loaded = vllm(a="/cache/v1", intruder="/tmp/x", sneaky="/cache/v1", **{"evil\nname": "/cache/v9"})
+    result = run([a], [record(a, Stage.LOADED)], loaded)
+    assert result.foreign == ["evil\nname", "intruder", "sneaky"] and result.unload == []
+    assert result.load == []  # the agent's own adapter is untouched
+
+
+def test_a_desired_adapter_is_never_foreign_even_before_its_record_exists() -> None:
+    a = desired("a")
+    result = run([a], [], vllm(a="/cache/v1"))  # the agent just restarted
+    assert result.foreign == [] and result.unload == [] and result.prepare == [a.uid]
 
 
 def test_permanently_failed_adapter_is_not_served_nor_retried() -> None:

@@ -413,6 +413,7 @@ AGENT: set[Rule] = {
     *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
     ("moelora.io", "loraadapters/status", "patch"),
     ("", "secrets", "get"),
+    ("", "events", "create"),  # ForeignAdapterUnloaded / ForeignAdapterReplaced on its own Pod
 }
 
 

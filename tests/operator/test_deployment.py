@@ -45,8 +45,16 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
     assert obj["spec"]["progressDeadlineSeconds"] > startup_budget  # loading is not "stalled" while probes allow it
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
     mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
-    assert mounts == {"adapters": "/var/lib/moelora/adapters", "dshm": "/dev/shm"}
-    assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]} == {"adapters": "/var/lib/moelora/adapters"}
+    assert mounts == {
+        "adapters": "/var/lib/moelora/adapters",
+        "dshm": "/dev/shm",
+        "admin-key": "/var/run/moelora/admin",
+    }
+    assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]} == {
+        "adapters": "/var/lib/moelora/adapters",
+        "admin-key": "/var/run/moelora/admin",
+        "kube-api-access": "/var/run/secrets/kubernetes.io/serviceaccount",
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["adapters"]["emptyDir"] == {"sizeLimit": "20Gi"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
@@ -196,3 +204,92 @@ def test_service() -> None:
     assert obj["spec"]["selector"] == {"moelora.io/model-server": "srv"}
     assert obj["spec"]["ports"][0] == {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     assert naming.endpoint("srv", "ns") == "http://srv.ns.svc:8000/v1"
+
+
+# --- the pod's security contract (issue 16) ---------------------------------------------------------------------
+
+
+def test_admin_routes_are_guarded_by_a_key_only_the_two_containers_share(settings: Settings) -> None:
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
+    args = vllm["args"]
+    assert args[args.index("--middleware") + 1] == "moelora.vllm_plugin.admin_guard.AdminGuard"
+    assert env_of(vllm)["MOELORA_ADMIN_KEY_FILE"] == env_of(agent)["MOELORA_ADMIN_KEY_FILE"]
+    assert env_of(agent)["MOELORA_ADMIN_KEY_FILE"] == "/var/run/moelora/admin/key"
+    volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["admin-key"]["emptyDir"]["medium"] == "Memory"
+    vllm_mount = next(m for m in vllm["volumeMounts"] if m["name"] == "admin-key")
+    agent_mount = next(m for m in agent["volumeMounts"] if m["name"] == "admin-key")
+    assert vllm_mount["readOnly"] is True and not agent_mount.get("readOnly")  # only the agent writes the key
+    assert "VLLM_API_KEY" not in env_of(vllm) and "MOELORA_VLLM_API_KEY" not in env_of(agent)
+
+
+def test_the_guard_is_the_plugins_class() -> None:
+    from moelora.operator import engine
+    from moelora.vllm_plugin import admin_guard
+
+    module, _, name = engine.ADMIN_GUARD.rpartition(".")
+    assert module == admin_guard.__name__ and getattr(admin_guard, name) is admin_guard.AdminGuard
+    assert engine.ADMIN_KEY_FILE == admin_guard.DEFAULT_KEY_FILE
+    assert engine.ADMIN_KEY_FILE_ENV == admin_guard.KEY_FILE_ENV
+
+
+def test_client_api_key_reaches_vllm_and_the_agent_from_the_secret(settings: Settings) -> None:
+    spec = make_spec(apiKeySecret={"name": "client-key", "key": "token"}, s3={"credentialsSecret": {"name": "creds"}})
+    obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    vllm, agent = containers(obj)["vllm"], containers(obj)["agent"]
+    ref = {"secretKeyRef": {"name": "client-key", "key": "token"}}
+    assert env_of(vllm)["VLLM_API_KEY"] == ref
+    assert env_of(agent)["MOELORA_VLLM_API_KEY"] == ref
+    assert "--api-key" not in vllm["args"]
+    assert engine_required_secrets(spec) == {
+        "creds": "S3 credentials Secret (spec.s3.credentialsSecret)",
+        "client-key": "API key Secret (spec.apiKeySecret)",
+    }
+    assert make_spec(apiKeySecret={"name": "k"}).api_key_secret.key == "api-key"  # type: ignore[union-attr]
+
+
+def engine_required_secrets(spec: Any) -> dict[str, str]:
+    from moelora.operator import engine
+
+    return engine.required_secrets(spec)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason", "hint"),
+    [
+        ({"engineArgs": ["--api-key", "s3cret"]}, "ManagedEngineFlag", "spec.apiKeySecret"),
+        ({"engineArgs": ["--api-key=s3cret"]}, "ManagedEngineFlag", "spec.apiKeySecret"),
+        ({"env": [{"name": "VLLM_API_KEY", "value": "s3cret"}]}, "ManagedEnvVar", "spec.apiKeySecret"),
+        ({"env": [{"name": "MOELORA_ADMIN_KEY_FILE", "value": "/tmp/k"}]}, "ManagedEnvVar", "moelora sets it"),
+    ],
+)
+def test_api_keys_are_refused_outside_the_field(
+    settings: Settings, overrides: dict[str, Any], reason: str, hint: str
+) -> None:
+    with pytest.raises(SpecProblem) as caught:
+        dep.deployment(make_spec(**overrides), name="srv", namespace="ns", settings=settings)
+    assert caught.value.reason == reason and hint in caught.value.message
+    assert "s3cret" not in caught.value.message
+
+
+def test_service_account_token_is_mounted_into_the_agent_only(settings: Settings) -> None:
+    spec = make_spec(model={"name": "org/m", "source": "s3://bucket/m"})  # with the init container
+    obj = dep.deployment(spec, name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    pod = obj["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    projected = next(v for v in pod["volumes"] if v["name"] == "kube-api-access")["projected"]
+    kinds = {next(iter(source)) for source in projected["sources"]}
+    assert kinds == {"serviceAccountToken", "configMap", "downwardAPI"}
+    config_map = next(s["configMap"] for s in projected["sources"] if "configMap" in s)
+    assert config_map == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    holders = {
+        c["name"]
+        for c in [*pod["containers"], *pod["initContainers"]]
+        for m in c.get("volumeMounts") or []
+        if m["name"] == "kube-api-access" or m["mountPath"].startswith("/var/run/secrets")
+    }
+    assert holders == {"agent"}

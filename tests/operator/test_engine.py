@@ -24,6 +24,8 @@ def test_default_args_enable_runtime_lora_with_the_limits() -> None:
         "8",
         "--max-lora-rank",
         "16",
+        "--middleware",
+        "moelora.vllm_plugin.admin_guard.AdminGuard",
     ]
 
 
@@ -126,6 +128,7 @@ def test_env_has_ours_then_the_users() -> None:
     assert [e["name"] for e in env] == [
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
         "VLLM_NO_USAGE_STATS",
+        "MOELORA_ADMIN_KEY_FILE",
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
@@ -135,6 +138,7 @@ def test_env_has_ours_then_the_users() -> None:
     assert [e["name"] for e in engine.vllm_env(make_spec(), kernel_configs=False)] == [
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
         "VLLM_NO_USAGE_STATS",
+        "MOELORA_ADMIN_KEY_FILE",
     ]
 
 
@@ -156,6 +160,7 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
     [
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
         "VLLM_NO_USAGE_STATS",
+        "MOELORA_ADMIN_KEY_FILE",
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",

@@ -15,6 +15,7 @@ from moelora.agent.errors import AdapterError, TransientError
 
 
 def run_agent() -> int:
+    from moelora.agent import admin_key
     from moelora.agent import kube as kube_module
     from moelora.agent.metrics import Metrics, StatusServer
     from moelora.agent.runner import Agent
@@ -27,14 +28,17 @@ def run_agent() -> int:
         print(f"moelora agent: {error}", file=sys.stderr)
         return 2
     kube = kube_module.Kube(client=kube_module.api_client(), namespace=settings.namespace)
+    vllm = VllmClient(
+        base_url=settings.vllm_url,
+        admin_key=admin_key.create(settings.admin_key_file),
+        api_key=settings.vllm_api_key,
+    )
     metrics = Metrics()
     # The watcher wakes the agent's loop on every change; the agent reads the watcher's snapshot.
     watcher = kube_module.AdapterWatcher(
         kube=kube, model_server=settings.model_server, on_change=lambda: agent.wake.set()
     )
-    agent = Agent(
-        settings=settings, kube=kube, desired=watcher, vllm=VllmClient(base_url=settings.vllm_url), metrics=metrics
-    )
+    agent = Agent(settings=settings, kube=kube, desired=watcher, vllm=vllm, metrics=metrics)
     server = StatusServer(port=settings.port, metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -7,8 +7,10 @@ patch of the status subresource: N replicas patching the same object never overw
 from __future__ import annotations
 
 import base64
+import datetime
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +26,7 @@ from moelora.api import GROUP, VERSION, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
 PLURAL = "loraadapters"
+EVENT_COMPONENT = "moelora-agent"
 
 
 def api_client() -> kubernetes.client.ApiClient:
@@ -97,6 +100,30 @@ class Kube:
                 return False
             raise
         return True
+
+    def create_pod_event(self, *, pod: str, pod_uid: str, reason: str, message: str, type: str = "Warning") -> None:
+        """Record an Event on this agent's own Pod (what `kubectl describe pod` shows)."""
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": self.namespace}
+        if pod_uid:
+            involved["uid"] = pod_uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            # Our own unique name: generateName is not served by every API (nor by the local emulator).
+            "metadata": {"name": f"{pod}.{secrets.token_hex(8)}", "namespace": self.namespace},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": pod,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
 
 def belongs(obj: dict[str, Any], *, model_server: str) -> bool:

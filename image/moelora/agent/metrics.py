@@ -59,6 +59,13 @@ class Metrics:
             ["adapter", "reason"],
             registry=self.registry,
         )
+        # No adapter label: the names are chosen by whoever bypassed the agent, and must not grow the scrape.
+        self.foreign = Counter(
+            "moelora_foreign_adapters",
+            "Adapters vLLM served that this agent did not load: unloaded, or replaced in place and put back.",
+            ["action"],
+            registry=self.registry,
+        )
         self.cache_bytes = Gauge("moelora_adapter_cache_bytes", "Bytes in the adapter cache.", registry=self.registry)
         self.ready = Gauge(
             "moelora_agent_ready", "1 when vLLM is up and every adapter is settled.", registry=self.registry

@@ -139,6 +139,7 @@ class Plan:
     load: list[Load] = dataclasses.field(default_factory=list)
     adopt: list[str] = dataclasses.field(default_factory=list)  # uids vLLM already serves with the right files
     unload: list[str] = dataclasses.field(default_factory=list)  # served names
+    foreign: list[str] = dataclasses.field(default_factory=list)  # served names vLLM has that no record explains
     forget: list[str] = dataclasses.field(default_factory=list)  # uids no longer desired
 
 
@@ -161,7 +162,6 @@ def plan(
     records: Mapping[str, Record],
     loaded: Mapping[str, LoadedAdapter] | None,  # None: vLLM is down, do not touch it
     busy: Collection[str],  # uids being prepared right now
-    cache_dir: str,
     now: float,
 ) -> Plan:
     result = Plan()
@@ -192,7 +192,8 @@ def plan(
                 result.adopt.append(item.uid)
     if loaded is not None:
         # Keep serving an adapter while its new version is prepared; stop once it failed for good (status and
-        # serving must agree). Adapters vLLM got elsewhere (--lora-modules) are not ours to unload.
+        # serving must agree). Only the agent may load adapters (the operator refuses --lora-modules, the admin
+        # guard the API): one that no desired adapter or record explains is foreign.
         wanted = {
             d.served_name
             for d in chosen
@@ -200,10 +201,9 @@ def plan(
                 (r := records.get(d.uid)) and r.spec_hash == d.spec_hash and r.stage is Stage.FAILED and r.permanent
             )
         }
-        prefix = cache_dir.rstrip("/") + "/"
-        result.unload = sorted(
-            name for name, adapter in loaded.items() if name not in wanted and adapter.path.startswith(prefix)
-        )
+        known = {record.served_name for record in records.values()}
+        result.unload = sorted(name for name in loaded if name not in wanted and name in known)
+        result.foreign = sorted(name for name in loaded if name not in wanted and name not in known)
     desired_uids = {d.uid for d in desired}
     result.forget = [uid for uid in records if uid not in desired_uids]
     return result

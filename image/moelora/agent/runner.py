@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from moelora.agent import reconcile
+from moelora.agent import foreign, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.fetch import fetch, read_config_object
@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 class StatusWriter(Protocol):
     def read_secret(self, *, name: str) -> dict[str, str] | None: ...
     def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool: ...
+    def create_pod_event(self, *, pod: str, pod_uid: str, reason: str, message: str, type: str = "Warning") -> None: ...
 
 
 class DesiredSource(Protocol):
@@ -100,6 +101,9 @@ class Agent:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._secrets: frozenset[str] = frozenset()  # values to redact from anything we publish (replaced, not mutated)
         self._cache_changed = True
+        self.foreign = foreign.Reporter(
+            events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
+        )
 
     # ---- the loop ----
 
@@ -144,7 +148,6 @@ class Agent:
             records=self.records,
             loaded=loaded,
             busy=set(self.busy),
-            cache_dir=str(self.settings.cache_dir),
             now=now,
         )
         for uid, winner in plan.conflicts.items():
@@ -153,6 +156,9 @@ class Agent:
             self._forget(uid)
         for name in plan.unload:
             self._unload(name)
+        for name in plan.foreign:
+            if self._unload(name) and loaded is not None:
+                self.foreign.unloaded(name=name, path=loaded[name].path)
         for uid in plan.prepare:
             self._start_prepare(by_uid[uid], refresh=False)
         for uid in plan.adopt:
@@ -187,6 +193,8 @@ class Agent:
             if record.stage is not Stage.LOADED:
                 continue
             current = loaded.get(record.served_name) if loaded is not None else None
+            if current is not None and current.path != record.path and record.path is not None:
+                self.foreign.replaced(name=record.served_name, path=current.path, own=record.path)
             if current is None or current.path != record.path:
                 record.stage = Stage.READY
                 self.metrics.loaded.labels(record.name, record.served_name).set(0)
@@ -229,12 +237,15 @@ class Agent:
         if record.version:
             self.cache.touch(record.version)
 
-    def _unload(self, served_name: str) -> None:
+    def _unload(self, served_name: str) -> bool:
+        """True once vLLM no longer has the adapter because of this call."""
         try:
-            self.vllm.unload(name=served_name)
-            logger.info("unloaded adapter %r", served_name)
+            unloaded = self.vllm.unload(name=served_name)
+            logger.info("unloaded adapter %s", foreign.escape(served_name))
+            return unloaded
         except TransientError as error:
-            logger.warning("could not unload %r: %s", served_name, error)
+            logger.warning("could not unload %s: %s", foreign.escape(served_name), error)
+            return False
 
     # ---- records ----
 

@@ -24,6 +24,9 @@ class Settings:
     cache_dir: pathlib.Path
     cache_bytes: int
     port: int
+    pod_uid: str = ""  # for the Events the agent reports on its own pod
+    admin_key_file: pathlib.Path = pathlib.Path("/var/run/moelora/admin/key")  # the admin guard's key (we write it)
+    vllm_api_key: str | None = dataclasses.field(default=None, repr=False)  # spec.apiKeySecret: sent as a Bearer
     # Not rendered by the operator; defaults fit production, tests shorten them.
     max_adapter_bytes: int = 8 * 2**30
     resync_seconds: float = 300.0
@@ -85,6 +88,9 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         cache_dir=pathlib.Path(env.get("MOELORA_CACHE_DIR", "").strip() or "/var/lib/moelora/adapters"),
         cache_bytes=_integer(env, "MOELORA_CACHE_BYTES", default=20 * 2**30, minimum=1),
         port=_integer(env, "MOELORA_PORT", default=8081),
+        pod_uid=env.get("MOELORA_POD_UID", "").strip(),
+        admin_key_file=pathlib.Path(env.get("MOELORA_ADMIN_KEY_FILE", "").strip() or "/var/run/moelora/admin/key"),
+        vllm_api_key=env.get("MOELORA_VLLM_API_KEY", "").strip() or None,
         max_adapter_bytes=_integer(env, "MOELORA_MAX_ADAPTER_BYTES", default=8 * 2**30, minimum=1),
         resync_seconds=_number(env, "MOELORA_RESYNC_SECONDS", default=300.0),
         poll_seconds=_number(env, "MOELORA_POLL_SECONDS", default=5.0),

@@ -37,6 +37,8 @@ def classify_load_error(status: int, message: str) -> Exception:
         return Duplicate(message)
     if status == 400 and "conflicts with a served base model" in lowered:
         return AdapterError(FailureReason.NAME_CONFLICT, message)
+    if status in (401, 403):  # the agent's keys, not the adapter, are wrong: retry, the pod stays unready meanwhile
+        return TransientError(f"vLLM refused the agent ({status}): {message}")
     if status == 404:  # our directory vanished (evicted, volume lost): download again
         return TransientError(f"vLLM cannot find the adapter's files: {message}")
     if status in (502, 503, 504) or status == 0:
@@ -48,9 +50,28 @@ def classify_load_error(status: int, message: str) -> Exception:
     return AdapterError(FailureReason.LOAD_FAILED, message)
 
 
+ADMIN_KEY_HEADER = "X-Moelora-Admin-Key"  # what moelora.vllm_plugin.admin_guard checks
+
+
 class VllmClient:
-    def __init__(self, *, base_url: str, timeout: float = 60.0, attempts: int = 3, backoff: float = 0.5) -> None:
+    """`admin_key`: the pod's key for the admin guard; `api_key`: the clients' API key (spec.apiKeySecret)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        timeout: float = 60.0,
+        attempts: int = 3,
+        backoff: float = 0.5,
+        admin_key: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._headers: dict[str, str] = {}
+        if admin_key:
+            self._headers[ADMIN_KEY_HEADER] = admin_key
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self.timeout = timeout
         self.attempts = attempts
         self.backoff = backoff
@@ -60,9 +81,8 @@ class VllmClient:
     ) -> tuple[int, bytes]:
         """(status, body) for any HTTP answer; status 0 when vLLM could not be reached."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.base_url + path, data=data, method=method, headers={"Content-Type": "application/json"} if data else {}
-        )
+        headers = {**self._headers, **({"Content-Type": "application/json"} if data else {})}
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
                 return response.status, response.read()

@@ -19,6 +19,7 @@ from moelora.api.model_server import (
     MAX_LORA_RANKS,
     AdapterCacheSpec,
     AdapterCounts,
+    ApiKeySecret,
     KernelConfigMode,
     KernelImplementation,
     KernelSpec,
@@ -33,6 +34,7 @@ from moelora.api.model_server import (
 )
 
 __all__ = [
+    "ApiKeySecret",
     "API_VERSION",
     "GROUP",
     "MAX_LORA_RANKS",

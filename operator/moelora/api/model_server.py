@@ -191,6 +191,15 @@ class AdapterCacheSpec(ApiModel):
     )
 
 
+class ApiKeySecret(ApiModel):
+    """A key of a Secret in the ModelServer's namespace holding the API key clients must send."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="The Secret's name.")
+    key: str = Field(
+        default="api-key", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="The key holding the API key."
+    )
+
+
 class EnvVar(ApiModel):
     """One environment variable of the vLLM container."""
 
@@ -245,6 +254,13 @@ class ModelServerSpec(ApiModel):
         default_factory=list,
         max_length=100,
         description="Extra environment variables of the vLLM container. Variables moelora sets itself are refused.",
+    )
+    api_key_secret: ApiKeySecret | None = Field(
+        default=None,
+        description=(
+            "Clients must then send `Authorization: Bearer <key>` (vLLM's VLLM_API_KEY); the adapter agent sends it "
+            "too. Use this instead of --api-key in engineArgs, which would lock the agent out."
+        ),
     )
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)

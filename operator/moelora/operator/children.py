@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import kernel_configs, naming
+from moelora.operator import engine, kernel_configs, naming
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.errors import SpecProblem
@@ -26,8 +26,8 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 class Surroundings:
     """What the children depend on besides the spec, read from the cluster before rendering."""
 
-    # Whether spec.s3.credentialsSecret exists; None when none is named or the operator may not read Secrets.
-    credentials_secret_exists: bool | None = None
+    # Secrets the spec names (engine.required_secrets) seen not to exist; one the operator may not read is not here.
+    missing_secrets: frozenset[str] = frozenset()
     # The ConfigMap named by kernels.configMapName; None when absent or not named.
     kernel_config_map: Mapping[str, Any] | None = None
 
@@ -43,9 +43,9 @@ def desired_children(
 ) -> list[dict[str, Any]]:
     """The objects the server should own, without ownerReferences. Raises SpecProblem for what the operator
     refuses."""
-    if spec.s3.credentials_secret is not None and surroundings.credentials_secret_exists is False:
-        secret = spec.s3.credentials_secret.name
-        raise SpecProblem("SecretNotFound", f"S3 credentials Secret {secret!r} does not exist in {namespace}")
+    for secret, what in engine.required_secrets(spec).items():
+        if secret in surroundings.missing_secrets:
+            raise SpecProblem("SecretNotFound", f"{what} {secret!r} does not exist in {namespace}")
     volume = kernel_configs.volume(
         spec,
         name=name,

@@ -20,6 +20,10 @@ ADAPTERS_DIR = "/var/lib/moelora/adapters"
 VLLM_CONTAINER = "vllm"
 AGENT_CONTAINER = "agent"
 FETCH_CONTAINER = "fetch-model"
+ADMIN_KEY_VOLUME = "admin-key"
+KUBE_API_VOLUME = "kube-api-access"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+AGENT_API_KEY_ENV = "MOELORA_VLLM_API_KEY"
 
 # vLLM loads the weights before /health answers: a big MoE takes many minutes, so the startup probe allows an hour.
 STARTUP_BUDGET_SECONDS = 3600
@@ -102,6 +106,7 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
     return [
         {"name": "MOELORA_NAMESPACE", **field("metadata.namespace")},
         {"name": "MOELORA_POD_NAME", **field("metadata.name")},
+        {"name": "MOELORA_POD_UID", **field("metadata.uid")},
         {"name": "MOELORA_MODEL_SERVER", "value": name},
         {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
         {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
@@ -110,8 +115,26 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
         {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
         {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
         {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
+        {"name": engine.ADMIN_KEY_FILE_ENV, "value": engine.ADMIN_KEY_FILE},
+        *([{"name": AGENT_API_KEY_ENV, "valueFrom": engine.api_key_source(spec)}] if spec.api_key_secret else []),
         *s3_env(spec),
     ]
+
+
+def _service_account_volume() -> dict[str, Any]:
+    """What the kubelet's automount would give, as a volume we can mount into the agent alone: the token (rotated
+    by the kubelet), the cluster CA and the namespace."""
+    return {
+        "name": KUBE_API_VOLUME,
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+            ],
+        },
+    }
 
 
 def deployment(
@@ -129,8 +152,15 @@ def deployment(
     volumes: list[dict[str, Any]] = [
         {"name": "adapters", "emptyDir": {"sizeLimit": spec.adapter_cache.size_limit}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        # In memory: the key never touches the node's disk.
+        {"name": ADMIN_KEY_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        _service_account_volume(),
     ]
-    vllm_mounts = [{"name": "adapters", "mountPath": ADAPTERS_DIR}, {"name": "dshm", "mountPath": "/dev/shm"}]
+    vllm_mounts = [
+        {"name": "adapters", "mountPath": ADAPTERS_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR, "readOnly": True},
+    ]
     init_containers: list[dict[str, Any]] = []
     if model.scheme == "pvc":
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": model.claim, "readOnly": True}})
@@ -179,7 +209,11 @@ def deployment(
         "command": ["python3", "-m", "moelora.agent"],
         "env": _agent_env(spec, name=name),
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
-        "volumeMounts": [{"name": "adapters", "mountPath": ADAPTERS_DIR}],
+        "volumeMounts": [
+            {"name": "adapters", "mountPath": ADAPTERS_DIR},
+            {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR},
+            {"name": KUBE_API_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
+        ],
         # Ready only once its adapters are loaded, so a new pod takes traffic with them (see the architecture doc).
         "readinessProbe": _http_probe(path="/readyz", port="agent", period=2, failures=3),
         "livenessProbe": _http_probe(path="/healthz", port="agent", period=_PROBE_PERIOD, failures=6),
@@ -188,6 +222,8 @@ def deployment(
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": spec.service_account_name or settings.server_service_account,
+        # Only the agent talks to Kubernetes: the token is mounted into it alone (KUBE_API_VOLUME), never into vLLM.
+        "automountServiceAccountToken": False,
         "containers": [vllm, agent],
         "volumes": volumes,
         # vLLM drains in-flight requests on SIGTERM; give long generations time to finish.

@@ -17,6 +17,12 @@ from moelora.operator.errors import SpecProblem
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
 KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
+# The per-pod key the agent writes and vLLM's admin guard reads: an in-memory volume only the two containers mount.
+ADMIN_KEY_DIR = "/var/run/moelora/admin"
+ADMIN_KEY_FILE = f"{ADMIN_KEY_DIR}/key"
+ADMIN_KEY_FILE_ENV = "MOELORA_ADMIN_KEY_FILE"
+# The server image's ASGI middleware that keeps vLLM's admin routes (adapter load/unload...) to the agent.
+ADMIN_GUARD = "moelora.vllm_plugin.admin_guard.AdminGuard"
 
 # Flags whose value comes from the spec (or whose job is done by LoRAAdapter objects): the user sets those fields.
 MANAGED_FLAGS = frozenset(
@@ -35,8 +41,14 @@ MANAGED_FLAGS = frozenset(
         "--tensor-parallel-size",
         "-tp",
         "--lora-modules",
+        "--api-key",
     }
 )
+# Where a refused flag or variable is set instead, when that is not simply "the spec".
+_INSTEAD = {
+    "--api-key": "set spec.apiKeySecret, which the adapter agent also uses",
+    "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
+}
 # Environment the operator sets on the vLLM container; a user's env entry of the same name is refused.
 MANAGED_ENV = frozenset(
     {
@@ -45,6 +57,8 @@ MANAGED_ENV = frozenset(
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
+        "VLLM_API_KEY",
+        ADMIN_KEY_FILE_ENV,
     }
 )
 
@@ -105,9 +119,8 @@ def check_engine_args(engine_args: list[str]) -> None:
             )
         name = flag_name(token)
         if name in MANAGED_FLAGS:
-            raise SpecProblem(
-                "ManagedEngineFlag", f"engineArgs may not set {name}: moelora sets it from the ModelServer spec"
-            )
+            instead = _INSTEAD.get(name, "moelora sets it from the ModelServer spec")
+            raise SpecProblem("ManagedEngineFlag", f"engineArgs may not set {name}: {instead}")
         if name not in arity:
             raise SpecProblem("UnknownEngineFlag", f"engineArgs has {name}, which vLLM does not know")
         index += 1
@@ -126,7 +139,24 @@ def check_engine_args(engine_args: list[str]) -> None:
 def check_env(spec: ModelServerSpec) -> None:
     for var in spec.env:
         if var.name in MANAGED_ENV:
-            raise SpecProblem("ManagedEnvVar", f"env may not set {var.name}: moelora sets it from the spec")
+            instead = _INSTEAD.get(var.name, "moelora sets it from the spec")
+            raise SpecProblem("ManagedEnvVar", f"env may not set {var.name}: {instead}")
+
+
+def api_key_source(spec: ModelServerSpec) -> dict[str, Any]:
+    """The client API key's secretKeyRef (spec.apiKeySecret must be set)."""
+    assert spec.api_key_secret is not None
+    return {"secretKeyRef": {"name": spec.api_key_secret.name, "key": spec.api_key_secret.key}}
+
+
+def required_secrets(spec: ModelServerSpec) -> dict[str, str]:
+    """Secret name -> the field naming it, for every Secret the pods cannot start without (SecretNotFound)."""
+    secrets: dict[str, str] = {}
+    if spec.s3.credentials_secret is not None:
+        secrets[spec.s3.credentials_secret.name] = "S3 credentials Secret (spec.s3.credentialsSecret)"
+    if spec.api_key_secret is not None:
+        secrets.setdefault(spec.api_key_secret.name, "API key Secret (spec.apiKeySecret)")
+    return secrets
 
 
 def served_model_name(spec: ModelServerSpec, *, name: str) -> str:
@@ -151,6 +181,8 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
         str(lora.max_loras),
         "--max-lora-rank",
         str(lora.max_lora_rank),
+        "--middleware",
+        ADMIN_GUARD,
     ]
     if lora.max_cpu_loras is not None:
         args += ["--max-cpu-loras", str(lora.max_cpu_loras)]
@@ -167,7 +199,10 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
     env: list[dict[str, Any]] = [
         {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"},
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": ADMIN_KEY_FILE_ENV, "value": ADMIN_KEY_FILE},
     ]
+    if spec.api_key_secret is not None:
+        env.append({"name": "VLLM_API_KEY", "valueFrom": api_key_source(spec)})
     if kernel_configs:
         env.append({"name": "VLLM_TUNED_CONFIG_FOLDER", "value": KERNEL_CONFIGS_DIR})
     if spec.kernels.implementation == KernelImplementation.MOELORA:

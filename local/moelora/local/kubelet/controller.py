@@ -32,10 +32,18 @@ log = logging.getLogger("moelora.local.kubelet")
 RECONCILE_INTERVAL = 0.5
 
 
+
+def _python_path() -> dict[str, str]:
+    """This process's PYTHONPATH, made absolute (containers start in their pod's directory): run from a source
+    checkout, the pods then run that checkout's code, as an image would hold it."""
+    value = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in value.split(os.pathsep) if p)} if value else {}
+
 class LocalKubelet:
     """Runs the pods of every Deployment in `namespace` locally and keeps their objects and status current.
 
-    `base_env`: the environment of every container (defaults to PATH, HOME, LANG and TMPDIR of this process);
+    `base_env`: the environment of every container (defaults to PATH, HOME, LANG, TMPDIR and PYTHONPATH of this
+    process);
     `extra_env`: more variables per container name (the local stack passes KUBECONFIG to the agent);
     `claims`: PersistentVolumeClaim name -> local directory. Use as a context manager or `start()`/`stop()`.
     """
@@ -57,6 +65,7 @@ class LocalKubelet:
             dict(base_env)
             if base_env is not None
             else {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
+            | _python_path()
         )
         self.extra_env = extra_env
         self.claims = claims
