@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import engine, naming
+from moelora.operator import engine, naming, pod_options, security
 from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.service import AGENT_PORT
 from moelora.operator.settings import Settings
@@ -122,7 +122,9 @@ def deployment(
     settings: Settings,
     kernel_configs: KernelConfigVolume | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for a ModelServer. Raises SpecProblem for engineArgs/env the operator refuses."""
+    """The Deployment for a ModelServer. Raises SpecProblem for what the operator refuses (engineArgs, env,
+    security contexts, pod labels...)."""
+    pod_options.check(spec, name=name)
     labels = naming.labels(name)
     model = engine.model_ref(spec)
 
@@ -171,6 +173,8 @@ def deployment(
         "readinessProbe": _http_probe(path="/health", port="http", period=5, failures=3),
         "livenessProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD, failures=6),
     }
+    if env_from := engine.vllm_env_from(spec):
+        vllm["envFrom"] = env_from
     if resources := _resources(spec):
         vllm["resources"] = resources
     agent = {
@@ -187,7 +191,7 @@ def deployment(
     }
 
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": spec.service_account_name or settings.server_service_account,
+        **pod_options.pod_fields(spec, name=name, settings=settings),
         "containers": [vllm, agent],
         "volumes": volumes,
         # vLLM drains in-flight requests on SIGTERM; give long generations time to finish.
@@ -202,9 +206,8 @@ def deployment(
     if spec.affinity:
         pod_spec["affinity"] = dict(spec.affinity)
 
-    template_metadata: dict[str, Any] = {"labels": labels}
-    if template_annotations:
-        template_metadata["annotations"] = template_annotations
+    pod_spec = security.secure(pod_spec, spec, server_container=VLLM_CONTAINER)
+    template_metadata = pod_options.template_metadata(spec, labels=labels, annotations=template_annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
