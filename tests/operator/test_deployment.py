@@ -45,7 +45,12 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
     assert obj["spec"]["progressDeadlineSeconds"] > startup_budget  # loading is not "stalled" while probes allow it
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
     mounts = {m["name"]: m["mountPath"] for m in vllm["volumeMounts"]}
-    assert mounts == {"adapters": "/var/lib/moelora/adapters", "dshm": "/dev/shm", "tmp": "/tmp", "home": "/home/moelora"}
+    assert mounts == {
+        "adapters": "/var/lib/moelora/adapters",
+        "dshm": "/dev/shm",
+        "tmp": "/tmp",
+        "home": "/home/moelora",
+    }
     assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]} == {
         "adapters": "/var/lib/moelora/adapters",
         "tmp": "/tmp",
