@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import pathlib
+import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 
 from moelora.operator import deployment as dep
 from moelora.operator import security
@@ -17,6 +20,7 @@ from moelora.operator.settings import Settings
 from .conftest import k8s_valid, make_spec
 from .pss import RULES, violations
 
+ROOT = pathlib.Path(__file__).parents[2]
 PLAN = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="abc", items=None)
 
 SPECS = {
@@ -63,6 +67,27 @@ def test_rendered_pods_pass_the_restricted_profile(settings: Settings, name: str
     for container in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
         assert container["securityContext"]["allowPrivilegeEscalation"] is False, container["name"]
         assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], container["name"]
+
+
+def _example_servers() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{path.relative_to(ROOT / 'examples')}", obj)
+        for path in sorted((ROOT / "examples").rglob("*.yaml"))
+        for obj in yaml.safe_load_all(path.read_text())
+        if obj and obj.get("kind") == "ModelServer"
+    ]
+
+
+@pytest.mark.parametrize(("path", "server"), _example_servers(), ids=[path for path, _ in _example_servers()])
+def test_every_example_renders_a_restricted_pod(settings: Settings, path: str, server: dict[str, Any]) -> None:
+    assert violations(template(settings, **server["spec"])) == set()
+
+
+def test_the_default_user_is_the_server_images(settings: Settings) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    server_stage = dockerfile[dockerfile.index(" AS server") :]
+    assert re.search(r"^USER (\d+):(\d+)$", server_stage, re.M).groups() == (str(security.SERVER_UID),) * 2
+    assert f"HOME={security.HOME_DIR}" in server_stage
 
 
 def test_defaults_are_the_server_images_user_and_writable_volumes(settings: Settings) -> None:
