@@ -13,15 +13,15 @@ import yaml
 
 from moelora.operator import deployment as dep
 from moelora.operator import security
-from moelora.operator.engine import SpecProblem
-from moelora.operator.kernelconfigs import KernelConfigPlan
+from moelora.operator.errors import SpecProblem
+from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
 from .pss import RULES, violations
 
 ROOT = pathlib.Path(__file__).parents[2]
-PLAN = KernelConfigPlan(config_map_name="srv-kernel-configs", content_hash="abc", items=None)
+PLAN = KernelConfigVolume(config_map_name="srv-kernel-configs", content_hash="abc", items=None)
 
 SPECS = {
     "minimal": {},
@@ -52,7 +52,7 @@ SPECS = {
 }
 
 
-def template(settings: Settings, *, kernel_configs: KernelConfigPlan | None = None, **spec: Any) -> dict[str, Any]:
+def template(settings: Settings, *, kernel_configs: KernelConfigVolume | None = None, **spec: Any) -> dict[str, Any]:
     obj = dep.deployment(
         make_spec(**spec), name="srv", namespace="ns", settings=settings, kernel_configs=kernel_configs
     )
