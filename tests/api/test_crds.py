@@ -261,6 +261,47 @@ INVALID = [
         "does not match",
     ),
     ("bad-endpoint", server(s3={"endpointUrl": "minio:9000"}), ".spec.s3.endpointUrl", "does not match"),
+    (
+        "env-value-and-value-from",
+        server(env=[{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+        ".spec.env[0]",
+        "exactly one of value and valueFrom",
+    ),
+    ("env-neither", server(env=[{"name": "A"}]), ".spec.env[0]", "exactly one of value and valueFrom"),
+    (
+        "env-two-sources",
+        server(
+            env=[
+                {
+                    "name": "A",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": "s", "key": "k"},
+                        "configMapKeyRef": {"name": "c", "key": "k"},
+                    },
+                }
+            ]
+        ),
+        ".spec.env[0].valueFrom",
+        "exactly one of secretKeyRef",
+    ),
+    (
+        "env-from-both",
+        server(envFrom=[{"secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}]),
+        ".spec.envFrom[0]",
+        "exactly one of secretRef and configMapRef",
+    ),
+    (
+        "token-bad-secret-name",
+        server(model={"name": "m", "tokenSecret": {"name": "HF"}}),
+        ".spec.model.tokenSecret.name",
+        "does not match",
+    ),
+    (
+        "pull-secret-no-name",
+        server(imagePullSecrets=[{}]),
+        ".spec.imagePullSecrets[0]",
+        "'name' is a required property",
+    ),
     ("server-name-too-long", server() | {"metadata": {"name": "x" * 53}}, "<root>", "at most 52 characters"),
     ("server-name-uppercase", server() | {"metadata": {"name": "Srv"}}, "<root>", "DNS-1035 label"),
     (
@@ -311,3 +352,19 @@ def test_defaults_fill_what_the_user_left_out() -> None:
     assert (spec["replicas"], spec["gpus"], spec["lora"]["maxLoras"], spec["lora"]["maxLoraRank"]) == (1, 1, 8, 16)
     assert spec["kernels"] == {"configs": "none", "implementation": "vllm"}
     assert spec["adapterCache"] == {"sizeLimit": "20Gi"}
+
+
+def test_env_accepts_a_value_or_a_reference() -> None:
+    refs = [
+        {"name": "A", "value": ""},
+        {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "C", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+    ]
+    good = server(
+        env=refs, envFrom=[{"configMapRef": {"name": "c"}}], model={"name": "m", "tokenSecret": {"name": "hf"}}
+    )
+    assert errors(good) == []
+    assert (
+        apply_defaults(copy.deepcopy(good), schema_of("ModelServer"))["spec"]["model"]["tokenSecret"]["key"]
+        == "HF_TOKEN"
+    )

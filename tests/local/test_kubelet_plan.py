@@ -94,3 +94,11 @@ def test_pvc_volume_needs_a_local_claim(tmp_path: pathlib.Path) -> None:
         pod=pod, root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda n, k: "x", claims={"weights": tmp_path / "w"}
     )
     assert plan.volumes["data"] == tmp_path / "w"
+
+
+def test_a_volume_at_tmp_does_not_rewrite_a_local_directory_twice() -> None:
+    # The rendered pod mounts an emptyDir at /tmp, and local pod roots live under /tmp themselves.
+    root = pathlib.Path("/tmp/stack/pods/p1/volumes")
+    rewrite = kubelet_plan._rewriter(mounts={"/tmp": root / "tmp", "/models": root / "models"}, ports={})
+    assert rewrite("/models/m") == f"{root}/models/m"
+    assert rewrite("/tmp/x") == f"{root}/tmp/x"

@@ -40,13 +40,13 @@ def test_two_replicas_add_a_disruption_budget(settings: Settings) -> None:
 
 def test_a_missing_credentials_secret_is_refused(settings: Settings) -> None:
     with pytest.raises(SpecProblem) as problem:
-        render(WITH_SECRET, Surroundings(missing_secrets=frozenset({"s3-creds"})), settings)
+        render(WITH_SECRET, Surroundings(secrets_exist={"s3-creds": False}), settings)
     assert problem.value.reason == "SecretNotFound"
 
 
 def test_an_unreadable_credentials_secret_is_not_judged(settings: Settings) -> None:
     # None: the operator may not read Secrets there, so the pods' own SecretNotFound tells instead.
-    assert kinds(render(WITH_SECRET, Surroundings(), settings))[0] == "Deployment"
+    assert kinds(render(WITH_SECRET, Surroundings(secrets_exist={"s3-creds": None}), settings))[0] == "Deployment"
 
 
 def test_a_missing_kernel_config_map_is_refused(settings: Settings) -> None:
@@ -58,9 +58,15 @@ def test_a_missing_kernel_config_map_is_refused(settings: Settings) -> None:
     assert kinds(children) == ["Deployment", "Service"]
 
 
+def test_a_missing_token_secret_is_refused_naming_what_needs_it(settings: Settings) -> None:
+    spec = {"model": {"name": "org/gated", "tokenSecret": {"name": "hf"}}}
+    with pytest.raises(SpecProblem) as problem:
+        render(spec, Surroundings(secrets_exist={"hf": False}), settings)
+    assert problem.value.reason == "SecretNotFound" and "Hugging Face token" in problem.value.message
+    assert kinds(render(spec, Surroundings(secrets_exist={"hf": True}), settings))[0] == "Deployment"
+
+
 def test_a_missing_api_key_secret_is_refused(settings: Settings) -> None:
     with pytest.raises(SpecProblem) as problem:
-        render(
-            {"apiKeySecret": {"name": "client-key"}}, Surroundings(missing_secrets=frozenset({"client-key"})), settings
-        )
-    assert problem.value.reason == "SecretNotFound" and "spec.apiKeySecret" in problem.value.message
+        render({"apiKeySecret": {"name": "client-key"}}, Surroundings(secrets_exist={"client-key": False}), settings)
+    assert problem.value.reason == "SecretNotFound" and "client API key" in problem.value.message

@@ -49,11 +49,14 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
         "adapters": "/var/lib/moelora/adapters",
         "dshm": "/dev/shm",
         "admin-key": "/var/run/moelora/admin",
+        "tmp": "/tmp",
+        "home": "/home/moelora",
     }
     assert {m["name"]: m["mountPath"] for m in agent["volumeMounts"]} == {
         "adapters": "/var/lib/moelora/adapters",
         "admin-key": "/var/run/moelora/admin",
         "kube-api-access": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "tmp": "/tmp",
     }
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["adapters"]["emptyDir"] == {"sizeLimit": "20Gi"}
@@ -244,14 +247,14 @@ def test_client_api_key_reaches_vllm_and_the_agent_from_the_secret(settings: Set
     assert env_of(vllm)["VLLM_API_KEY"] == ref
     assert env_of(agent)["MOELORA_VLLM_API_KEY"] == ref
     assert "--api-key" not in vllm["args"]
-    assert engine_required_secrets(spec) == {
-        "creds": "S3 credentials Secret (spec.s3.credentialsSecret)",
-        "client-key": "API key Secret (spec.apiKeySecret)",
-    }
+    assert engine_required_secrets(spec) == [
+        ("creds", "S3 credentials"),
+        ("client-key", "client API key (spec.apiKeySecret)"),
+    ]
     assert make_spec(apiKeySecret={"name": "k"}).api_key_secret.key == "api-key"  # type: ignore[union-attr]
 
 
-def engine_required_secrets(spec: Any) -> dict[str, str]:
+def engine_required_secrets(spec: Any) -> list[tuple[str, str]]:
     from moelora.operator import engine
 
     return engine.required_secrets(spec)

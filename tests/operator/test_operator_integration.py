@@ -261,6 +261,35 @@ def test_operator_judged_errors_become_conditions_and_events(kube: KubeAPI, oper
     assert len([e for e in events(kube, ns, "typo") if e["reason"] == "UnknownEngineFlag"]) == 1
 
 
+def test_gated_model_token_and_refused_security_overrides(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns, token = "gated", "hf_integrationTOKENmustNeverLeak0001"
+    gated = manifest("modelserver.yaml", namespace=ns, model={"name": "org/gated", "tokenSecret": {"name": "hf"}})
+    gated["metadata"]["name"] = "gated"
+    apply(kube, gated)
+    degraded = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "gated"), "Degraded")) and c["status"] == "True" and c, what="why"
+    )
+    assert degraded["reason"] == "SecretNotFound" and "Hugging Face token" in degraded["message"]
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": ns}}
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps({**secret, "stringData": {"HF_TOKEN": token}}))
+    good = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "gated"), what="the Deployment after the Secret appeared")
+    vllm = next(c for c in good["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}} in vllm["env"]
+
+    # An override the restricted profile forbids: a verdict and a Warning, the running Deployment untouched.
+    apply(kube, {**gated, "spec": {**gated["spec"], "securityContext": {"privileged": True}}})
+    verdict = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "gated"), "Degraded")) and c["reason"] == "PodSecurityViolation" and c,
+        what="PodSecurityViolation",
+    )
+    assert "privileged" in verdict["message"]
+    wait_for(lambda: [e for e in events(kube, ns, "gated") if e["reason"] == "PodSecurityViolation"], what="Event")
+    kept = kube.get(DEPLOYMENTS, ns, "gated")
+    assert kept["metadata"]["resourceVersion"] == good["metadata"]["resourceVersion"]
+    everything = json.dumps([kept, kube.get(MS, ns, "gated"), kube.list("v1/events", ns)])
+    assert token not in everything
+
+
 def test_schema_rejects_what_a_real_server_would(kube: KubeAPI, operator: OperatorThread) -> None:
     bad = manifest("modelserver.yaml", namespace="schema", lora={"maxLoras": 8, "maxLoraRank": 7})
     result = apply(kube, bad, check=False)

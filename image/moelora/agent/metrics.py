@@ -61,7 +61,7 @@ class Metrics:
         )
         # No adapter label: the names are chosen by whoever bypassed the agent, and must not grow the scrape.
         self.foreign = Counter(
-            "moelora_foreign_adapters",
+            "moelora_foreign_adapters_total",
             "Adapters vLLM served that this agent did not load: unloaded, or replaced in place and put back.",
             ["action"],
             registry=self.registry,

@@ -5,6 +5,7 @@ agent both import it, and never each other.
 """
 
 from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
+from moelora.api.env import EnvFromSource, EnvVar, EnvVarSource, KeySelector, TokenSecret
 from moelora.api.lora_adapter import (
     AdapterPhase,
     AdapterSource,
@@ -23,6 +24,7 @@ from moelora.api.model_server import (
     KernelConfigMode,
     KernelImplementation,
     KernelSpec,
+    LocalObjectRef,
     LoRASpec,
     ModelServer,
     ModelServerSpec,
@@ -45,14 +47,19 @@ __all__ = [
     "AdapterSource",
     "Condition",
     "ConditionStatus",
+    "EnvFromSource",
+    "EnvVar",
+    "EnvVarSource",
     "FailureReason",
     "KernelConfigMode",
     "KernelImplementation",
     "KernelSpec",
+    "KeySelector",
     "LoRAAdapter",
     "LoRAAdapterSpec",
     "LoRAAdapterStatus",
     "LoRASpec",
+    "LocalObjectRef",
     "ModelServer",
     "ModelServerSpec",
     "ModelServerStatus",
@@ -62,5 +69,6 @@ __all__ = [
     "ResourceSpec",
     "S3Spec",
     "SecretRef",
+    "TokenSecret",
     "VersionPin",
 ]

@@ -16,6 +16,7 @@ from moelora.api.common import (
     Condition,
     SecretRef,
 )
+from moelora.api.env import EnvFromSource, EnvVar, TokenSecret
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -47,6 +48,11 @@ class ModelSpec(ApiModel):
         max_length=256,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
         description="The `model` name clients use for the base model. Default: the ModelServer's name.",
+    )
+    token_secret: TokenSecret | None = Field(
+        default=None,
+        description="Secret key with a Hugging Face token for a gated or private model: vLLM's HF_TOKEN, always "
+        "a secretKeyRef, never a literal.",
     )
 
 
@@ -200,11 +206,10 @@ class ApiKeySecret(ApiModel):
     )
 
 
-class EnvVar(ApiModel):
-    """One environment variable of the vLLM container."""
+class LocalObjectRef(ApiModel):
+    """An object in the ModelServer's namespace, by name."""
 
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="The variable's name.")
-    value: str = Field(default="", description="Its value.")
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253, description="The object's name.")
 
 
 class ModelServerSpec(ApiModel):
@@ -253,7 +258,14 @@ class ModelServerSpec(ApiModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=100,
-        description="Extra environment variables of the vLLM container. Variables moelora sets itself are refused.",
+        description="Extra environment variables of the vLLM container, each a value or a valueFrom (Secret, "
+        "ConfigMap, downward API). Variables moelora sets itself are refused.",
+    )
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Secrets and ConfigMaps whose keys all become variables of the vLLM container; env and "
+        "moelora's own variables win over them.",
     )
     api_key_secret: ApiKeySecret | None = Field(
         default=None,
@@ -268,6 +280,45 @@ class ModelServerSpec(ApiModel):
         default=None,
         pattern=DNS_SUBDOMAIN,
         description="ServiceAccount of the pods (for IRSA / pod identity). Default: the chart's server account.",
+    )
+    image_pull_secrets: list[LocalObjectRef] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Secrets of type kubernetes.io/dockerconfigjson for pulling the images from a private registry.",
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        pattern=DNS_SUBDOMAIN,
+        max_length=253,
+        description="PriorityClass of the pods, e.g. so serving preempts batch jobs on the GPU nodes.",
+    )
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Annotations added to the pods (not moelora.io/ ones, which are moelora's)."
+    )
+    pod_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels added to the pods. The labels moelora sets itself (its selector among them) are refused.",
+    )
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="How to spread the pods (Kubernetes TopologySpreadConstraint objects). One without a "
+        "labelSelector gets this server's pod selector. Default: none, so the cluster's default spreading applies.",
+        json_schema_extra={"items": FREE_FORM},
+    )
+    pod_security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Merged over moelora's pod securityContext (a Kubernetes PodSecurityContext; defaults: non-root "
+        "uid/gid/fsGroup 2000, seccomp RuntimeDefault). Values the restricted Pod Security Standard forbids are "
+        "refused.",
+        json_schema_extra=FREE_FORM,
+    )
+    security_context: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Merged over the vllm container's securityContext (a Kubernetes SecurityContext; defaults: no "
+        "privilege escalation, every capability dropped, read-only root filesystem). Values the restricted Pod "
+        "Security Standard forbids are refused; the agent's stays moelora's.",
+        json_schema_extra=FREE_FORM,
     )
 
 

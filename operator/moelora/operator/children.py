@@ -8,9 +8,10 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import engine, kernel_configs, naming
+from moelora.operator import kernel_configs, naming
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
+from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
@@ -26,8 +27,9 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 class Surroundings:
     """What the children depend on besides the spec, read from the cluster before rendering."""
 
-    # Secrets the spec names (engine.required_secrets) seen not to exist; one the operator may not read is not here.
-    missing_secrets: frozenset[str] = frozenset()
+    # Secret name -> whether it exists, for each Secret the pod needs (engine.required_secrets); None (or absent)
+    # when the operator may not read Secrets there, so the pods' own events tell instead.
+    secrets_exist: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
     # The ConfigMap named by kernels.configMapName; None when absent or not named.
     kernel_config_map: Mapping[str, Any] | None = None
 
@@ -43,9 +45,9 @@ def desired_children(
 ) -> list[dict[str, Any]]:
     """The objects the server should own, without ownerReferences. Raises SpecProblem for what the operator
     refuses."""
-    for secret, what in engine.required_secrets(spec).items():
-        if secret in surroundings.missing_secrets:
-            raise SpecProblem("SecretNotFound", f"{what} {secret!r} does not exist in {namespace}")
+    for secret, needed_by in required_secrets(spec):
+        if surroundings.secrets_exist.get(secret) is False:
+            raise SpecProblem("SecretNotFound", f"{needed_by} Secret {secret!r} does not exist in {namespace}")
     volume = kernel_configs.volume(
         spec,
         name=name,

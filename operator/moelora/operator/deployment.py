@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import engine, naming
+from moelora.operator import engine, naming, pod_options, security
 from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.service import AGENT_PORT
 from moelora.operator.settings import Settings
@@ -145,7 +145,9 @@ def deployment(
     settings: Settings,
     kernel_configs: KernelConfigVolume | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for a ModelServer. Raises SpecProblem for engineArgs/env the operator refuses."""
+    """The Deployment for a ModelServer. Raises SpecProblem for what the operator refuses (engineArgs, env,
+    security contexts, pod labels...)."""
+    pod_options.check(spec, name=name)
     labels = naming.labels(name)
     model = engine.model_ref(spec)
 
@@ -201,6 +203,8 @@ def deployment(
         "readinessProbe": _http_probe(path="/health", port="http", period=5, failures=3),
         "livenessProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD, failures=6),
     }
+    if env_from := engine.vllm_env_from(spec):
+        vllm["envFrom"] = env_from
     if resources := _resources(spec):
         vllm["resources"] = resources
     agent = {
@@ -221,7 +225,7 @@ def deployment(
     }
 
     pod_spec: dict[str, Any] = {
-        "serviceAccountName": spec.service_account_name or settings.server_service_account,
+        **pod_options.pod_fields(spec, name=name, settings=settings),
         # Only the agent talks to Kubernetes: the token is mounted into it alone (KUBE_API_VOLUME), never into vLLM.
         "automountServiceAccountToken": False,
         "containers": [vllm, agent],
@@ -238,9 +242,8 @@ def deployment(
     if spec.affinity:
         pod_spec["affinity"] = dict(spec.affinity)
 
-    template_metadata: dict[str, Any] = {"labels": labels}
-    if template_annotations:
-        template_metadata["annotations"] = template_annotations
+    pod_spec = security.secure(pod_spec, spec, server_container=VLLM_CONTAINER)
+    template_metadata = pod_options.template_metadata(spec, labels=labels, annotations=template_annotations)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

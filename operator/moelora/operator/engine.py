@@ -59,8 +59,11 @@ MANAGED_ENV = frozenset(
         "VLLM_LORA_ENABLE_DUAL_STREAM",
         "VLLM_API_KEY",
         ADMIN_KEY_FILE_ENV,
+        "HOME",  # a writable emptyDir under a read-only root filesystem (security.py)
     }
 )
+# The Hugging Face hub's token variable; managed only when spec.model.tokenSecret is set.
+TOKEN_ENV = "HF_TOKEN"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,8 +140,9 @@ def check_engine_args(engine_args: list[str]) -> None:
 
 
 def check_env(spec: ModelServerSpec) -> None:
+    managed = MANAGED_ENV | ({TOKEN_ENV} if spec.model.token_secret else set())
     for var in spec.env:
-        if var.name in MANAGED_ENV:
+        if var.name in managed:
             instead = _INSTEAD.get(var.name, "moelora sets it from the spec")
             raise SpecProblem("ManagedEnvVar", f"env may not set {var.name}: {instead}")
 
@@ -149,14 +153,47 @@ def api_key_source(spec: ModelServerSpec) -> dict[str, Any]:
     return {"secretKeyRef": {"name": spec.api_key_secret.name, "key": spec.api_key_secret.key}}
 
 
-def required_secrets(spec: ModelServerSpec) -> dict[str, str]:
-    """Secret name -> the field naming it, for every Secret the pods cannot start without (SecretNotFound)."""
-    secrets: dict[str, str] = {}
+def required_secrets(spec: ModelServerSpec) -> list[tuple[str, str]]:
+    """(Secret name, what needs it) for every Secret the pod cannot start without; optional references left out."""
+    needed: list[tuple[str, str]] = []
     if spec.s3.credentials_secret is not None:
-        secrets[spec.s3.credentials_secret.name] = "S3 credentials Secret (spec.s3.credentialsSecret)"
+        needed.append((spec.s3.credentials_secret.name, "S3 credentials"))
+    if spec.model.token_secret is not None:
+        needed.append((spec.model.token_secret.name, "Hugging Face token (spec.model.tokenSecret)"))
     if spec.api_key_secret is not None:
-        secrets.setdefault(spec.api_key_secret.name, "API key Secret (spec.apiKeySecret)")
-    return secrets
+        needed.append((spec.api_key_secret.name, "client API key (spec.apiKeySecret)"))
+    for var in spec.env:
+        ref = var.value_from.secret_key_ref if var.value_from else None
+        if ref is not None and not ref.optional:
+            needed.append((ref.name, f"env {var.name}"))
+    for index, source in enumerate(spec.env_from):
+        if source.secret_ref is not None and not source.secret_ref.optional:
+            needed.append((source.secret_ref.name, f"envFrom[{index}]"))
+    return needed
+
+
+def token_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    """HF_TOKEN from spec.model.tokenSecret, only ever as a secretKeyRef."""
+    token = spec.model.token_secret
+    if token is None:
+        return []
+    return [{"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token.name, "key": token.key}}}]
+
+
+def user_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    """spec.env as Kubernetes EnvVars: a literal value, or the valueFrom reference as given."""
+    env: list[dict[str, Any]] = []
+    for var in spec.env:
+        if var.value_from is not None:
+            env.append({"name": var.name, "valueFrom": var.value_from.to_wire()})
+        else:
+            env.append({"name": var.name, "value": var.value or ""})
+    return env
+
+
+def vllm_env_from(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    """spec.envFrom as given; Kubernetes lets every variable in env win over these."""
+    return [source.to_wire() for source in spec.env_from]
 
 
 def served_model_name(spec: ModelServerSpec, *, name: str) -> str:
@@ -211,4 +248,4 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
             # LoRA kernels on a second CUDA stream overlap the base GEMMs (docs/benchmarks.md); CUDA only, as vLLM
             # refuses it on the CPU, where the plugin also runs (gpus: 0, moelora.local).
             env.append({"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "1"})
-    return env + [{"name": var.name, "value": var.value} for var in spec.env]
+    return env + token_env(spec) + user_env(spec)

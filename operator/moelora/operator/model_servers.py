@@ -19,9 +19,10 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, engine, indexes, naming, status
+from moelora.operator import apply, indexes, naming, status
 from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
+from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.indexes import AdapterEntry
 
@@ -49,11 +50,10 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
         spec = ModelServerSpec.model_validate(dict(body.get("spec") or {}))
     except pydantic.ValidationError as exc:
         return Observation(body=body, spec=None, problem=problem_from_validation(exc), surroundings=Surroundings())
-    missing = frozenset(
-        secret
-        for secret in engine.required_secrets(spec)
-        if apply.secret_exists(api=api, namespace=namespace, name=secret) is False
-    )
+    secrets_exist = {
+        secret: apply.secret_exists(api=api, namespace=namespace, name=secret)
+        for secret in dict(required_secrets(spec))
+    }
     config_map = None
     if spec.kernels.config_map_name:
         config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
@@ -61,7 +61,7 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
         body=body,
         spec=spec,
         problem=None,
-        surroundings=Surroundings(missing_secrets=missing, kernel_config_map=config_map),
+        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map),
     )
 
 

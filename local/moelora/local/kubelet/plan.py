@@ -78,11 +78,11 @@ def _field_value(path: str, *, pod: Mapping[str, Any]) -> str:
 
 def _rewriter(*, mounts: Mapping[str, pathlib.Path], ports: Mapping[int, int]) -> Callable[[str], str]:
     """A function applying the mount-path and port translations (see the module docstring) to one string."""
-    # Longest mount path first, so /var/lib/x/y wins over /var/lib/x.
-    path_rules = [
-        (re.compile(r"(?<![\w.\-/])" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s,:;])"), str(local))
-        for mount, local in sorted(mounts.items(), key=lambda item: -len(item[0]))
-    ]
+    # One pattern, longest mount path first (so /var/lib/x/y wins over /var/lib/x), applied in one pass: a local
+    # directory under /tmp must not be rewritten again by a volume mounted at /tmp.
+    local_of = {mount.rstrip("/"): str(local) for mount, local in mounts.items()}
+    alternatives = "|".join(re.escape(mount) for mount in sorted(local_of, key=len, reverse=True))
+    path_rule = re.compile(r"(?<![\w.\-/])(" + alternatives + r")(?=/|$|[\s,:;])") if local_of else None
     port_rules = [
         (re.compile(r"(?<=:)" + str(container) + r"(?!\d)"), str(local)) for container, local in ports.items()
     ]
@@ -94,8 +94,8 @@ def _rewriter(*, mounts: Mapping[str, pathlib.Path], ports: Mapping[int, int]) -
             flag, sep, tail = value.partition("=")
             if sep and flag.startswith("-") and tail == str(container):
                 return f"{flag}={local}"
-        for pattern, local in path_rules:
-            value = pattern.sub(lambda _m, local=local: local, value)
+        if path_rule is not None:
+            value = path_rule.sub(lambda match: local_of[match.group(1)], value)
         for pattern, local in port_rules:
             value = pattern.sub(local, value)
         return value
