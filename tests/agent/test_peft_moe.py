@@ -116,10 +116,14 @@ def _peft_deltas(model: Any, inter: int) -> dict[str, torch.Tensor]:
     return deltas
 
 
-def _vllm_deltas(directory: pathlib.Path) -> dict[str, torch.Tensor]:
-    """Per-module B @ A * scaling as vLLM reads the directory (its own PEFTHelper resolves rank and scaling)."""
+def _vllm_deltas(directory: pathlib.Path, *, patterns: bool = True) -> dict[str, torch.Tensor]:
+    """Per-module B @ A * scaling as vLLM reads the directory (its own PEFTHelper resolves rank and scaling);
+    `patterns=False`: as a vLLM that ignores rank_pattern/alpha_pattern would."""
     helper_module = pytest.importorskip("vllm.lora.peft_helper")
-    helper = helper_module.PEFTHelper.from_dict(json.loads((directory / "adapter_config.json").read_text()))
+    config = json.loads((directory / "adapter_config.json").read_text())
+    if not patterns:
+        config = dict(config, rank_pattern={}, alpha_pattern={})
+    helper = helper_module.PEFTHelper.from_dict(config)
     tensors = load_file(str(directory / "adapter_model.safetensors"))
     deltas = {}
     for key, a in tensors.items():
@@ -162,8 +166,10 @@ def test_rewrite_keeps_every_experts_delta(tmp_path: pathlib.Path, hidden: int, 
     want = _peft_deltas(model, inter)
     got = _vllm_deltas(out)
     assert len(want) == 4 * 3
+    without_patterns = _vllm_deltas(out, patterns=False)
     for module, delta in want.items():
         torch.testing.assert_close(got[module], delta, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(without_patterns[module], delta, rtol=1e-5, atol=1e-6)
     # attention passes through untouched, bit for bit
     rewritten = load_file(str(out / "adapter_model.safetensors"))
     attention = [k for k in original if "self_attn" in k]

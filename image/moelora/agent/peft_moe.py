@@ -218,13 +218,23 @@ def _scaled(tensor: Any, factor: float) -> Any:
 
 
 def converted_config(config: dict[str, Any], projections: list[str]) -> dict[str, Any]:
-    """The adapter_config.json of the rewrite: no target_parameters, the per-expert projections as target_modules."""
+    """The adapter_config.json of the rewrite: no target_parameters, the per-expert projections as target_modules.
+
+    Where the config has rank/alpha patterns, a first entry pins the per-expert modules to the global r and
+    lora_alpha (a key like "down_proj" would otherwise match them too), so they scale alike on a vLLM that reads
+    the patterns and on one that ignores them; their own scaling is then folded into lora_B.
+    """
     modules = config.get("target_modules") or []
+    experts = rf".*\.experts\.\d+\.(?:{'|'.join(projections)})"
     if isinstance(modules, str):
-        targets: Any = rf"(?:{modules})|.*\.experts\.\d+\.(?:{'|'.join(projections)})"
+        targets: Any = rf"(?:{modules})|{experts}"
     else:
         targets = list(modules) + [p for p in projections if p not in modules]
-    return dict(config, target_parameters=None, target_modules=targets)
+    converted = dict(config, target_parameters=None, target_modules=targets)
+    for field, value in (("rank_pattern", config.get("r")), ("alpha_pattern", config.get("lora_alpha", 8))):
+        if config.get(field):
+            converted[field] = {experts: value, **config[field]}
+    return converted
 
 
 def rewrite(source: pathlib.Path, target: pathlib.Path, config: dict[str, Any], the_plan: Plan) -> dict[str, Any]:
