@@ -25,9 +25,11 @@ PATTERN_WARNING = r"The following (rank|alpha)_pattern keys did not match"
 
 @pytest.fixture(scope="module")
 def moe_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
-    with stack.Stack(
-        root=tmp_path_factory.mktemp("moe-stack"), moe=True, agent_env={"MOELORA_POLL_SECONDS": "1"}
-    ) as running:
+    # Pods get a bare environment; the agent must run this checkout's code, not whatever the venv's install points at.
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    pythonpath = ":".join(str(checkout / part) for part in ("operator", "image", "kernels"))
+    agent_env = {"MOELORA_POLL_SECONDS": "1", "PYTHONPATH": pythonpath}
+    with stack.Stack(root=tmp_path_factory.mktemp("moe-stack"), moe=True, agent_env=agent_env) as running:
         running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, moe=True))  # type: ignore[union-attr]
         running.wait_pods(SERVER, replicas=1, timeout=400)
         yield running
