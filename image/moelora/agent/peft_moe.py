@@ -240,7 +240,8 @@ def converted_config(config: dict[str, Any], projections: list[str]) -> dict[str
 def rewrite(source: pathlib.Path, target: pathlib.Path, config: dict[str, Any], the_plan: Plan) -> dict[str, Any]:
     """Write `source`'s tensors to `target` with every fused expert LoRA split per expert; return the new config.
 
-    Streams: each source tensor is read (memory-mapped) once and its pieces written before the next is read.
+    Streams: each source tensor is read once and its pieces written before the next is read, so memory holds one
+    source tensor (one layer's fused A or B) at a time.
     """
     from safetensors import safe_open
 
