@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from moelora.agent import foreign, reconcile
+from moelora.agent import foreign, peft_moe, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.fetch import fetch, read_config_object
@@ -357,7 +357,9 @@ class Agent:
         try:
             check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
             if not (self.settings.cache_dir / listing.version).is_dir():  # judge the config before the weights
-                check_config(parse_config(read_config_object(client=client, listing=listing)), self.limits)
+                config = parse_config(read_config_object(client=client, listing=listing))
+                check_config(config, self.limits)
+                peft_moe.plan(config, base_model=self.limits.base_model)  # an unservable expert format fails here
             with self._cache_lock:
                 self._inflight.add(listing.version)
                 present = (self.settings.cache_dir / listing.version).is_dir()
@@ -372,6 +374,7 @@ class Agent:
             )
             try:
                 info = validate(path, self.limits)
+                path = peft_moe.servable(path, base_model=self.limits.base_model)  # vLLM loads this one
             except AdapterError:
                 shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
                 raise
@@ -438,7 +441,7 @@ class Agent:
     def _protect(self, loaded: dict[str, LoadedAdapter] | None) -> None:
         versions = {r.version for r in self.records.values() if r.version}
         if loaded is not None:
-            versions |= {pathlib.PurePath(a.path).name for a in loaded.values()}
+            versions |= {peft_moe.cache_version(a.path) for a in loaded.values()}
         with self._cache_lock:
             self._protected = versions
         if self._cache_changed:  # walking the cache is not free with hundreds of adapters: only after downloads
