@@ -36,31 +36,10 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
+from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
-
-
-def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
-    """'group/version/plural' -> (kmock resource info, openAPIV3Schema) for our CRDs."""
-    result = {}
-    for crd in custom_resource_definitions():
-        spec = crd["spec"]
-        for version in spec["versions"]:
-            info = kmock.ResourceInfo(
-                namespaced=spec["scope"] == "Namespaced",
-                kind=spec["names"]["kind"],
-                singular=spec["names"]["singular"],
-                shortnames=spec["names"].get("shortNames", []),
-                categories=spec["names"].get("categories", []),
-                subresources=set(version.get("subresources", {})),
-                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
-            )
-            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
-                info,
-                version["schema"]["openAPIV3Schema"],
-            )
-    return result
 
 
 def _expired(message: str) -> dict[str, Any]:
