@@ -12,6 +12,7 @@ What `Emulator` adds to kmock 0.8:
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
+- kubectl get's server-side printing: Tables with our CRDs' printer columns (`tables`, `printers`);
 - speed: object requests skip kmock's reaction matching, which is slow per request.
 Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
 (lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
@@ -39,6 +40,7 @@ from moelora.api.crd import custom_resource_definitions
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.tables import Tables
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
 
 
@@ -81,6 +83,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     """kmock's emulator with server-filled metadata, status subresource, schema checks, GC and kubectl fixes."""
 
     validate: bool = True
+    _tables: Tables = attrs.field(init=False)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
@@ -90,6 +93,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         super().__attrs_post_init__()
         self._watchlog = WatchLog(versions=self._versions)
         self._buses = RecordingBuses(self._watchlog)  # type: ignore[assignment]
+        self._tables = Tables(kind_of=self._kind)
         self.resources.load_bundled()
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
@@ -114,6 +118,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             return self.resources[resource]
         except KeyError:
             return None
+
+    def _kind(self, resource: Any) -> str | None:
+        return (self._info(resource) or kmock.ResourceInfo()).kind
 
     def _current(self, request: kmock_rendering.Request) -> dict[str, Any] | None:
         key = (request.resource, request.namespace, request.name)
@@ -264,16 +271,18 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             version = next(self._versions)
             self._watchlog.mark(version)
         resource = request.resource
-        return {
+        listed = {
             "kind": f"{info.kind}List" if info and info.kind else "List",
             "apiVersion": resource.version if not resource.group else f"{resource.group}/{resource.version}",
             "metadata": {"resourceVersion": str(version)},
             "items": items,
         }
+        return self._tables.convert(request, listed)
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
         # kubectl refuses a watch stream without a JSON content type.
-        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=self._watch(request))
+        events = self._tables.stream(request, self._watch(request))
+        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=events)
 
     async def _watch(self, request: kmock_rendering.Request) -> Any:
         yield b""  # send the headers now: clients wait for them before they consider the watch started
@@ -343,7 +352,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         obj = await super()._serve_fetch(request)
         if request.subresource == "scale" and request.resource in self._scales:
             return self._as_scale(request, obj)  # type: ignore[arg-type]
-        return obj
+        return self._tables.convert(request, obj)
 
     async def _serve_update(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         obj = await super()._serve_update(request)
