@@ -1,4 +1,4 @@
-"""The emulator's Tables, read over HTTP as clients other than kubectl would."""
+"""The emulator's Tables and OpenAPI documents, read over HTTP as clients other than kubectl would."""
 
 from __future__ import annotations
 
@@ -86,3 +86,19 @@ def test_watch_events_are_one_row_tables_with_columns_only_first(kube: KubeAPI) 
     assert [event["type"] for event in events] == ["ADDED", "ADDED"]
     assert all(event["object"]["kind"] == "Table" and len(event["object"]["rows"]) == 1 for event in events)
     assert events[0]["object"]["columnDefinitions"] and not events[1]["object"]["columnDefinitions"]
+
+
+def test_openapi_v3_lists_documents_that_announce_strict_field_validation(kube: KubeAPI) -> None:
+    paths = _get(kube, "/openapi/v3", accept="application/json")["paths"]
+    assert {"apis/moelora.io/v1alpha1", "api/v1", "apis/apps/v1"} <= paths.keys()
+    document = _get(kube, paths["apis/moelora.io/v1alpha1"]["serverRelativeURL"], accept="application/json")
+    schemas = document["components"]["schemas"]
+    server = schemas["io.moelora.v1alpha1.ModelServer"]
+    assert server["x-kubernetes-group-version-kind"] == [
+        {"group": "moelora.io", "version": "v1alpha1", "kind": "ModelServer"}
+    ]
+    assert "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta" in schemas
+    patch = document["paths"]["/apis/moelora.io/v1alpha1/namespaces/{namespace}/modelservers/{name}"]["patch"]
+    assert {"name": "fieldValidation", "in": "query"}.items() <= patch["parameters"][0].items()
+    core = _get(kube, "/openapi/v3/api/v1", accept="application/json")["components"]["schemas"]
+    assert core["io.k8s.api.core.v1.Container"]["properties"]["ports"]["type"] == "array"

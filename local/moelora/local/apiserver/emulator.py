@@ -12,7 +12,8 @@ What `Emulator` adds to kmock 0.8:
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
-- kubectl get's server-side printing: Tables with our CRDs' printer columns (`tables`, `printers`);
+- kubectl get's server-side printing: Tables with our CRDs' printer columns (`tables`, `printers`); OpenAPI v3 for
+  kubectl explain and for strict field validation, unknown fields refused with 400 BadRequest (`openapi`);
 - speed: object requests skip kmock's reaction matching, which is slow per request.
 Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
 (lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
@@ -39,6 +40,7 @@ from kmock._internal import rendering as kmock_rendering
 from moelora.api.crd import custom_resource_definitions
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
+from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
 from moelora.local.apiserver.tables import Tables
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
@@ -84,6 +86,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
     validate: bool = True
     _tables: Tables = attrs.field(init=False)
+    _openapi: OpenAPI = attrs.field(init=False)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
@@ -94,6 +97,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         self._watchlog = WatchLog(versions=self._versions)
         self._buses = RecordingBuses(self._watchlog)  # type: ignore[assignment]
         self._tables = Tables(kind_of=self._kind)
+        self._openapi = OpenAPI(resources=lambda: [(r, self.resources[r]) for r in self._get_resources()])
         self.resources.load_bundled()
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
@@ -145,6 +149,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             )
 
     def _prepare_create(self, request: kmock_rendering.Request) -> None:
+        self._openapi.check_strict(request, self._kind(request.resource))
         obj = request.data
         if not isinstance(obj, dict):
             return
@@ -169,6 +174,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         self._check(request.resource, obj)
 
     def _prepare_update(self, request: kmock_rendering.Request) -> None:
+        self._openapi.check_strict(request, self._kind(request.resource))
         old = self._current(request)
         if old is None or request.data is None:
             return  # kmock answers 404
@@ -203,6 +209,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         object.__setattr__(request, "data", merge_diff(old, new))
 
     async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith("/openapi/"):
+            return self._openapi.respond(request.url.path)
         if request.resource is not None:
             try:
                 async with self._lock:
