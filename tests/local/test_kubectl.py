@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from moelora.api.model_server import LoRASpec
+from moelora.local import manifests
 from moelora.local.apiserver import KubeAPI
 from moelora.local.apiserver.kubectl import clean_env, kubectl_binary
 
@@ -176,6 +177,18 @@ def test_apply_validates_and_refuses_unknown_fields(kube: KubeAPI) -> None:
         "UP-TO-DATE",
         "AVAILABLE",
     ]
+
+
+def test_apply_accepts_what_the_local_stack_applies(kube: KubeAPI) -> None:
+    """The e2e tests and the demo apply these builders' objects with validation on."""
+    objects = [
+        manifests.model_server(name="moe", s3_endpoint="http://127.0.0.1:9", moe=True),
+        manifests.model_server(name="dense", s3_endpoint="http://127.0.0.1:9", replicas=2),
+        manifests.adapter(name="a", model_server="moe", uri=manifests.adapter_uri("a"), pin={"etag": "abc"}),
+        manifests.s3_secret(access_key_id="a", secret_access_key="b"),
+    ]
+    stdin = "\n".join(json.dumps(obj) for obj in objects)
+    assert kube.kubectl("apply", "-n", "builders", "-f", "-", stdin=stdin).stdout.count("created") == 4
 
 
 def _words(text: str) -> str:

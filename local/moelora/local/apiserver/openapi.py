@@ -6,6 +6,8 @@ operation per resource declaring the `fieldValidation` parameter: kubectl then l
 (`fieldValidation=Strict` on create and patch), which refuses unknown fields with 400 BadRequest.
 Our CRDs' schemas are their openAPIV3Schema; built-in kinds' come from the upstream JSON schemas that
 kubernetes-validate ships (the newest version it has), turned back into OpenAPI 3.0's shape.
+Not emulated: fieldValidation=Warn's warnings, and the pruning of a custom object's unknown fields (Ignore and Warn
+keep them); /openapi/v2 (client-side apply of a built-in kind asks for it, and on 404 uses kubectl's own types).
 """
 
 from __future__ import annotations

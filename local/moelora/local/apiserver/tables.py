@@ -119,14 +119,15 @@ def _printer_column(spec: Mapping[str, Any]) -> Column:
 
 
 def crd_columns() -> dict[Any, list[Column]]:
-    """resource -> columns for our CRDs: Name, then the printer columns (Name and Age when there are none)."""
+    """resource -> columns for our CRDs: Name, then the printer columns (an Age date column when there are none)."""
     result = {}
     for crd in custom_resource_definitions():
         spec = crd["spec"]
         for version in spec["versions"]:
             key = kmock.resource(f"{spec['group']}/{version['name']}/{spec['names']['plural']}")
             printers = version.get("additionalPrinterColumns")
-            result[key] = [NAME_AGE[0], *map(_printer_column, printers)] if printers else list(NAME_AGE)
+            default = [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
+            result[key] = [NAME_AGE[0], *map(_printer_column, printers or default)]
     return result
 
 
