@@ -60,6 +60,7 @@ def test_ages_read_as_kubectl_writes_them(seconds: int, shown: str) -> None:
 def test_table_is_only_for_clients_that_ask() -> None:
     assert table_version({"Accept": TABLE}) == "v1"
     assert table_version({"Accept": "application/json;as=Table;v=v1beta1;g=meta.k8s.io"}) == "v1beta1"
+    assert table_version({"accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}) == "v1"
     assert table_version({"Accept": "application/json, */*"}) is None
     assert table_version({}) is None
 

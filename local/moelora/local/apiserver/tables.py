@@ -9,6 +9,7 @@ Each row carries the object as `includeObject` asks: PartialObjectMetadata (the 
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -23,14 +24,16 @@ _TABLE = re.compile(r"as=Table;.*g=meta\.k8s\.io|g=meta\.k8s\.io;.*as=Table")
 
 def table_version(headers: Mapping[str, str]) -> str | None:
     """The meta.k8s.io version of Table the Accept header asks for first (v1 or v1beta1), or None for plain JSON."""
-    for choice in (headers.get("Accept") or "").split(","):
+    accept = next((value for key, value in headers.items() if key.lower() == "accept"), "")  # kmock keeps the case
+    for choice in accept.split(","):
         if _TABLE.search(choice):
             params = dict(part.strip().split("=", 1) for part in choice.split(";")[1:] if "=" in part)
             return params.get("v", "v1")
     return None
 
 
-def _steps(path: str) -> list[tuple[str, Any]]:
+@functools.cache
+def _steps(path: str) -> tuple[tuple[str, Any], ...]:
     """A JSONPath like `.status.conditions[?(@.type=="Ready")].reason` as (kind, argument) steps."""
     pattern = re.compile(
         r"\.(?P<field>[\w$-]+)|\['(?P<quoted>[^']+)'\]|\[(?P<index>-?\d+|\*)\]"
@@ -51,7 +54,7 @@ def _steps(path: str) -> list[tuple[str, Any]]:
             value = match["value"].strip("\"'")
             steps.append(("filter", (match["path"], match["op"], value)))
         position = match.end()
-    return steps
+    return tuple(steps)
 
 
 def _text(value: Any) -> str:
