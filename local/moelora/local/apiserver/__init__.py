@@ -2,9 +2,11 @@
 
 What belongs here is the API server and the ways to reach it, one concern a module: `schema` (the checks a real
 server makes on custom objects), `objects` (pure helpers on stored objects), `watchlog` (the event log that lets a
-watch resume from a list), `emulator` (kmock's emulator with those added), `server` (`KubeAPI`: the emulator over
-HTTP in its own thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a small REST client). What runs
-against it (the operator, the kubelet) lives beside this package, not in it.
+watch resume from a list), `tables` and `printers` (the Tables `kubectl get` prints), `openapi` (OpenAPI v3 for
+`kubectl explain` and strict field validation), `crds` (our CRDs as kmock resources), `emulator` (kmock's emulator
+with those added), `server` (`KubeAPI`: the emulator over HTTP in its own thread), `kubectl` (kubeconfig and the
+kubectl binary), `client` (a small REST client). What runs against it (the operator, the kubelet) lives beside this
+package, not in it.
 """
 
 from moelora.local.apiserver.client import Rest

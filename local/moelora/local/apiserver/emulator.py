@@ -12,6 +12,8 @@ What `Emulator` adds to kmock 0.8:
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
+- kubectl get's server-side printing: Tables with our CRDs' printer columns (`tables`, `printers`); OpenAPI v3 for
+  kubectl explain and for strict field validation, unknown fields refused with 400 BadRequest (`openapi`);
 - speed: object requests skip kmock's reaction matching, which is slow per request.
 Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
 (lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
@@ -36,31 +38,12 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
+from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
+from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.tables import Tables
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
-
-
-def crd_resources() -> dict[str, tuple[kmock.ResourceInfo, dict[str, Any]]]:
-    """'group/version/plural' -> (kmock resource info, openAPIV3Schema) for our CRDs."""
-    result = {}
-    for crd in custom_resource_definitions():
-        spec = crd["spec"]
-        for version in spec["versions"]:
-            info = kmock.ResourceInfo(
-                namespaced=spec["scope"] == "Namespaced",
-                kind=spec["names"]["kind"],
-                singular=spec["names"]["singular"],
-                shortnames=spec["names"].get("shortNames", []),
-                categories=spec["names"].get("categories", []),
-                subresources=set(version.get("subresources", {})),
-                verbs={"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"},
-            )
-            result[f"{spec['group']}/{version['name']}/{spec['names']['plural']}"] = (
-                info,
-                version["schema"]["openAPIV3Schema"],
-            )
-    return result
 
 
 def _expired(message: str) -> dict[str, Any]:
@@ -102,6 +85,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     """kmock's emulator with server-filled metadata, status subresource, schema checks, GC and kubectl fixes."""
 
     validate: bool = True
+    _tables: Tables = attrs.field(init=False)
+    _openapi: OpenAPI = attrs.field(init=False)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
@@ -111,6 +96,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         super().__attrs_post_init__()
         self._watchlog = WatchLog(versions=self._versions)
         self._buses = RecordingBuses(self._watchlog)  # type: ignore[assignment]
+        self._tables = Tables(kind_of=self._kind)
+        self._openapi = OpenAPI(resources=lambda: [(r, self.resources[r]) for r in self._get_resources()])
         self.resources.load_bundled()
         for key, (info, schema) in crd_resources().items():
             self.resources[key] = info
@@ -136,6 +123,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         except KeyError:
             return None
 
+    def _kind(self, resource: Any) -> str | None:
+        return (self._info(resource) or kmock.ResourceInfo()).kind
+
     def _current(self, request: kmock_rendering.Request) -> dict[str, Any] | None:
         key = (request.resource, request.namespace, request.name)
         if key not in self.objects or self.objects[key].deleted:
@@ -159,6 +149,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             )
 
     def _prepare_create(self, request: kmock_rendering.Request) -> None:
+        self._openapi.check_strict(request, self._kind(request.resource))
         obj = request.data
         if not isinstance(obj, dict):
             return
@@ -183,6 +174,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         self._check(request.resource, obj)
 
     def _prepare_update(self, request: kmock_rendering.Request) -> None:
+        self._openapi.check_strict(request, self._kind(request.resource))
         old = self._current(request)
         if old is None or request.data is None:
             return  # kmock answers 404
@@ -217,6 +209,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         object.__setattr__(request, "data", merge_diff(old, new))
 
     async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.url.path.startswith("/openapi/"):
+            return self._openapi.respond(request.url.path)
         if request.resource is not None:
             try:
                 async with self._lock:
@@ -285,16 +279,18 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             version = next(self._versions)
             self._watchlog.mark(version)
         resource = request.resource
-        return {
+        listed = {
             "kind": f"{info.kind}List" if info and info.kind else "List",
             "apiVersion": resource.version if not resource.group else f"{resource.group}/{resource.version}",
             "metadata": {"resourceVersion": str(version)},
             "items": items,
         }
+        return self._tables.convert(request, listed)
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
         # kubectl refuses a watch stream without a JSON content type.
-        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=self._watch(request))
+        events = self._tables.stream(request, self._watch(request))
+        return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=events)
 
     async def _watch(self, request: kmock_rendering.Request) -> Any:
         yield b""  # send the headers now: clients wait for them before they consider the watch started
@@ -364,7 +360,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         obj = await super()._serve_fetch(request)
         if request.subresource == "scale" and request.resource in self._scales:
             return self._as_scale(request, obj)  # type: ignore[arg-type]
-        return obj
+        return self._tables.convert(request, obj)
 
     async def _serve_update(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         obj = await super()._serve_update(request)

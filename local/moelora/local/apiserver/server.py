@@ -65,12 +65,10 @@ class KubeAPI:
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this server (`--validate=false`: there is no OpenAPI endpoint to validate with)."""
+        """Run kubectl against this server, with a cache directory of this server's own."""
         assert self._workdir is not None, "start() first"
         env = {**clean_env(), "KUBECONFIG": str(self.kubeconfig), "KUBECACHEDIR": str(self._workdir / "cache")}
         command = [kubectl_binary(), *args]
-        if args and args[0] in ("apply", "create", "replace"):
-            command.insert(2, "--validate=false")
         result = subprocess.run(
             command, input=stdin, capture_output=True, text=True, env=env, timeout=timeout, check=False
         )
