@@ -14,6 +14,7 @@ from moelora.api.lora_adapter import (
     LoRAAdapterStatus,
     ReplicaAdapterState,
     VersionPin,
+    normalize_endpoint,
 )
 from moelora.api.model_server import (
     MAX_LORA_RANKS,
@@ -61,4 +62,5 @@ __all__ = [
     "S3Spec",
     "SecretRef",
     "VersionPin",
+    "normalize_endpoint",
 ]

@@ -13,8 +13,10 @@ from typing import Any
 
 import kopf
 import kubernetes.client
+import pydantic
 
-from moelora.operator import apply, indexes, naming, status
+from moelora.api import AdapterSource, S3Spec
+from moelora.operator import apply, indexes, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.model_servers import reconcile_serially
@@ -27,6 +29,7 @@ class Observation:
     body: Mapping[str, Any]
     server_exists: bool
     pods: Mapping[str, bool]  # the server's pods -> ready
+    refused: str | None = None  # why policy refuses its source (SourceNotAllowed)
 
 
 def observe_pods(
@@ -55,7 +58,23 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
         server_exists=observation.server_exists,
         pods=observation.pods,
         now=now,
+        refused=observation.refused,
     )
+
+
+def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
+    """Why policy refuses the adapter's source, judged with its server's endpoint; None when allowed, or when the
+    spec or the server cannot be read (other reasons report those)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    server = apply.get_model_server(api=memo.api, namespace=meta["namespace"], name=spec.get("modelServer", ""))
+    try:
+        source = AdapterSource.model_validate(spec.get("source") or {})
+        server_s3 = S3Spec.model_validate(((server or {}).get("spec") or {}).get("s3") or {})
+    except pydantic.ValidationError:
+        return None
+    if server is None:
+        return None
+    return policy.adapter_source_problem(source, server_endpoint=server_s3.endpoint_url, settings=memo.settings)
 
 
 def rollup_adapter(
@@ -63,7 +82,8 @@ def rollup_adapter(
 ) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
     observed_pods = observe_pods(api=memo.api, body=body, known=pods)
-    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
+    refused = source_refusal(memo=memo, body=body) if server_exists else None
+    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods, refused=refused)
     patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
@@ -135,10 +155,13 @@ async def adapter_changed(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    if body.get("metadata", {}).get("deletionTimestamp"):
-        return
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
+    if indexes.adapter_secrets(indexes.adapters(adapters_index, key)) != memo.granted_secrets.get(key, frozenset()):
+        for server in servers:  # its Role must grant the Secrets its adapters name now
+            await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
     new_phase = await memo.call(
         rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
     )

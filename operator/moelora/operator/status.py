@@ -189,8 +189,10 @@ def adapter_status_patch(
     server_exists: bool,
     pods: Mapping[str, bool],
     now: datetime.datetime,
+    refused: str | None = None,
 ) -> dict[str, Any]:
-    """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready.
+    """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready;
+    `refused` says why the operator's policy refuses its source (SourceNotAllowed), the agents refusing it too.
 
     `raw_status` is the object's status as stored. Empty when nothing changes (so nothing is written).
     """
@@ -206,6 +208,8 @@ def adapter_status_patch(
             FailureReason.MODEL_SERVER_NOT_FOUND.value,
             "spec.modelServer names a ModelServer that does not exist in this namespace",
         )
+    elif refused is not None:
+        phase, reason, message = AdapterPhase.FAILED, FailureReason.SOURCE_NOT_ALLOWED.value, refused
     elif failed:
         pod, state = failed[0]
         phase = AdapterPhase.FAILED
