@@ -24,6 +24,10 @@ class Settings:
     cache_dir: pathlib.Path
     cache_bytes: int
     port: int
+    # The S3 sources adapters may name (the operator's policy, rendered by it; AdapterSource.refusal applies it).
+    server_s3_endpoint: str | None = None  # the ModelServer's own (AWS_ENDPOINT_URL_S3); None: AWS's
+    allowed_s3_endpoints: tuple[str, ...] = ()
+    allowed_s3_buckets: tuple[str, ...] = ()
     # Not rendered by the operator; defaults fit production, tests shorten them.
     max_adapter_bytes: int = 8 * 2**30
     resync_seconds: float = 300.0
@@ -88,4 +92,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         resync_seconds=_number(env, "MOELORA_RESYNC_SECONDS", default=300.0),
         poll_seconds=_number(env, "MOELORA_POLL_SECONDS", default=5.0),
         download_workers=_integer(env, "MOELORA_DOWNLOAD_WORKERS", default=8, minimum=1),
+        server_s3_endpoint=env.get("AWS_ENDPOINT_URL_S3", "").strip() or None,
+        allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
+        allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
     )
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())

@@ -95,7 +95,7 @@ def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
+def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -110,6 +110,9 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
         {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
         {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
         {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
+        # The operator's S3 policy, which the agent applies too (moelora.api.AdapterSource.refusal).
+        {"name": "MOELORA_ALLOWED_S3_ENDPOINTS", "value": ",".join(settings.allowed_s3_endpoints)},
+        {"name": "MOELORA_ALLOWED_S3_BUCKETS", "value": ",".join(settings.allowed_s3_buckets)},
         *s3_env(spec),
     ]
 
@@ -177,7 +180,7 @@ def deployment(
         "name": AGENT_CONTAINER,
         "image": settings.agent_image,
         "command": ["python3", "-m", "moelora.agent"],
-        "env": _agent_env(spec, name=name),
+        "env": _agent_env(spec, name=name, settings=settings),
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "volumeMounts": [{"name": "adapters", "mountPath": ADAPTERS_DIR}],
         # Ready only once its adapters are loaded, so a new pod takes traffic with them (see the architecture doc).
