@@ -175,12 +175,12 @@ def test_names_are_truncated_to_63_characters() -> None:
             assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
             for value in obj["metadata"].get("labels", {}).values():
                 assert len(value) <= 63, value
-    # The prefix is cut, never the suffix: the operator's two ClusterRoles and the server's stay distinct.
+    # The prefix is cut, never the suffix: the operator's three ClusterRoles and the server's stay distinct.
     cluster_roles = [
         obj["metadata"]["name"] for obj in of_kind(render("defaults", release=LONG_RELEASE), "ClusterRole")
     ]
-    assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "server"]
-    assert len(set(cluster_roles)) == 3 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
+    assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "secrets", "server"]
+    assert len(set(cluster_roles)) == 4 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
 
 
 # --- values schema --------------------------------------------------------------------------------------------
@@ -332,6 +332,27 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     assert env["MOELORA_NAMESPACES"] == ""
     assert env["MOELORA_PEERING"] == ""
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # Policy defaults: the pinned server repository's images, the chart's account, no other S3 endpoint, any bucket.
+    repository = "ghcr.io/moelora/moelora-server"
+    assert env["MOELORA_ALLOWED_IMAGES"] == f"{repository}:*,{repository}@sha256:*"
+    assert env["MOELORA_ALLOWED_SERVICE_ACCOUNTS"] == env["MOELORA_ALLOWED_S3_ENDPOINTS"] == ""
+    assert env["MOELORA_ALLOWED_S3_BUCKETS"] == ""
+    listed = {
+        "policy": {
+            "allowedImages": ["registry.example.com/ml/*"],
+            "allowedServiceAccounts": ["irsa"],
+            "allowedS3Endpoints": ["https://minio.storage.svc:9000"],
+            "allowedS3Buckets": ["team-*", "shared"],
+        }
+    }
+    manifests = chart().render(listed, name="moelora", namespace=NAMESPACE)
+    objects = [
+        doc for path, text in manifests.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc
+    ]
+    policy = Settings.from_env({k: v for k, v in operator_env(objects).items() if isinstance(v, str)})
+    assert policy.allowed_images == ("registry.example.com/ml/*",) and policy.allowed_service_accounts == ("irsa",)
+    assert policy.allowed_s3_endpoints == ("https://minio.storage.svc:9000",)
+    assert policy.allowed_s3_buckets == ("team-*", "shared")
     # The liveness probe asks the endpoint the operator is told to serve (parsed the operator's own way).
     container = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     endpoint = Settings.from_env({"MOELORA_LIVENESS_ENDPOINT": env["MOELORA_LIVENESS_ENDPOINT"]}).liveness_endpoint
@@ -400,6 +421,12 @@ OPERATOR_NAMESPACED: set[Rule] = {
     *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")},
     ("", "configmaps", "delete"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
+    *{
+        ("rbac.authorization.k8s.io", r, v)
+        for r in ("roles", "rolebindings")
+        for v in ("get", "create", "patch", "delete")
+    },
+    ("moelora.io", "modelservers/finalizers", "update"),
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
@@ -409,10 +436,10 @@ KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
 CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
 NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
 SECRETS: set[Rule] = {("", "secrets", "get")}
+# No Secrets: each server's pods get exactly its adapters' Secrets from a Role the operator owns.
 AGENT: set[Rule] = {
     *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
     ("moelora.io", "loraadapters/status", "patch"),
-    ("", "secrets", "get"),
 }
 
 
@@ -441,6 +468,7 @@ def grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str | None], s
 def test_rbac_default_is_cluster_wide_for_the_operator_and_namespaced_for_the_agent() -> None:
     assert grants(render("defaults")) == {
         (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN,
+        (NAMESPACE, "moelora-operator", NAMESPACE): SECRETS,  # the server namespace: to grant its adapters' Secrets
         (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
     }
 
@@ -458,6 +486,7 @@ def test_rbac_with_watched_namespaces_and_peering() -> None:
 def test_rbac_with_cluster_wide_peering() -> None:
     assert grants(render("ha-clusterwide")) == {
         (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        (NAMESPACE, "moelora-operator", NAMESPACE): SECRETS,
         (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
     }
 
@@ -465,6 +494,8 @@ def test_rbac_with_cluster_wide_peering() -> None:
 def test_rbac_custom_accounts_and_server_namespaces() -> None:
     assert grants(render("custom")) == {
         (NAMESPACE, "existing-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        (NAMESPACE, "existing-operator", "serving"): SECRETS,
+        (NAMESPACE, "existing-operator", "serving-canary"): SECRETS,
         ("serving", "llm", "serving"): AGENT,
         ("serving-canary", "llm", "serving-canary"): AGENT,
     }
