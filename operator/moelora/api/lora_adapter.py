@@ -52,7 +52,10 @@ class AdapterSource(ApiModel):
         description="s3://bucket/prefix/ holding adapter_config.json and adapter_model.safetensors.",
     )
     endpoint_url: str | None = Field(
-        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores. Default: the ModelServer's."
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="For S3-compatible stores. Default: the ModelServer's. Another endpoint must be one the operator's "
+        "policy allows, with a credentialsSecret of its own (else SourceNotAllowed).",
     )
     region: str | None = Field(
         default=None,
@@ -60,7 +63,8 @@ class AdapterSource(ApiModel):
         description="The bucket's region, e.g. eu-west-1. Default: the ModelServer's.",
     )
     credentials_secret: SecretRef | None = Field(
-        default=None, description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials."
+        default=None,
+        description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials (sent only to its endpoint).",
     )
 
     @property
