@@ -415,10 +415,11 @@ def test_several_replicas_turn_peering_on() -> None:
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 OPERATOR_NAMESPACED: set[Rule] = {
-    *{("moelora.io", r, v) for r in ("modelservers", "loraadapters") for v in ("get", "list", "watch", "patch")},
-    *{("moelora.io", r, v) for r in ("modelservers/status", "loraadapters/status") for v in ("get", "patch")},
+    *{("moelora.io", "modelservers", v) for v in ("get", "list", "watch", "patch")},
+    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    *{("moelora.io", r, "patch") for r in ("modelservers/status", "loraadapters/status")},
     *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},
-    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")},
+    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "create", "patch")},
     ("", "configmaps", "delete"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{
@@ -429,7 +430,6 @@ OPERATOR_NAMESPACED: set[Rule] = {
     ("moelora.io", "modelservers/finalizers", "update"),
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
-    ("events.k8s.io", "events", "create"),
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
 KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
@@ -438,7 +438,7 @@ NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("get"
 SECRETS: set[Rule] = {("", "secrets", "get")}
 # No Secrets: each server's pods get exactly its adapters' Secrets from a Role the operator owns.
 AGENT: set[Rule] = {
-    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    *{("moelora.io", "loraadapters", v) for v in ("list", "watch")},
     ("moelora.io", "loraadapters/status", "patch"),
 }
 
