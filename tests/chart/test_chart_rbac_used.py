@@ -259,7 +259,12 @@ def test_the_agent_reads_only_the_secrets_its_adapters_name(recording: Recording
     assert [denial for denial in recording.emulator.denied if "team-b-s3" not in denial] == []
 
 
+# The agent's every API call, each exercised by the recording: a new one must be added there too.
+AGENT_CALLS = {"list_adapters", "watch_adapters", "read_secret", "patch_replica"}
+
+
 def test_nothing_used_is_not_granted_and_nothing_granted_is_unused(recording: Recording) -> None:
+    assert {name for name in vars(Kube) if not name.startswith("_")} == AGENT_CALLS
     emulator = recording.emulator
     ungranted = {
         use

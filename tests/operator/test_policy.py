@@ -99,3 +99,19 @@ def test_settings_from_env() -> None:
     assert settings.allowed_s3_buckets == ("team-*",)
     with pytest.raises(ValueError, match="MOELORA_ALLOWED_S3_ENDPOINTS"):
         Settings.from_env({"MOELORA_ALLOWED_S3_ENDPOINTS": "s3.example.com/bucket"})
+
+
+def test_every_reason_has_a_troubleshooting_row() -> None:
+    import pathlib
+
+    from moelora.api import FailureReason
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("## Troubleshooting by status reason") :]
+    reasons = [r.value for r in FailureReason] + [
+        "NameTaken",
+        "ImageNotAllowed",
+        "ServiceAccountNotAllowed",
+        "SecretGrantForbidden",
+    ]
+    assert [reason for reason in reasons if f"`{reason}`" not in table] == []

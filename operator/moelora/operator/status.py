@@ -23,7 +23,9 @@ SecretNotFound (spec.s3.credentialsSecret),
 ConfigMapNotFound (kernels.configMapName),
 GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), ModelShapeUnknown (auto for a
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
-model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse).
+model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse),
+ImageNotAllowed, ServiceAccountNotAllowed (policy.py), NameTaken (a child's name is someone else's object),
+SecretGrantForbidden (RBAC refused the adapters' Secret grant).
 """
 
 from __future__ import annotations
