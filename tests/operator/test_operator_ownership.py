@@ -225,3 +225,24 @@ def test_adapter_sources_outside_the_allowlist_are_refused(
     else:
         assert failed["status"] == "True" and failed["reason"] == "SourceNotAllowed"
         assert kube.get(LORA, ns, name)["status"]["phase"] == "Failed"
+
+
+def test_a_foreign_role_of_the_grants_name_is_never_bound(kube: KubeAPI, operator: OperatorThread) -> None:
+    # Binding the pods' account to a Role someone else wrote would grant whatever its author chose.
+    ns = "owner-role"
+    foreign = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "qwen-moe-adapter-secrets", "namespace": ns},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+    }
+    apply(kube, foreign)
+    before = kube.get(ROLES, ns, "qwen-moe-adapter-secrets")
+    apply(kube, server(ns, "qwen-moe"))
+    apply(kube, adapter(ns, "a", credentialsSecret={"name": "team-a-s3"}))
+    wait_for(lambda: degraded_reason(kube, ns, "qwen-moe") == "NameTaken" or None, what="NameTaken")
+    message = condition(kube.get(MS, ns, "qwen-moe"), "Degraded")["message"]
+    assert message == "Role qwen-moe-adapter-secrets exists and is not owned by ModelServer qwen-moe"
+    assert kube.get(ROLES, ns, "qwen-moe-adapter-secrets") == before
+    assert kube.get(ROLE_BINDINGS, ns, "qwen-moe-adapter-secrets") is None
+    assert kube.get(DEPLOYMENTS, ns, "qwen-moe") is not None  # what does not depend on the Role still reconciles
