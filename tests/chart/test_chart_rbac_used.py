@@ -29,6 +29,7 @@ from moelora.local.kube import Emulator, KubeAPI, OperatorThread
 
 from .test_chart_operator import (
     DEPLOYMENTS,
+    MS,
     NAMESPACE,
     SERVING,
     Grants,
@@ -114,7 +115,33 @@ class RecordingEmulator(Emulator):
                 return await self._render_error(
                     kmock.KubernetesError(status=403, reason="Forbidden", message=f"RBAC: {use} is not allowed")
                 )
+            if not self._holds_what_it_grants(account, request):
+                self.denied.append(f"escalation: {use} {request.name}")
+                return await self._render_error(
+                    kmock.KubernetesError(
+                        status=403, reason="Forbidden", message="attempting to grant RBAC permissions"
+                    )
+                )
         return await super()._handle(request)
+
+    def _holds_what_it_grants(self, account: tuple[str, str], request: Any) -> bool:
+        """RBAC's escalation check (the account has no `escalate`/`bind`): a Role written, or a RoleBinding to a
+        stored Role, may grant only what the writer holds itself."""
+        body = request.data if isinstance(request.data, dict) else {}
+        if request.resource.plural == "roles":
+            rules = body.get("rules")
+        elif request.resource.plural == "rolebindings" and body.get("roleRef"):
+            key = (kmock.resource("rbac.authorization.k8s.io/v1/roles"), request.namespace, body["roleRef"]["name"])
+            rules = self.objects[key].raw.get("rules") if key in self.objects else None
+        else:
+            return True
+        return all(
+            granted(self.grants, Use(account, group, resource, verb_, request.namespace))
+            for rule in rules or []
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb_ in rule["verbs"]
+        )
 
 
 def granted(grants: Grants, use: Use) -> bool:
@@ -164,12 +191,10 @@ class Recording:
     agent_reads: dict[str, dict[str, str] | None]
 
 
-@pytest.fixture(scope="module")
-def recording() -> Iterator[Recording]:
-    """One run of everything the two identities do: a server with S3 credentials and two replicas (its budget),
-    an adapter with a credentials Secret (its Role), the agent's watch, Secret read and status patch, a scale back
-    to one replica and the adapter's deletion (deletes), a name taken by someone else (the Warning Event)."""
-    objects = render(VALUES)
+@contextlib.contextmanager
+def recorded(values: dict[str, Any]) -> Iterator[tuple[KubeAPI, RecordingEmulator, list[dict[str, Any]]]]:
+    """The emulated API server with the RBAC of `values` enforced and recorded, and the operator running."""
+    objects = render(values)
     api = KubeAPI()
     emulator = RecordingEmulator(validate=True)
     api.emulator = emulator
@@ -177,51 +202,59 @@ def recording() -> Iterator[Recording]:
         settings, account = operator_settings(objects, kubeconfig=api.kubeconfig)
         emulator.operator, emulator.agent = (NAMESPACE, account), (SERVING, settings.server_service_account)
         emulator.grants = grants(objects)
+        with OperatorThread(settings=own_liveness_port(settings)):
+            yield api, emulator, objects
+
+
+@pytest.fixture(scope="module")
+def recording() -> Iterator[Recording]:
+    """One run of everything the two identities do: a server with S3 credentials and two replicas (its budget),
+    an adapter with a credentials Secret (its Role), the agent's watch, Secret read and status patch, a scale back
+    to one replica and the adapter's deletion (deletes), a name taken by someone else (the Warning Event)."""
+    with recorded(VALUES) as (api, emulator, objects):
         kubectl = applier(api)
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(OperatorThread(settings=own_liveness_port(settings)))
-            for name in ("server-s3", "team-a-s3", "team-b-s3"):
-                kubectl(secret(name))
-            server = example("modelserver.yaml", namespace=SERVING)
-            server["spec"].update(replicas=2, s3={"credentialsSecret": {"name": "server-s3"}})
-            kubectl(server)
-            wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe"), what="the budget")
-            adapter = example("loraadapter.yaml", namespace=SERVING)
-            adapter["spec"]["source"]["credentialsSecret"] = {"name": "team-a-s3"}
-            kubectl(adapter)
-            wait_for(lambda: api.get(ROLES, SERVING, "qwen-moe-adapter-secrets"), what="the adapters' Role")
-            # A pod of the server comes: its adapters are judged again (each read first).
-            kubectl(server_pod())
-            # Hand edits of what the operator owns are put back (patches) by the next resync.
-            for kind in ("service", "poddisruptionbudget", "role", "rolebinding"):
-                name = "qwen-moe-adapter-secrets" if kind.startswith("role") else "qwen-moe"
-                api.kubectl("annotate", "--overwrite", kind, name, "-n", SERVING, f"{HASH}=edited")
-                wait_for(functools.partial(edit_reverted, api, kind, name), what=f"the {kind} put back")
+        for name in ("server-s3", "team-a-s3", "team-b-s3"):
+            kubectl(secret(name))
+        server = example("modelserver.yaml", namespace=SERVING)
+        server["spec"].update(replicas=2, s3={"credentialsSecret": {"name": "server-s3"}})
+        kubectl(server)
+        wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe"), what="the budget")
+        adapter = example("loraadapter.yaml", namespace=SERVING)
+        adapter["spec"]["source"]["credentialsSecret"] = {"name": "team-a-s3"}
+        kubectl(adapter)
+        wait_for(lambda: api.get(ROLES, SERVING, "qwen-moe-adapter-secrets"), what="the adapters' Role")
+        # A pod of the server comes: its adapters are judged again (each read first).
+        kubectl(server_pod())
+        # Hand edits of what the operator owns are put back (patches) by the next resync.
+        for kind in ("service", "poddisruptionbudget", "role", "rolebinding"):
+            name = "qwen-moe-adapter-secrets" if kind.startswith("role") else "qwen-moe"
+            api.kubectl("annotate", "--overwrite", kind, name, "-n", SERVING, f"{HASH}=edited")
+            wait_for(functools.partial(edit_reverted, api, kind, name), what=f"the {kind} put back")
 
-            agent = agent_kube(api)
-            items, version = agent.list_adapters()
-            assert [item["metadata"]["name"] for item in items] == ["support-bot"]
-            list(agent.watch_adapters(resource_version=version, timeout_seconds=1, watch=kubernetes.watch.Watch()))
-            reads = {name: agent.read_secret(name=name) for name in ("team-a-s3", "team-b-s3")}
-            # A pod the operator's index does not know (yet): the operator reads it before pruning its entry.
-            assert agent.patch_replica(
-                name="support-bot", pod="qwen-moe-unknown", state=ReplicaAdapterState(loaded=True), info=None
-            )
-            wait_for(
-                lambda: any(use.resource == "pods" and use.verb == "get" for use in emulator.used), what="the pod read"
-            )
+        agent = agent_kube(api)
+        items, version = agent.list_adapters()
+        assert [item["metadata"]["name"] for item in items] == ["support-bot"]
+        list(agent.watch_adapters(resource_version=version, timeout_seconds=1, watch=kubernetes.watch.Watch()))
+        reads = {name: agent.read_secret(name=name) for name in ("team-a-s3", "team-b-s3")}
+        # A pod the operator's index does not know (yet): the operator reads it before pruning its entry.
+        assert agent.patch_replica(
+            name="support-bot", pod="qwen-moe-unknown", state=ReplicaAdapterState(loaded=True), info=None
+        )
+        wait_for(
+            lambda: any(use.resource == "pods" and use.verb == "get" for use in emulator.used), what="the pod read"
+        )
 
-            api.kubectl("scale", "ms/qwen-moe", "-n", SERVING, "--replicas=1")
-            wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
-            api.kubectl("delete", "lora", "support-bot", "-n", SERVING)
-            wait_for(lambda: api.get(ROLES, SERVING, "qwen-moe-adapter-secrets") is None or None, what="Role gone")
-            kubectl({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "taken", "namespace": SERVING}})
-            taken = example("modelserver.yaml", namespace=SERVING)
-            taken["metadata"]["name"] = "taken"
-            kubectl(taken)
-            wait_for(lambda: any(use.resource == "events" for use in emulator.used), what="the NameTaken Warning Event")
-            wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken"), what="the other server's Deployment")
-        yield Recording(objects=objects, emulator=emulator, agent_reads=reads)
+        api.kubectl("scale", "ms/qwen-moe", "-n", SERVING, "--replicas=1")
+        wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
+        api.kubectl("delete", "lora", "support-bot", "-n", SERVING)
+        wait_for(lambda: api.get(ROLES, SERVING, "qwen-moe-adapter-secrets") is None or None, what="Role gone")
+        kubectl({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "taken", "namespace": SERVING}})
+        taken = example("modelserver.yaml", namespace=SERVING)
+        taken["metadata"]["name"] = "taken"
+        kubectl(taken)
+        wait_for(lambda: any(use.resource == "events" for use in emulator.used), what="the NameTaken Warning Event")
+        wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken"), what="the other server's Deployment")
+    yield Recording(objects=objects, emulator=emulator, agent_reads=reads)
 
 
 HASH = "moelora.io/desired-hash"
@@ -294,3 +327,24 @@ def test_a_deliberately_added_rule_is_caught(recording: Recording) -> None:
     assert unused(more, recording.emulator.used, accounts(recording)) == {
         (recording.emulator.agent[1], SERVING, "", "configmaps", "list")
     }
+
+
+def test_without_secret_access_the_grant_is_refused_and_reported() -> None:
+    # operator.secretAccess none: the operator holds no `get` on Secrets, so RBAC refuses the Role it would create.
+    values = {**VALUES, "operator": {"secretAccess": "none"}}
+    with recorded(values) as (api, emulator, _):
+        applier(api)(example("modelserver.yaml", namespace=SERVING))
+        adapter = example("loraadapter.yaml", namespace=SERVING)
+        adapter["spec"]["source"]["credentialsSecret"] = {"name": "team-a-s3"}
+        applier(api)(adapter)
+
+        def reason() -> str | None:
+            for cond in ((api.get(MS, SERVING, "qwen-moe") or {}).get("status") or {}).get("conditions") or []:
+                if cond["type"] == "Degraded" and cond["status"] == "True":
+                    return str(cond["reason"])
+            return None
+
+        wait_for(lambda: reason() == "SecretGrantForbidden" or None, what="SecretGrantForbidden")
+        assert api.get(DEPLOYMENTS, SERVING, "qwen-moe") is not None  # serving goes on without the grant
+        assert api.get(ROLES, SERVING, "qwen-moe-adapter-secrets") is None
+        assert any(denial.startswith("escalation:") for denial in emulator.denied)
