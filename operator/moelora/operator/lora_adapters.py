@@ -145,6 +145,17 @@ async def _rejudge_server_adapters(
     await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
+async def regrant_secrets(
+    *, memo: Context, namespace: str, servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex
+) -> None:
+    """Reconcile the servers of the namespace whose adapters now name other Secrets than their Role grants (an
+    adapter added, deleted, moved to another server, or naming another Secret), so the Role follows at once."""
+    for key in [key for key in servers_index if key[0] == namespace]:
+        wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
+        if wanted != memo.granted_secrets.get(key, frozenset()):
+            await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
+
+
 async def adapter_changed(
     body: kopf.Body,
     namespace: str,
@@ -157,9 +168,9 @@ async def adapter_changed(
 ) -> None:
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
-    if indexes.adapter_secrets(indexes.adapters(adapters_index, key)) != memo.granted_secrets.get(key, frozenset()):
-        for server in servers:  # its Role must grant the Secrets its adapters name now
-            await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
+    await regrant_secrets(
+        memo=memo, namespace=namespace, servers_index=model_servers_index, adapters_index=adapters_index
+    )
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
     new_phase = await memo.call(
