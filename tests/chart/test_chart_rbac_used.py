@@ -32,17 +32,26 @@ from .test_chart_operator import (
     MS,
     NAMESPACE,
     SERVING,
+    AuthorizingEmulator,
     Grants,
     example,
     grants,
     operator_settings,
     own_liveness_port,
+    peering_resources,
     render,
     verb,
     wait_for,
 )
 
 VALUES = {"server": {"namespaces": [SERVING]}}  # all namespaces watched, one server namespace, standalone
+VALUE_SETS = {
+    "all-namespaces": VALUES,
+    # Watched namespaces: RBAC by RoleBindings, kopf's namespaced peering (two replicas turn it on).
+    "watched-with-peering": {"watchNamespaces": [SERVING], "operator": {"replicas": 2}},
+    # All namespaces with cluster-wide peering.
+    "all-namespaces-with-peering": {**VALUES, "operator": {"replicas": 2}},
+}
 AGENT_USER_AGENT = "moelora-agent-under-test"
 PDBS = "policy/v1/poddisruptionbudgets"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
@@ -68,15 +77,20 @@ class Use:
 
 
 @attrs.define(kw_only=True)
-class RecordingEmulator(Emulator):
+class RecordingEmulator(AuthorizingEmulator):
     """Records each request of the operator and the agent, and refuses (403) what their RBAC does not allow: the
     chart's `grants`, plus the Roles and RoleBindings stored in the emulator (those the operator makes)."""
 
     operator: tuple[str, str] = ("", "")
     agent: tuple[str, str] = ("", "")
-    grants: Grants = attrs.field(factory=dict)
     used: list[Use] = attrs.field(factory=list)
-    denied: list[str] = attrs.field(factory=list)
+
+    async def __call__(self, raw_request: Any) -> Any:
+        # The namespace list kopf follows in a namespaced watch is served (and judged) by AuthorizingEmulator.
+        if raw_request.path == "/api/v1/namespaces":
+            action = "watch" if raw_request.query.get("watch") in ("true", "1") else "list"
+            self.used.append(Use(self.operator, "", "namespaces", action, None))
+        return await super().__call__(raw_request)
 
     def _runtime_grant(self, account: tuple[str, str], use: Use, name: str | None) -> bool:
         """Whether a stored RoleBinding for `account` grants `use` on object `name` (resourceNames honoured)."""
@@ -122,7 +136,7 @@ class RecordingEmulator(Emulator):
                         status=403, reason="Forbidden", message="attempting to grant RBAC permissions"
                     )
                 )
-        return await super()._handle(request)
+        return await Emulator._handle(self, request)  # judged above, not by AuthorizingEmulator's single account
 
     def _holds_what_it_grants(self, account: tuple[str, str], request: Any) -> bool:
         """RBAC's escalation check (the account has no `escalate`/`bind`): a Role written, or a RoleBinding to a
@@ -197,21 +211,26 @@ def recorded(values: dict[str, Any]) -> Iterator[tuple[KubeAPI, RecordingEmulato
     objects = render(values)
     api = KubeAPI()
     emulator = RecordingEmulator(validate=True)
+    for key, info in peering_resources().items():
+        emulator.resources[key] = info
     api.emulator = emulator
     with api:
         settings, account = operator_settings(objects, kubeconfig=api.kubeconfig)
         emulator.operator, emulator.agent = (NAMESPACE, account), (SERVING, settings.server_service_account)
-        emulator.grants = grants(objects)
+        emulator.account, emulator.grants = emulator.operator, grants(objects)
+        for obj in objects:  # what `helm install` creates that the operator reads: the peering object
+            if obj["kind"] in ("ClusterKopfPeering", "KopfPeering"):
+                api.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
         with OperatorThread(settings=own_liveness_port(settings)):
             yield api, emulator, objects
 
 
-@pytest.fixture(scope="module")
-def recording() -> Iterator[Recording]:
+@pytest.fixture(scope="module", params=list(VALUE_SETS))
+def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
     """One run of everything the two identities do: a server with S3 credentials and two replicas (its budget),
     an adapter with a credentials Secret (its Role), the agent's watch, Secret read and status patch, a scale back
     to one replica and the adapter's deletion (deletes), a name taken by someone else (the Warning Event)."""
-    with recorded(VALUES) as (api, emulator, objects):
+    with recorded(VALUE_SETS[request.param]) as (api, emulator, objects):
         kubectl = applier(api)
         for name in ("server-s3", "team-a-s3", "team-b-s3"):
             kubectl(secret(name))

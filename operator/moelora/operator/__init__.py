@@ -32,7 +32,7 @@ test_chart_rbac_used.py records what the operator really asks for and checks it 
 | apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when
   MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
-| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only
+| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | list, watch, patch; only
   with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
 It writes (patches, deletes) only objects whose controller ownerReference is their ModelServer's uid; a name
