@@ -246,3 +246,19 @@ def test_a_foreign_role_of_the_grants_name_is_never_bound(kube: KubeAPI, operato
     assert kube.get(ROLES, ns, "qwen-moe-adapter-secrets") == before
     assert kube.get(ROLE_BINDINGS, ns, "qwen-moe-adapter-secrets") is None
     assert kube.get(DEPLOYMENTS, ns, "qwen-moe") is not None  # what does not depend on the Role still reconciles
+
+
+def test_a_foreign_budget_only_costs_the_budget(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "owner-pdb"
+    foreign = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "shop"}}},
+    }
+    apply(kube, foreign)
+    before = kube.get("policy/v1/poddisruptionbudgets", ns, "shop")
+    apply(kube, server(ns, "shop", replicas=2))
+    wait_for(lambda: degraded_reason(kube, ns, "shop") == "NameTaken" or None, what="NameTaken")
+    assert kube.get("policy/v1/poddisruptionbudgets", ns, "shop") == before
+    assert kube.get(DEPLOYMENTS, ns, "shop") is not None and kube.get("v1/services", ns, "shop") is not None
