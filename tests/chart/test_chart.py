@@ -337,27 +337,6 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     assert env["MOELORA_NAMESPACES"] == ""
     assert env["MOELORA_PEERING"] == ""
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
-    # Policy defaults: the pinned server repository's images, the chart's account, no other S3 endpoint, any bucket.
-    repository = "ghcr.io/moelora/moelora-server"
-    assert env["MOELORA_ALLOWED_IMAGES"] == f"{repository}:*,{repository}@sha256:*"
-    assert env["MOELORA_ALLOWED_SERVICE_ACCOUNTS"] == env["MOELORA_ALLOWED_S3_ENDPOINTS"] == ""
-    assert env["MOELORA_ALLOWED_S3_BUCKETS"] == ""
-    listed = {
-        "policy": {
-            "allowedImages": ["registry.example.com/ml/*"],
-            "allowedServiceAccounts": ["irsa"],
-            "allowedS3Endpoints": ["https://minio.storage.svc:9000"],
-            "allowedS3Buckets": ["team-*", "shared"],
-        }
-    }
-    manifests = chart().render(listed, name="moelora", namespace=NAMESPACE)
-    objects = [
-        doc for path, text in manifests.items() if path.endswith(".yaml") for doc in yaml.safe_load_all(text) if doc
-    ]
-    policy = Settings.from_env({k: v for k, v in operator_env(objects).items() if isinstance(v, str)})
-    assert policy.allowed_images == ("registry.example.com/ml/*",) and policy.allowed_service_accounts == ("irsa",)
-    assert policy.allowed_s3_endpoints == ("https://minio.storage.svc:9000",)
-    assert policy.allowed_s3_buckets == ("team-*", "shared")
     # The liveness probe asks the endpoint the operator is told to serve (parsed the operator's own way).
     container = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     endpoint = Settings.from_env({"MOELORA_LIVENESS_ENDPOINT": env["MOELORA_LIVENESS_ENDPOINT"]}).liveness_endpoint
