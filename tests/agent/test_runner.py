@@ -80,3 +80,39 @@ def test_good_adapter_waits_for_vllm_and_the_pod_stays_unready(
     assert not loop.is_ready and not loop.vllm_up
     (entry,) = loop.settings.cache_dir.iterdir()
     assert json.loads((entry / "adapter_config.json").read_text())["r"] == 8
+
+
+def test_a_source_outside_the_policy_gets_no_request_and_no_secret_read(
+    agent: tuple[Agent, MemoryDesired, MemoryKube], s3_env: str, bucket: str
+) -> None:
+    import http.server
+
+    hits: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            hits.append(self.path)
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    elsewhere = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=elsewhere.serve_forever, daemon=True).start()
+    try:
+        loop, desired, kube = agent
+        read: list[str] = []
+        kube.read_secret = lambda *, name: read.append(name)  # type: ignore[method-assign]
+        desired.synced.set()
+        endpoint = f"http://127.0.0.1:{elsewhere.server_address[1]}"
+        desired.put("forged", {"source": {"uri": f"s3://{bucket}/x/", "endpointUrl": endpoint}})
+        desired.put(
+            "also",
+            {"source": {"uri": f"s3://{bucket}/y/", "endpointUrl": endpoint, "credentialsSecret": {"name": "s"}}},
+        )
+        for name in ("forged", "also"):
+            eventually(lambda name=name: name in kube.status and kube.status[name][0].reason == "SourceNotAllowed")
+        assert hits == [] and read == []
+    finally:
+        elsewhere.shutdown()

@@ -46,3 +46,18 @@ def test_empty_target_modules_means_any() -> None:
 def test_bad_environment_names_the_variable(name: str, value: str, words: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(words)):
         from_env({**ENV, name: value})
+
+
+def test_s3_policy_comes_from_the_operator() -> None:
+    settings = from_env(
+        {
+            **ENV,
+            "AWS_ENDPOINT_URL_S3": "http://minio:9000",
+            "MOELORA_ALLOWED_S3_ENDPOINTS": "https://a.example.com, https://b.example.com",
+            "MOELORA_ALLOWED_S3_BUCKETS": "team-*",
+        }
+    )
+    assert settings.server_s3_endpoint == "http://minio:9000"
+    assert settings.allowed_s3_endpoints == ("https://a.example.com", "https://b.example.com")
+    assert settings.allowed_s3_buckets == ("team-*",)
+    assert from_env(ENV).allowed_s3_endpoints == () and from_env(ENV).server_s3_endpoint is None

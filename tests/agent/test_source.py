@@ -90,3 +90,27 @@ def test_version_changes_with_any_etag_and_not_with_quotes() -> None:
         objects=tuple(RemoteObject(key=o.key, relpath=o.relpath, size=o.size, etag="e") for o in a.objects),
     )
     assert a.version != b.version and a.version == c.version and len(a.version) == 32
+
+
+@pytest.mark.parametrize(
+    "wire, allowed",
+    [
+        ({}, True),
+        ({"endpointUrl": "http://169.254.169.254"}, False),
+        ({"endpointUrl": "https://s3.b.example.com"}, False),  # listed, but no credentials of its own
+        ({"endpointUrl": "https://s3.b.example.com", "credentialsSecret": {"name": "b"}}, True),
+        ({"uri": "s3://other-team/x/"}, False),
+    ],
+)
+def test_check_allowed_refuses_before_any_request(wire: dict, allowed: bool) -> None:
+    from moelora.agent.source import check_allowed
+    from moelora.api import AdapterSource
+
+    source = AdapterSource.model_validate({"uri": "s3://team-a/x/", **wire})
+    policy = {"allowed_endpoints": ("https://s3.b.example.com",), "allowed_buckets": ("team-*",)}
+    if allowed:
+        check_allowed(source, server_endpoint="http://minio:9000", **policy)
+    else:
+        with pytest.raises(AdapterError) as caught:
+            check_allowed(source, server_endpoint="http://minio:9000", **policy)
+        assert caught.value.reason == FailureReason.SOURCE_NOT_ALLOWED

@@ -148,7 +148,12 @@ def test_every_rendered_object_is_valid(value_set: str) -> None:
         for version in KUBE_VERSIONS:
             # strict: an unknown or misspelt field fails, as the API server's strict field validation would.
             kubernetes_validate.validate(obj, version, strict=True)
-    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    assert {
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "RoleBinding" if value_set == "ha-namespaced" else "ClusterRoleBinding",
+    } <= kinds
 
 
 def test_crds_folder_objects_are_valid() -> None:
@@ -175,12 +180,12 @@ def test_names_are_truncated_to_63_characters() -> None:
             assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
             for value in obj["metadata"].get("labels", {}).values():
                 assert len(value) <= 63, value
-    # The prefix is cut, never the suffix: the operator's two ClusterRoles and the server's stay distinct.
+    # The prefix is cut, never the suffix: the operator's three ClusterRoles and the server's stay distinct.
     cluster_roles = [
         obj["metadata"]["name"] for obj in of_kind(render("defaults", release=LONG_RELEASE), "ClusterRole")
     ]
-    assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "server"]
-    assert len(set(cluster_roles)) == 3 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
+    assert sorted(name.rsplit("-", 1)[-1] for name in cluster_roles) == ["cluster", "operator", "secrets", "server"]
+    assert len(set(cluster_roles)) == 4 and all(name.startswith(LONG_RELEASE[:40]) for name in cluster_roles)
 
 
 # --- values schema --------------------------------------------------------------------------------------------
@@ -394,25 +399,30 @@ def test_several_replicas_turn_peering_on() -> None:
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 OPERATOR_NAMESPACED: set[Rule] = {
-    *{("moelora.io", r, v) for r in ("modelservers", "loraadapters") for v in ("get", "list", "watch", "patch")},
-    *{("moelora.io", r, v) for r in ("modelservers/status", "loraadapters/status") for v in ("get", "patch")},
+    *{("moelora.io", "modelservers", v) for v in ("get", "list", "watch", "patch")},
+    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    *{("moelora.io", r, "patch") for r in ("modelservers/status", "loraadapters/status")},
     *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},
-    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "list", "watch", "create", "patch")},
+    *{("", r, v) for r in ("services", "configmaps") for v in ("get", "create", "patch")},
     ("", "configmaps", "delete"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
+    *{
+        ("rbac.authorization.k8s.io", r, v)
+        for r in ("roles", "rolebindings")
+        for v in ("get", "create", "patch", "delete")
+    },
+    ("moelora.io", "modelservers/finalizers", "update"),
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
-    ("events.k8s.io", "events", "create"),
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
-KOPF_NAMESPACES: set[Rule] = {("", "namespaces", v) for v in ("list", "watch")}
-CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")}
-NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("get", "list", "watch", "patch")}
+CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
+NAMESPACED_PEERING: set[Rule] = {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
 SECRETS: set[Rule] = {("", "secrets", "get")}
+# No Secrets: each server's pods get exactly its adapters' Secrets from a Role the operator owns.
 AGENT: set[Rule] = {
-    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    *{("moelora.io", "loraadapters", v) for v in ("list", "watch")},
     ("moelora.io", "loraadapters/status", "patch"),
-    ("", "secrets", "get"),
     ("", "events", "create"),  # ForeignAdapterUnloaded / ForeignAdapterReplaced on its own Pod
 }
 
@@ -442,13 +452,14 @@ def grants(objects: list[dict[str, Any]]) -> dict[tuple[str, str, str | None], s
 def test_rbac_default_is_cluster_wide_for_the_operator_and_namespaced_for_the_agent() -> None:
     assert grants(render("defaults")) == {
         (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN,
+        (NAMESPACE, "moelora-operator", NAMESPACE): SECRETS,  # the server namespace: to grant its adapters' Secrets
         (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
     }
 
 
 def test_rbac_with_watched_namespaces_and_peering() -> None:
+    # Named namespaces: kopf's scanning is off, so nothing cluster-scoped is granted.
     assert grants(render("ha-namespaced")) == {
-        (NAMESPACE, "moelora-operator", None): KOPF_SCAN | KOPF_NAMESPACES,
         (NAMESPACE, "moelora-operator", "ml-a"): OPERATOR_NAMESPACED | NAMESPACED_PEERING | SECRETS,
         (NAMESPACE, "moelora-operator", "ml-b"): OPERATOR_NAMESPACED | NAMESPACED_PEERING | SECRETS,
         ("ml-a", "moelora-server", "ml-a"): AGENT,
@@ -459,6 +470,7 @@ def test_rbac_with_watched_namespaces_and_peering() -> None:
 def test_rbac_with_cluster_wide_peering() -> None:
     assert grants(render("ha-clusterwide")) == {
         (NAMESPACE, "moelora-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        (NAMESPACE, "moelora-operator", NAMESPACE): SECRETS,
         (NAMESPACE, "moelora-server", NAMESPACE): AGENT,
     }
 
@@ -466,6 +478,8 @@ def test_rbac_with_cluster_wide_peering() -> None:
 def test_rbac_custom_accounts_and_server_namespaces() -> None:
     assert grants(render("custom")) == {
         (NAMESPACE, "existing-operator", None): OPERATOR_NAMESPACED | KOPF_SCAN | CLUSTER_PEERING,
+        (NAMESPACE, "existing-operator", "serving"): SECRETS,
+        (NAMESPACE, "existing-operator", "serving-canary"): SECRETS,
         ("serving", "llm", "serving"): AGENT,
         ("serving-canary", "llm", "serving-canary"): AGENT,
     }

@@ -276,10 +276,11 @@ def test_watched_namespaces_with_peering() -> None:
         assert emulator.denied == []
 
 
-def test_credentials_secret_without_cluster_wide_secret_access() -> None:
-    # The chart grants no cluster-wide Secret read by default (operator.secretAccess): the operator's existence
-    # check is refused (403) and must be skipped, not retried forever.
-    with stack({"server": {"namespaces": [SERVING]}}) as (api, emulator, objects, settings):
+def test_credentials_secret_without_secret_access() -> None:
+    # With operator.secretAccess none the operator's existence check is refused (403) and must be skipped, not
+    # retried forever.
+    values = {"server": {"namespaces": [SERVING]}, "operator": {"secretAccess": "none"}}
+    with stack(values) as (api, emulator, objects, settings):
         server = example("modelserver.yaml", namespace=SERVING)
         server["spec"]["s3"] = {"credentialsSecret": {"name": "s3-credentials"}}
         api.kubectl("apply", "-f", "-", stdin=json.dumps(server))

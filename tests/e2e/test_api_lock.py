@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from moelora.local import manifests, models, pods, stack
+from moelora.local import kubelet, manifests, models, stack
 from moelora.operator.engine import VLLM_PORT
 from moelora.operator.service import AGENT_PORT
 
@@ -91,7 +91,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[stack.Sta
         yield running, made
 
 
-def _pod(local: stack.Stack) -> pods.LocalPod:
+def _pod(local: stack.Stack) -> kubelet.LocalPod:
     (pod,) = local.kubelet.pods_of(SERVER)  # type: ignore[union-attr]
     return pod
 

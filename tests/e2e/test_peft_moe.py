@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from moelora.local import manifests, models, stack, vllm
+from moelora.local import manifests, models, stack, vllm_server
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +96,11 @@ def test_peft_fused_expert_adapters_match_peft(moe_stack: stack.Stack) -> None:
     )
     assert len({c.token_ids for c in want}) == 3  # base and both adapters differ: the comparison means something
     (url,) = moe_stack.vllm_urls(SERVER)
-    roots = {m["id"]: m["root"] for m in vllm.request(url=f"{url}/v1/models")["data"]}
+    roots = {m["id"]: m["root"] for m in vllm_server.request(url=f"{url}/v1/models")["data"]}
     assert all(roots[name].endswith("/vllm-per-expert") for name in adapters)  # vLLM got the agent's rewrite
     # one request at a time: vLLM-CPU can mix base and adapter outputs within a batch
-    got = [vllm.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS) for model in (SERVER, *adapters)]
+    got = [
+        vllm_server.complete(url=url, model=model, prompt=PROMPT, max_tokens=MAX_TOKENS)
+        for model in (SERVER, *adapters)
+    ]
     assert got == want

@@ -115,3 +115,15 @@ def test_drift_is_a_changed_field_we_set_not_one_the_server_or_others_added() ->
     scaled = json.loads(json.dumps(served))
     scaled["spec"]["replicas"] = 3
     assert apply.drifted(scaled, desired)
+
+
+def test_only_a_controller_reference_to_the_server_makes_an_object_ours() -> None:
+    def obj(*refs: dict) -> dict:
+        return {"metadata": {"ownerReferences": list(refs)}} if refs else {"metadata": {}}
+
+    assert apply.owned_by(obj({"uid": "u1", "controller": True}), "u1")
+    assert not apply.owned_by(obj(), "u1")
+    assert not apply.owned_by(obj({"uid": "u2", "controller": True}), "u1")
+    # Anyone who may edit an object may add a plain reference: that does not hand it to us.
+    assert not apply.owned_by(obj({"uid": "u1"}), "u1")
+    assert not apply.owned_by(obj({"uid": "u1", "controller": False}, {"uid": "u2", "controller": True}), "u1")

@@ -70,3 +70,43 @@ def test_a_missing_api_key_secret_is_refused(settings: Settings) -> None:
     with pytest.raises(SpecProblem) as problem:
         render({"apiKeySecret": {"name": "client-key"}}, Surroundings(secrets_exist={"client-key": False}), settings)
     assert problem.value.reason == "SecretNotFound" and "client API key" in problem.value.message
+
+
+def test_adapter_secrets_become_a_role_on_exactly_those_names(settings: Settings) -> None:
+    from .conftest import k8s_valid
+
+    surroundings = Surroundings(adapter_secrets=frozenset({"team-b", "team-a"}))
+    children = render({"replicas": 2}, surroundings, settings)
+    assert kinds(children) == ["Deployment", "Service", "PodDisruptionBudget", "Role", "RoleBinding"]
+    role, binding = children[-2:]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"], "resourceNames": ["team-a", "team-b"]}
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": settings.server_service_account, "namespace": "ns"}
+    ]
+    for obj in (role, binding):
+        k8s_valid(obj)
+    assert ("rbac.authorization.k8s.io/v1", "Role") in OPTIONAL_CHILDREN
+
+
+def test_children_come_after_what_they_need(settings: Settings) -> None:
+    from moelora.operator.children import NEEDS
+
+    order = kinds(render({"replicas": 2}, Surroundings(adapter_secrets=frozenset({"s"})), settings))
+    for kind, needs in NEEDS.items():
+        assert all(order.index(need) < order.index(kind) for need in needs if need in order), kind
+
+
+def test_policy_is_judged_before_anything_renders(settings: Settings) -> None:
+    with pytest.raises(SpecProblem) as problem:
+        render({"image": "evil.example.com/x:1"}, Surroundings(), settings)
+    assert problem.value.reason == "ImageNotAllowed"
+    with pytest.raises(SpecProblem) as problem:
+        render({"serviceAccountName": "default"}, Surroundings(), settings)
+    assert problem.value.reason == "ServiceAccountNotAllowed"

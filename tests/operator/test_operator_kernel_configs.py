@@ -147,3 +147,25 @@ def test_auto_kernel_configs_are_an_owned_config_map(kube: KubeAPI, operator: Op
     )
     time.sleep(1.5)  # a resync or two
     assert kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs")["data"] == {"mine": "yes"}
+
+
+def test_a_foreign_config_map_of_the_name_is_never_mounted(kube: KubeAPI, operator: OperatorThread) -> None:
+    # The pods would mount someone else's kernel configs: the Deployment waits, and what serves it with it.
+    ns = "kernels-taken"
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpt-oss-kernel-configs", "namespace": ns},
+        "data": {"NVIDIA_H200.json": "{}"},
+    }
+    apply(kube, foreign)
+    before = kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs")
+    apply(kube, manifest("modelserver-s3.yaml", namespace=ns, s3={}))
+    degraded = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "gpt-oss"), "Degraded")) and c["reason"] == "NameTaken" and c,
+        what="NameTaken",
+    )
+    assert degraded["message"] == "ConfigMap gpt-oss-kernel-configs exists and is not owned by ModelServer gpt-oss"
+    time.sleep(1.5)  # a resync later, still nothing rendered over it
+    assert kube.get("v1/configmaps", ns, "gpt-oss-kernel-configs") == before
+    assert kube.get(DEPLOYMENTS, ns, "gpt-oss") is None and kube.get("v1/services", ns, "gpt-oss") is None

@@ -26,7 +26,15 @@ from moelora.agent.fetch import fetch, read_config_object
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
-from moelora.agent.source import ClientConfig, Credentials, check_listing, list_source, make_client, parse_s3_uri
+from moelora.agent.source import (
+    ClientConfig,
+    Credentials,
+    check_allowed,
+    check_listing,
+    list_source,
+    make_client,
+    parse_s3_uri,
+)
 from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
@@ -338,6 +346,12 @@ class Agent:
         self, item: Desired, known_bad: AdapterError | None
     ) -> tuple[str, pathlib.Path, AdapterInfo]:
         source = item.spec.source
+        check_allowed(
+            source,
+            server_endpoint=self.settings.server_s3_endpoint,
+            allowed_endpoints=self.settings.allowed_s3_endpoints,
+            allowed_buckets=self.settings.allowed_s3_buckets,
+        )
         credentials = None
         if source.credentials_secret is not None:
             data = self.kube.read_secret(name=source.credentials_secret.name)

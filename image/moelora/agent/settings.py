@@ -27,6 +27,10 @@ class Settings:
     pod_uid: str = ""  # for the Events the agent reports on its own pod
     admin_key_file: pathlib.Path = pathlib.Path("/var/run/moelora/admin/key")  # the admin guard's key (we write it)
     vllm_api_key: str | None = dataclasses.field(default=None, repr=False)  # spec.apiKeySecret: sent as a Bearer
+    # The S3 sources adapters may name (the operator's policy, rendered by it; AdapterSource.refusal applies it).
+    server_s3_endpoint: str | None = None  # the ModelServer's own (AWS_ENDPOINT_URL_S3); None: AWS's
+    allowed_s3_endpoints: tuple[str, ...] = ()
+    allowed_s3_buckets: tuple[str, ...] = ()
     # Not rendered by the operator; defaults fit production, tests shorten them.
     max_adapter_bytes: int = 8 * 2**30
     resync_seconds: float = 300.0
@@ -98,4 +102,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         base_model_config=pathlib.Path(base_config)
         if (base_config := env.get("MOELORA_BASE_MODEL_CONFIG", "").strip())
         else None,
+        server_s3_endpoint=env.get("AWS_ENDPOINT_URL_S3", "").strip() or None,
+        allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
+        allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
     )
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())

@@ -21,7 +21,7 @@ import botocore.config
 import botocore.exceptions
 
 from moelora.agent.errors import AdapterError, TransientError, quote
-from moelora.api import FailureReason
+from moelora.api import AdapterSource, FailureReason
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -58,6 +58,22 @@ class S3Location:
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
+
+
+def check_allowed(
+    source: AdapterSource,
+    *,
+    server_endpoint: str | None,
+    allowed_endpoints: tuple[str, ...],
+    allowed_buckets: tuple[str, ...],
+) -> None:
+    """AdapterError(SourceNotAllowed) for a source the operator's policy refuses; called before any network call,
+    so a refused endpoint never receives a request (nor the server's credentials)."""
+    refusal = source.refusal(
+        server_endpoint=server_endpoint, allowed_endpoints=allowed_endpoints, allowed_buckets=allowed_buckets
+    )
+    if refusal is not None:
+        raise AdapterError(FailureReason.SOURCE_NOT_ALLOWED, refusal)
 
 
 def parse_s3_uri(uri: str) -> S3Location:

@@ -15,6 +15,7 @@ from moelora.api.lora_adapter import (
     LoRAAdapterStatus,
     ReplicaAdapterState,
     VersionPin,
+    normalize_endpoint,
 )
 from moelora.api.model_server import (
     MAX_LORA_RANKS,
@@ -71,4 +72,5 @@ __all__ = [
     "SecretRef",
     "TokenSecret",
     "VersionPin",
+    "normalize_endpoint",
 ]

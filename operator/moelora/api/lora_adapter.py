@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import enum
+import fnmatch
+import urllib.parse
+from collections.abc import Collection
 
 from pydantic import ConfigDict, Field
 
@@ -24,6 +27,7 @@ class FailureReason(str, enum.Enum):
 
     MODEL_SERVER_NOT_FOUND = "ModelServerNotFound"
     SOURCE_NOT_FOUND = "SourceNotFound"
+    SOURCE_NOT_ALLOWED = "SourceNotAllowed"
     ACCESS_DENIED = "AccessDenied"
     SECRET_NOT_FOUND = "SecretNotFound"
     CONFIG_MISSING = "ConfigMissing"
@@ -52,7 +56,10 @@ class AdapterSource(ApiModel):
         description="s3://bucket/prefix/ holding adapter_config.json and adapter_model.safetensors.",
     )
     endpoint_url: str | None = Field(
-        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores. Default: the ModelServer's."
+        default=None,
+        pattern=r"^https?://\S+$",
+        description="For S3-compatible stores. Default: the ModelServer's. Another endpoint must be one the operator's "
+        "policy allows, with a credentialsSecret of its own (else SourceNotAllowed).",
     )
     region: str | None = Field(
         default=None,
@@ -60,8 +67,41 @@ class AdapterSource(ApiModel):
         description="The bucket's region, e.g. eu-west-1. Default: the ModelServer's.",
     )
     credentials_secret: SecretRef | None = Field(
-        default=None, description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials."
+        default=None,
+        description="Secret with AWS_* keys. Default: the ModelServer's S3 credentials (sent only to its endpoint).",
     )
+
+    @property
+    def bucket(self) -> str:
+        return self.uri.removeprefix("s3://").split("/", 1)[0]
+
+    def refusal(
+        self, *, server_endpoint: str | None, allowed_endpoints: Collection[str], allowed_buckets: Collection[str]
+    ) -> str | None:
+        """Why this source may not be fetched, or None. One rule for the operator and the agent: an adapter reads
+        its server's endpoint, or one of `allowed_endpoints` (normalized, see `normalize_endpoint`) with its own
+        credentials (the server's are never sent elsewhere); and a bucket matching `allowed_buckets` (globs; empty:
+        any)."""
+        if allowed_buckets and not any(fnmatch.fnmatchcase(self.bucket, pattern) for pattern in allowed_buckets):
+            return f"bucket {self.bucket!r} is not in the operator's allowed S3 buckets"
+        if self.endpoint_url is None or normalize_endpoint(self.endpoint_url) == normalize_endpoint(server_endpoint):
+            return None
+        if normalize_endpoint(self.endpoint_url) not in {normalize_endpoint(url) for url in allowed_endpoints}:
+            return f"endpoint {self.endpoint_url!r} is neither the ModelServer's nor an allowed S3 endpoint"
+        if self.credentials_secret is None:
+            return (
+                f"endpoint {self.endpoint_url!r} is not the ModelServer's: name a credentialsSecret for it (the "
+                "server's own credentials are sent only to its own endpoint)"
+            )
+        return None
+
+
+def normalize_endpoint(url: str | None) -> str:
+    """scheme://host[:port][/path] in lowercase without a trailing slash; "" for none (the AWS default)."""
+    if not url:
+        return ""
+    parsed = urllib.parse.urlsplit(url.strip())
+    return f"{parsed.scheme.lower()}://{parsed.netloc.lower()}{parsed.path.rstrip('/')}"
 
 
 class VersionPin(ApiModel):

@@ -219,7 +219,8 @@ class ModelServerSpec(ApiModel):
     image: str | None = Field(
         default=None,
         min_length=1,
-        description="vLLM serving image. Default: the operator's pinned moelora server image.",
+        description="vLLM serving image; one the operator's policy allows (else ImageNotAllowed). Default: the "
+        "operator's pinned moelora server image.",
     )
     replicas: int = Field(
         default=1,

@@ -4,37 +4,40 @@ Modules, one concern each, the lower layers first:
 - pure builders: `settings` (env -> Settings), `naming` (labels, names), `errors` (SpecProblem), `vllm_flags`
   (vLLM's flags, bundled), `engine` (vLLM args/env, refused flags), `model_shapes` (a model's MoE shape),
   `kernel_configs` (the tuned-config volume), `deployment`, `service`, `disruption` (the PodDisruptionBudget),
-  `children` (everything a ModelServer owns), `status` (reading what exists, and the status judged from it);
+  `secret_access` (the pods' Role on their adapters' Secrets), `policy` (the allowlists), `children` (everything
+  a ModelServer owns), `status` (reading what exists, and the status judged from it);
 - `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
 - `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
-- handlers by resource: `model_servers`, `lora_adapters`; `wiring` registers them and runs kopf.
+- handlers by resource: `model_servers`, `lora_adapters`; `resync` (the periodic reconcile of every server);
+  `wiring` registers them and runs kopf.
 Run it with `python3 -m moelora.operator`.
 
-Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace):
+Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace); the chart's
+test_chart_rbac_used.py records what the operator really asks for and checks it against exactly this:
 
 | API group | resources | verbs |
 |---|---|---|
-| moelora.io | modelservers, loraadapters | get, list, watch, patch |
-| moelora.io | modelservers/status, loraadapters/status | get, patch |
+| moelora.io | modelservers | get, list, watch, patch (kopf's progress annotations) |
+| moelora.io | loraadapters | get, list, watch |
+| moelora.io | modelservers/status, loraadapters/status | patch |
+| moelora.io | modelservers/finalizers | update (owner references with blockOwnerDeletion, where admission checks it) |
 | apps | deployments | get, list, watch, create, patch |
-| "" (core) | services | get, list, watch, create, patch |
-| "" (core) | configmaps | get, list, watch, create, patch, delete |
+| "" (core) | services | get, create, patch |
+| "" (core) | configmaps | get, create, patch, delete |
 | policy | poddisruptionbudgets | get, create, patch, delete |
+| rbac.authorization.k8s.io | roles, rolebindings | get, create, patch, delete (each server's adapter-Secret grant) |
 | "" (core) | pods | get, list, watch |
-| "" (core) | secrets | get |
+| "" (core) | secrets | get (in the server namespaces: RBAC lets it grant only what it holds) |
 | "" (core) | events | create |
 | apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when
   MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |
-| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | get, list, watch, patch; only
+| kopf.dev | clusterkopfpeerings (all namespaces) or kopfpeerings (per namespace) | list, watch, patch; only
   with MOELORA_PEERING set, and the chart creates the peering object and its CRD |
 
-Handlers' own reads/writes: create + patch Deployments/Services/ConfigMaps/PodDisruptionBudgets, delete the
-ConfigMap and the PodDisruptionBudget it rendered once the server stops asking for them;
-get Secrets (only to check that spec.s3.credentialsSecret exists) and ConfigMaps (kernels.configs=configMap);
-patch status of both kinds.
-
-Owned objects carry ownerReferences to their ModelServer, and Kubernetes' garbage collector removes them with it;
-its own deletions are the kernel-config ConfigMap and the PodDisruptionBudget it rendered, once a server stops
-asking for them (kernels.configs no longer auto; fewer than two replicas).
+It writes (patches, deletes) only objects whose controller ownerReference is their ModelServer's uid; a name
+taken by anyone else's object is left alone and reported (NameTaken). Owned objects go with their ModelServer
+through Kubernetes' garbage collector; its own deletions are the kernel-config ConfigMap, the PodDisruptionBudget
+and the adapter-Secret Role/RoleBinding it rendered, once a server stops asking for them. No finalizer anywhere:
+the periodic resync is an operator-level task (resync.py), so deletions never wait for the operator.
 """

@@ -1,6 +1,10 @@
 """The only module that talks to the Kubernetes API: reads, status patches, and idempotent create-or-patch of
 owned objects.
 
+It writes (patches, deletes) only objects whose controller ownerReference names the ModelServer's uid: an object of
+the same name that someone else made is never touched (`NotOwned`), so a ModelServer cannot take over, and through
+the garbage collector later delete, a Service or Deployment it did not create.
+
 Each owned object carries the hash of what the operator rendered (`moelora.io/desired-hash`). An unchanged hash on
 an object that still holds every field we set means no write at all, so running a reconcile twice never writes
 twice. Anything else is a JSON merge patch of the desired object, plus nulls for the optional fields we stopped
@@ -27,6 +31,10 @@ _PATHS = {
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
+    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
+    ),
 }
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
@@ -39,6 +47,24 @@ _WHOLE_MAPS = {
     ("spec", "template", "spec", "affinity"),
     ("spec", "template", "metadata", "annotations"),
 }
+
+
+class NotOwned(Exception):
+    """An object of the name a child needs exists and is not ours: left as it is."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"{kind} {name} exists and is not owned by this ModelServer")
+        self.kind = kind
+        self.name = name
+
+
+def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
+    """Whether `obj`'s controller ownerReference names `owner_uid` (a plain, non-controller reference is not enough:
+    anyone may add one)."""
+    return any(
+        ref.get("uid") == owner_uid and ref.get("controller") is True
+        for ref in obj.get("metadata", {}).get("ownerReferences") or []
+    )
 
 
 def desired_hash(obj: dict[str, Any]) -> str:
@@ -106,9 +132,13 @@ def get_config_map(*, api: kubernetes.client.ApiClient, namespace: str, name: st
     return _get(api, _object_path("v1", "ConfigMap", namespace=namespace, name=name))
 
 
-def get_deployment(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
-    """The Deployment, or None on 404."""
-    return _get(api, _object_path("apps/v1", "Deployment", namespace=namespace, name=name))
+def get_deployment(
+    *, api: kubernetes.client.ApiClient, namespace: str, name: str, owner_uid: str
+) -> dict[str, Any] | None:
+    """The Deployment if `owner_uid` controls it; None on 404 or when it is someone else's (whose readiness must
+    not become the server's)."""
+    found = _get(api, _object_path("apps/v1", "Deployment", namespace=namespace, name=name))
+    return found if found is not None and owned_by(found, owner_uid) else None
 
 
 def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool | None:
@@ -146,7 +176,7 @@ def delete_if_owned(
     False if absent or not ours."""
     path = _object_path(api_version, kind, namespace=namespace, name=name)
     obj = _get(api, path)
-    if obj is None or not any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences") or []):
+    if obj is None or not owned_by(obj, owner_uid):
         return False
     try:
         _request(api, "DELETE", path)
@@ -217,9 +247,10 @@ def _owned_fields(desired: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], str]:
     """Create `desired` or bring the existing object in line. Returns (the object as stored,
-    'created'|'patched'|'unchanged').
+    'created'|'patched'|'unchanged'); raises NotOwned, writing nothing, when an object of that name exists whose
+    controller is not `owner_uid`.
 
     `desired` must already carry its ownerReferences and namespace.
     """
@@ -238,6 +269,8 @@ def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any]) -> tupl
             actual = _get(api, path)  # created concurrently by another reconcile of the same server
             if actual is None:
                 raise
+    if not owned_by(actual, owner_uid):
+        raise NotOwned(desired["kind"], metadata["name"])
     same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == metadata[
         "annotations"
     ][naming.ANNOTATION_HASH]

@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import kernel_configs, naming
+from moelora.operator import kernel_configs, naming, policy, secret_access
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -20,7 +20,22 @@ from moelora.operator.settings import Settings
 OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
     ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
     ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
+    (secret_access.RBAC_API_VERSION, "Role"): secret_access.name,  # adapters that name Secrets
+    (secret_access.RBAC_API_VERSION, "RoleBinding"): secret_access.name,
 }
+# Kind -> the kinds it is applied only after (children are rendered in this order): when a name is taken by an
+# object that is not ours, what depends on it is left alone too. The pods would mount a foreign kernel ConfigMap;
+# the Service, budget and Secret grant exist for our pods; a RoleBinding to a foreign Role would grant what its
+# author chose. The rest still reconciles: each write touches only objects we own, and holding it back would let
+# anyone freeze a server by taking one name (a budget's, before the server scales to two).
+NEEDS: dict[str, set[str]] = {
+    "Deployment": {"ConfigMap"},
+    "Service": {"Deployment"},
+    "PodDisruptionBudget": {"Deployment"},
+    "Role": {"Deployment"},
+    "RoleBinding": {"Role", "Deployment"},
+}
+SECRET_GRANT_KINDS = {"Role", "RoleBinding"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,6 +47,8 @@ class Surroundings:
     secrets_exist: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
     # The ConfigMap named by kernels.configMapName; None when absent or not named.
     kernel_config_map: Mapping[str, Any] | None = None
+    # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
+    adapter_secrets: frozenset[str] = frozenset()
 
 
 def desired_children(
@@ -43,8 +60,10 @@ def desired_children(
     kernel_bundle: Traversable | None,
     surroundings: Surroundings,
 ) -> list[dict[str, Any]]:
-    """The objects the server should own, without ownerReferences. Raises SpecProblem for what the operator
-    refuses."""
+    """The objects the server should own, without ownerReferences, in the order NEEDS assumes. Raises SpecProblem
+    for what the operator refuses."""
+    policy.check_image(spec.image, settings)
+    policy.check_service_account(spec.service_account_name, settings)
     for secret, needed_by in required_secrets(spec):
         if surroundings.secrets_exist.get(secret) is False:
             raise SpecProblem("SecretNotFound", f"{needed_by} Secret {secret!r} does not exist in {namespace}")
@@ -65,4 +84,8 @@ def desired_children(
     budget = disruption_budget(spec, name=name, namespace=namespace)
     if budget is not None:
         children.append(budget)
+    role = secret_access.role(server=name, namespace=namespace, secrets=surroundings.adapter_secrets)
+    if role is not None:
+        account = spec.service_account_name or settings.server_service_account
+        children += [role, secret_access.role_binding(server=name, namespace=namespace, service_account=account)]
     return children

@@ -62,6 +62,12 @@ class Context:
         default_factory=lambda: collections.defaultdict(dict)
     )
 
+    # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
+    granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
+
+    # Operator-level tasks (resync.py), cancelled at kopf's cleanup.
+    background: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
     @classmethod
     def open(cls, settings: Settings) -> Context:
         """A context with its own API client and executor; close() releases them."""

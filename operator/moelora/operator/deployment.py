@@ -99,7 +99,7 @@ def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
+def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -117,6 +117,9 @@ def _agent_env(spec: ModelServerSpec, *, name: str) -> list[dict[str, Any]]:
         {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
         {"name": engine.ADMIN_KEY_FILE_ENV, "value": engine.ADMIN_KEY_FILE},
         *([{"name": AGENT_API_KEY_ENV, "valueFrom": engine.api_key_source(spec)}] if spec.api_key_secret else []),
+        # The operator's S3 policy, which the agent applies too (moelora.api.AdapterSource.refusal).
+        {"name": "MOELORA_ALLOWED_S3_ENDPOINTS", "value": ",".join(settings.allowed_s3_endpoints)},
+        {"name": "MOELORA_ALLOWED_S3_BUCKETS", "value": ",".join(settings.allowed_s3_buckets)},
         *s3_env(spec),
     ]
 
@@ -211,7 +214,7 @@ def deployment(
         "name": AGENT_CONTAINER,
         "image": settings.agent_image,
         "command": ["python3", "-m", "moelora.agent"],
-        "env": _agent_env(spec, name=name),
+        "env": _agent_env(spec, name=name, settings=settings),
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "adapters", "mountPath": ADAPTERS_DIR},

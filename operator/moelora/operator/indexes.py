@@ -17,6 +17,7 @@ from moelora.operator.status import pod_ready
 class AdapterEntry(NamedTuple):
     name: str
     phase: str
+    secret: str | None = None  # spec.source.credentialsSecret.name
 
 
 class PodEntry(NamedTuple):
@@ -40,7 +41,8 @@ def adapters_index(
     server = spec.get("modelServer")
     if not server:
         return None
-    return {(namespace, server): AdapterEntry(name=name, phase=status.get("phase") or "Pending")}
+    secret = ((spec.get("source") or {}).get("credentialsSecret") or {}).get("name")
+    return {(namespace, server): AdapterEntry(name=name, phase=status.get("phase") or "Pending", secret=secret)}
 
 
 def pods_index(
@@ -63,6 +65,11 @@ def pods(index: PodsIndex, key: ServerKey) -> dict[str, bool]:
 
 def adapters(index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:
     return list(index.get(key, []))
+
+
+def adapter_secrets(entries: list[AdapterEntry]) -> frozenset[str]:
+    """The credentials Secrets a server's adapters name."""
+    return frozenset(entry.secret for entry in entries if entry.secret)
 
 
 def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:

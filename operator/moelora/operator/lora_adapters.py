@@ -13,8 +13,10 @@ from typing import Any
 
 import kopf
 import kubernetes.client
+import pydantic
 
-from moelora.operator import apply, indexes, naming, status
+from moelora.api import AdapterSource, S3Spec
+from moelora.operator import apply, indexes, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.model_servers import reconcile_serially
@@ -27,6 +29,7 @@ class Observation:
     body: Mapping[str, Any]
     server_exists: bool
     pods: Mapping[str, bool]  # the server's pods -> ready
+    refused: str | None = None  # why policy refuses its source (SourceNotAllowed)
 
 
 def observe_pods(
@@ -55,7 +58,23 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
         server_exists=observation.server_exists,
         pods=observation.pods,
         now=now,
+        refused=observation.refused,
     )
+
+
+def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
+    """Why policy refuses the adapter's source, judged with its server's endpoint; None when allowed, or when the
+    spec or the server cannot be read (other reasons report those)."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    server = apply.get_model_server(api=memo.api, namespace=meta["namespace"], name=spec.get("modelServer", ""))
+    try:
+        source = AdapterSource.model_validate(spec.get("source") or {})
+        server_s3 = S3Spec.model_validate(((server or {}).get("spec") or {}).get("s3") or {})
+    except pydantic.ValidationError:
+        return None
+    if server is None:
+        return None
+    return policy.adapter_source_problem(source, server_endpoint=server_s3.endpoint_url, settings=memo.settings)
 
 
 def rollup_adapter(
@@ -63,7 +82,8 @@ def rollup_adapter(
 ) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
     observed_pods = observe_pods(api=memo.api, body=body, known=pods)
-    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
+    refused = source_refusal(memo=memo, body=body) if server_exists else None
+    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods, refused=refused)
     patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
@@ -125,6 +145,17 @@ async def _rejudge_server_adapters(
     await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
+async def regrant_secrets(
+    *, memo: Context, namespace: str, servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex
+) -> None:
+    """Reconcile the servers of the namespace whose adapters now name other Secrets than their Role grants (an
+    adapter added, deleted, moved to another server, or naming another Secret), so the Role follows at once."""
+    for key in [key for key in servers_index if key[0] == namespace]:
+        wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
+        if wanted != memo.granted_secrets.get(key, frozenset()):
+            await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
+
+
 async def adapter_changed(
     body: kopf.Body,
     namespace: str,
@@ -135,10 +166,13 @@ async def adapter_changed(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    if body.get("metadata", {}).get("deletionTimestamp"):
-        return
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
+    await regrant_secrets(
+        memo=memo, namespace=namespace, servers_index=model_servers_index, adapters_index=adapters_index
+    )
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
     new_phase = await memo.call(
         rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
     )

@@ -20,7 +20,7 @@ import pydantic
 
 from moelora.api import ModelServerSpec
 from moelora.operator import apply, indexes, naming, status
-from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
@@ -67,30 +67,61 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
 
 def apply_children(
     *, api: kubernetes.client.ApiClient, children: list[dict[str, Any]], owner: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    """Create or patch every child, delete the optional ones no longer rendered; the Deployment as stored."""
+) -> tuple[dict[str, Any] | None, SpecProblem | None]:
+    """Create or patch every child, delete the optional ones no longer rendered. Returns the Deployment as stored
+    (None unless it is ours) and the problem to report: names taken by objects that are not ours (left untouched,
+    with what depends on them), or Secret grants the API server refused the operator."""
     meta = owner["metadata"]
     # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels onto
     # the children, so a label edit on the server would rewrite every child.)
     kopf.append_owner_reference(children, owner=dict(owner))
     stored_deployment = None
+    taken: list[str] = []
+    forbidden: list[str] = []
+    not_applied: set[str] = set()
     for child in children:
-        obj, action = apply.ensure(api=api, desired=child)
+        kind, child_name = child["kind"], child["metadata"]["name"]
+        if NEEDS.get(kind, set()) & not_applied:
+            not_applied.add(kind)
+            continue
+        try:
+            obj, action = apply.ensure(api=api, desired=child, owner_uid=meta["uid"])
+        except apply.NotOwned:
+            taken.append(f"{kind} {child_name}")
+            not_applied.add(kind)
+            continue
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 403 or kind not in SECRET_GRANT_KINDS:
+                raise
+            forbidden.append(f"{kind} {child_name}")  # RBAC's escalation check: see secret_access.py
+            not_applied.add(kind)
+            continue
         if action != "unchanged":
-            logger.info("%s %s/%s %s", child["kind"], meta["namespace"], child["metadata"]["name"], action)
-        if child["kind"] == "Deployment":
+            logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
+        if kind == "Deployment":
             stored_deployment = obj
     rendered = {(child["apiVersion"], child["kind"]) for child in children}
-    for (api_version, kind), child_name in OPTIONAL_CHILDREN.items():
+    for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
         if (api_version, kind) in rendered:
             continue
-        name = child_name(meta["name"])
+        name = optional_name(meta["name"])
         deleted = apply.delete_if_owned(
             api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]
         )
         if deleted:
             logger.info("%s %s/%s deleted", kind, meta["namespace"], name)
-    return stored_deployment
+    if taken:
+        server = f"ModelServer {meta['name']}"
+        return stored_deployment, SpecProblem(
+            "NameTaken", "; ".join(f"{what} exists and is not owned by {server}" for what in taken)
+        )
+    if forbidden:
+        return stored_deployment, SpecProblem(
+            "SecretGrantForbidden",
+            f"the API server refused {', '.join(forbidden)}: the operator may grant get only on Secrets it may get "
+            "itself (chart value operator.secretAccess), so the agents cannot read their adapters' Secrets",
+        )
+    return stored_deployment, None
 
 
 def render_status(
@@ -128,6 +159,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         return
     problem = observation.problem
     stored_deployment = None
+    surroundings = dataclasses.replace(observation.surroundings, adapter_secrets=indexes.adapter_secrets(adapters))
     if observation.spec is not None:
         try:
             children = desired_children(
@@ -136,14 +168,15 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
                 namespace=namespace,
                 settings=memo.settings,
                 kernel_bundle=memo.kernel_bundle,
-                surroundings=observation.surroundings,
+                surroundings=surroundings,
             )
         except SpecProblem as exc:
             problem = exc
         else:
-            stored_deployment = apply_children(api=memo.api, children=children, owner=observation.body)
+            stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
     if stored_deployment is None:
-        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name)
+        uid = observation.body["metadata"]["uid"]
+        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
 
     new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}
@@ -160,6 +193,7 @@ async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: i
     async with memo.locks[key]:
         adapters = indexes.adapter_phases(memo, adapters_index, key)
         await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
+        memo.granted_secrets[key] = indexes.adapter_secrets(adapters)
 
 
 async def model_server_changed(
@@ -187,3 +221,4 @@ async def model_server_deleted(event: kopf.RawEvent, name: str, namespace: str, 
     key = (namespace, name)
     if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
         del memo.locks[key]
+        memo.granted_secrets.pop(key, None)

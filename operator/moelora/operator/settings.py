@@ -27,6 +27,15 @@ class Settings:
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
     # kopf's health endpoint for the pod's liveness probe, e.g. http://0.0.0.0:8080/healthz; None: not served.
     liveness_endpoint: str | None = None
+    # What ModelServer and LoRAAdapter authors may pick (policy.py judges them; the chart's `policy` values).
+    # Image globs (`*` matches anything, `/` included); empty: only server_image.
+    allowed_images: tuple[str, ...] = ()
+    # ServiceAccount names; empty: only server_service_account.
+    allowed_service_accounts: tuple[str, ...] = ()
+    # S3 endpoint URLs (scheme://host[:port]) adapters may name besides their server's own; empty: none besides it.
+    allowed_s3_endpoints: tuple[str, ...] = ()
+    # Bucket globs adapters may read; empty: any bucket their credentials reach.
+    allowed_s3_buckets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -51,7 +60,24 @@ class Settings:
             kubeconfig=env.get("KUBECONFIG") or None,
             kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
             liveness_endpoint=_liveness_endpoint(env),
+            allowed_images=_list(env, "MOELORA_ALLOWED_IMAGES"),
+            allowed_service_accounts=_list(env, "MOELORA_ALLOWED_SERVICE_ACCOUNTS"),
+            allowed_s3_endpoints=tuple(_endpoint(url) for url in _list(env, "MOELORA_ALLOWED_S3_ENDPOINTS")),
+            allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
         )
+
+
+def _list(env: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
+    return tuple(item.strip() for item in (env.get(key) or "").split(",") if item.strip())
+
+
+def _endpoint(url: str) -> str:
+    """An endpoint URL as policy.py compares it: scheme://host[:port], lowercase, nothing after."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path.strip("/") or parsed.query:
+        raise ValueError(f"MOELORA_ALLOWED_S3_ENDPOINTS: {url!r} is not scheme://host[:port]")
+    return f"{parsed.scheme}://{parsed.netloc.lower()}"
 
 
 def _optional_int(env: Mapping[str, str], key: str) -> int | None:

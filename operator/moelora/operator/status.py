@@ -24,7 +24,9 @@ ConfigMapNotFound (kernels.configMapName), PodSecurityViolation and InvalidSecur
 securityContext), ReservedPodLabel, ReservedPodAnnotation, InvalidTopologySpread,
 GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), ModelShapeUnknown (auto for a
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
-model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse).
+model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse),
+ImageNotAllowed, ServiceAccountNotAllowed (policy.py), NameTaken (a child's name is someone else's object),
+SecretGrantForbidden (RBAC refused the adapters' Secret grant).
 """
 
 from __future__ import annotations
@@ -190,8 +192,10 @@ def adapter_status_patch(
     server_exists: bool,
     pods: Mapping[str, bool],
     now: datetime.datetime,
+    refused: str | None = None,
 ) -> dict[str, Any]:
-    """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready.
+    """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready;
+    `refused` says why the operator's policy refuses its source (SourceNotAllowed), the agents refusing it too.
 
     `raw_status` is the object's status as stored. Empty when nothing changes (so nothing is written).
     """
@@ -207,6 +211,8 @@ def adapter_status_patch(
             FailureReason.MODEL_SERVER_NOT_FOUND.value,
             "spec.modelServer names a ModelServer that does not exist in this namespace",
         )
+    elif refused is not None:
+        phase, reason, message = AdapterPhase.FAILED, FailureReason.SOURCE_NOT_ALLOWED.value, refused
     elif failed:
         pod, state = failed[0]
         phase = AdapterPhase.FAILED

@@ -32,12 +32,12 @@ log = logging.getLogger("moelora.local.kubelet")
 RECONCILE_INTERVAL = 0.5
 
 
-
 def _python_path() -> dict[str, str]:
     """This process's PYTHONPATH, made absolute (containers start in their pod's directory): run from a source
     checkout, the pods then run that checkout's code, as an image would hold it."""
     value = os.environ.get("PYTHONPATH", "")
     return {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in value.split(os.pathsep) if p)} if value else {}
+
 
 class LocalKubelet:
     """Runs the pods of every Deployment in `namespace` locally and keeps their objects and status current.
