@@ -11,31 +11,21 @@ import concurrent.futures
 import dataclasses
 import datetime
 import logging
-import pathlib
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from moelora.agent import foreign, peft_moe, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
-from moelora.agent.fetch import fetch, read_config_object
 from moelora.agent.metrics import Metrics
+from moelora.agent.prepare import Preparer
+from moelora.agent.publish import StatusPublisher
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
-from moelora.agent.source import (
-    ClientConfig,
-    Credentials,
-    check_allowed,
-    check_listing,
-    list_source,
-    make_client,
-    parse_s3_uri,
-)
-from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
+from moelora.agent.validate import AdapterInfo, Limits
 from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
@@ -102,13 +92,9 @@ class Agent:
         self._gate_open = False  # once every adapter settled: new adapters no longer pull the pod out of service
         self.last_loop = monotonic()
         self.next_resync = monotonic() + settings.resync_seconds
-        self.written: dict[str, tuple[Any, ...]] = {}  # uid -> what its status says now
-        self._clients: dict[ClientConfig, Any] = {}
-        self._cache_lock = threading.Lock()
-        self._protected: set[str] = set()  # versions in use or in flight: never evicted
-        self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
-        self._secrets: frozenset[str] = frozenset()  # values to redact from anything we publish (replaced, not mutated)
+        self.preparer = Preparer(settings=settings, limits=self.limits, cache=self.cache, kube=kube, metrics=metrics)
         self._cache_changed = True
+        self.publisher = StatusPublisher(kube=kube, pod=settings.pod_name, pool=self.status_pool)
         self.foreign = foreign.Reporter(
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
         )
@@ -174,7 +160,7 @@ class Agent:
         for load in plan.load:
             self._load(self.records[load.uid], load)
         self._protect(loaded)
-        self._publish(desired)
+        self.publisher.publish(desired, self.records)
         # Readiness gates a new (or vLLM-restarted) pod until its adapters are settled; after that, an adapter
         # added later must not take every replica out of the Service while it downloads.
         settled = reconcile.ready(desired=desired, records=self.records, vllm_up=self.vllm_up)
@@ -258,7 +244,7 @@ class Agent:
     # ---- records ----
 
     def _fail(self, record: Record, reason: FailureReason, message: str, *, permanent: bool) -> None:
-        message = redact(message, self._secrets)
+        message = redact(message, self.preparer.secrets)
         if not message.isprintable():  # values are quoted where messages are made; this catches any that were not
             message = quote(message, limit=2000)
         record.fail(reason, message, permanent=permanent, now=self.monotonic())
@@ -292,7 +278,7 @@ class Agent:
 
     def _forget(self, uid: str) -> None:
         record = self.records.pop(uid)
-        self.written.pop(uid, None)
+        self.publisher.forget(uid)
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
@@ -333,7 +319,7 @@ class Agent:
     def _prepare(self, item: Desired, refresh: bool, known_bad: AdapterError | None) -> None:
         """List, check, download and validate one adapter; the outcome goes back to the loop (never raises)."""
         try:
-            version, path, info = self._download_and_validate(item, known_bad)
+            version, path, info = self.preparer.prepare(item, known_bad)
             outcome = Outcome(
                 uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version, path=str(path), info=info
             )
@@ -341,70 +327,6 @@ class Agent:
             outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, error=error)
         self.outcomes.put(outcome)
         self.wake.set()
-
-    def _download_and_validate(
-        self, item: Desired, known_bad: AdapterError | None
-    ) -> tuple[str, pathlib.Path, AdapterInfo]:
-        source = item.spec.source
-        check_allowed(
-            source,
-            server_endpoint=self.settings.server_s3_endpoint,
-            allowed_endpoints=self.settings.allowed_s3_endpoints,
-            allowed_buckets=self.settings.allowed_s3_buckets,
-        )
-        credentials = None
-        if source.credentials_secret is not None:
-            data = self.kube.read_secret(name=source.credentials_secret.name)
-            if data is None:
-                raise AdapterError(
-                    FailureReason.SECRET_NOT_FOUND,
-                    f"Secret {source.credentials_secret.name!r} not found (or not readable)",
-                )
-            self._secrets = self._secrets | {v for v in data.values() if v}
-            credentials = Credentials.from_secret(data, secret_name=source.credentials_secret.name)
-        client = self._client(
-            ClientConfig(endpoint_url=source.endpoint_url, region=source.region, credentials=credentials)
-        )
-        listing = list_source(client, location=parse_s3_uri(source.uri))
-        if known_bad is not None and known_bad.version == listing.version:
-            raise known_bad
-        try:
-            check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
-            if not (self.settings.cache_dir / listing.version).is_dir():  # judge the config before the weights
-                config = parse_config(read_config_object(client=client, listing=listing))
-                check_config(config, self.limits)
-                peft_moe.plan(config, base_model=self.limits.base_model)  # an unservable expert format fails here
-            with self._cache_lock:
-                self._inflight.add(listing.version)
-                present = (self.settings.cache_dir / listing.version).is_dir()
-                self.cache.evict(keep=self._protected | self._inflight, room_for=0 if present else listing.total_bytes)
-            counter = self.metrics.downloaded.labels(item.name)
-            path = fetch(
-                client=client,
-                listing=listing,
-                cache_dir=self.settings.cache_dir,
-                pin=item.spec.pin,
-                on_bytes=counter.inc,
-            )
-            try:
-                info = validate(path, self.limits)
-                path = peft_moe.servable(path, base_model=self.limits.base_model)  # vLLM loads this one
-            except AdapterError:
-                shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
-                raise
-        except AdapterError as error:
-            error.version = listing.version
-            raise
-        return listing.version, path, info
-
-    def _client(self, config: ClientConfig) -> Any:
-        with self._cache_lock:
-            client = self._clients.get(config)
-            if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
-                if len(self._clients) >= 64:  # rotated credentials leave old entries behind: start afresh
-                    self._clients.clear()
-                client = self._clients[config] = make_client(config, max_connections=self.settings.download_workers * 4)
-        return client
 
     def _collect(self) -> None:
         while True:
@@ -415,22 +337,20 @@ class Agent:
             self.busy.pop(outcome.uid, None)
             self._cache_changed = True
             if outcome.version is not None:
-                with self._cache_lock:
-                    self._inflight.discard(outcome.version)
+                self.preparer.release(outcome.version)
             record = self.records.get(outcome.uid)
             if record is None or record.spec_hash != outcome.spec_hash:
                 continue  # deleted or changed while downloading: the plan starts over
             if outcome.error is not None:
                 error = outcome.error
                 if isinstance(error, AdapterError) and error.version is not None:
-                    with self._cache_lock:
-                        self._inflight.discard(error.version)
+                    self.preparer.release(error.version)
                 if outcome.refresh and record.stage is Stage.LOADED:
                     # Serving what was checked before beats dropping it over a new problem (S3 down, files gone).
                     logger.info(
                         "re-checking adapter %s failed, keeping what is loaded: %s",
                         record.name,
-                        redact(str(error), self._secrets),
+                        redact(str(error), self.preparer.secrets),
                     )
                     continue
                 if isinstance(error, AdapterError):
@@ -456,38 +376,7 @@ class Agent:
         versions = {r.version for r in self.records.values() if r.version}
         if loaded is not None:
             versions |= {peft_moe.cache_version(a.path) for a in loaded.values()}
-        with self._cache_lock:
-            self._protected = versions
+        self.preparer.protect(versions)
         if self._cache_changed:  # walking the cache is not free with hundreds of adapters: only after downloads
             self._cache_changed = False
             self.metrics.cache_bytes.set(self.cache.total_bytes())
-
-    # ---- status ----
-
-    def _publish(self, desired: list[Desired]) -> None:
-        """Patch the status of every adapter whose state changed since the last write, a few at a time (hundreds
-        of adapters settling at once would otherwise queue behind one another's round trips)."""
-        pending = []
-        for item in desired:
-            record = self.records.get(item.uid)
-            if record is None:
-                continue
-            state = record.state()
-            info = record.info if record.stage is Stage.LOADED else None
-            key = (state.model_dump_json(exclude={"loaded_at"}), info)
-            if self.written.get(item.uid) != key:
-                pending.append((item, state, info, key))
-        if not pending:
-            return
-
-        def write(item: Desired, state: ReplicaAdapterState, info: AdapterInfo | None) -> None:
-            self.kube.patch_replica(name=item.name, pod=self.settings.pod_name, state=state, info=info)
-
-        futures = {self.status_pool.submit(write, item, state, info): (item, key) for item, state, info, key in pending}
-        for future, (item, key) in futures.items():
-            try:
-                future.result()
-            except Exception as error:  # noqa: BLE001 - the API may be briefly away: retried next pass
-                logger.warning("could not write status of %s: %s", item.name, type(error).__name__)
-                continue
-            self.written[item.uid] = key
