@@ -27,6 +27,10 @@ pytestmark = pytest.mark.slow
 SECRET_VALUE = "wJalrXUtnFEMI-very-secret-value"
 
 
+# Nothing listens here: an adapter source that keeps failing as a transient error.
+DEAD_ENDPOINT = f"http://127.0.0.1:{local_process.free_port()}"
+
+
 class Running:
     def __init__(self, agent: Agent, desired: MemoryDesired, kube: MemoryKube, server: StatusServer) -> None:
         self.agent, self.desired, self.kube, self.server = agent, desired, kube, server
@@ -65,8 +69,10 @@ def running(
         port=0,
         poll_seconds=0.3,
         resync_seconds=resync_seconds,
+        allowed_s3_endpoints=(DEAD_ENDPOINT,),
     )
     kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
+    kube.secrets["dead-s3"] = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"}
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm), metrics=metrics)
     desired.on_change = agent.wake.set
     server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
@@ -212,16 +218,17 @@ def test_resync_follows_s3_without_spec_changes(
 
 def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any]) -> None:
     """Not ready while an adapter is still retrying at startup; once ready, a new slow adapter keeps it ready."""
-    dead = f"http://127.0.0.1:{local_process.free_port()}"
+    # An allowed endpoint of its own, with its own credentials (the policy's terms), where nothing listens.
+    dead = {"uri": f"s3://{bucket}/a/", "endpointUrl": DEAD_ENDPOINT, "credentialsSecret": {"name": "dead-s3"}}
     upload_dir(s3_env, bucket, "a/", tiny["v1"])
     running.desired.synced.set()
-    running.desired.put("slow", {"source": {"uri": f"s3://{bucket}/a/", "endpointUrl": dead}})
+    running.desired.put("slow", {"source": dead})
     time.sleep(2.0)
     assert get(running.url + "/readyz")[0] == 503 and running.state("slow").state.value == "Downloading"
     running.desired.delete("slow")
     running.desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
     eventually(lambda: get(running.url + "/readyz")[0] == 200)
-    running.desired.put("slow", {"source": {"uri": f"s3://{bucket}/a/", "endpointUrl": dead}})
+    running.desired.put("slow", {"source": dead})
     time.sleep(1.5)
     assert get(running.url + "/readyz")[0] == 200 and not running.state("slow").loaded
 
