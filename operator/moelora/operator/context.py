@@ -18,6 +18,7 @@ import kubernetes.client
 import kubernetes.config
 
 from moelora.operator import kernel_configs
+from moelora.operator.events import Recorder
 from moelora.operator.settings import Settings
 
 ServerKey = tuple[str, str]  # (namespace, ModelServer name)
@@ -64,6 +65,9 @@ class Context:
 
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
+
+    # LoRAAdapter Events, identical ones folded into one (events.py).
+    events: Recorder = dataclasses.field(default_factory=Recorder)
 
     # Operator-level tasks (resync.py), cancelled at kopf's cleanup.
     background: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
