@@ -16,7 +16,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import AdapterSource, S3Spec
-from moelora.operator import apply, events, indexes, naming, policy, status
+from moelora.operator import apply, events, indexes, metrics, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.model_servers import reconcile_serially
@@ -77,6 +77,7 @@ def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     return policy.adapter_source_problem(source, server_endpoint=server_s3.endpoint_url, settings=memo.settings)
 
 
+@metrics.timed("LoRAAdapter")
 def rollup_adapter(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
