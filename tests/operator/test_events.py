@@ -35,7 +35,10 @@ def test_transitions_of_the_rollup() -> None:
     assert adapter_transition(failed("RankTooHigh"), failed("AccessDenied")).reason == "AccessDenied"
     # Still failing for the same reason (another pod's message, a count): nothing new to say.
     assert adapter_transition(failed("RankTooHigh"), failed("RankTooHigh", "other: boom")) is None
-    assert adapter_transition({**loaded}, {"phase": "Downloading", "loadedReplicas": 2}).reason == "Unloaded"
+    unloaded = {"phase": "Downloading", "conditions": [{"type": "Ready", "message": "loaded on 2 of 3 ready pod(s)"}]}
+    assert adapter_transition(loaded, unloaded) == Emission(
+        "Normal", "Unloaded", "no longer loaded on every ready replica (Downloading: loaded on 2 of 3 ready pod(s))"
+    )
     assert adapter_transition({"phase": "Pending"}, {"phase": "Downloading"}) is None
     assert adapter_transition(loaded, {"desiredReplicas": 4}) is None
 

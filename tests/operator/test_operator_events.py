@@ -86,13 +86,18 @@ def test_a_failure_is_one_warning_and_its_return_raises_the_count(kube: KubeAPI)
     assert "Warning" in line and f"(x{warnings[0]['count']} over" in line and "moelora-operator" in line
 
 
-def test_loaded_and_deleted_are_normal_events_once_per_adapter(kube: KubeAPI) -> None:
+def test_loaded_unloaded_and_deleted_are_normal_events_once_per_adapter(kube: KubeAPI) -> None:
     ns = "loads"
     served_adapter(kube, ns)
     report(kube, ns, LOADED, "Loaded")
     loaded = wait_for(lambda: [e for e in adapter_events(kube, ns) if e["reason"] == "Loaded"] or None, what="Loaded")
     assert [(e["type"], e["message"], e["count"]) for e in loaded] == [("Normal", "loaded on 1/1 replicas", 1)]
 
+    # The agent reloads it (a new version): no longer loaded everywhere, then loaded again, counted.
+    report(kube, ns, RETRYING, "Downloading")
+    report(kube, ns, LOADED, "Loaded")
+    wait_for(lambda: [e for e in adapter_events(kube, ns) if e["reason"] == "Loaded" and e["count"] == 2], what="x2")
+
     kube.kubectl("delete", "lora", "support-bot", "-n", ns)
     wait_for(lambda: [e for e in adapter_events(kube, ns) if e["reason"] == "Deleted"] or None, what="Deleted")
-    assert sorted(e["reason"] for e in adapter_events(kube, ns)) == ["Deleted", "Loaded"]
+    assert sorted(e["reason"] for e in adapter_events(kube, ns)) == ["Deleted", "Loaded", "Unloaded"]

@@ -68,9 +68,9 @@ def adapter_transition(old: Mapping[str, Any], patch: Mapping[str, Any]) -> Emis
             "Normal", "Loaded", f"loaded on {new.get('loadedReplicas', 0)}/{new.get('desiredReplicas', 0)} replicas"
         )
     if before == "Loaded":
-        return Emission(
-            "Normal", "Unloaded", f"{after}: loaded on {new.get('loadedReplicas', 0)}/{new.get('desiredReplicas', 0)}"
-        )
+        ready = [c.get("message") for c in new.get("conditions") or [] if c.get("type") == "Ready"]
+        why = ready[0] if ready and ready[0] else f"loaded on {new.get('loadedReplicas', 0)} replicas"
+        return Emission("Normal", "Unloaded", f"no longer loaded on every ready replica ({after}: {why})")
     return None
 
 
