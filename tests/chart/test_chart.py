@@ -414,6 +414,7 @@ OPERATOR_NAMESPACED: set[Rule] = {
     ("moelora.io", "modelservers/finalizers", "update"),
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
+    ("", "events", "patch"),  # an identical LoRAAdapter Event is counted on the stored one
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
 CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}

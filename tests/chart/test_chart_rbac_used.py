@@ -24,7 +24,7 @@ import kubernetes.watch
 import pytest
 
 from moelora.agent.kube import Kube
-from moelora.api import ReplicaAdapterState
+from moelora.api import AdapterPhase, ReplicaAdapterState
 from moelora.local.apiserver import Emulator, KubeAPI
 from moelora.local.operator_thread import OperatorThread
 
@@ -56,6 +56,7 @@ VALUE_SETS = {
 AGENT_USER_AGENT = "moelora-agent-under-test"
 PDBS = "policy/v1/poddisruptionbudgets"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
+LORA = "moelora.io/v1alpha1/loraadapters"
 
 # Granted, and needed, but not exercised against the emulator; each with its reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
@@ -264,6 +265,12 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             lambda: any(use.resource == "pods" and use.verb == "get" for use in emulator.used), what="the pod read"
         )
         agent.create_pod_event(pod="qwen-moe-unknown", pod_uid="", reason="ForeignAdapterUnloaded", message="intruder")
+        # The same failure twice on the known pod: its Warning Event is created, then patched (counted).
+        denied = ReplicaAdapterState(state=AdapterPhase.FAILED, reason="AccessDenied", last_error="403")
+        for state in (denied, ReplicaAdapterState(state=AdapterPhase.DOWNLOADING), denied):
+            agent.patch_replica(name="support-bot", pod="qwen-moe-abc", state=state, info=None)
+            wait_for(functools.partial(phase_is, api, state.state.value), what=state.state.value)
+        wait_for(lambda: any(use.resource == "events" and use.verb == "patch" for use in emulator.used), what="patch")
 
         api.kubectl("scale", "ms/qwen-moe", "-n", SERVING, "--replicas=1")
         wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
@@ -284,6 +291,10 @@ HASH = "moelora.io/desired-hash"
 def edit_reverted(api: KubeAPI, kind: str, name: str) -> bool:
     got = json.loads(api.kubectl("get", kind, name, "-n", SERVING, "-o", "json").stdout)
     return got["metadata"]["annotations"][HASH] != "edited"
+
+
+def phase_is(api: KubeAPI, phase: str) -> bool:
+    return ((api.get(LORA, SERVING, "support-bot") or {}).get("status") or {}).get("phase") == phase
 
 
 def server_pod() -> dict[str, Any]:

@@ -169,6 +169,20 @@ def patch_status(
         raise
 
 
+def create_event(*, api: kubernetes.client.ApiClient, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Create a core v1 Event; the Event as stored (named by the API server from generateName)."""
+    return _request(api, "POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+
+def patch_event(
+    *, api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict[str, Any]
+) -> dict[str, Any]:
+    """Merge-patch a core v1 Event (its count and lastTimestamp); the Event as stored. Raises ApiException 404 when
+    it is gone (the API server expires Events)."""
+    path = f"/api/v1/namespaces/{namespace}/events/{name}"
+    return _request(api, "PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+
 def delete_if_owned(
     *, api: kubernetes.client.ApiClient, api_version: str, kind: str, namespace: str, name: str, owner_uid: str
 ) -> bool:

@@ -19,7 +19,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, indexes, naming, status
+from moelora.operator import apply, indexes, metrics, naming, status
 from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
@@ -151,12 +151,15 @@ def render_status(
     ).to_wire()
 
 
-def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> None:
-    """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
+@metrics.timed("ModelServer")
+def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> SpecProblem | None:
+    """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
+    reported, if any."""
     namespace, name = key
     observation = observe(api=memo.api, key=key)
     if observation is None:
-        return
+        memo.metrics.set_children(key, None)
+        return None
     problem = observation.problem
     stored_deployment = None
     surroundings = dataclasses.replace(observation.surroundings, adapter_secrets=indexes.adapter_secrets(adapters))
@@ -174,6 +177,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             problem = exc
         else:
             stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
+            memo.metrics.set_children(key, [child["kind"] for child in children])
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
@@ -184,6 +188,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
     if any(stored.get(field) != value for field, value in new.items()):
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
+    return problem
 
 
 async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
