@@ -7,7 +7,6 @@ operator renders it (the model volume's config.json), so the base model's module
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 import pickle
@@ -20,14 +19,12 @@ from typing import Any
 
 import pytest
 
+from moelora.local import manifests, models, s3, stack, vllm_server
+
 pytestmark = pytest.mark.slow
 
 SERVER = "hostile"
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
-
-
-def _local(name: str) -> Any:
-    return importlib.import_module(f"moelora.local.{name}")  # by name only: the local stack's modules may move
 
 
 def _safetensors(header: dict[str, Any], data: bytes = b"") -> bytes:
@@ -206,7 +203,6 @@ def _renamed(weights: bytes, old: str, new: str) -> bytes:
 
 @pytest.fixture(scope="module")
 def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    stack, manifests = _local("stack"), _local("manifests")
     root = tmp_path_factory.mktemp("hostile")
     with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
         running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=1))
@@ -226,14 +222,13 @@ class Watch(threading.Thread):
         self.rounds = 0
 
     def run(self) -> None:
-        vllm = _local("vllm")
         while not self.stop.is_set():
             started = time.monotonic()
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
                     if response.status != 200:
                         self.problems.append(f"/health {response.status}")
-                vllm.complete(url=self.url, model=self.adapter, prompt="hi", max_tokens=2)
+                vllm_server.complete(url=self.url, model=self.adapter, prompt="hi", max_tokens=2)
             except Exception as error:  # noqa: BLE001 - every failure is a finding
                 self.problems.append(f"{type(error).__name__}: {error}")
             self.slowest = max(self.slowest, time.monotonic() - started)
@@ -242,7 +237,6 @@ class Watch(threading.Thread):
 
 
 def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_stack: Any) -> None:
-    manifests, models, s3 = _local("manifests"), _local("models"), _local("s3")
     local = hostile_stack
     good = models.make_adapter(
         model_dir=local.model_dir, path=local.root / "good", base_model_name=manifests.BASE_MODEL_NAME, rank=8
@@ -270,6 +264,6 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_st
         assert {r.get("reason") for r in replicas.values()} == {reason}, json.dumps(bodies[name]["status"])
         for replica in replicas.values():  # untrusted names arrive escaped, never as raw control characters
             assert str(replica.get("lastError", "")).isprintable(), replica
-    served = _local("vllm").models(url=url)
+    served = vllm_server.models(url=url)
     assert not set(cases) & set(served)  # none reached vLLM
     assert watch.rounds > 5 and not watch.problems, watch.problems[:5]
