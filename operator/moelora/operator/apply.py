@@ -35,6 +35,20 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets"
+    ),
+    ("inference.networking.k8s.io/v1", "InferencePool"): (
+        "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools"
+    ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+    ): "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): (
+        "/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+    ),
+    ("keda.sh/v1alpha1", "ScaledObject"): "/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
 }
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
