@@ -6,9 +6,12 @@ import copy
 import datetime
 import subprocess
 
+import pytest
+
 from moelora.api import AdapterCounts, ModelServerStatus
 from moelora.operator import multinode
 from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.errors import SpecProblem
 from moelora.operator.settings import Settings
 from moelora.operator.status import model_server_status
 
@@ -139,3 +142,41 @@ def test_the_checker_catches_a_broken_leader_worker_set(settings: Settings) -> N
         ".spec.leaderWorkerTemplate.restartPolicy: 'Always' is not one of "
         "['Default', 'RecreateGroupOnPodRestart', 'None']",
     ]
+
+
+def test_engine_args_may_not_set_the_groups_parallelism(settings: Settings) -> None:
+    for flag in ("--pipeline-parallel-size=4", "-pp", "--distributed-executor-backend=mp"):
+        args = [flag] if "=" in flag else [flag, "4"]
+        with pytest.raises(SpecProblem) as caught:
+            render(settings, engineArgs=args)
+        assert caught.value.reason == "ManagedEngineFlag"
+    assert "Deployment" in render(settings, nodes=1, engineArgs=["--pipeline-parallel-size=2"])
+
+
+def test_a_taken_leader_worker_set_name_keeps_the_deployment(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moelora.operator import apply, model_servers
+
+    deleted: list[str] = []
+
+    def ensure(*, api: object, desired: dict, owner_uid: str) -> tuple[dict, str]:
+        if desired["kind"] == "LeaderWorkerSet":
+            raise apply.NotOwned("LeaderWorkerSet", "srv")
+        return desired, "created"
+
+    def delete_if_owned(*, kind: str, **_: object) -> bool:
+        deleted.append(kind)
+        return True
+
+    monkeypatch.setattr(apply, "ensure", ensure)
+    monkeypatch.setattr(apply, "delete_if_owned", delete_if_owned)
+    owner = {
+        "apiVersion": "moelora.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "srv", "namespace": "ns", "uid": "u1"},
+    }
+    children = list(render(settings).values())
+    _, problem = model_servers.apply_children(api=None, children=children, owner=owner)  # type: ignore[arg-type]
+    assert problem is not None and problem.reason == "NameTaken"
+    assert "Deployment" not in deleted

@@ -106,6 +106,8 @@ def apply_children(
     for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
         if (api_version, kind) in rendered:
             continue
+        if kind in ("Deployment", "LeaderWorkerSet") and {"Deployment", "LeaderWorkerSet"} & not_applied:
+            continue  # the workload replacing this one was not applied: keep serving with the old one
         name = optional_name(meta["name"])
         deleted = apply.delete_if_owned(
             api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]

@@ -13,8 +13,9 @@ import copy
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import naming
+from moelora.operator import engine, naming
 from moelora.operator.deployment import AGENT_CONTAINER, KUBE_API_VOLUME, VLLM_CONTAINER
+from moelora.operator.errors import SpecProblem
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on each group's leader
@@ -33,6 +34,8 @@ while sum(1 for node in ray.nodes() if node["Alive"]) < {nodes}:
 ' || exit 1
 exec python3 -m vllm.entrypoints.openai.api_server "$@"
 """
+# Set here from spec.nodes: the user's own would contradict the group's shape.
+GROUP_FLAGS = frozenset({"--pipeline-parallel-size", "-pp", "--distributed-executor-backend"})
 _WORKER_SCRIPT = 'exec ray start --address="${addr}:{port}" --block --disable-usage-stats'
 
 
@@ -86,7 +89,13 @@ def _worker_template(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def leader_worker_set(spec: ModelServerSpec, deployment: dict[str, Any]) -> dict[str, Any]:
-    """The LeaderWorkerSet serving what `deployment` (the single-node rendering of the same spec) would."""
+    """The LeaderWorkerSet serving what `deployment` (the single-node rendering of the same spec) would. Raises
+    SpecProblem for engineArgs that set the group's parallelism."""
+    for token in spec.engine_args:
+        if token.startswith("-") and engine.flag_name(token) in GROUP_FLAGS:
+            raise SpecProblem(
+                "ManagedEngineFlag", f"engineArgs may not set {engine.flag_name(token)}: moelora sets it from nodes"
+            )
     template = deployment["spec"]["template"]
     return {
         "apiVersion": LWS_API_VERSION,
