@@ -51,7 +51,7 @@ class GatewayRouting(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!self.enabled || size(self.parentRefs) > 0",
+                    "rule": "!self.enabled || (has(self.parentRefs) && size(self.parentRefs) > 0)",
                     "message": "parentRefs names at least one Gateway when enabled",
                     "fieldPath": ".parentRefs",
                 }
