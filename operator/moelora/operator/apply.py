@@ -35,17 +35,40 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets"
+    ),
+    ("inference.networking.k8s.io/v1", "InferencePool"): (
+        "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools"
+    ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+    ): "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): (
+        "/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+    ),
+    ("keda.sh/v1alpha1", "ScaledObject"): "/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
 }
+# Where pod templates are: a Deployment's, and a LeaderWorkerSet's two.
+_TEMPLATES = (
+    ("spec", "template"),
+    ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+    ("spec", "leaderWorkerTemplate", "workerTemplate"),
+)
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
-    ("spec", "template", "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"},
+    (*template, "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"} for template in _TEMPLATES
 }
 # Maps the operator owns whole: keys it no longer sets are removed.
 _WHOLE_MAPS = {
     ("data",),
-    ("spec", "template", "spec", "nodeSelector"),
-    ("spec", "template", "spec", "affinity"),
-    ("spec", "template", "metadata", "annotations"),
+    # A Service's selector, an InferencePool's: a server back on one node must stop asking for leaders only.
+    ("spec", "selector"),
+    ("spec", "selector", "matchLabels"),
+    *((*template, "spec", "nodeSelector") for template in _TEMPLATES),
+    *((*template, "spec", "affinity") for template in _TEMPLATES),
+    *((*template, "metadata", "annotations") for template in _TEMPLATES),
 }
 
 
