@@ -7,8 +7,8 @@ What `Emulator` adds to kmock 0.8:
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
-  ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector (metadata.name/namespace)
-  on lists and watches;
+  ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector on lists and watches
+  (`selectors`: parsed as Kubernetes does, a CRD's selectableFields, 400 BadRequest for a malformed one);
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
@@ -36,8 +36,9 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
-from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
+from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.selectors import BUILTIN_FIELDS, Selector, SelectorError
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
 
 
@@ -106,6 +107,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
     _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
+    _selectable: dict[Any, frozenset[str]] = attrs.field(factory=dict, init=False)  # a CRD's spec.selectableFields
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -117,8 +119,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             self._schemas[kmock.resource(key)] = schema
         for crd in custom_resource_definitions():
             for version in crd["spec"]["versions"]:
+                key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
+                fields = version.get("selectableFields") or crd["spec"].get("selectableFields") or []
+                self._selectable[kmock.resource(key)] = frozenset(f["jsonPath"].lstrip(".") for f in fields)
                 if "scale" in version.get("subresources", {}):
-                    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
                     self._scales[kmock.resource(key)] = version["subresources"]["scale"]
         # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
         verbs = {"create", "delete", "get", "list", "patch", "watch"}
@@ -258,7 +262,13 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
     # -- lists and watches with resourceVersion semantics -----------------------------------------------------------
     def _matching(self, request: kmock_rendering.Request) -> Any:
-        selector = Selector.from_params(request.params)
+        """The filter of a list or watch; raises a 400 BadRequest for a selector a real server refuses."""
+        resource = request.resource
+        selectable = self._selectable.get(resource) or BUILTIN_FIELDS.get(resource.plural if resource else "", ())
+        try:
+            selector = Selector.from_params(request.params, selectable=selectable)
+        except SelectorError as exc:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
 
         def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
             meta = obj.get("metadata") or {}
@@ -266,7 +276,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
                 resource == request.resource
                 and (request.namespace is None or meta.get("namespace") == request.namespace)
                 and (request.name is None or meta.get("name") == request.name)
-                and selector.matches(meta)
+                and selector.matches(obj)
             )
 
         return matches
@@ -293,6 +303,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         }
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
+        self._matching(request)  # a malformed selector is refused before the stream starts
         # kubectl refuses a watch stream without a JSON content type.
         return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=self._watch(request))
 
