@@ -61,6 +61,8 @@ class Context:
     written_phases: collections.defaultdict[ServerKey, dict[str, str]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(dict)
     )
+    # Server -> its pods -> ready when its adapters were last re-judged for a pod event; see lora_adapters.pod_event.
+    judged_pods: dict[ServerKey, dict[str, bool]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
@@ -29,20 +29,33 @@ class Observation:
     pods: Mapping[str, bool]  # the server's pods -> ready
 
 
+def named_pods(body: Mapping[str, Any]) -> set[str]:
+    """The pods whose agents have an entry in the adapter's status."""
+    return set((body.get("status") or {}).get("replicas") or {})
+
+
+def resolve_pods(
+    *, api: kubernetes.client.ApiClient, namespace: str, server: str, names: Collection[str]
+) -> dict[str, bool]:
+    """Pods the index lacks but the API server still has as pods of `server` -> ready (the index's watch may lag
+    the pod's agent: such a pod is not gone, so not pruned). One GET per name."""
+    found_pods = {}
+    for pod in sorted(names):
+        found = apply.get_pod(api=api, namespace=namespace, name=pod)
+        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == server:
+            found_pods[pod] = status.pod_ready(found.get("status") or {})
+    return found_pods
+
+
 def observe_pods(
     *, api: kubernetes.client.ApiClient, body: Mapping[str, Any], known: Mapping[str, bool]
 ) -> dict[str, bool]:
-    """The server's pods -> ready: the index's, plus each pod the adapter's status names that the index lacks but
-    the API server still has (its watch may lag the pod's agent: such a pod is not gone, so not pruned)."""
+    """The server's pods -> ready: the index's, plus the pods the adapter's status names that the index lacks but
+    the API server still has."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    pods = dict(known)
-    for pod in set((body.get("status") or {}).get("replicas") or {}) - set(pods):
-        found = apply.get_pod(api=api, namespace=meta["namespace"], name=pod)
-        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == spec.get(
-            "modelServer"
-        ):
-            pods[pod] = status.pod_ready(found.get("status") or {})
-    return pods
+    missing = named_pods(body) - set(known)
+    server = spec.get("modelServer") or ""
+    return {**known, **resolve_pods(api=api, namespace=meta["namespace"], server=server, names=missing)}
 
 
 def render_status_patch(observation: Observation, *, now: datetime.datetime) -> dict[str, Any]:
@@ -61,9 +74,9 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
 def rollup_adapter(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
-    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
-    observed_pods = observe_pods(api=memo.api, body=body, known=pods)
-    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods)
+    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed.
+    `pods` must already hold every pod the adapter's status names that still exists (see observe_pods)."""
+    observation = Observation(body=body, server_exists=server_exists, pods=pods)
     patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
@@ -74,18 +87,33 @@ def rollup_adapter(
     return patch.get("phase")
 
 
+def observe_and_rollup(
+    *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
+) -> str | None:
+    """rollup_adapter with the pods its status names that the index lacks read from the API."""
+    observed = observe_pods(api=memo.api, body=body, known=pods)
+    return rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=observed)
+
+
 def rollup_server_adapters(
-    *, memo: Context, namespace: str, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
+    *, memo: Context, key: ServerKey, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
 ) -> dict[str, str]:
-    """Re-judge every adapter of one server; the new phase of each whose phase changed."""
+    """Re-judge every adapter of one server from the index's copies; the new phase of each whose phase changed.
+    API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter that changed."""
+    bodies = [entry.body for entry in adapters if entry.body is not None and not _deleting(entry.body)]
+    missing = set().union(*map(named_pods, bodies)) - set(pods)
+    resolved = resolve_pods(api=memo.api, namespace=key[0], server=key[1], names=missing)
     new_phases = {}
-    for entry in adapters:
-        body = apply.get_lora_adapter(api=memo.api, namespace=namespace, name=entry.name)
-        if body is not None:
-            phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=pods)
-            if phase:
-                new_phases[entry.name] = phase
+    for body in bodies:
+        own = {pod: ready for pod, ready in resolved.items() if pod in named_pods(body)}
+        phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods={**pods, **own})
+        if phase:
+            new_phases[body["metadata"]["name"]] = phase
     return new_phases
+
+
+def _deleting(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
 async def recount(
@@ -117,7 +145,7 @@ async def _rejudge_server_adapters(
     new_phases = await memo.call(
         rollup_server_adapters,
         memo=memo,
-        namespace=key[0],
+        key=key,
         adapters=indexes.adapters(adapters_index, key),
         server_exists=bool(servers),
         pods=indexes.pods(pods_index, key),
@@ -139,9 +167,8 @@ async def adapter_changed(
         return
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
-    new_phase = await memo.call(
-        rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
-    )
+    pods = indexes.pods(pods_index, key)
+    new_phase = await memo.call(observe_and_rollup, memo=memo, body=dict(body), server_exists=bool(servers), pods=pods)
     if new_phase:
         new_phases = {body["metadata"]["name"]: new_phase}
         await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
@@ -156,14 +183,21 @@ async def pod_event(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
+    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods).
+    Its other changes (container statuses, annotations...) leave the server's pods -> ready as they were, and
+    with them every adapter's roll-up: those events cost nothing."""
+    key = (namespace, labels.get(naming.LABEL_SERVER, ""))
+    pods = indexes.pods(pods_index, key)
+    if memo.judged_pods.get(key) == pods:
+        return
     await _rejudge_server_adapters(
         memo=memo,
-        key=(namespace, labels.get(naming.LABEL_SERVER, "")),
+        key=key,
         model_servers_index=model_servers_index,
         adapters_index=adapters_index,
         pods_index=pods_index,
     )
+    memo.judged_pods[key] = pods
 
 
 async def model_server_event(
