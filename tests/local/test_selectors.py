@@ -159,3 +159,26 @@ def test_malformed_or_unsupported_selectors_get_400(kube: KubeAPI, path: str, pa
         _request(kube, path, **params)
     assert error.value.code == 400
     assert json.loads(error.value.read())["reason"] == "BadRequest"
+
+
+def test_an_object_leaving_or_entering_a_selection_is_deleted_or_added_in_the_watch(kube: KubeAPI) -> None:
+    path = "/apis/moelora.io/v1alpha1/namespaces/sel/loraadapters"
+    _post(kube, path, adapter("mover", "x"))
+    listed = _request(kube, path, fieldSelector="spec.modelServer=x")
+    version = listed["metadata"]["resourceVersion"]
+    move = json.dumps({"spec": {"modelServer": "y"}}).encode()
+    for _ in range(2):  # to y and back to x
+        request = urllib.request.Request(
+            f"{kube.url}{path}/mover",
+            data=move,
+            method="PATCH",
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        urllib.request.urlopen(request, timeout=10).read()
+        move = json.dumps({"spec": {"modelServer": "x"}}).encode()
+    params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "1"}
+    on_x = _request(kube, path, fieldSelector="spec.modelServer=x", **params)
+    assert [(event["type"], event["object"]["spec"]["modelServer"]) for event in on_x] == [
+        ("DELETED", "y"),
+        ("ADDED", "x"),
+    ]

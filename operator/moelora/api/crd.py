@@ -115,6 +115,7 @@ def _crd(
     schema: dict[str, Any],
     columns: list[dict[str, str]],
     scale: bool,
+    selectable: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     subresources: dict[str, Any] = {"status": {}}
     if scale:
@@ -145,6 +146,7 @@ def _crd(
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
                     "subresources": subresources,
+                    **({"selectableFields": [{"jsonPath": path} for path in selectable]} if selectable else {}),
                     "additionalPrinterColumns": columns
                     + [
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -183,6 +185,8 @@ def lora_adapter_crd() -> dict[str, Any]:
         plural="loraadapters",
         short_names=["lora"],
         scale=False,
+        # Each server's agents list and watch only their own adapters (fieldSelector, Kubernetes >= 1.31).
+        selectable=(".spec.modelServer",),
         schema=_root_schema(LoRAAdapter, name_rule=None),
         columns=[
             {"name": "Server", "type": "string", "jsonPath": ".spec.modelServer"},

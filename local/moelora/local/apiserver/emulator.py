@@ -8,7 +8,8 @@ What `Emulator` adds to kmock 0.8:
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
   ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector on lists and watches
-  (`selectors`: parsed as Kubernetes does, a CRD's selectableFields, 400 BadRequest for a malformed one);
+  (`selectors`: parsed as Kubernetes does, a CRD's selectableFields, 400 BadRequest for a malformed one; an object
+  that stops matching is DELETED from a watch's view, one that starts matching ADDED);
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
@@ -38,7 +39,7 @@ from kmock._internal import rendering as kmock_rendering
 from moelora.api.crd import custom_resource_definitions
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
-from moelora.local.apiserver.selectors import BUILTIN_FIELDS, Selector, SelectorError
+from moelora.local.apiserver.selectors import BUILTIN_FIELDS, Selector, SelectorError, selected_event
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
 
 
@@ -317,6 +318,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         matches = self._matching(request)
         initial: list[dict[str, Any]] = []
         async with self._lock:
+            selected = {
+                (namespace, name)
+                for (resource, namespace, name), obj in self.objects.items()
+                if not obj.deleted and matches(resource, obj.raw)
+            }
             if initial_events:
                 initial = [
                     copy.deepcopy(obj.raw)
@@ -346,8 +352,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             }
         try:
             async for resource, event in self._watchlog.follow(position, deadline=deadline):
-                if matches(resource, event["object"]):
-                    yield event
+                if resource == request.resource:
+                    seen = selected_event(event, selected=matches(resource, event["object"]), passing=selected)
+                    if seen is not None:
+                        yield seen
         except Expired as exc:
             yield _expired(str(exc))
 

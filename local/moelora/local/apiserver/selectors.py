@@ -221,3 +221,20 @@ class Selector:
         if not all(requirement.matches(labels) for requirement in self.labels):
             return False
         return all((_field_value(obj, field) == value) == (op == "=") for field, op, value in self.fields)
+
+
+def selected_event(event: dict[str, Any], *, selected: bool, passing: set[tuple[Any, Any]]) -> dict[str, Any] | None:
+    """A watch event as a selecting watch sends it: an object that stops matching the selector is DELETED from the
+    watch's view, one that starts matching is ADDED, others' events are not sent. `passing`: the (namespace, name)
+    of the objects the watch has seen matching so far, kept up to date here."""
+    meta = event["object"].get("metadata") or {}
+    key = (meta.get("namespace"), meta.get("name"))
+    was = key in passing
+    if event.get("type") == "DELETED":
+        passing.discard(key)
+        return event if was or selected else None
+    if selected:
+        passing.add(key)
+        return event if was or event.get("type") == "ADDED" else {**event, "type": "ADDED"}
+    passing.discard(key)
+    return {**event, "type": "DELETED"} if was else None
