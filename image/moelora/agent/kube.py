@@ -10,6 +10,7 @@ patch of the status subresource: N replicas patching the same object never overw
 from __future__ import annotations
 
 import base64
+import datetime
 import logging
 import os
 import threading
@@ -23,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from moelora.agent.reconcile import Desired
 from moelora.agent.validate import AdapterInfo
-from moelora.api import GROUP, VERSION, ReplicaAdapterState
+from moelora.api import GROUP, VERSION, ReplicaAdapterState, Rollup
 
 logger = logging.getLogger(__name__)
 PLURAL = "loraadapters"
@@ -105,7 +106,10 @@ class Kube:
     def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
         """Merge-patch this pod's key of the adapter's status (and the file facts); False if the adapter is gone."""
         # Explicit nulls: a merge patch must delete a stale reason/lastError, not leave it.
-        status: dict[str, Any] = {"replicas": {pod: state.model_dump(mode="json", by_alias=True)}}
+        entry = state.model_dump(mode="json", by_alias=True)
+        entry["observedAt"] = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # Stale until the operator rolls this change up: with the operator away, the phase shown says it is old.
+        status: dict[str, Any] = {"replicas": {pod: entry}, "rollup": Rollup.STALE.value}
         if info is not None:
             status.update(
                 rank=info.rank,

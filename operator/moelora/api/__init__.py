@@ -13,6 +13,7 @@ from moelora.api.lora_adapter import (
     LoRAAdapterSpec,
     LoRAAdapterStatus,
     ReplicaAdapterState,
+    Rollup,
     VersionPin,
 )
 from moelora.api.model_server import (
@@ -57,6 +58,7 @@ __all__ = [
     "ModelSpec",
     "MoeShape",
     "ReplicaAdapterState",
+    "Rollup",
     "ResourceSpec",
     "S3Spec",
     "SecretRef",

@@ -195,6 +195,8 @@ def lora_adapter_crd() -> dict[str, Any]:
             {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
             {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
             {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            # Stale while the operator is away: the phase shown is then older than the pods' own entries.
+            {"name": "Rollup", "type": "string", "jsonPath": ".status.rollup"},
         ],
     )
 
