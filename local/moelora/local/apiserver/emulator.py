@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import enums as kmock_enums
@@ -191,7 +192,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         old = self._current(request)
         if old is None or request.data is None:
             return  # kmock answers 404
-        new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        try:
+            new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        except jsonpatch.JsonPatchException as exc:  # e.g. kopf's `test` of resourceVersion: it expects 422, not 500
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the JSON patch failed: {exc}") from None
         info = self._info(request.resource)
         if request.subresource == "scale" and request.resource in self._scales:
             replicas = at_path(new, "spec.replicas")  # a Scale patch: {"spec": {"replicas": N}}
