@@ -132,3 +132,34 @@ def test_other_pods_and_deployments_never_reach_the_operator(kube: KubeAPI) -> N
     time.sleep(0.5)
     assert counter(kube).watch_events[("kopf", "pods")] == 1
     assert counter(kube).watch_events[("kopf", "deployments")] == 0
+
+
+async def test_recounts_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 adapters changing phase at once cost two reconciles of their server (the running one and one that reads
+    every later phase), not 100, and the last one counts them all."""
+    import asyncio
+    import concurrent.futures
+
+    from moelora.operator import lora_adapters, model_servers
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
+
+    key = ("ns", "srv")
+    names = [f"a{i}" for i in range(100)]
+    index = {key: [AdapterEntry(name=name, phase="Pending") for name in names]}
+    seen: list[dict[str, str]] = []
+
+    def fake_reconcile(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry]) -> None:
+        seen.append({entry.name: entry.phase for entry in adapters})
+        time.sleep(0.05)
+
+    monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
+    await asyncio.gather(
+        *(
+            lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={name: "Failed"})
+            for name in names
+        )
+    )
+    memo.executor.shutdown()
+    assert len(seen) <= 2 and seen[-1] == dict.fromkeys(names, "Failed")

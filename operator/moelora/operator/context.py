@@ -63,6 +63,8 @@ class Context:
     )
     # Server -> its pods -> ready when its adapters were last re-judged for a pod event; see lora_adapters.pod_event.
     judged_pods: dict[ServerKey, dict[str, bool]] = dataclasses.field(default_factory=dict)
+    # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
+    recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

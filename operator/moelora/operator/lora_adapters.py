@@ -14,10 +14,9 @@ from typing import Any
 import kopf
 import kubernetes.client
 
-from moelora.operator import apply, indexes, naming, status
+from moelora.operator import apply, indexes, model_servers, naming, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
-from moelora.operator.model_servers import reconcile_serially
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -125,12 +124,26 @@ async def recount(
     new_phases: Mapping[str, str],
 ) -> None:
     """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
-    new phases already: see indexes.adapter_phases)."""
+    new phases already: see indexes.adapter_phases).
+
+    Coalesced: while one recount of a server waits for its lock, later ones return at once, because the waiting
+    one reads every phase written before it gets the lock. Hundreds of adapters changing phase together then cost
+    a couple of reconciles instead of one each, and their handlers do not queue on the lock (which held back kopf's
+    processing of their next events, and with it the adapters' index)."""
     if not new_phases:
         return
     memo.written_phases[key].update(new_phases)
     for server in servers:
-        await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
+        if server in memo.recounts_waiting:
+            continue
+        memo.recounts_waiting.add(server)
+        try:
+            async with memo.locks[server]:
+                memo.recounts_waiting.discard(server)  # from here on, phases are read: later ones need a recount
+                adapters = indexes.adapter_phases(memo, adapters_index, server)
+                await memo.call(model_servers.reconcile, memo=memo, key=server, adapters=adapters)
+        finally:
+            memo.recounts_waiting.discard(server)
 
 
 async def _rejudge_server_adapters(
