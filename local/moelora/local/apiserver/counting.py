@@ -33,14 +33,17 @@ def _resource(request: kmock_rendering.Request) -> str:
 @attrs.define(kw_only=True)
 class CountingEmulator(Emulator):
     """`requests[(client, verb, resource)]`: requests other than watches; `watch_events[(client, resource)]`:
-    events sent on watch streams (bookmarks excluded). `reset()` starts a new count."""
+    events sent on watch streams (bookmarks excluded); `listed[(client, resource)]`: objects sent in lists.
+    `reset()` starts a new count."""
 
     requests: collections.Counter[Key] = attrs.field(factory=collections.Counter, init=False)
     watch_events: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
+    listed: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter, init=False)
 
     def reset(self) -> None:
         self.requests.clear()
         self.watch_events.clear()
+        self.listed.clear()
 
     def total(self, *, client: str | None = None, exclude: tuple[str, ...] = ("events",)) -> int:
         """Requests of `client` (None: all) outside the `exclude`d resources (kopf's own Events, by default)."""
@@ -54,6 +57,12 @@ class CountingEmulator(Emulator):
         if request.resource is not None and request.action != kmock_enums.action.WATCH:
             self.requests[(client_of(request), request.method.name.lower(), _resource(request))] += 1
         return await super()._handle(request)
+
+    async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
+        result = await super()._serve_list(request)
+        if isinstance(result, dict):
+            self.listed[(client_of(request), _resource(request))] += len(result.get("items") or [])
+        return result
 
     async def _watch(self, request: kmock_rendering.Request) -> AsyncIterator[Any]:
         key = (client_of(request), _resource(request))
