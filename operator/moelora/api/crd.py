@@ -30,6 +30,7 @@ _KEPT = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
     "properties",
     "required",
     "items",
@@ -71,6 +72,8 @@ def _convert(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any
         if len(options) != 1:
             raise ValueError(f"a structural schema cannot express anyOf {options!r}")
         node = {**_convert(options[0], definitions), **{k: v for k, v in node.items() if k != "default"}}
+        if "properties" in node:  # a dict typed by the field's own schema: pydantic's free-form must not keep all
+            node.pop("x-kubernetes-preserve-unknown-fields", None)
         if node.get("default", ...) is None:
             node.pop("default")
     if "const" in node:

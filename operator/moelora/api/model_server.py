@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -16,6 +16,7 @@ from moelora.api.common import (
     Condition,
     SecretRef,
 )
+from moelora.api.scheduling import AFFINITY, KEY_RULE_MAP, LABEL_KEY, LABEL_VALUE, TOLERATION
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -23,7 +24,12 @@ MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 
 # Lets the API server fill in the defaults inside an object the user left out.
 DEFAULT_EMPTY = {"default": {}}
-FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+# Resource name -> quantity, bounded like every map here (see moelora.api.scheduling).
+RESOURCE_MAP = {
+    "maxProperties": 8,
+    "additionalProperties": {"type": "string", "pattern": QUANTITY, "maxLength": 64},
+    **KEY_RULE_MAP,
+}
 
 
 class ModelSpec(ApiModel):
@@ -37,6 +43,7 @@ class ModelSpec(ApiModel):
     )
     source: str | None = Field(
         default=None,
+        max_length=1024,
         pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
         description="Where the weights are: hf://org/name (Hugging Face), s3://bucket/prefix, or "
         "pvc://claim/path (a PersistentVolumeClaim in the namespace). Default: hf://<name>.",
@@ -74,7 +81,7 @@ class LoRASpec(ApiModel):
     )
     max_lora_rank: MaxLoraRank = Field(default=16, description="Highest adapter rank served (--max-lora-rank).")
     fully_sharded: bool = Field(default=False, description="Shard LoRA weights across tensor-parallel ranks.")
-    target_modules: list[str] | None = Field(
+    target_modules: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,
         max_length=64,
         description="Modules adapters may target. Default: any; adapters naming others are refused.",
@@ -157,12 +164,12 @@ class ResourceSpec(ApiModel):
     requests: dict[str, str] = Field(
         default_factory=dict,
         description="Resource name to quantity, e.g. {cpu: '8', memory: 64Gi}: what the scheduler reserves.",
-        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
+        json_schema_extra=RESOURCE_MAP,
     )
     limits: dict[str, str] = Field(
         default_factory=dict,
         description="Resource name to quantity, e.g. {memory: 96Gi}: the most the container may use.",
-        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
+        json_schema_extra=RESOURCE_MAP,
     )
 
 
@@ -174,10 +181,16 @@ class S3Spec(ApiModel):
         description="Secret with AWS_* keys. Absent: the pod's own identity (IRSA, pod identity).",
     )
     endpoint_url: str | None = Field(
-        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores (MinIO, Ceph...)."
+        default=None,
+        max_length=1024,
+        pattern=r"^https?://\S+$",
+        description="For S3-compatible stores (MinIO, Ceph...).",
     )
     region: str | None = Field(
-        default=None, pattern=r"^[a-z0-9-]+$", description="The buckets' region, e.g. eu-west-1 (the pods' AWS_REGION)."
+        default=None,
+        max_length=64,
+        pattern=r"^[a-z0-9-]+$",
+        description="The buckets' region, e.g. eu-west-1 (the pods' AWS_REGION).",
     )
 
 
@@ -186,6 +199,7 @@ class AdapterCacheSpec(ApiModel):
 
     size_limit: str = Field(
         default="20Gi",
+        max_length=64,
         pattern=QUANTITY,
         description="Disk for downloaded adapters per replica; least recently used are evicted.",
     )
@@ -194,8 +208,8 @@ class AdapterCacheSpec(ApiModel):
 class EnvVar(ApiModel):
     """One environment variable of the vLLM container."""
 
-    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="The variable's name.")
-    value: str = Field(default="", description="Its value.")
+    name: str = Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=128, description="The variable's name.")
+    value: str = Field(default="", max_length=512, description="Its value.")
 
 
 class ModelServerSpec(ApiModel):
@@ -205,6 +219,7 @@ class ModelServerSpec(ApiModel):
     image: str | None = Field(
         default=None,
         min_length=1,
+        max_length=512,
         description="vLLM serving image. Default: the operator's pinned moelora server image.",
     )
     replicas: int = Field(
@@ -217,39 +232,49 @@ class ModelServerSpec(ApiModel):
     gpus: int = Field(
         default=1, ge=0, le=16, description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU."
     )
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu", max_length=LABEL_KEY, description="Extended resource name of the GPUs."
+    )
     resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
     node_selector: dict[str, str] = Field(
         default_factory=dict,
         description="Node labels the pods must run on. kernels.configs=auto reads the GPU model from "
         "nvidia.com/gpu.product here.",
+        json_schema_extra={
+            "maxProperties": 16,
+            "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE},
+            **KEY_RULE_MAP,
+        },
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
+        max_length=16,
         description="Taints the pods tolerate (Kubernetes Toleration objects), e.g. those of a GPU node pool.",
-        json_schema_extra={"items": FREE_FORM},
+        json_schema_extra={"items": TOLERATION},
     )
     affinity: dict[str, Any] | None = Field(
         default=None,
-        description="Affinity of the pods (a Kubernetes Affinity object), e.g. to spread replicas over nodes.",
-        json_schema_extra=FREE_FORM,
+        description="Affinity of the pods (a Kubernetes Affinity object, its common fields with bounded lists), "
+        "e.g. to spread replicas over nodes.",
+        json_schema_extra=AFFINITY,
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
     kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
-    engine_args: list[str] = Field(
+    engine_args: list[Annotated[str, Field(max_length=256)]] = Field(
         default_factory=list,
-        max_length=100,
+        max_length=64,
         description="Extra vLLM flags, e.g. ['--max-model-len=8192']. Flags moelora sets itself are refused.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
-        max_length=100,
+        max_length=48,
         description="Extra environment variables of the vLLM container. Variables moelora sets itself are refused.",
     )
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
     service_account_name: str | None = Field(
         default=None,
+        max_length=253,
         pattern=DNS_SUBDOMAIN,
         description="ServiceAccount of the pods (for IRSA / pod identity). Default: the chart's server account.",
     )
