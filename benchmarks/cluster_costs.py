@@ -74,6 +74,17 @@ def _wait(check: Callable[[], bool], *, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def _quiet(counter: CountingEmulator, *, seconds: float = 2.0, timeout: float = 300) -> None:
+    """Until the operator has made no request for `seconds` (its backlog of events is worked off)."""
+    deadline = time.monotonic() + timeout
+    last, since = counter.total(client=OPERATOR_CLIENT), time.monotonic()
+    while time.monotonic() - since < seconds and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = counter.total(client=OPERATOR_CLIENT)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -201,7 +212,7 @@ def measure(costs: Costs, *, timeout: float = 600) -> Costs:
         try:
             _wait(lambda: _rolled_up(kube, costs.adapters), timeout=timeout, what="the operator's first roll-up")
             costs.startup_s = time.monotonic() - start
-            time.sleep(2)  # the echoes of the roll-up's writes
+            _quiet(counter)  # the other server's adapters and the echoes of the roll-up's writes
 
             before = counter.total(client=OPERATOR_CLIENT)
             calls_before = dict(counter.requests)
@@ -230,7 +241,7 @@ def measure(costs: Costs, *, timeout: float = 600) -> Costs:
             _agents_report(rest, costs)
             _wait(lambda: _rolled_up(kube, costs.adapters, phase="Loaded"), timeout=timeout, what="Loaded")
             costs.settle_s = time.monotonic() - start
-            time.sleep(2)
+            _quiet(counter)
             costs.agent_watch_events = counter.watch_events[(OPERATOR_CLIENT, "loraadapters")] - agent_before
             costs.agent_bound = 2 * costs.adapters * len(AGENT_STATES)
             costs.pod_watch_events = counter.watch_events[("kopf", "pods")]

@@ -47,7 +47,11 @@ def adapters_index(
         return None
     meta = body.get("metadata") or {}
     kept = {
-        "metadata": {key: meta[key] for key in ("name", "namespace", "generation", "deletionTimestamp") if key in meta},
+        "metadata": {
+            key: meta[key]
+            for key in ("name", "namespace", "generation", "resourceVersion", "deletionTimestamp")
+            if key in meta
+        },
         "spec": copy.deepcopy(dict(spec)),
         "status": copy.deepcopy(dict(status)),
     }

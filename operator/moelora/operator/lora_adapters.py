@@ -70,19 +70,44 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
     )
 
 
+def _version(body: Mapping[str, Any]) -> int:
+    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
+    return int(value) if value.isdigit() else 0
+
+
+def freshest(memo: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The adapter with the status this operator last wrote, where that write is newer than `body` (an event or
+    index copy from before the write's watch event came back); judged from the older copy, the roll-up would write
+    again what it just wrote. Forgets the write once a copy at least as new arrives. resourceVersions are compared
+    as the integers every API server issues (etcd revisions); one that is not an integer is never kept."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    written = memo.written_statuses.get(key)
+    if written is None:
+        return body
+    version, written_status = written
+    if version > _version(body):
+        return {**body, "status": written_status}
+    memo.written_statuses.pop(key, None)
+    return body
+
+
 def rollup_adapter(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed.
     `pods` must already hold every pod the adapter's status names that still exists (see observe_pods)."""
+    body = freshest(memo, body)
     observation = Observation(body=body, server_exists=server_exists, pods=pods)
     patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
     meta = body["metadata"]
-    apply.patch_status(
+    stored = apply.patch_status(
         api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
     )
+    if stored is not None and _version(stored):
+        memo.written_statuses[(meta["namespace"], meta["name"])] = (_version(stored), stored.get("status") or {})
     return patch.get("phase")
 
 
@@ -90,6 +115,7 @@ def observe_and_rollup(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
     """rollup_adapter with the pods its status names that the index lacks read from the API."""
+    body = freshest(memo, body)
     observed = observe_pods(api=memo.api, body=body, known=pods)
     return rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=observed)
 
@@ -99,7 +125,7 @@ def rollup_server_adapters(
 ) -> dict[str, str]:
     """Re-judge every adapter of one server from the index's copies; the new phase of each whose phase changed.
     API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter that changed."""
-    bodies = [entry.body for entry in adapters if entry.body is not None and not _deleting(entry.body)]
+    bodies = [freshest(memo, entry.body) for entry in adapters if entry.body is not None and not _deleting(entry.body)]
     missing = set().union(*map(named_pods, bodies)) - set(pods)
     resolved = resolve_pods(api=memo.api, namespace=key[0], server=key[1], names=missing)
     new_phases = {}
@@ -167,6 +193,7 @@ async def _rejudge_server_adapters(
 
 
 async def adapter_changed(
+    event: kopf.RawEvent,
     body: kopf.Body,
     namespace: str,
     spec: kopf.Spec,
@@ -176,7 +203,9 @@ async def adapter_changed(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    if body.get("metadata", {}).get("deletionTimestamp"):
+    if event.get("type") == "DELETED":
+        memo.written_statuses.pop((namespace, body["metadata"]["name"]), None)
+    if body.get("metadata", {}).get("deletionTimestamp") or event.get("type") == "DELETED":
         return
     key = (namespace, spec.get("modelServer", ""))
     servers = indexes.servers(model_servers_index, key)
