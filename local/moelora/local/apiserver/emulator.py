@@ -7,9 +7,7 @@ What `Emulator` adds to kmock 0.8:
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
-  ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector on lists and watches
-  (`selectors`: parsed as Kubernetes does, a CRD's selectableFields, 400 BadRequest for a malformed one; an object
-  that stops matching is DELETED from a watch's view, one that starts matching ADDED);
+  ending in a bookmark (kubectl >= 1.35 waits that way), label and field selectors on lists and watches (`selectors`);
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
@@ -38,9 +36,9 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
+from moelora.local.apiserver import selectors
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
-from moelora.local.apiserver.selectors import BUILTIN_FIELDS, Selector, SelectorError, selected_event
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
 
 
@@ -109,7 +107,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
     _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
-    _selectable: dict[Any, frozenset[str]] = attrs.field(factory=dict, init=False)  # a CRD's spec.selectableFields
+    _selectable: dict[Any, frozenset[str]] = attrs.field(
+        factory=lambda: selectors.selectable_fields(kmock.resource), init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -121,10 +121,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             self._schemas[kmock.resource(key)] = schema
         for crd in custom_resource_definitions():
             for version in crd["spec"]["versions"]:
-                key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
-                fields = version.get("selectableFields") or crd["spec"].get("selectableFields") or []
-                self._selectable[kmock.resource(key)] = frozenset(f["jsonPath"].lstrip(".") for f in fields)
                 if "scale" in version.get("subresources", {}):
+                    key = f"{crd['spec']['group']}/{version['name']}/{crd['spec']['names']['plural']}"
                     self._scales[kmock.resource(key)] = version["subresources"]["scale"]
         # kopf's peering kinds, for operators run with a peering name (several replicas, one active).
         verbs = {"create", "delete", "get", "list", "patch", "watch"}
@@ -267,24 +265,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
     # -- lists and watches with resourceVersion semantics -----------------------------------------------------------
     def _matching(self, request: kmock_rendering.Request) -> Any:
-        """The filter of a list or watch; raises a 400 BadRequest for a selector a real server refuses."""
-        resource = request.resource
-        selectable = self._selectable.get(resource) or BUILTIN_FIELDS.get(resource.plural if resource else "", ())
-        try:
-            selector = Selector.from_params(request.params, selectable=selectable)
-        except SelectorError as exc:
+        selectable = self._selectable.get(request.resource) or selectors.BUILTIN_FIELDS.get(request.resource.plural, ())
+        try:  # a selector a real server refuses is a 400
+            return selectors.request_filter(request, selectable=selectable)
+        except selectors.SelectorError as exc:
             raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
-
-        def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
-            meta = obj.get("metadata") or {}
-            return (
-                resource == request.resource
-                and (request.namespace is None or meta.get("namespace") == request.namespace)
-                and (request.name is None or meta.get("name") == request.name)
-                and selector.matches(obj)
-            )
-
-        return matches
 
     async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         info = self._info(request.resource)
@@ -322,17 +307,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         matches = self._matching(request)
         initial: list[dict[str, Any]] = []
         async with self._lock:
-            selected = {
-                (namespace, name)
-                for (resource, namespace, name), obj in self.objects.items()
-                if not obj.deleted and matches(resource, obj.raw)
-            }
+            current = [o.raw for (r, _, _), o in self.objects.items() if not o.deleted and matches(r, o.raw)]
+            selected = {selectors.selection_key(request.resource, raw) for raw in current}
             if initial_events:
-                initial = [
-                    copy.deepcopy(obj.raw)
-                    for (resource, _, _), obj in self.objects.items()
-                    if not obj.deleted and matches(resource, obj.raw)
-                ]
+                initial = copy.deepcopy(current)
                 position: int | None = self._watchlog.end
                 version = next(self._versions)
             else:
@@ -356,10 +334,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             }
         try:
             async for resource, event in self._watchlog.follow(position, deadline=deadline):
-                if resource == request.resource:
-                    seen = selected_event(event, selected=matches(resource, event["object"]), passing=selected)
-                    if seen is not None:
-                        yield seen
+                seen = selectors.selected_event(
+                    resource, event, selected=matches(resource, event["object"]), passing=selected
+                )
+                if seen is not None:
+                    yield seen
         except Expired as exc:
             yield _expired(str(exc))
 

@@ -5,15 +5,18 @@ Label selectors: comma-separated requirements `k=v`, `k==v`, `k!=v`, `k in (a,b)
 `notin` also match objects without the key, as on a real server. Field selectors: `f=v`, `f==v`, `f!=v` with `\\`
 escaping `,`, `=` and `\\`; only the fields a resource declares are selectable (metadata.name/namespace on every
 kind, a few per built-in kind, `spec.selectableFields` of a CRD); any other field is refused, as a real server does.
-A malformed selector raises `SelectorError` (the server answers 400 BadRequest).
+A malformed selector raises `SelectorError` (the server answers 400 BadRequest). On a watch, an object that stops
+matching is sent as DELETED, one that starts matching as ADDED (`selected_event`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
+
+from moelora.api.crd import custom_resource_definitions
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _NAME_RE = re.compile(rf"^{_NAME}$")
@@ -223,12 +226,35 @@ class Selector:
         return all((_field_value(obj, field) == value) == (op == "=") for field, op, value in self.fields)
 
 
-def selected_event(event: dict[str, Any], *, selected: bool, passing: set[tuple[Any, Any]]) -> dict[str, Any] | None:
+def request_filter(request: Any, *, selectable: Collection[str]) -> Callable[[Any, Mapping[str, Any]], bool]:
+    """Whether a (resource, object) is in what a list or watch request asks for: its resource, namespace, name and
+    selectors."""
+    selector = Selector.from_params(request.params, selectable=selectable)
+
+    def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata") or {}
+        return (
+            resource == request.resource
+            and (request.namespace is None or meta.get("namespace") == request.namespace)
+            and (request.name is None or meta.get("name") == request.name)
+            and selector.matches(obj)
+        )
+
+    return matches
+
+
+def selection_key(resource: Any, obj: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    meta = obj.get("metadata") or {}
+    return (resource, meta.get("namespace"), meta.get("name"))
+
+
+def selected_event(
+    resource: Any, event: dict[str, Any], *, selected: bool, passing: set[tuple[Any, Any, Any]]
+) -> dict[str, Any] | None:
     """A watch event as a selecting watch sends it: an object that stops matching the selector is DELETED from the
-    watch's view, one that starts matching is ADDED, others' events are not sent. `passing`: the (namespace, name)
-    of the objects the watch has seen matching so far, kept up to date here."""
-    meta = event["object"].get("metadata") or {}
-    key = (meta.get("namespace"), meta.get("name"))
+    watch's view, one that starts matching is ADDED, others' events are not sent. `passing`: the selection_key of
+    the objects the watch has seen matching so far, kept up to date here."""
+    key = selection_key(resource, event["object"])
     was = key in passing
     if event.get("type") == "DELETED":
         passing.discard(key)
@@ -238,3 +264,15 @@ def selected_event(event: dict[str, Any], *, selected: bool, passing: set[tuple[
         return event if was or event.get("type") == "ADDED" else {**event, "type": "ADDED"}
     passing.discard(key)
     return {**event, "type": "DELETED"} if was else None
+
+
+def selectable_fields(key: Callable[[str], Any] = str) -> dict[Any, frozenset[str]]:
+    """Our CRDs' `selectableFields`, by `key('group/version/plural')`."""
+    result = {}
+    for crd in custom_resource_definitions():
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            fields = version.get("selectableFields") or spec.get("selectableFields") or []
+            resource = key(f"{spec['group']}/{version['name']}/{spec['names']['plural']}")
+            result[resource] = frozenset(field["jsonPath"].lstrip(".") for field in fields)
+    return result
