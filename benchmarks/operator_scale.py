@@ -1,6 +1,9 @@
 """200 ModelServers applied at once against the emulated API server: time from create to Deployment, operator RSS.
+With --adapters: one server's adapters in a cluster of unrelated pods, what the operator and an agent cost
+(benchmarks/cluster_costs.py).
 
     .venv/bin/python benchmarks/operator_scale.py [--servers 200] [--workers 16]
+    .venv/bin/python benchmarks/operator_scale.py --adapters 1000 --unrelated-pods 10000 [--other-adapters 1000]
 
 The API server is moelora.local.apiserver's emulator (kmock) in this process; the operator runs as its own process,
 `python -m moelora.operator`, exactly as in a cluster, so its peak RSS (VmHWM) is its own. Prints a Markdown table.
@@ -79,7 +82,12 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=200)
     parser.add_argument("--workers", type=int, default=16, help="concurrent clients creating the servers")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--adapters", type=int, default=0, help="one server with this many adapters instead")
+    parser.add_argument("--unrelated-pods", type=int, default=10000)
+    parser.add_argument("--other-adapters", type=int, default=1000, help="adapters of another server")
     args = parser.parse_args()
+    if args.adapters:
+        return adapters_table(args)
 
     with KubeAPI(validate=True) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_RESYNC_SECONDS": "300"}
@@ -143,6 +151,38 @@ def main() -> int:
         f"{args.workers} concurrent creating clients"
     )
     return 1 if missing else 0
+
+
+def adapters_table(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from cluster_costs import Costs, measure
+
+    costs = measure(
+        Costs(adapters=args.adapters, unrelated_pods=args.unrelated_pods, other_adapters=args.other_adapters)
+    )
+    rows = [
+        ("adapters on the server / of another server", f"{costs.adapters} / {costs.other_adapters}"),
+        ("unrelated pods (+1 Deployment)", f"{costs.unrelated_pods}"),
+        ("operator start → all adapters rolled up", f"{costs.startup_s:.1f} s"),
+        ("pods / Deployments in the operator's lists", f"{costs.pods_listed} / {costs.deployments_listed}"),
+        (
+            "operator pod watch events (server's pod events; unrelated pod writes)",
+            f"{costs.pod_watch_events} ({costs.server_pod_events}; {costs.unrelated_pod_events})",
+        ),
+        ("operator API calls per server pod event", f"{costs.calls_per_pod_event:.2f}"),
+        (
+            "agent watch events, both agents reporting each adapter in 2 states (bound 2 x adapters x states)",
+            f"{costs.agent_watch_events} ({costs.agent_bound})",
+        ),
+        ("agents' reports → all Loaded and Current", f"{costs.settle_s:.1f} s"),
+        ("operator peak RSS (VmHWM)", f"{costs.peak_rss_mib:.0f} MiB"),
+        ("ERROR lines in the operator's log", f"{len(costs.errors)}"),
+    ]
+    print("| measure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    print(f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from moelora.operator.settings import Settings
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moelora"
 NAMESPACE = "moelora-system"
-KUBE_VERSIONS = ("1.29.0", "1.37.0")  # Chart.yaml's kubeVersion floor, and the newest schemas we have
+KUBE_VERSIONS = ("1.31.0", "1.37.0")  # Chart.yaml's kubeVersion floor, and the newest schemas we have
 
 LONG_RELEASE = "a-release-name-that-is-long-enough-to-need-truncation"  # 53: Helm's longest release name
 
@@ -400,7 +400,7 @@ Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 OPERATOR_NAMESPACED: set[Rule] = {
     *{("moelora.io", "modelservers", v) for v in ("get", "list", "watch", "patch")},
-    *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
+    *{("moelora.io", "loraadapters", v) for v in ("list", "watch")},
     *{("moelora.io", r, "patch") for r in ("modelservers/status", "loraadapters/status")},
     *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
     *{

@@ -296,7 +296,7 @@ def test_dashboard_configmap_is_for_grafanas_sidecar() -> None:
         config_map, board = dashboard(value_set)
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert config_map["metadata"]["namespace"] == namespace
-        for version in ("1.29.0", "1.37.0"):
+        for version in ("1.31.0", "1.37.0"):
             kubernetes_validate.validate(config_map, version, strict=True)
         assert board == json.loads((CHART / "files" / "dashboards" / "moelora.json").read_text())
     assert one(render("pod-monitor"), "ConfigMap")["metadata"]["annotations"] == {"grafana_folder": "LLM"}

@@ -63,7 +63,7 @@ def test_get_prints_the_printer_columns(kube: KubeAPI) -> None:
     _status(kube, "cols", "ms", "tiny-moe", {"readyReplicas": 1, "adapters": {"loaded": 1, "desired": 2}})
 
     lines = _table(kube.kubectl("get", "lora", "-n", "cols").stdout)
-    assert _cells(lines[0]) == ["NAME", "SERVER", "PHASE", "LOADED", "DESIRED", "RANK", "REASON", "AGE"]
+    assert _cells(lines[0]) == ["NAME", "SERVER", "PHASE", "LOADED", "DESIRED", "RANK", "REASON", "ROLLUP", "AGE"]
     alpha = _cells(next(row for row in lines if row[0].strip() == "alpha"))
     assert alpha[:7] == ["alpha", "tiny-moe", "Loaded", "2", "3", "8", "Loaded"]
     assert alpha[7].endswith("s")  # an age, rendered by the server like kubectl does: "3s"

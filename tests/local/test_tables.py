@@ -69,7 +69,7 @@ def test_list_and_get_answer_tables_with_metadata_rows(kube: KubeAPI) -> None:
     table = _get(kube, LORAS)
     assert (table["kind"], table["apiVersion"]) == ("Table", "meta.k8s.io/v1")
     names = [column["name"] for column in table["columnDefinitions"]]
-    assert names == ["Name", "Server", "Phase", "Loaded", "Desired", "Rank", "Reason", "Age"]
+    assert names == ["Name", "Server", "Phase", "Loaded", "Desired", "Rank", "Reason", "Rollup", "Age"]
     assert table["columnDefinitions"][0]["format"] == "name"
     assert table["columnDefinitions"][-1]["type"] == "date"
     assert [row["cells"][:3] for row in table["rows"]] == [["a", "srv", None], ["b", "srv", None]]

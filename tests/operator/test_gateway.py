@@ -126,7 +126,10 @@ def test_the_adapter_index_gives_the_served_names_of_all_but_failed_adapters() -
 
     def entry(name: str, served: str | None, phase: str) -> indexes.AdapterEntry:
         spec = {"modelServer": "srv", **({"servedName": served} if served else {})}
-        [value] = indexes.adapters_index(spec=spec, status={"phase": phase}, name=name, namespace="ns").values()
+        body = {"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": {"phase": phase}}
+        [value] = indexes.adapters_index(
+            body=body, spec=spec, status={"phase": phase}, name=name, namespace="ns"
+        ).values()
         return value
 
     entries = [entry("a", "team-a/support", "Loaded"), entry("b", None, "Pending"), entry("c", None, "Failed")]

@@ -197,3 +197,11 @@ def test_secret_string_data_is_stored_as_base64_data(kube: KubeAPI) -> None:
     stored = kube.get("v1/secrets", "k", "creds")
     assert "stringData" not in stored
     assert stored["data"] == {"AWS_REGION": "ZXUtd2VzdC0x", "AWS_ACCESS_KEY_ID": "QUtJREVYQU1QTEU="}
+
+
+def test_a_failed_json_patch_test_is_422_as_kopf_expects(kube: KubeAPI) -> None:
+    # kopf guards its annotation patches with a `test` of resourceVersion and retries on the next cycle on 422.
+    kube.kubectl("apply", "-f", "-", stdin=server("jsonpatch"))
+    stale = json.dumps([{"op": "test", "path": "/metadata/resourceVersion", "value": "0"}])
+    result = kube.kubectl("patch", "ms", "jsonpatch", "-n", "k", "--type=json", "-p", stale, check=False)
+    assert result.returncode != 0 and "request is invalid" in result.stderr  # kubectl words a 422 so

@@ -1,5 +1,8 @@
 """The agent's only contact with Kubernetes: watch its server's LoRAAdapters, read Secrets, patch its status key.
 
+The API server sends each agent only its own server's adapters (a field selector on spec.modelServer); of those,
+events that change only status (the other pods' agents' patches) are dropped before any parsing.
+
 Each agent writes only `status.replicas.<its pod>` (plus the facts read from the adapter's files) with a JSON merge
 patch of the status subresource: N replicas patching the same object never overwrite each other.
 """
@@ -22,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from moelora.agent.reconcile import Desired
 from moelora.agent.validate import AdapterInfo
-from moelora.api import GROUP, VERSION, ReplicaAdapterState
+from moelora.api import GROUP, VERSION, ReplicaAdapterState, Rollup
 
 logger = logging.getLogger(__name__)
 PLURAL = "loraadapters"
@@ -49,19 +52,41 @@ class Kube:
         self.namespace = namespace
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.core = kubernetes.client.CoreV1Api(client)
+        # The CRD declares spec.modelServer selectable (Kubernetes >= 1.31); an older server refuses the selector
+        # with 400, and then this agent filters client-side instead (belongs()).
+        self.field_selectors = True
 
-    def list_adapters(self) -> tuple[list[dict[str, Any]], str | None]:
-        """All LoRAAdapters of the namespace and the list's resourceVersion (to watch from)."""
-        body: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
-            GROUP, VERSION, self.namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT
-        )
+    def _selector(self, model_server: str | None) -> dict[str, Any]:
+        if model_server is None or not self.field_selectors:
+            return {}
+        return {"field_selector": f"spec.modelServer={model_server}"}
+
+    def list_adapters(self, *, model_server: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """The LoRAAdapters of the namespace (only `model_server`'s if given, where the API server can select them)
+        and the list's resourceVersion (to watch from)."""
+        try:
+            body: dict[str, Any] = self.custom.list_namespaced_custom_object(  # type: ignore[assignment]
+                GROUP, VERSION, self.namespace, PLURAL, _request_timeout=REQUEST_TIMEOUT, **self._selector(model_server)
+            )
+        except ApiException as error:
+            if error.status != 400 or not self._selector(model_server):
+                raise
+            logger.warning("the API server cannot select LoRAAdapters by spec.modelServer; watching all of them")
+            self.field_selectors = False
+            return self.list_adapters(model_server=model_server)
         return list(body.get("items", [])), (body.get("metadata") or {}).get("resourceVersion") or None
 
     def watch_adapters(
-        self, *, resource_version: str | None, timeout_seconds: int, watch: kubernetes.watch.Watch
+        self,
+        *,
+        resource_version: str | None,
+        timeout_seconds: int,
+        watch: kubernetes.watch.Watch,
+        model_server: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event type, object) until the server ends the watch; ERROR events come through for the caller."""
         kwargs: dict[str, Any] = {"timeout_seconds": timeout_seconds, "_request_timeout": timeout_seconds + 30}
+        kwargs.update(self._selector(model_server))
         if resource_version:
             kwargs["resource_version"] = resource_version
         events = watch.stream(  # type: ignore[no-untyped-call]
@@ -83,7 +108,10 @@ class Kube:
     def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
         """Merge-patch this pod's key of the adapter's status (and the file facts); False if the adapter is gone."""
         # Explicit nulls: a merge patch must delete a stale reason/lastError, not leave it.
-        status: dict[str, Any] = {"replicas": {pod: state.model_dump(mode="json", by_alias=True)}}
+        entry = state.model_dump(mode="json", by_alias=True)
+        entry["observedAt"] = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # Stale until the operator rolls this change up: with the operator away, the phase shown says it is old.
+        status: dict[str, Any] = {"replicas": {pod: entry}, "rollup": Rollup.STALE.value}
         if info is not None:
             status.update(
                 rank=info.rank,
@@ -149,6 +177,7 @@ class AdapterWatcher:
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
         self._objects: dict[str, Desired] = {}  # by name, parsed once per change (not once per loop)
+        self._generations: dict[str, int | None] = {}  # by name: the metadata.generation last parsed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: kubernetes.watch.Watch | None = None
@@ -181,11 +210,19 @@ class AdapterWatcher:
 
     def _replace(self, items: list[dict[str, Any]]) -> None:
         parsed = [d for d in map(self._parse, items) if d is not None]
+        self._generations = {item["metadata"]["name"]: item["metadata"].get("generation") for item in items}
         with self._lock:
             self._objects = {d.name: d for d in parsed}
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
+        generation = obj["metadata"].get("generation")
+        deleting = obj["metadata"].get("deletionTimestamp")
+        if kind == "MODIFIED" and generation is not None and self._generations.get(name) == generation and not deleting:
+            return  # status patches (every pod's agent writes its own key) leave the generation as it was
+        self._generations[name] = generation
+        if kind == "DELETED":
+            self._generations.pop(name, None)
         desired = None if kind == "DELETED" else self._parse(obj)
         with self._lock:
             if desired is None:
@@ -200,14 +237,17 @@ class AdapterWatcher:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                items, version = self.kube.list_adapters()
+                items, version = self.kube.list_adapters(model_server=self.model_server)
                 self._replace(items)
                 self.synced.set()
                 self.on_change()
                 backoff = 0.5
                 self._watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
                 for kind, obj in self.kube.watch_adapters(
-                    resource_version=version, timeout_seconds=self.watch_timeout, watch=self._watch
+                    resource_version=version,
+                    timeout_seconds=self.watch_timeout,
+                    watch=self._watch,
+                    model_server=self.model_server,
                 ):
                     if self._stop.is_set():
                         return

@@ -7,6 +7,7 @@ agent both import it, and never each other.
 from moelora.api.autoscaling import AutoscalerEngine, AutoscalingSpec, AutoscalingTarget
 from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
 from moelora.api.env import EnvFromSource, EnvVar, EnvVarSource, KeySelector, TokenSecret
+from moelora.api.kernel_spec import KernelConfigMode, KernelImplementation, KernelSpec, MoeShape
 from moelora.api.lora_adapter import (
     AdapterPhase,
     AdapterSource,
@@ -15,6 +16,7 @@ from moelora.api.lora_adapter import (
     LoRAAdapterSpec,
     LoRAAdapterStatus,
     ReplicaAdapterState,
+    Rollup,
     VersionPin,
     normalize_endpoint,
 )
@@ -23,16 +25,12 @@ from moelora.api.model_server import (
     AdapterCacheSpec,
     AdapterCounts,
     ApiKeySecret,
-    KernelConfigMode,
-    KernelImplementation,
-    KernelSpec,
     LocalObjectRef,
     LoRASpec,
     ModelServer,
     ModelServerSpec,
     ModelServerStatus,
     ModelSpec,
-    MoeShape,
     ResourceSpec,
     S3Spec,
 )
@@ -76,6 +74,7 @@ __all__ = [
     "ModelSpec",
     "MoeShape",
     "ReplicaAdapterState",
+    "Rollup",
     "ResourceSpec",
     "S3Spec",
     "SecretRef",

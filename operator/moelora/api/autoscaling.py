@@ -37,6 +37,7 @@ class AutoscalingTarget(ApiModel):
     prometheus_address: str | None = Field(
         default=None,
         pattern=r"^https?://\S+$",
+        max_length=512,
         description="keda: the Prometheus that scrapes the server's pods, e.g. http://prometheus.monitoring:9090.",
     )
     query: str | None = Field(

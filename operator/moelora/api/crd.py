@@ -30,6 +30,7 @@ _KEPT = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
     "properties",
     "required",
     "items",
@@ -71,6 +72,8 @@ def _convert(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any
         if len(options) != 1:
             raise ValueError(f"a structural schema cannot express anyOf {options!r}")
         node = {**_convert(options[0], definitions), **{k: v for k, v in node.items() if k != "default"}}
+        if "properties" in node:  # a dict typed by the field's own schema: pydantic's free-form must not keep all
+            node.pop("x-kubernetes-preserve-unknown-fields", None)
         if node.get("default", ...) is None:
             node.pop("default")
     if "const" in node:
@@ -115,6 +118,7 @@ def _crd(
     schema: dict[str, Any],
     columns: list[dict[str, str]],
     scale: bool,
+    selectable: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     subresources: dict[str, Any] = {"status": {}}
     if scale:
@@ -145,6 +149,7 @@ def _crd(
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
                     "subresources": subresources,
+                    **({"selectableFields": [{"jsonPath": path} for path in selectable]} if selectable else {}),
                     "additionalPrinterColumns": columns
                     + [
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -183,6 +188,8 @@ def lora_adapter_crd() -> dict[str, Any]:
         plural="loraadapters",
         short_names=["lora"],
         scale=False,
+        # Each server's agents list and watch only their own adapters (fieldSelector, Kubernetes >= 1.31).
+        selectable=(".spec.modelServer",),
         schema=_root_schema(LoRAAdapter, name_rule=None),
         columns=[
             {"name": "Server", "type": "string", "jsonPath": ".spec.modelServer"},
@@ -191,6 +198,8 @@ def lora_adapter_crd() -> dict[str, Any]:
             {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
             {"name": "Rank", "type": "integer", "jsonPath": ".status.rank"},
             {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            # Stale while the operator is away: the phase shown is then older than the pods' own entries.
+            {"name": "Rollup", "type": "string", "jsonPath": ".status.rollup"},
         ],
     )
 

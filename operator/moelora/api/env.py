@@ -34,16 +34,22 @@ class KeySelector(ApiModel):
 class FieldSelector(ApiModel):
     """A field of the pod (the downward API), e.g. metadata.name or status.podIP."""
 
-    field_path: str = Field(min_length=1, description="The field, e.g. metadata.name, spec.nodeName, status.podIP.")
-    api_version: str | None = Field(default=None, description="Version of fieldPath's schema. Default: v1.")
+    field_path: str = Field(
+        min_length=1, max_length=128, description="The field, e.g. metadata.name, spec.nodeName, status.podIP."
+    )
+    api_version: str | None = Field(
+        default=None, max_length=16, description="Version of fieldPath's schema. Default: v1."
+    )
 
 
 class ResourceFieldSelector(ApiModel):
     """A resource request or limit of a container, e.g. limits.memory."""
 
-    resource: str = Field(min_length=1, description="The resource, e.g. limits.cpu or requests.memory.")
-    container_name: str | None = Field(default=None, description="The container. Default: vllm.")
-    divisor: str | None = Field(default=None, pattern=QUANTITY, description="Unit of the value, e.g. 1Mi.")
+    resource: str = Field(min_length=1, max_length=64, description="The resource, e.g. limits.cpu or requests.memory.")
+    container_name: str | None = Field(default=None, max_length=63, description="The container. Default: vllm.")
+    divisor: str | None = Field(
+        default=None, pattern=QUANTITY, max_length=32, description="Unit of the value, e.g. 1Mi."
+    )
 
 
 class EnvVarSource(ApiModel):
@@ -70,8 +76,10 @@ class EnvVar(ApiModel):
 
     model_config = _exactly_one("value", "valueFrom", message="set exactly one of value and valueFrom")
 
-    name: str = Field(pattern=ENV_NAME, description="The variable's name.")
-    value: str | None = Field(default=None, description="A literal value (never a credential: use valueFrom).")
+    name: str = Field(pattern=ENV_NAME, max_length=128, description="The variable's name.")
+    value: str | None = Field(
+        default=None, max_length=512, description="A literal value (never a credential: use valueFrom)."
+    )
     value_from: EnvVarSource | None = Field(default=None, description="Where the value comes from.")
 
 
@@ -87,7 +95,7 @@ class EnvFromSource(ApiModel):
 
     model_config = _exactly_one("secretRef", "configMapRef", message="set exactly one of secretRef and configMapRef")
 
-    prefix: str | None = Field(default=None, pattern=ENV_NAME, description="Put before each key.")
+    prefix: str | None = Field(default=None, pattern=ENV_NAME, max_length=64, description="Put before each key.")
     secret_ref: ObjectRef | None = Field(default=None, description="A Secret in the ModelServer's namespace.")
     config_map_ref: ObjectRef | None = Field(default=None, description="A ConfigMap in the ModelServer's namespace.")
 

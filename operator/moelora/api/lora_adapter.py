@@ -161,6 +161,16 @@ class ReplicaAdapterState(ApiModel):
     last_error: str | None = Field(default=None, description="The last failure on this pod, for a person.")
     loaded_at: datetime.datetime | None = Field(default=None, description="When vLLM on this pod loaded it.")
     version: str | None = Field(default=None, description="Digest of the weights this pod serves.")
+    observed_at: datetime.datetime | None = Field(
+        default=None, description="When this pod's agent last changed this entry (written only on a change)."
+    )
+
+
+class Rollup(str, enum.Enum):
+    """Whether phase, counts and conditions include every pod's latest entry."""
+
+    CURRENT = "Current"
+    STALE = "Stale"
 
 
 class LoRAAdapterStatus(ApiModel):
@@ -184,6 +194,14 @@ class LoRAAdapterStatus(ApiModel):
     )
     desired_replicas: int | None = Field(
         default=None, ge=0, description="Ready pods of the server, each of which should serve the adapter."
+    )
+    rollup: Rollup | None = Field(
+        default=None,
+        description="Stale: an agent changed its entry after the operator's last roll-up, so phase, counts and "
+        "conditions may lag the entries (the operator is down or behind); Current once the operator has rolled up.",
+    )
+    rolled_up_at: datetime.datetime | None = Field(
+        default=None, description="When the operator last changed phase, counts or conditions."
     )
     replicas: dict[str, ReplicaAdapterState] = Field(
         default_factory=dict, description="Per pod name: a map, so each agent patches only its own key."

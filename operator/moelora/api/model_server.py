@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -18,7 +17,10 @@ from moelora.api.common import (
     SecretRef,
 )
 from moelora.api.env import EnvFromSource, EnvVar, TokenSecret
+from moelora.api.kernel_spec import KernelSpec
+from moelora.api.pod_schemas import POD_SECURITY_CONTEXT, SECURITY_CONTEXT, TOPOLOGY_SPREAD
 from moelora.api.routing import RoutingSpec
+from moelora.api.scheduling import AFFINITY, KEY_RULE_MAP, LABEL_KEY, LABEL_VALUE, TOLERATION
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -26,7 +28,12 @@ MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 
 # Lets the API server fill in the defaults inside an object the user left out.
 DEFAULT_EMPTY = {"default": {}}
-FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+# Resource name -> quantity, bounded like every map here (see moelora.api.scheduling).
+RESOURCE_MAP = {
+    "maxProperties": 8,
+    "additionalProperties": {"type": "string", "pattern": QUANTITY, "maxLength": 64},
+    **KEY_RULE_MAP,
+}
 
 
 class ModelSpec(ApiModel):
@@ -40,6 +47,7 @@ class ModelSpec(ApiModel):
     )
     source: str | None = Field(
         default=None,
+        max_length=1024,
         pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
         description="Where the weights are: hf://org/name (Hugging Face), s3://bucket/prefix, or "
         "pvc://claim/path (a PersistentVolumeClaim in the namespace). Default: hf://<name>.",
@@ -82,80 +90,10 @@ class LoRASpec(ApiModel):
     )
     max_lora_rank: MaxLoraRank = Field(default=16, description="Highest adapter rank served (--max-lora-rank).")
     fully_sharded: bool = Field(default=False, description="Shard LoRA weights across tensor-parallel ranks.")
-    target_modules: list[str] | None = Field(
+    target_modules: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,
         max_length=64,
         description="Modules adapters may target. Default: any; adapters naming others are refused.",
-    )
-
-
-class KernelConfigMode(str, enum.Enum):
-    """Where the fused MoE-LoRA kernel configs come from: none, auto or configMap."""
-
-    NONE = "none"
-    AUTO = "auto"
-    CONFIG_MAP = "configMap"
-
-
-class KernelImplementation(str, enum.Enum):
-    """Which fused MoE-LoRA kernel runs: vllm or moelora."""
-
-    VLLM = "vllm"
-    MOELORA = "moelora"
-
-
-class MoeShape(ApiModel):
-    """The model's MoE layer shape, which picks the bundled kernel configs tuned for it."""
-
-    hidden_size: int = Field(ge=1, le=1_000_000, description="hidden_size in the model's config.json.")
-    moe_intermediate_size: int = Field(
-        ge=1,
-        le=1_000_000,
-        description="One expert's intermediate size: moe_intermediate_size in the model's config.json "
-        "(intermediate_size where the model has no separate MoE value, e.g. GPT-OSS).",
-    )
-    num_experts: int = Field(
-        ge=1,
-        le=100_000,
-        description="Experts per MoE layer: num_experts (num_local_experts for GPT-OSS) in the model's config.json.",
-    )
-
-
-class KernelSpec(ApiModel):
-    """Tuned fused MoE-LoRA kernel configs, and which kernel runs them."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.configs == 'configMap' ? has(self.configMapName) : !has(self.configMapName)",
-                    "message": "configMapName is required when configs is configMap, and only then",
-                    "fieldPath": ".configMapName",
-                }
-            ]
-        }
-    )
-
-    configs: KernelConfigMode = Field(
-        default=KernelConfigMode.NONE,
-        description="none: vLLM's defaults. auto: the bundled set for this model's shape and GPU. "
-        "configMap: the ConfigMap named in configMapName.",
-    )
-    config_map_name: str | None = Field(
-        default=None,
-        pattern=DNS_SUBDOMAIN,
-        max_length=253,
-        description="ConfigMap in the server's namespace whose keys are the kernel config JSON files (as the tuner "
-        "writes them). Required when configs is configMap, and only then.",
-    )
-    shape: MoeShape | None = Field(
-        default=None,
-        description="The values from the model's config.json that auto matches the bundled sets against. Only "
-        "needed for auto when model.name is not a model moelora knows the shape of (see the README).",
-    )
-    implementation: KernelImplementation = Field(
-        default=KernelImplementation.VLLM,
-        description="vllm: vLLM's own fused MoE-LoRA kernel. moelora: ours, through the moelora vLLM plugin.",
     )
 
 
@@ -165,12 +103,12 @@ class ResourceSpec(ApiModel):
     requests: dict[str, str] = Field(
         default_factory=dict,
         description="Resource name to quantity, e.g. {cpu: '8', memory: 64Gi}: what the scheduler reserves.",
-        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
+        json_schema_extra=RESOURCE_MAP,
     )
     limits: dict[str, str] = Field(
         default_factory=dict,
         description="Resource name to quantity, e.g. {memory: 96Gi}: the most the container may use.",
-        json_schema_extra={"additionalProperties": {"type": "string", "pattern": QUANTITY}},
+        json_schema_extra=RESOURCE_MAP,
     )
 
 
@@ -182,10 +120,16 @@ class S3Spec(ApiModel):
         description="Secret with AWS_* keys. Absent: the pod's own identity (IRSA, pod identity).",
     )
     endpoint_url: str | None = Field(
-        default=None, pattern=r"^https?://\S+$", description="For S3-compatible stores (MinIO, Ceph...)."
+        default=None,
+        max_length=1024,
+        pattern=r"^https?://\S+$",
+        description="For S3-compatible stores (MinIO, Ceph...).",
     )
     region: str | None = Field(
-        default=None, pattern=r"^[a-z0-9-]+$", description="The buckets' region, e.g. eu-west-1 (the pods' AWS_REGION)."
+        default=None,
+        max_length=64,
+        pattern=r"^[a-z0-9-]+$",
+        description="The buckets' region, e.g. eu-west-1 (the pods' AWS_REGION).",
     )
 
 
@@ -194,6 +138,7 @@ class AdapterCacheSpec(ApiModel):
 
     size_limit: str = Field(
         default="20Gi",
+        max_length=64,
         pattern=QUANTITY,
         description="Disk for downloaded adapters per replica; least recently used are evicted.",
     )
@@ -221,6 +166,7 @@ class ModelServerSpec(ApiModel):
     image: str | None = Field(
         default=None,
         min_length=1,
+        max_length=512,
         description="vLLM serving image; one the operator's policy allows (else ImageNotAllowed). Default: the "
         "operator's pinned moelora server image.",
     )
@@ -241,22 +187,31 @@ class ModelServerSpec(ApiModel):
         description="Pods (one per node, each with `gpus` GPUs) that serve one replica together. Above 1: a "
         "LeaderWorkerSet runs vLLM across them over Ray, --pipeline-parallel-size = nodes.",
     )
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu", max_length=LABEL_KEY, description="Extended resource name of the GPUs."
+    )
     resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
     node_selector: dict[str, str] = Field(
         default_factory=dict,
         description="Node labels the pods must run on. kernels.configs=auto reads the GPU model from "
         "nvidia.com/gpu.product here.",
+        json_schema_extra={
+            "maxProperties": 8,
+            "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE},
+            **KEY_RULE_MAP,
+        },
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
+        max_length=8,
         description="Taints the pods tolerate (Kubernetes Toleration objects), e.g. those of a GPU node pool.",
-        json_schema_extra={"items": FREE_FORM},
+        json_schema_extra={"items": TOLERATION},
     )
     affinity: dict[str, Any] | None = Field(
         default=None,
-        description="Affinity of the pods (a Kubernetes Affinity object), e.g. to spread replicas over nodes.",
-        json_schema_extra=FREE_FORM,
+        description="Affinity of the pods (a Kubernetes Affinity object, its common fields with bounded lists), "
+        "e.g. to spread replicas over nodes.",
+        json_schema_extra=AFFINITY,
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
     routing: RoutingSpec = Field(default_factory=RoutingSpec, json_schema_extra=DEFAULT_EMPTY)
@@ -264,20 +219,20 @@ class ModelServerSpec(ApiModel):
         default=None, description="Set: an autoscaler owns spec.replicas within its bounds (see the README)."
     )
     kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
-    engine_args: list[str] = Field(
+    engine_args: list[Annotated[str, Field(max_length=256)]] = Field(
         default_factory=list,
-        max_length=100,
+        max_length=24,
         description="Extra vLLM flags, e.g. ['--max-model-len=8192']. Flags moelora sets itself are refused.",
     )
     env: list[EnvVar] = Field(
         default_factory=list,
-        max_length=100,
+        max_length=10,
         description="Extra environment variables of the vLLM container, each a value or a valueFrom (Secret, "
         "ConfigMap, downward API). Variables moelora sets itself are refused.",
     )
     env_from: list[EnvFromSource] = Field(
         default_factory=list,
-        max_length=20,
+        max_length=8,
         description="Secrets and ConfigMaps whose keys all become variables of the vLLM container; env and "
         "moelora's own variables win over them.",
     )
@@ -292,12 +247,13 @@ class ModelServerSpec(ApiModel):
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
     service_account_name: str | None = Field(
         default=None,
+        max_length=253,
         pattern=DNS_SUBDOMAIN,
         description="ServiceAccount of the pods (for IRSA / pod identity). Default: the chart's server account.",
     )
     image_pull_secrets: list[LocalObjectRef] = Field(
         default_factory=list,
-        max_length=20,
+        max_length=4,
         description="Secrets of type kubernetes.io/dockerconfigjson for pulling the images from a private registry.",
     )
     priority_class_name: str | None = Field(
@@ -306,33 +262,38 @@ class ModelServerSpec(ApiModel):
         max_length=253,
         description="PriorityClass of the pods, e.g. so serving preempts batch jobs on the GPU nodes.",
     )
-    pod_annotations: dict[str, str] = Field(
-        default_factory=dict, description="Annotations added to the pods (not moelora.io/ ones, which are moelora's)."
-    )
-    pod_labels: dict[str, str] = Field(
+    pod_annotations: dict[str, Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict,
+        max_length=8,
+        description="Annotations added to the pods (not moelora.io/ ones, which are moelora's).",
+        json_schema_extra=KEY_RULE_MAP,
+    )
+    pod_labels: dict[str, Annotated[str, Field(max_length=LABEL_VALUE)]] = Field(
+        default_factory=dict,
+        max_length=8,
+        json_schema_extra=KEY_RULE_MAP,
         description="Labels added to the pods. The labels moelora sets itself (its selector among them) are refused.",
     )
     topology_spread_constraints: list[dict[str, Any]] = Field(
         default_factory=list,
-        max_length=8,
+        max_length=2,
         description="How to spread the pods (Kubernetes TopologySpreadConstraint objects). One without a "
         "labelSelector gets this server's pod selector. Default: none, so the cluster's default spreading applies.",
-        json_schema_extra={"items": FREE_FORM},
+        json_schema_extra={"items": TOPOLOGY_SPREAD},
     )
     pod_security_context: dict[str, Any] = Field(
         default_factory=dict,
         description="Merged over moelora's pod securityContext (a Kubernetes PodSecurityContext; defaults: non-root "
         "uid/gid/fsGroup 2000, seccomp RuntimeDefault). Values the restricted Pod Security Standard forbids are "
         "refused.",
-        json_schema_extra=FREE_FORM,
+        json_schema_extra=POD_SECURITY_CONTEXT,
     )
     security_context: dict[str, Any] = Field(
         default_factory=dict,
         description="Merged over the vllm container's securityContext (a Kubernetes SecurityContext; defaults: no "
         "privilege escalation, every capability dropped, read-only root filesystem). Values the restricted Pod "
         "Security Standard forbids are refused; the agent's stays moelora's.",
-        json_schema_extra=FREE_FORM,
+        json_schema_extra=SECURITY_CONTEXT,
     )
 
 

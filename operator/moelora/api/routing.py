@@ -61,7 +61,7 @@ class GatewayRouting(ApiModel):
 
     enabled: bool = Field(default=False, description="Render the InferencePool and the HTTPRoute.")
     parent_refs: list[ParentRef] = Field(
-        default_factory=list, max_length=32, description="The Gateways the HTTPRoute attaches to."
+        default_factory=list, max_length=8, description="The Gateways the HTTPRoute attaches to."
     )
     endpoint_picker: EndpointPickerRef = Field(default_factory=EndpointPickerRef, json_schema_extra={"default": {}})
 

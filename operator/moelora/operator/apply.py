@@ -140,11 +140,6 @@ def get_model_server(*, api: kubernetes.client.ApiClient, namespace: str, name: 
     return _get(api, _custom_path("modelservers", namespace=namespace, name=name))
 
 
-def get_lora_adapter(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
-    """The LoRAAdapter as stored now, or None on 404."""
-    return _get(api, _custom_path("loraadapters", namespace=namespace, name=name))
-
-
 def get_pod(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """The Pod, or None on 404."""
     return _get(api, f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -12,7 +12,7 @@ import functools
 import pathlib
 from collections.abc import Callable
 from importlib.resources.abc import Traversable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import kubernetes.client
 import kubernetes.config
@@ -63,6 +63,13 @@ class Context:
     written_phases: collections.defaultdict[ServerKey, dict[str, str]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(dict)
     )
+    # Server -> its pods -> ready when its adapters were last re-judged for a pod event; see lora_adapters.pod_event.
+    judged_pods: dict[ServerKey, dict[str, bool]] = dataclasses.field(default_factory=dict)
+    # (namespace, adapter) -> (resourceVersion, status) of this operator's last status write; see
+    # lora_adapters.freshest.
+    written_statuses: dict[ServerKey, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
+    recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
 
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
@@ -16,10 +16,9 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import AdapterSource, S3Spec
-from moelora.operator import apply, events, indexes, metrics, naming, policy, status
+from moelora.operator import apply, events, indexes, metrics, model_servers, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
-from moelora.operator.model_servers import reconcile_serially
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,20 +31,33 @@ class Observation:
     refused: str | None = None  # why policy refuses its source (SourceNotAllowed)
 
 
+def named_pods(body: Mapping[str, Any]) -> set[str]:
+    """The pods whose agents have an entry in the adapter's status."""
+    return set((body.get("status") or {}).get("replicas") or {})
+
+
+def resolve_pods(
+    *, api: kubernetes.client.ApiClient, namespace: str, server: str, names: Collection[str]
+) -> dict[str, bool]:
+    """Pods the index lacks but the API server still has as pods of `server` -> ready (the index's watch may lag
+    the pod's agent: such a pod is not gone, so not pruned). One GET per name."""
+    found_pods = {}
+    for pod in sorted(names):
+        found = apply.get_pod(api=api, namespace=namespace, name=pod)
+        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == server:
+            found_pods[pod] = status.pod_ready(found.get("status") or {})
+    return found_pods
+
+
 def observe_pods(
     *, api: kubernetes.client.ApiClient, body: Mapping[str, Any], known: Mapping[str, bool]
 ) -> dict[str, bool]:
-    """The server's pods -> ready: the index's, plus each pod the adapter's status names that the index lacks but
-    the API server still has (its watch may lag the pod's agent: such a pod is not gone, so not pruned)."""
+    """The server's pods -> ready: the index's, plus the pods the adapter's status names that the index lacks but
+    the API server still has."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    pods = dict(known)
-    for pod in set((body.get("status") or {}).get("replicas") or {}) - set(pods):
-        found = apply.get_pod(api=api, namespace=meta["namespace"], name=pod)
-        if found is not None and (found["metadata"].get("labels") or {}).get(naming.LABEL_SERVER) == spec.get(
-            "modelServer"
-        ):
-            pods[pod] = status.pod_ready(found.get("status") or {})
-    return pods
+    missing = named_pods(body) - set(known)
+    server = spec.get("modelServer") or ""
+    return {**known, **resolve_pods(api=api, namespace=meta["namespace"], server=server, names=missing)}
 
 
 def render_status_patch(observation: Observation, *, now: datetime.datetime) -> dict[str, Any]:
@@ -62,38 +74,69 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
     )
 
 
+def _version(body: Mapping[str, Any]) -> int:
+    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
+    return int(value) if value.isdigit() else 0
+
+
+def freshest(memo: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The adapter with the status this operator last wrote, where that write is newer than `body` (an event or
+    index copy from before the write's watch event came back); judged from the older copy, the roll-up would write
+    again what it just wrote. Forgets the write once a copy at least as new arrives. resourceVersions are compared
+    as the integers every API server issues (etcd revisions); one that is not an integer is never kept."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    written = memo.written_statuses.get(key)
+    if written is None:
+        return body
+    version, written_status = written
+    if version > _version(body):
+        return {**body, "status": written_status}
+    memo.written_statuses.pop(key, None)
+    return body
+
+
 def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     """Why policy refuses the adapter's source, judged with its server's endpoint; None when allowed, or when the
-    spec or the server cannot be read (other reasons report those)."""
+    spec or the server cannot be read (other reasons report those). The server is read only for an adapter naming
+    an endpoint of its own: the rest need only the bucket rule, so a recount costs no read per adapter."""
     meta, spec = body["metadata"], body.get("spec") or {}
-    server = apply.get_model_server(api=memo.api, namespace=meta["namespace"], name=spec.get("modelServer", ""))
     try:
         source = AdapterSource.model_validate(spec.get("source") or {})
-        server_s3 = S3Spec.model_validate(((server or {}).get("spec") or {}).get("s3") or {})
     except pydantic.ValidationError:
         return None
-    if server is None:
-        return None
-    return policy.adapter_source_problem(source, server_endpoint=server_s3.endpoint_url, settings=memo.settings)
+    server_endpoint = None
+    if source.endpoint_url is not None:
+        server = apply.get_model_server(api=memo.api, namespace=meta["namespace"], name=spec.get("modelServer", ""))
+        if server is None:
+            return None
+        try:
+            server_endpoint = S3Spec.model_validate((server.get("spec") or {}).get("s3") or {}).endpoint_url
+        except pydantic.ValidationError:
+            return None
+    return policy.adapter_source_problem(source, server_endpoint=server_endpoint, settings=memo.settings)
 
 
 @metrics.timed("LoRAAdapter")
 def rollup_adapter(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
-    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed."""
-    observed_pods = observe_pods(api=memo.api, body=body, known=pods)
+    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed.
+    `pods` must already hold every pod the adapter's status names that still exists (see observe_pods)."""
+    body = freshest(memo, body)
     refused = source_refusal(memo=memo, body=body) if server_exists else None
-    observation = Observation(body=body, server_exists=server_exists, pods=observed_pods, refused=refused)
+    observation = Observation(body=body, server_exists=server_exists, pods=pods, refused=refused)
     patch = render_status_patch(observation, now=wall_clock())
     if not patch:
         return None
     meta = body["metadata"]
-    written = apply.patch_status(
+    stored = apply.patch_status(
         api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
     )
+    if stored is not None and _version(stored):
+        memo.written_statuses[(meta["namespace"], meta["name"])] = (_version(stored), stored.get("status") or {})
     emission = events.adapter_transition(body.get("status") or {}, patch)
-    if written is not None and emission is not None:
+    if stored is not None and emission is not None:
         memo.events.record(api=memo.api, involved=events.adapter_reference(meta), emission=emission, now=wall_clock())
     return patch.get("phase")
 
@@ -104,18 +147,34 @@ def record_deleted(*, memo: Context, body: Mapping[str, Any]) -> None:
     memo.events.record(api=memo.api, involved=involved, emission=events.DELETED, now=wall_clock())
 
 
+def observe_and_rollup(
+    *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
+) -> str | None:
+    """rollup_adapter with the pods its status names that the index lacks read from the API."""
+    body = freshest(memo, body)
+    observed = observe_pods(api=memo.api, body=body, known=pods)
+    return rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=observed)
+
+
 def rollup_server_adapters(
-    *, memo: Context, namespace: str, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
+    *, memo: Context, key: ServerKey, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
 ) -> dict[str, str]:
-    """Re-judge every adapter of one server; the new phase of each whose phase changed."""
+    """Re-judge every adapter of one server from the index's copies; the new phase of each whose phase changed.
+    API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter that changed."""
+    bodies = [freshest(memo, entry.body) for entry in adapters if entry.body is not None and not _deleting(entry.body)]
+    missing = set().union(*map(named_pods, bodies)) - set(pods)
+    resolved = resolve_pods(api=memo.api, namespace=key[0], server=key[1], names=missing)
     new_phases = {}
-    for entry in adapters:
-        body = apply.get_lora_adapter(api=memo.api, namespace=namespace, name=entry.name)
-        if body is not None:
-            phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=pods)
-            if phase:
-                new_phases[entry.name] = phase
+    for body in bodies:
+        own = {pod: ready for pod, ready in resolved.items() if pod in named_pods(body)}
+        phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods={**pods, **own})
+        if phase:
+            new_phases[body["metadata"]["name"]] = phase
     return new_phases
+
+
+def _deleting(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
 async def recount(
@@ -127,12 +186,26 @@ async def recount(
     new_phases: Mapping[str, str],
 ) -> None:
     """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
-    new phases already: see indexes.adapter_phases)."""
+    new phases already: see indexes.adapter_phases).
+
+    Coalesced: while one recount of a server waits for its lock, later ones return at once, because the waiting
+    one reads every phase written before it gets the lock. Hundreds of adapters changing phase together then cost
+    a couple of reconciles instead of one each, and their handlers do not queue on the lock (which held back kopf's
+    processing of their next events, and with it the adapters' index)."""
     if not new_phases:
         return
     memo.written_phases[key].update(new_phases)
     for server in servers:
-        await reconcile_serially(memo=memo, key=server, adapters_index=adapters_index)
+        if server in memo.recounts_waiting:
+            continue
+        memo.recounts_waiting.add(server)
+        try:
+            async with memo.locks[server]:
+                memo.recounts_waiting.discard(server)  # from here on, phases are read: later ones need a recount
+                adapters = indexes.adapter_phases(memo, adapters_index, server)
+                await memo.call(model_servers.reconcile, memo=memo, key=server, adapters=adapters)
+        finally:
+            memo.recounts_waiting.discard(server)
 
 
 async def _rejudge_server_adapters(
@@ -147,7 +220,7 @@ async def _rejudge_server_adapters(
     new_phases = await memo.call(
         rollup_server_adapters,
         memo=memo,
-        namespace=key[0],
+        key=key,
         adapters=indexes.adapters(adapters_index, key),
         server_exists=bool(servers),
         pods=indexes.pods(pods_index, key),
@@ -163,7 +236,7 @@ async def regrant_secrets(
     for key in [key for key in servers_index if key[0] == namespace]:
         wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
         if wanted != memo.granted_secrets.get(key, frozenset()):
-            await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
+            await model_servers.reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
 
 
 async def adapter_changed(
@@ -177,19 +250,19 @@ async def adapter_changed(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    key = (namespace, spec.get("modelServer", ""))
-    servers = indexes.servers(model_servers_index, key)
     await regrant_secrets(
         memo=memo, namespace=namespace, servers_index=model_servers_index, adapters_index=adapters_index
     )
     if event.get("type") == "DELETED":
+        memo.written_statuses.pop((namespace, body["metadata"]["name"]), None)
         await memo.call(record_deleted, memo=memo, body=dict(body))
         return
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
-    new_phase = await memo.call(
-        rollup_adapter, memo=memo, body=dict(body), server_exists=bool(servers), pods=indexes.pods(pods_index, key)
-    )
+    key = (namespace, spec.get("modelServer", ""))
+    servers = indexes.servers(model_servers_index, key)
+    pods = indexes.pods(pods_index, key)
+    new_phase = await memo.call(observe_and_rollup, memo=memo, body=dict(body), server_exists=bool(servers), pods=pods)
     if new_phase:
         new_phases = {body["metadata"]["name"]: new_phase}
         await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
@@ -204,14 +277,21 @@ async def pod_event(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods)."""
+    """A server pod came, went, or changed readiness: re-judge its server's adapters (and prune gone pods).
+    Its other changes (container statuses, annotations...) leave the server's pods -> ready as they were, and
+    with them every adapter's roll-up: those events cost nothing."""
+    key = (namespace, labels.get(naming.LABEL_SERVER, ""))
+    pods = indexes.pods(pods_index, key)
+    if memo.judged_pods.get(key) == pods:
+        return
     await _rejudge_server_adapters(
         memo=memo,
-        key=(namespace, labels.get(naming.LABEL_SERVER, "")),
+        key=key,
         model_servers_index=model_servers_index,
         adapters_index=adapters_index,
         pods_index=pods_index,
     )
+    memo.judged_pods[key] = pods
 
 
 async def model_server_event(

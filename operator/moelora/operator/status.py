@@ -45,6 +45,7 @@ from moelora.api import (
     LoRAAdapterStatus,
     ModelServerSpec,
     ModelServerStatus,
+    Rollup,
 )
 from moelora.api.common import set_condition
 from moelora.operator import multinode, naming
@@ -256,8 +257,11 @@ def adapter_status_patch(
         "desiredReplicas": len(ready_pods),
         "servedName": served_name,
         "conditions": [c.to_wire() for c in conditions],
+        "rollup": Rollup.CURRENT.value,  # the agents write Stale with each change of their entries
     }
     patch: dict[str, Any] = {key: value for key, value in new.items() if old.get(key) != value}
     if gone:
         patch["replicas"] = {pod: None for pod in gone}
+    if patch:
+        patch["rolledUpAt"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     return patch

@@ -19,7 +19,12 @@ from moelora.operator.settings import Settings
 
 MODEL_SERVERS = (GROUP, VERSION, "modelservers")
 LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
+PODS = ("", "v1", "pods")
+DEPLOYMENTS = ("apps", "v1", "deployments")
 MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
+# The API server filters what the operator lists and watches of kinds that are not its own: a cluster's other pods
+# and Deployments never reach it (kopf's `labels=` on a handler only filters after the event has arrived).
+MANAGED_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGED_BY},{naming.LABEL_SERVER}"
 PREFIX = "moelora.io"
 
 
@@ -36,6 +41,8 @@ def kopf_settings(*, namespaces: Collection[str]) -> kopf.OperatorSettings:
     settings.watching.connect_timeout = 10
     # Named namespaces are exact names, not patterns: no need to list/watch namespaces and CRDs (nor the RBAC).
     settings.scanning.disabled = bool(namespaces)
+    for resource in (PODS, DEPLOYMENTS):
+        settings.watching.label_selectors[resource] = MANAGED_SELECTOR
     return settings
 
 

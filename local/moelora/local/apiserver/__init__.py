@@ -1,7 +1,8 @@
 """A Kubernetes API on loopback for the tests and the local stack: kmock's emulator with what kopf and kubectl need.
 
 What belongs here is the API server and the ways to reach it, one concern a module: `schema` (the checks a real
-server makes on custom objects), `objects` (pure helpers on stored objects), `watchlog` (the event log that lets a
+server makes on custom objects), `objects` (pure helpers on stored objects), `selectors` (label and field
+selectors as a real server parses them), `watchlog` (the event log that lets a
 watch resume from a list), `tables` and `printers` (the Tables `kubectl get` prints), `openapi` (OpenAPI v3 for
 `kubectl explain` and strict field validation), `crds` (our CRDs as kmock resources), `emulator` (kmock's emulator
 with those added), `server` (`KubeAPI`: the emulator over HTTP in its own thread), `kubectl` (kubeconfig and the

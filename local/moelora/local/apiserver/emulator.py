@@ -7,8 +7,7 @@ What `Emulator` adds to kmock 0.8:
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
-  ending in a bookmark (kubectl >= 1.35 waits that way), labelSelector and fieldSelector (metadata.name/namespace)
-  on lists and watches;
+  ending in a bookmark (kubectl >= 1.35 waits that way), label and field selectors on lists and watches (`selectors`);
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
   watch streams, NotFound/AlreadyExists as error reasons, no short names on subresources;
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
@@ -32,14 +31,16 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
+from moelora.local.apiserver import selectors
 from moelora.local.apiserver.crds import crd_resources
-from moelora.local.apiserver.objects import Selector, at_path, fold_string_data, merge_diff, now, set_path
+from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
 from moelora.local.apiserver.tables import Tables
@@ -91,6 +92,9 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
     _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
+    _selectable: dict[Any, frozenset[str]] = attrs.field(
+        factory=lambda: selectors.selectable_fields(kmock.resource), init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -178,7 +182,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         old = self._current(request)
         if old is None or request.data is None:
             return  # kmock answers 404
-        new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        try:
+            new = copy.deepcopy(kmock_dicts.patch_dict(old, request.data))
+        except jsonpatch.JsonPatchException as exc:  # e.g. kopf's `test` of resourceVersion: it expects 422, not 500
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=f"the JSON patch failed: {exc}") from None
         info = self._info(request.resource)
         if request.subresource == "scale" and request.resource in self._scales:
             replicas = at_path(new, "spec.replicas")  # a Scale patch: {"spec": {"replicas": N}}
@@ -252,18 +259,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
 
     # -- lists and watches with resourceVersion semantics -----------------------------------------------------------
     def _matching(self, request: kmock_rendering.Request) -> Any:
-        selector = Selector.from_params(request.params)
-
-        def matches(resource: Any, obj: Mapping[str, Any]) -> bool:
-            meta = obj.get("metadata") or {}
-            return (
-                resource == request.resource
-                and (request.namespace is None or meta.get("namespace") == request.namespace)
-                and (request.name is None or meta.get("name") == request.name)
-                and selector.matches(meta)
-            )
-
-        return matches
+        selectable = self._selectable.get(request.resource) or selectors.BUILTIN_FIELDS.get(request.resource.plural, ())
+        try:  # a selector a real server refuses is a 400
+            return selectors.request_filter(request, selectable=selectable)
+        except selectors.SelectorError as exc:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
 
     async def _serve_list(self, request: kmock_rendering.Request) -> kmock_rendering.Payload:
         info = self._info(request.resource)
@@ -288,6 +288,7 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         return self._tables.convert(request, listed)
 
     def _serve_watch(self, request: kmock_rendering.Request) -> Any:  # type: ignore[override]
+        self._matching(request)  # a malformed selector is refused before the stream starts
         # kubectl refuses a watch stream without a JSON content type.
         events = self._tables.stream(request, self._watch(request))
         return kmock_rendering.Response(headers={"Content-Type": "application/json"}, payload=events)
@@ -302,12 +303,10 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
         matches = self._matching(request)
         initial: list[dict[str, Any]] = []
         async with self._lock:
+            current = [o.raw for (r, _, _), o in self.objects.items() if not o.deleted and matches(r, o.raw)]
+            selected = {selectors.selection_key(request.resource, raw) for raw in current}
             if initial_events:
-                initial = [
-                    copy.deepcopy(obj.raw)
-                    for (resource, _, _), obj in self.objects.items()
-                    if not obj.deleted and matches(resource, obj.raw)
-                ]
+                initial = copy.deepcopy(current)
                 position: int | None = self._watchlog.end
                 version = next(self._versions)
             else:
@@ -331,8 +330,11 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             }
         try:
             async for resource, event in self._watchlog.follow(position, deadline=deadline):
-                if matches(resource, event["object"]):
-                    yield event
+                seen = selectors.selected_event(
+                    resource, event, selected=matches(resource, event["object"]), passing=selected
+                )
+                if seen is not None:
+                    yield seen
         except Expired as exc:
             yield _expired(str(exc))
 
