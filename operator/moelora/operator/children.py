@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import kernel_configs, naming, policy, secret_access
+from moelora.operator import kernel_configs, model_cache, naming, policy, secret_access
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -29,7 +29,8 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 # author chose. The rest still reconciles: each write touches only objects we own, and holding it back would let
 # anyone freeze a server by taking one name (a budget's, before the server scales to two).
 NEEDS: dict[str, set[str]] = {
-    "Deployment": {"ConfigMap"},
+    "Job": {"PersistentVolumeClaim"},  # never fill a claim someone else made
+    "Deployment": {"ConfigMap", "PersistentVolumeClaim", "Job"},
     "Service": {"Deployment"},
     "PodDisruptionBudget": {"Deployment"},
     "Role": {"Deployment"},
@@ -49,6 +50,8 @@ class Surroundings:
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
     adapter_secrets: frozenset[str] = frozenset()
+    # The shared model cache as observed (model_cache.state); None without spec.model.cache.
+    model_cache: model_cache.CacheState | None = None
 
 
 def desired_children(
@@ -75,10 +78,28 @@ def desired_children(
         root=kernel_bundle,
         user_config_map=surroundings.kernel_config_map,
     )
-    children = [
-        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume),
-        service(name=name, namespace=namespace),
-    ]
+    children: list[dict[str, Any]] = []
+    model_claim = None
+    if spec.model.cache is not None:
+        children += [
+            model_cache.claim(spec, server=name, namespace=namespace),
+            model_cache.fetch_job(spec, server=name, namespace=namespace, settings=settings),
+        ]
+        model_claim = model_cache.claim_name(spec, server=name)
+    # Never half-filled weights: until the cache is Ready the Deployment is not rendered, so the one that exists
+    # (if any) keeps serving what it served.
+    if spec.model.cache is None or (surroundings.model_cache is not None and surroundings.model_cache.ready):
+        children.append(
+            deployment(
+                spec,
+                name=name,
+                namespace=namespace,
+                settings=settings,
+                kernel_configs=volume,
+                model_claim=model_claim,
+            )
+        )
+    children.append(service(name=name, namespace=namespace))
     if volume is not None and volume.owned_config_map is not None:
         children.insert(0, volume.owned_config_map)
     budget = disruption_budget(spec, name=name, namespace=namespace)

@@ -19,7 +19,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, indexes, metrics, naming, status
+from moelora.operator import apply, cache_sync, indexes, metrics, naming, status
 from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
@@ -57,11 +57,14 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
     config_map = None
     if spec.kernels.config_map_name:
         config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
+    cache = cache_sync.observe(
+        api=api, spec=spec, namespace=namespace, name=name, owner_uid=body["metadata"]["uid"], now=wall_clock()
+    )
     return Observation(
         body=body,
         spec=spec,
         problem=None,
-        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map),
+        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map, model_cache=cache),
     )
 
 
@@ -148,6 +151,7 @@ def render_status(
         adapters=status.adapter_counts([entry.phase for entry in adapters]),
         previous=status.stored_server_status(body.get("status") or {}),
         now=now,
+        model_cache=observation.surroundings.model_cache.status if observation.surroundings.model_cache else None,
     ).to_wire()
 
 
@@ -178,6 +182,12 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         else:
             stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
             memo.metrics.set_children(key, [child["kind"] for child in children])
+            cache = surroundings.model_cache
+            if problem is None and cache is not None:
+                problem = cache.problem  # ModelCacheUnbound, ModelCacheFailed: the rest is applied all the same
+            if stored_deployment is not None and any(c["kind"] == "Deployment" for c in children):
+                uid = observation.body["metadata"]["uid"]
+                cache_sync.prune(api=memo.api, spec=observation.spec, namespace=namespace, name=name, owner_uid=uid)
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
@@ -215,7 +225,8 @@ async def deployment_event(
     adapters_index: indexes.AdaptersIndex,
     **_: Any,
 ) -> None:
-    """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
+    """A Deployment, model cache claim or fill Job we own changed (rollout progress, readiness, binding, the fill
+    finishing, deletion): reconcile its server."""
     server = labels.get(naming.LABEL_SERVER, "")
     for key in indexes.servers(model_servers_index, (namespace, server)):
         await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
