@@ -17,6 +17,7 @@ from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
 
+UNBOUND = 600.0
 NOW = datetime.datetime(2030, 1, 1, 12, 0, tzinfo=datetime.UTC)
 S3 = {"name": "org/tiny-moe", "source": "s3://models/tiny", "cache": {"size": "80Gi"}}
 HF = {"name": "org/tiny-moe", "cache": {"size": "80Gi", "storageClassName": "shared-fs"}}
@@ -152,7 +153,7 @@ def job_with(kind: str | None, message: str = "") -> dict[str, Any]:
     [
         (None, None, 0, ModelCachePhase.PENDING, None),
         ("Pending", job_with(None), 0, ModelCachePhase.PENDING, None),
-        ("Pending", job_with(None), model_cache.UNBOUND_AFTER_SECONDS, ModelCachePhase.PENDING, "ModelCacheUnbound"),
+        ("Pending", job_with(None), UNBOUND, ModelCachePhase.PENDING, "ModelCacheUnbound"),
         ("Bound", job_with(None), 10_000, ModelCachePhase.FILLING, None),
         ("Bound", job_with("Complete"), 0, ModelCachePhase.READY, None),
         ("Bound", job_with("Failed", "Job has reached the specified backoff limit"), 0, ModelCachePhase.FAILED,
@@ -165,7 +166,7 @@ def test_state_from_the_claim_and_the_job(
     claim_phase: str | None, job: dict[str, Any] | None, age: float, phase: ModelCachePhase, problem: str | None
 ) -> None:
     claim, job = observed(claim_phase=claim_phase, job=job, age=age)
-    state = model_cache.state(spec_with(S3), server="srv", claim=claim, job=job, now=NOW)
+    state = model_cache.state(spec_with(S3), server="srv", claim=claim, job=job, now=NOW, unbound_after=UNBOUND)
     assert state.status.phase == phase
     assert (state.problem.reason if state.problem else None) == problem
     assert state.ready == (phase == ModelCachePhase.READY)
@@ -175,7 +176,7 @@ def test_state_from_the_claim_and_the_job(
 
 def test_a_failed_fill_carries_the_jobs_message() -> None:
     claim, job = observed(claim_phase="Bound", job=job_with("Failed", "Job has reached the specified backoff limit"))
-    state = model_cache.state(spec_with(S3), server="srv", claim=claim, job=job, now=NOW)
+    state = model_cache.state(spec_with(S3), server="srv", claim=claim, job=job, now=NOW, unbound_after=UNBOUND)
     assert state.problem is not None and "backoff limit" in state.problem.message
     assert "backoff limit" in state.status.message
 
@@ -187,11 +188,11 @@ def kinds(children: list[dict[str, Any]]) -> list[str]:
 def test_children_hold_the_deployment_back_until_the_cache_is_ready(settings: Settings) -> None:
     spec = spec_with(S3)
     render = {"name": "srv", "namespace": "ns", "settings": settings, "kernel_bundle": None}
-    filling = model_cache.state(spec, server="srv", claim=None, job=None, now=NOW)
+    filling = model_cache.state(spec, server="srv", claim=None, job=None, now=NOW, unbound_after=UNBOUND)
     children = desired_children(spec, **render, surroundings=Surroundings(model_cache=filling))
     assert kinds(children) == ["PersistentVolumeClaim", "Job", "Service"]
     claim, job = observed(claim_phase="Bound", job=job_with("Complete"))
-    ready = model_cache.state(spec, server="srv", claim=claim, job=job, now=NOW)
+    ready = model_cache.state(spec, server="srv", claim=claim, job=job, now=NOW, unbound_after=UNBOUND)
     children = desired_children(spec, **render, surroundings=Surroundings(model_cache=ready))
     assert kinds(children) == ["PersistentVolumeClaim", "Job", "Deployment", "Service"]
     for child in children:

@@ -189,6 +189,35 @@ def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str
         raise
 
 
+def post_event(
+    *, api: kubernetes.client.ApiClient, obj: dict[str, Any], type: str, reason: str, message: str, now: str
+) -> None:
+    """A core/v1 Event about `obj` (a ModelServer), for callers outside kopf's handlers, where kopf.event has no
+    queue; `now` is an RFC 3339 time."""
+    meta = obj["metadata"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "moelora"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": "moelora",
+    }
+    _request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+
+
 def patch_status(
     *, api: kubernetes.client.ApiClient, plural: str, namespace: str, name: str, status: dict[str, Any]
 ) -> dict[str, Any] | None:

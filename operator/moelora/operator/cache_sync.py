@@ -25,6 +25,7 @@ def observe(
     name: str,
     owner_uid: str,
     now: datetime.datetime,
+    unbound_after: float,
 ) -> model_cache.CacheState | None:
     """The cache's state from its stored claim and Job; None without spec.model.cache. A claim or Job of that name
     that is not ours counts as absent (apply reports the name as taken)."""
@@ -39,7 +40,9 @@ def observe(
             (JOB, model_cache.job_name(spec, server=name)),
         )
     }
-    return model_cache.state(spec, server=name, claim=found[CLAIM[1]], job=found[JOB[1]], now=now)
+    return model_cache.state(
+        spec, server=name, claim=found[CLAIM[1]], job=found[JOB[1]], now=now, unbound_after=unbound_after
+    )
 
 
 def prune(

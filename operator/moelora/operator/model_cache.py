@@ -26,8 +26,6 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 COMPONENT = "model-cache"
 ANNOTATION_SOURCE = "moelora.io/model-source"
 FETCH_CONTAINER = "fetch-model"
-# A claim still unbound after this long will not bind by itself (no such class, no capacity): say so.
-UNBOUND_AFTER_SECONDS = 600
 # A failed download is retried by the Job a few times (S3 or the hub can fail transiently) before it is Failed.
 FETCH_BACKOFF_LIMIT = 3
 _HOME = "/tmp"  # the fill container's HOME: the hub keeps its lock files there, under a read-only root
@@ -196,8 +194,10 @@ def state(
     claim: Mapping[str, Any] | None,
     job: Mapping[str, Any] | None,
     now: datetime.datetime,
+    unbound_after: float,
 ) -> CacheState:
-    """Pending -> Filling -> Ready | Failed, from the stored claim and Job (None: not created yet)."""
+    """Pending -> Filling -> Ready | Failed, from the stored claim and Job (None: not created yet). A claim still
+    unbound after `unbound_after` seconds will not bind by itself (no such class, no capacity): reported."""
     name = claim_name(spec, server=server)
 
     def result(phase: ModelCachePhase, message: str, problem: tuple[str, str] | None = None) -> CacheState:
@@ -217,9 +217,9 @@ def state(
     if claim is None or job is None:
         return result(ModelCachePhase.PENDING, "creating the claim and its fill Job")
     if (claim.get("status") or {}).get("phase") != "Bound":
-        if _age(claim, now) >= UNBOUND_AFTER_SECONDS:
+        if _age(claim, now) >= unbound_after:
             message = (
-                f"PersistentVolumeClaim {name} is not bound after {UNBOUND_AFTER_SECONDS} s: check its events and "
+                f"PersistentVolumeClaim {name} is not bound after {unbound_after:g} s: check its events and "
                 "spec.model.cache.storageClassName"
             )
             return result(ModelCachePhase.PENDING, message, ("ModelCacheUnbound", message))

@@ -25,6 +25,7 @@ from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.indexes import AdapterEntry
+from moelora.operator.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Observation:
     surroundings: Surroundings
 
 
-def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation | None:
+def observe(*, api: kubernetes.client.ApiClient, key: ServerKey, settings: Settings) -> Observation | None:
     """What the reconcile judges; None when the server is gone or being deleted (the garbage collector takes its
     children). The stored object, not the triggering event's copy, which may predate the last status write."""
     namespace, name = key
@@ -58,7 +59,13 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
     if spec.kernels.config_map_name:
         config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
     cache = cache_sync.observe(
-        api=api, spec=spec, namespace=namespace, name=name, owner_uid=body["metadata"]["uid"], now=wall_clock()
+        api=api,
+        spec=spec,
+        namespace=namespace,
+        name=name,
+        owner_uid=body["metadata"]["uid"],
+        now=wall_clock(),
+        unbound_after=settings.model_cache_unbound_seconds,
     )
     return Observation(
         body=body,
@@ -160,7 +167,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
     reported, if any."""
     namespace, name = key
-    observation = observe(api=memo.api, key=key)
+    observation = observe(api=memo.api, key=key, settings=memo.settings)
     if observation is None:
         memo.metrics.set_children(key, None)
         return None
@@ -195,7 +202,12 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}
     if problem is not None and status.degraded_reason(stored) != problem.reason:
-        kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+        try:
+            kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+        except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
+            when = wall_clock().isoformat().replace("+00:00", "Z")
+            event = {"type": "Warning", "reason": problem.reason, "message": problem.message}
+            apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
     if any(stored.get(field) != value for field, value in new.items()):
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
     return problem
