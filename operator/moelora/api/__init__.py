@@ -17,6 +17,7 @@ from moelora.api.lora_adapter import (
     VersionPin,
     normalize_endpoint,
 )
+from moelora.api.model import LoadFormat, ModelCachePhase, ModelCacheSpec, ModelCacheStatus, ModelSpec
 from moelora.api.model_server import (
     MAX_LORA_RANKS,
     AdapterCacheSpec,
@@ -25,16 +26,11 @@ from moelora.api.model_server import (
     KernelConfigMode,
     KernelImplementation,
     KernelSpec,
-    LoadFormat,
     LocalObjectRef,
     LoRASpec,
-    ModelCachePhase,
-    ModelCacheSpec,
-    ModelCacheStatus,
     ModelServer,
     ModelServerSpec,
     ModelServerStatus,
-    ModelSpec,
     MoeShape,
     ResourceSpec,
     S3Spec,
