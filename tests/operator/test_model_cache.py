@@ -212,3 +212,10 @@ def test_children_hold_the_deployment_back_until_the_cache_is_ready(settings: Se
 def test_refused_combinations(model: dict[str, Any]) -> None:
     with pytest.raises(pydantic.ValidationError):
         spec_with(model)
+
+
+def test_a_claim_made_again_after_its_fill_is_filled_again() -> None:
+    claim, _ = observed(claim_phase="Bound", age=10)
+    job = {**job_with("Complete"), "metadata": {"creationTimestamp": "2030-01-01T11:00:00Z"}}
+    state = model_cache.state(spec_with(S3), server="srv", claim=claim, job=job, now=NOW, unbound_after=UNBOUND)
+    assert state.stale_job and state.status.phase == ModelCachePhase.PENDING and not state.ready

@@ -40,9 +40,16 @@ def observe(
             (JOB, model_cache.job_name(spec, server=name)),
         )
     }
-    return model_cache.state(
+    state = model_cache.state(
         spec, server=name, claim=found[CLAIM[1]], job=found[JOB[1]], now=now, unbound_after=unbound_after
     )
+    if state.stale_job:  # the reconcile creates it again, for the new claim
+        job_name = model_cache.job_name(spec, server=name)
+        apply.delete_if_owned(
+            api=api, api_version=JOB[0], kind=JOB[1], namespace=namespace, name=job_name, owner_uid=owner_uid
+        )
+        logger.info("Job %s/%s deleted: its claim was made again", namespace, job_name)
+    return state
 
 
 def prune(

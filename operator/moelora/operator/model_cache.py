@@ -166,6 +166,8 @@ class CacheState:
 
     status: ModelCacheStatus
     problem: SpecProblem | None = None
+    # The Job is older than the claim: it filled a claim since deleted, so it must go and run again.
+    stale_job: bool = False
 
     @property
     def ready(self) -> bool:
@@ -200,10 +202,17 @@ def state(
     unbound after `unbound_after` seconds will not bind by itself (no such class, no capacity): reported."""
     name = claim_name(spec, server=server)
 
-    def result(phase: ModelCachePhase, message: str, problem: tuple[str, str] | None = None) -> CacheState:
+    def result(
+        phase: ModelCachePhase, message: str, problem: tuple[str, str] | None = None, *, stale_job: bool = False
+    ) -> CacheState:
         capacity = ((claim or {}).get("status") or {}).get("capacity", {}).get("storage")
         status = ModelCacheStatus(phase=phase, claim_name=name, capacity=capacity, message=message)
-        return CacheState(status=status, problem=SpecProblem(*problem) if problem else None)
+        return CacheState(status=status, problem=SpecProblem(*problem) if problem else None, stale_job=stale_job)
+
+    if claim is not None and job is not None and _age(job, now) > _age(claim, now):
+        return result(
+            ModelCachePhase.PENDING, f"PersistentVolumeClaim {name} was made again: filling it again", stale_job=True
+        )
 
     if claim is not None and (claim.get("status") or {}).get("phase") == "Lost":
         message = f"PersistentVolumeClaim {name} lost its volume; delete the claim to fill a new one"
