@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import urllib.parse
 from typing import Any
 
 import kubernetes.client
@@ -166,7 +167,7 @@ def list_owned(
     """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls."""
     selector = ",".join(f"{key}={value}" for key, value in labels.items())
     collection = _PATHS[(api_version, kind)].format(namespace=namespace)
-    items = _request(api, "GET", f"{collection}?labelSelector={selector}").get("items") or []
+    items = _request(api, "GET", f"{collection}?labelSelector={urllib.parse.quote(selector)}").get("items") or []
     return [
         item
         for item in items
