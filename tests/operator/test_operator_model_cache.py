@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from moelora.api import ModelServerSpec
 from moelora.local import process
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
+from moelora.operator import model_cache
 from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, MS, apply, condition, manifest, patch_status, wait_for
@@ -149,4 +151,19 @@ def test_a_claim_that_never_binds_is_reported(kube: KubeAPI, operator: OperatorT
     cond = wait_for(lambda: degraded(kube, ns), what="Degraded", timeout=UNBOUND_AFTER + 10)
     assert cond["reason"] == "ModelCacheUnbound" and "storageClassName" in cond["message"]
     wait_for(lambda: "ModelCacheUnbound" in warnings(kube, ns) or None, what="the Warning Event")
+    assert kube.get(DEPLOYMENTS, ns, "qwen-moe") is None
+
+
+def test_a_claim_of_that_name_made_by_someone_else_is_left_alone(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "cache-taken"
+    server = manifest("modelserver.yaml", namespace=ns, model=S3_MODEL)
+    name = model_cache.claim_name(ModelServerSpec.model_validate(server["spec"]), server="qwen-moe")
+    foreign = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": ns}}
+    foreign["spec"] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    apply(kube, foreign)
+    apply(kube, server)
+    cond = wait_for(lambda: degraded(kube, ns), what="Degraded")
+    assert cond["reason"] == "NameTaken" and name in cond["message"]
+    assert kube.list(JOBS, ns) == []  # never fill a claim someone else made
+    assert "ownerReferences" not in kube.get(CLAIMS, ns, name)["metadata"]
     assert kube.get(DEPLOYMENTS, ns, "qwen-moe") is None
