@@ -126,6 +126,10 @@ def test_the_deployment_mounts_the_filled_claim_read_only_and_downloads_nothing(
     vllm = next(c for c in pod["containers"] if c["name"] == "vllm")
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in vllm["volumeMounts"]
     assert vllm["args"][:2] == ["--model", "/models"]
+    # The agent checks adapters against the cached config.json, on the same read-only claim.
+    agent = next(c for c in pod["containers"] if c["name"] == "agent")
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in agent["volumeMounts"]
+    assert {"name": "MOELORA_BASE_MODEL_CONFIG", "value": "/models/config.json"} in agent["env"]
 
 
 def observed(

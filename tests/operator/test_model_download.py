@@ -74,6 +74,8 @@ def test_streamer_reads_s3_directly_with_the_pods_s3_access() -> None:
     assert env["RUNAI_STREAMER_S3_ENDPOINT"] == env["AWS_ENDPOINT_URL"] == "http://s3.local:9000"
     assert env["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "creds"
     assert "ephemeral-storage" not in container.get("resources", {}).get("requests", {})
+    agent = next(c for c in pod_spec["containers"] if c["name"] == "agent")
+    assert all(e["name"] != "MOELORA_BASE_MODEL_CONFIG" for e in agent["env"])  # no local copy to point at
 
 
 def test_streamer_refuses_a_load_format_in_engine_args() -> None:
