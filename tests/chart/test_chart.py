@@ -423,6 +423,11 @@ OPERATOR_NAMESPACED: set[Rule] = {
         for v in ("get", "create", "patch", "delete")
     },
     ("moelora.io", "modelservers/finalizers", "update"),
+    *{
+        (g, r, v)
+        for g, r in (("", "persistentvolumeclaims"), ("batch", "jobs"))
+        for v in ("get", "list", "watch", "create", "delete")
+    },
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
     ("", "events", "patch"),  # an identical LoRAAdapter Event is counted on the stored one
@@ -560,8 +565,9 @@ def test_rbac_covers_every_resource_the_operators_kopf_registry_watches() -> Non
 
 
 def test_rbac_covers_every_write_the_operator_makes() -> None:
-    """Tie the chart to apply.py: get/create/patch on every kind the operator renders, delete on the kinds it removes
-    when a ModelServer stops asking for them (a 403 there would fail every reconcile of that server)."""
+    """Tie the chart to apply.py: get/create/patch on every kind the operator renders (get/create/delete on those it
+    never patches), delete on the kinds it removes when a ModelServer stops asking for them (a 403 there would fail
+    every reconcile of that server)."""
     from moelora.operator import apply
     from moelora.operator.children import OPTIONAL_CHILDREN
 
@@ -573,7 +579,9 @@ def test_rbac_covers_every_write_the_operator_makes() -> None:
     needed: set[Rule] = set()
     for api_version, kind in apply._PATHS:
         group, plural = group_and_plural(api_version, kind)
-        needed |= {(group, plural, verb) for verb in ("get", "create", "patch")}
+        # The model cache's claim and Job: created once, never patched, deleted when stale (cache_sync.prune).
+        verbs = ("get", "create", "delete") if (api_version, kind) in apply._CREATE_ONLY else ("get", "create", "patch")
+        needed |= {(group, plural, verb) for verb in verbs}
     for api_version, kind in OPTIONAL_CHILDREN:
         needed.add((*group_and_plural(api_version, kind), "delete"))
     assert ("policy", "poddisruptionbudgets", "delete") in needed

@@ -57,6 +57,8 @@ AGENT_USER_AGENT = "moelora-agent-under-test"
 PDBS = "policy/v1/poddisruptionbudgets"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
 LORA = "moelora.io/v1alpha1/loraadapters"
+JOBS = "batch/v1/jobs"
+CLAIMS = "v1/persistentvolumeclaims"
 
 # Granted, and needed, but not exercised against the emulator; each with its reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
@@ -247,7 +249,8 @@ def recorded(values: dict[str, Any]) -> Iterator[tuple[KubeAPI, RecordingEmulato
 def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
     """One run of everything the two identities do: a server with S3 credentials and two replicas (its budget),
     an adapter with a credentials Secret (its Role), the agent's watch, Secret read and status patch, a scale back
-    to one replica and the adapter's deletion (deletes), a name taken by someone else (the Warning Event)."""
+    to one replica and the adapter's deletion (deletes), a model cache made and dropped, a name taken by someone
+    else (the Warning Event)."""
     with recorded(VALUE_SETS[request.param]) as (api, emulator, objects):
         kubectl = applier(api)
         for name in ("server-s3", "team-a-s3", "team-b-s3"):
@@ -292,6 +295,15 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
         wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
         api.kubectl("delete", "lora", "support-bot", "-n", SERVING)
         wait_for(lambda: api.get(ROLES, SERVING, "qwen-moe-adapter-secrets") is None or None, what="Role gone")
+        # A shared model cache (its claim and fill Job), then dropped from the spec (both deleted).
+        cached = example("modelserver.yaml", namespace=SERVING)
+        cached["metadata"]["name"] = "cached"
+        cached["spec"]["model"]["cache"] = {"size": "10Gi"}
+        kubectl(cached)
+        wait_for(lambda: api.list(JOBS, SERVING) and api.list(CLAIMS, SERVING), what="the model cache")
+        del cached["spec"]["model"]["cache"]
+        kubectl(cached)
+        wait_for(lambda: not api.list(JOBS, SERVING) and not api.list(CLAIMS, SERVING) or None, what="cache gone")
         kubectl({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "taken", "namespace": SERVING}})
         taken = example("modelserver.yaml", namespace=SERVING)
         taken["metadata"]["name"] = "taken"

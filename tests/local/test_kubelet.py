@@ -147,3 +147,50 @@ def test_missing_secret_key_fails_the_pod(api: KubeAPI, tmp_path: pathlib.Path) 
                 .endswith("has no key 'absent'")
             )
         )
+
+
+def _claim(name: str, storage_class: str | None = None) -> dict:
+    spec: dict = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": spec}
+
+
+def _job(name: str, claim: str, code: str) -> dict:
+    container = {
+        "name": "fill",
+        "command": ["python3", "-c", code],
+        "args": ["/out/weights"],
+        "volumeMounts": [{"name": "out", "mountPath": "/out"}],
+    }
+    pod = {"restartPolicy": "Never", "containers": [container]}
+    pod["volumes"] = [{"name": "out", "persistentVolumeClaim": {"claimName": claim}}]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": {"template": {"spec": pod}}}
+
+
+def _job_condition(api: KubeAPI, name: str) -> dict | None:
+    job = api.get("batch/v1/jobs", "default", name) or {}
+    return next(iter((job.get("status") or {}).get("conditions") or []), None)
+
+
+def test_claims_are_bound_to_folders_and_jobs_run_once(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = Rest(url=api.url)
+    claims, jobs = "/api/v1/namespaces/default/persistentvolumeclaims", "/apis/batch/v1/namespaces/default/jobs"
+    for claim in (_claim("cache"), _claim("nowhere", storage_class="no-such-class")):
+        rest.request(method="POST", path=claims, body=claim)
+    counter = tmp_path / "runs"
+    write = f"import sys; open(sys.argv[1], 'w').write('w'); open({str(counter)!r}, 'a').write('x')"
+    rest.request(method="POST", path=jobs, body=_job("fill", "cache", write))
+    rest.request(method="POST", path=jobs, body=_job("broken", "cache", "raise SystemExit(3)"))
+    rest.request(method="POST", path=jobs, body=_job("stuck", "nowhere", write))
+    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path / "kubelet"):
+        done = _until(lambda: _job_condition(api, "fill"))
+        assert done["type"] == "Complete" and api.get("batch/v1/jobs", "default", "fill")["status"]["succeeded"] == 1
+        failed = _until(lambda: _job_condition(api, "broken"))
+        assert failed["type"] == "Failed" and "exited with 3" in failed["message"]
+        time.sleep(1.5)  # a few more rounds: a finished Job is not run again, an unbound claim stays Pending
+        assert counter.read_text() == "x"
+        assert (tmp_path / "kubelet" / "claims" / "cache" / "weights").read_text() == "w"
+        assert api.get("v1/persistentvolumeclaims", "default", "cache")["status"]["phase"] == "Bound"
+        assert (api.get("v1/persistentvolumeclaims", "default", "nowhere").get("status") or {}).get("phase") != "Bound"
+        assert _job_condition(api, "stuck") is None

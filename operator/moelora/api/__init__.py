@@ -20,6 +20,7 @@ from moelora.api.lora_adapter import (
     VersionPin,
     normalize_endpoint,
 )
+from moelora.api.model import LoadFormat, ModelCachePhase, ModelCacheSpec, ModelCacheStatus, ModelSpec
 from moelora.api.model_server import (
     MAX_LORA_RANKS,
     AdapterCacheSpec,
@@ -30,7 +31,6 @@ from moelora.api.model_server import (
     ModelServer,
     ModelServerSpec,
     ModelServerStatus,
-    ModelSpec,
     ResourceSpec,
     S3Spec,
 )
@@ -67,7 +67,11 @@ __all__ = [
     "LoRAAdapterSpec",
     "LoRAAdapterStatus",
     "LoRASpec",
+    "LoadFormat",
     "LocalObjectRef",
+    "ModelCachePhase",
+    "ModelCacheSpec",
+    "ModelCacheStatus",
     "ModelServer",
     "ModelServerSpec",
     "ModelServerStatus",

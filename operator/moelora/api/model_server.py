@@ -16,8 +16,9 @@ from moelora.api.common import (
     Condition,
     SecretRef,
 )
-from moelora.api.env import EnvFromSource, EnvVar, TokenSecret
+from moelora.api.env import EnvFromSource, EnvVar
 from moelora.api.kernel_spec import KernelSpec
+from moelora.api.model import ModelCacheStatus, ModelSpec
 from moelora.api.pod_schemas import POD_SECURITY_CONTEXT, SECURITY_CONTEXT, TOPOLOGY_SPREAD
 from moelora.api.routing import RoutingSpec
 from moelora.api.scheduling import AFFINITY, KEY_RULE_MAP, LABEL_KEY, LABEL_VALUE, TOLERATION
@@ -34,36 +35,6 @@ RESOURCE_MAP = {
     "additionalProperties": {"type": "string", "pattern": QUANTITY, "maxLength": 64},
     **KEY_RULE_MAP,
 }
-
-
-class ModelSpec(ApiModel):
-    """The base model: what it is (for adapter checks) and where its weights come from."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=256,
-        description="The base model's canonical id, e.g. openai/gpt-oss-20b. Adapters whose "
-        "adapter_config.json names another base_model_name_or_path are refused.",
-    )
-    source: str | None = Field(
-        default=None,
-        max_length=1024,
-        pattern=r"^(hf://[^/\s]+/[^\s]+|s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/\S*)?|pvc://[a-z0-9][-a-z0-9.]*(/\S*)?)$",
-        description="Where the weights are: hf://org/name (Hugging Face), s3://bucket/prefix, or "
-        "pvc://claim/path (a PersistentVolumeClaim in the namespace). Default: hf://<name>.",
-    )
-    served_name: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=256,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
-        description="The `model` name clients use for the base model. Default: the ModelServer's name.",
-    )
-    token_secret: TokenSecret | None = Field(
-        default=None,
-        description="Secret key with a Hugging Face token for a gated or private model: vLLM's HF_TOKEN, always "
-        "a secretKeyRef, never a literal.",
-    )
 
 
 class LoRASpec(ApiModel):
@@ -322,6 +293,7 @@ class ModelServerStatus(ApiModel):
     selector: str | None = Field(default=None, description="Label selector of the pods (for the scale subresource).")
     endpoint: str | None = Field(default=None, description="OpenAI-compatible base URL inside the cluster.")
     adapters: AdapterCounts = Field(default_factory=AdapterCounts)
+    model_cache: ModelCacheStatus | None = Field(default=None, description="Set when spec.model.cache is.")
 
 
 class ModelServer(ApiModel):

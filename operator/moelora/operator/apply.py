@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import urllib.parse
 from typing import Any
 
 import kubernetes.client
@@ -49,6 +50,8 @@ _PATHS = {
         "/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
     ),
     ("keda.sh/v1alpha1", "ScaledObject"): "/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
+    ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+    ("batch/v1", "Job"): "/apis/batch/v1/namespaces/{namespace}/jobs",
 }
 # Where pod templates are: a Deployment's, and a LeaderWorkerSet's two.
 _TEMPLATES = (
@@ -56,6 +59,9 @@ _TEMPLATES = (
     ("spec", "leaderWorkerTemplate", "leaderTemplate"),
     ("spec", "leaderWorkerTemplate", "workerTemplate"),
 )
+# Kinds whose spec is (mostly) immutable and whose names carry a digest of it (model_cache.py): created, never
+# patched, so a changed rendering cannot fail every reconcile on a 422.
+_CREATE_ONLY = {("v1", "PersistentVolumeClaim"), ("batch/v1", "Job")}
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
     (*template, "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"} for template in _TEMPLATES
@@ -159,6 +165,35 @@ def get_deployment(
     return found if found is not None and owned_by(found, owner_uid) else None
 
 
+def get_owned(
+    *, api: kubernetes.client.ApiClient, api_version: str, kind: str, namespace: str, name: str, owner_uid: str
+) -> dict[str, Any] | None:
+    """The object if `owner_uid` controls it; None on 404 or when it is someone else's."""
+    found = _get(api, _object_path(api_version, kind, namespace=namespace, name=name))
+    return found if found is not None and owned_by(found, owner_uid) else None
+
+
+def list_owned(
+    *,
+    api: kubernetes.client.ApiClient,
+    api_version: str,
+    kind: str,
+    namespace: str,
+    labels: dict[str, str],
+    owner_uid: str,
+) -> list[dict[str, Any]]:
+    """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls."""
+    selector = ",".join(f"{key}={value}" for key, value in labels.items())
+    collection = _PATHS[(api_version, kind)].format(namespace=namespace)
+    items = _request(api, "GET", f"{collection}?labelSelector={urllib.parse.quote(selector)}").get("items") or []
+    return [
+        item
+        for item in items
+        if owned_by(item, owner_uid)
+        and all((item.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
+    ]
+
+
 def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool | None:
     """Whether the Secret exists; None when the operator may not read Secrets there (403).
 
@@ -171,6 +206,35 @@ def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str
         if exc.status == 403:
             return None
         raise
+
+
+def post_event(
+    *, api: kubernetes.client.ApiClient, obj: dict[str, Any], type: str, reason: str, message: str, now: str
+) -> None:
+    """A core/v1 Event about `obj` (a ModelServer), for callers outside kopf's handlers, where kopf.event has no
+    queue; `now` is an RFC 3339 time."""
+    meta = obj["metadata"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "type": type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "moelora"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": "moelora",
+    }
+    _request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
 
 
 def patch_status(
@@ -210,6 +274,8 @@ def delete_if_owned(
     obj = _get(api, path)
     if obj is None or not owned_by(obj, owner_uid):
         return False
+    if kind == "Job":  # a Job's pods are orphaned by default: take them along
+        path += "?propagationPolicy=Background"
     try:
         _request(api, "DELETE", path)
     except ApiException as exc:
@@ -303,6 +369,8 @@ def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any], owner_u
                 raise
     if not owned_by(actual, owner_uid):
         raise NotOwned(desired["kind"], metadata["name"])
+    if (desired["apiVersion"], desired["kind"]) in _CREATE_ONLY:
+        return actual, "unchanged"
     same_hash = (actual.get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_HASH) == metadata[
         "annotations"
     ][naming.ANNOTATION_HASH]

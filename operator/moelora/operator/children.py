@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import autoscaling, gateway, kernel_configs, multinode, naming, policy, secret_access
+from moelora.operator import autoscaling, gateway, kernel_configs, model_cache, multinode, naming, policy, secret_access
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -35,8 +35,9 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 # author chose. The rest still reconciles: each write touches only objects we own, and holding it back would let
 # anyone freeze a server by taking one name (a budget's, before the server scales to two).
 NEEDS: dict[str, set[str]] = {
-    "Deployment": {"ConfigMap"},
-    "LeaderWorkerSet": {"ConfigMap"},
+    "Job": {"PersistentVolumeClaim"},  # never fill a claim someone else made
+    "Deployment": {"ConfigMap", "PersistentVolumeClaim", "Job"},
+    "LeaderWorkerSet": {"ConfigMap", "PersistentVolumeClaim", "Job"},
     "Service": {"Deployment", "LeaderWorkerSet"},
     "InferencePool": {"Deployment", "LeaderWorkerSet"},
     "HTTPRoute": {"InferencePool"},
@@ -62,6 +63,8 @@ class Surroundings:
     adapter_secrets: frozenset[str] = frozenset()
     # The `model` names of the LoRAAdapters the server serves (the HTTPRoute matches them).
     served_adapters: frozenset[str] = frozenset()
+    # The shared model cache as observed (model_cache.state); None without spec.model.cache.
+    model_cache: model_cache.CacheState | None = None
 
 
 def desired_children(
@@ -88,11 +91,25 @@ def desired_children(
         root=kernel_bundle,
         user_config_map=surroundings.kernel_config_map,
     )
-    workload = deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume)
-    if multinode.is_multi_node(spec):
-        workload = multinode.leader_worker_set(spec, workload)
+    children: list[dict[str, Any]] = []
+    model_claim = None
+    if spec.model.cache is not None:
+        children += [
+            model_cache.claim(spec, server=name, namespace=namespace),
+            model_cache.fetch_job(spec, server=name, namespace=namespace, settings=settings),
+        ]
+        model_claim = model_cache.claim_name(spec, server=name)
+    # Never half-filled weights: until the cache is Ready the workload is not rendered, so the one that exists (if
+    # any) keeps serving what it served.
+    if spec.model.cache is None or (surroundings.model_cache is not None and surroundings.model_cache.ready):
+        workload = deployment(
+            spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume, model_claim=model_claim
+        )
+        if multinode.is_multi_node(spec):
+            workload = multinode.leader_worker_set(spec, workload)
+        children.append(workload)
     selector = multinode.serving_selector(spec, name=name)
-    children = [workload, service(name=name, namespace=namespace, selector=selector)]
+    children.append(service(name=name, namespace=namespace, selector=selector))
     if spec.routing.gateway.enabled:
         children.append(gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector))
         children.append(gateway.http_route(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters))

@@ -10,9 +10,10 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from moelora.api import ModelServerSpec
+from moelora.api import LoadFormat, ModelServerSpec
 from moelora.operator import engine, naming, pod_options, security
 from moelora.operator.kernel_configs import KernelConfigVolume
+from moelora.operator.model_download import download_volume, streamer_env, with_disk_bounds
 from moelora.operator.service import AGENT_PORT
 from moelora.operator.settings import Settings
 
@@ -101,18 +102,28 @@ def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     return env
 
 
-def base_model_config(model: engine.ModelRef) -> tuple[str, dict[str, Any]]:
+def base_model_config(model: engine.ModelRef) -> tuple[str, dict[str, Any]] | None:
     """Where the agent finds the base model's config.json (to check adapters' tensors against its modules and
     dims), and the read-only mount that puts it there: the model volume, or vLLM's $HOME for a hub download, whose
-    snapshot revision is known only once vLLM has fetched it (the agent resolves the `*`)."""
-    if model.scheme == "hf":
+    snapshot revision is known only once vLLM has fetched it (the agent resolves the `*`). None when vLLM streams
+    the weights from S3: no copy of the config is on a volume."""
+    if model.vllm_model.startswith("s3://"):
+        return None
+    if model.scheme == "hf" and model.vllm_model != engine.MODELS_DIR:
         repo = model.vllm_model.replace("/", "--")
         path = f"{VLLM_HOME_IN_AGENT}/.cache/huggingface/hub/models--{repo}/snapshots/*/config.json"
         return path, {"name": security.HOME_VOLUME, "mountPath": VLLM_HOME_IN_AGENT, "readOnly": True}
     return f"{model.vllm_model}/config.json", {"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True}
 
 
-def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings, base_config: str) -> list[dict[str, Any]]:
+def _streamer_s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
+    """With the streamer vLLM reads the weights from S3 itself, so it gets the pod's S3 access too."""
+    return [*s3_env(spec), *streamer_env(spec)] if spec.model.load_format == LoadFormat.STREAMER else []
+
+
+def _agent_env(
+    spec: ModelServerSpec, *, name: str, settings: Settings, base_config: str | None
+) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -122,7 +133,7 @@ def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings, base_con
         {"name": "MOELORA_POD_UID", **field("metadata.uid")},
         {"name": "MOELORA_MODEL_SERVER", "value": name},
         {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
-        {"name": "MOELORA_BASE_MODEL_CONFIG", "value": base_config},
+        *([{"name": "MOELORA_BASE_MODEL_CONFIG", "value": base_config}] if base_config else []),
         {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
         {"name": "MOELORA_TARGET_MODULES", "value": ",".join(spec.lora.target_modules or [])},
         {"name": "MOELORA_VLLM_URL", "value": f"http://127.0.0.1:{engine.VLLM_PORT}"},
@@ -161,9 +172,11 @@ def deployment(
     namespace: str,
     settings: Settings,
     kernel_configs: KernelConfigVolume | None = None,
+    model_claim: str | None = None,
 ) -> dict[str, Any]:
-    """The Deployment for a ModelServer. Raises SpecProblem for what the operator refuses (engineArgs, env,
-    security contexts, pod labels...)."""
+    """The Deployment for a ModelServer; `model_claim`: the filled shared cache (model_cache.py) to mount at the
+    models path. Raises SpecProblem for what the operator refuses (engineArgs, env, security contexts, pod
+    labels...)."""
     pod_options.check(spec, name=name)
     labels = naming.labels(name)
     model = engine.model_ref(spec)
@@ -181,11 +194,12 @@ def deployment(
         {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR, "readOnly": True},
     ]
     init_containers: list[dict[str, Any]] = []
-    if model.scheme == "pvc":
-        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": model.claim, "readOnly": True}})
+    claim = model_claim or (model.claim if model.scheme == "pvc" else None)
+    if claim is not None:
+        volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         vllm_mounts.append({"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True})
-    elif model.scheme == "s3":
-        volumes.append({"name": "models", "emptyDir": {}})
+    elif model.scheme == "s3" and model.vllm_model == engine.MODELS_DIR:
+        volumes.append({"name": "models", "emptyDir": download_volume(spec)})
         vllm_mounts.append({"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True})
         init_containers.append(
             {
@@ -211,7 +225,7 @@ def deployment(
         "image": spec.image or settings.server_image,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": engine.vllm_args(spec, name=name),
-        "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None),
+        "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None) + _streamer_s3_env(spec),
         "ports": [{"name": "http", "containerPort": engine.VLLM_PORT, "protocol": "TCP"}],
         "volumeMounts": vllm_mounts,
         "startupProbe": _http_probe(
@@ -224,7 +238,7 @@ def deployment(
         vllm["envFrom"] = env_from
     if resources := _resources(spec):
         vllm["resources"] = resources
-    base_config, base_config_mount = base_model_config(model)
+    base_config, base_config_mount = base_model_config(model) or (None, None)
     agent = {
         "name": AGENT_CONTAINER,
         "image": settings.agent_image,
@@ -235,7 +249,7 @@ def deployment(
             {"name": "adapters", "mountPath": ADAPTERS_DIR},
             {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR},
             {"name": KUBE_API_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
-            base_config_mount,
+            *([base_config_mount] if base_config_mount else []),
         ],
         # Ready only once its adapters are loaded, so a new pod takes traffic with them (see the architecture doc).
         "readinessProbe": _http_probe(path="/readyz", port="agent", period=2, failures=3),
@@ -262,6 +276,7 @@ def deployment(
         pod_spec["affinity"] = dict(spec.affinity)
 
     pod_spec = security.secure(pod_spec, spec, server_container=VLLM_CONTAINER)
+    pod_spec = with_disk_bounds(pod_spec, spec, server_container=VLLM_CONTAINER)
     template_metadata = pod_options.template_metadata(spec, labels=labels, annotations=template_annotations)
     return {
         "apiVersion": "apps/v1",

@@ -10,7 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
-from moelora.api import KernelImplementation, ModelServerSpec
+from moelora.api import KernelImplementation, LoadFormat, ModelServerSpec
 from moelora.operator import vllm_flags
 from moelora.operator.errors import SpecProblem
 
@@ -62,6 +62,9 @@ MANAGED_ENV = frozenset(
         "HOME",  # a writable emptyDir under a read-only root filesystem (security.py)
     }
 )
+# vLLM's loader that streams safetensors from object storage (model.loadFormat: streamer).
+LOAD_FORMAT_FLAG = "--load-format"
+STREAMER_LOAD_FORMAT = "runai_streamer"
 # The Hugging Face hub's token variable; managed only when spec.model.tokenSecret is set.
 TOKEN_ENV = "HF_TOKEN"
 
@@ -72,7 +75,7 @@ class ModelRef:
 
     scheme: str  # hf | s3 | pvc
     vllm_model: str  # the --model argument
-    uri: str | None = None  # the s3:// URI for the fetch init container
+    uri: str | None = None  # what a fetch downloads: the s3:// URI, or the hub repo id
     claim: str | None = None  # the PersistentVolumeClaim for pvc://
     sub_path: str = ""  # the path inside the claim
 
@@ -81,9 +84,11 @@ def model_ref(spec: ModelServerSpec) -> ModelRef:
     source = spec.model.source or f"hf://{spec.model.name}"
     scheme, _, rest = source.partition("://")
     if scheme == "hf":
-        return ModelRef(scheme="hf", vllm_model=rest)
+        # With a shared cache the weights are on the claim mounted at MODELS_DIR (model_cache.py).
+        return ModelRef(scheme="hf", vllm_model=MODELS_DIR if spec.model.cache else rest, uri=rest)
     if scheme == "s3":
-        return ModelRef(scheme="s3", vllm_model=MODELS_DIR, uri=source)
+        streamed = spec.model.load_format == LoadFormat.STREAMER  # vLLM reads the s3:// URI itself
+        return ModelRef(scheme="s3", vllm_model=source if streamed else MODELS_DIR, uri=source)
     if scheme == "pvc":
         claim, _, path = rest.partition("/")
         path = path.strip("/")
@@ -227,6 +232,12 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
         args.append("--fully-sharded-loras")
     if spec.gpus > 1:
         args += ["--tensor-parallel-size", str(spec.gpus)]
+    if spec.model.load_format == LoadFormat.STREAMER:
+        if any(flag_name(token) == LOAD_FORMAT_FLAG for token in spec.engine_args):
+            raise SpecProblem(
+                "ManagedEngineFlag", f"engineArgs may not set {LOAD_FORMAT_FLAG}: model.loadFormat sets it"
+            )
+        args += [LOAD_FORMAT_FLAG, STREAMER_LOAD_FORMAT]
     return args + list(spec.engine_args)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import kopf
@@ -19,12 +19,13 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, indexes, metrics, multinode, naming, status
+from moelora.operator import apply, cache_sync, indexes, metrics, multinode, naming, status
 from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.indexes import AdapterEntry
+from moelora.operator.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Observation:
     surroundings: Surroundings
 
 
-def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation | None:
+def observe(*, api: kubernetes.client.ApiClient, key: ServerKey, settings: Settings) -> Observation | None:
     """What the reconcile judges; None when the server is gone or being deleted (the garbage collector takes its
     children). The stored object, not the triggering event's copy, which may predate the last status write."""
     namespace, name = key
@@ -57,18 +58,32 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey) -> Observation 
     config_map = None
     if spec.kernels.config_map_name:
         config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
+    cache = cache_sync.observe(
+        api=api,
+        spec=spec,
+        namespace=namespace,
+        name=name,
+        owner_uid=body["metadata"]["uid"],
+        now=wall_clock(),
+        unbound_after=settings.model_cache_unbound_seconds,
+    )
     return Observation(
         body=body,
         spec=spec,
         problem=None,
-        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map),
+        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map, model_cache=cache),
     )
 
 
 def apply_children(
-    *, api: kubernetes.client.ApiClient, children: list[dict[str, Any]], owner: Mapping[str, Any]
+    *,
+    api: kubernetes.client.ApiClient,
+    children: list[dict[str, Any]],
+    owner: Mapping[str, Any],
+    held: Collection[str] = (),
 ) -> tuple[dict[str, Any] | None, SpecProblem | None]:
-    """Create or patch every child, delete the optional ones no longer rendered. Returns the Deployment as stored
+    """Create or patch every child, delete the optional ones no longer rendered (but the `held` kinds, left as they
+    are). Returns the Deployment as stored
     (None unless it is ours) and the problem to report: names taken by objects that are not ours (left untouched,
     with what depends on them), or Secret grants the API server refused the operator."""
     meta = owner["metadata"]
@@ -104,7 +119,7 @@ def apply_children(
             stored_deployment = multinode.status_view(obj)
     rendered = {(child["apiVersion"], child["kind"]) for child in children}
     for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
-        if (api_version, kind) in rendered:
+        if (api_version, kind) in rendered or kind in held:
             continue
         if kind in ("Deployment", "LeaderWorkerSet") and {"Deployment", "LeaderWorkerSet"} & not_applied:
             continue  # the workload replacing this one was not applied: keep serving with the old one
@@ -152,6 +167,7 @@ def render_status(
         adapters=status.adapter_counts([entry.phase for entry in adapters]),
         previous=status.stored_server_status(body.get("status") or {}),
         now=now,
+        model_cache=observation.surroundings.model_cache.status if observation.surroundings.model_cache else None,
     ).to_wire()
 
 
@@ -160,7 +176,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
     reported, if any."""
     namespace, name = key
-    observation = observe(api=memo.api, key=key)
+    observation = observe(api=memo.api, key=key, settings=memo.settings)
     if observation is None:
         memo.metrics.set_children(key, None)
         return None
@@ -184,8 +200,20 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         except SpecProblem as exc:
             problem = exc
         else:
-            stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
+            # A model cache being (re)filled holds the workload: the one that exists keeps serving the old weights.
+            cache = surroundings.model_cache
+            filling = observation.spec.model.cache is not None and not (cache is not None and cache.ready)
+            held = {"Deployment", "LeaderWorkerSet"} if filling else set()
+            stored_deployment, problem = apply_children(
+                api=memo.api, children=children, owner=observation.body, held=held
+            )
             memo.metrics.set_children(key, [child["kind"] for child in children])
+            cache = surroundings.model_cache
+            if problem is None and cache is not None:
+                problem = cache.problem  # ModelCacheUnbound, ModelCacheFailed: the rest is applied all the same
+            if stored_deployment is not None and any(c["kind"] == "Deployment" for c in children):
+                uid = observation.body["metadata"]["uid"]
+                cache_sync.prune(api=memo.api, spec=observation.spec, namespace=namespace, name=name, owner_uid=uid)
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
@@ -193,7 +221,12 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}
     if problem is not None and status.degraded_reason(stored) != problem.reason:
-        kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+        try:
+            kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+        except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
+            when = wall_clock().isoformat().replace("+00:00", "Z")
+            event = {"type": "Warning", "reason": problem.reason, "message": problem.message}
+            apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
     if any(stored.get(field) != value for field, value in new.items()):
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
     return problem
@@ -223,7 +256,8 @@ async def deployment_event(
     adapters_index: indexes.AdaptersIndex,
     **_: Any,
 ) -> None:
-    """A Deployment we own changed (rollout progress, readiness, deletion): reconcile its server."""
+    """A Deployment, model cache claim or fill Job we own changed (rollout progress, readiness, binding, the fill
+    finishing, deletion): reconcile its server."""
     server = labels.get(naming.LABEL_SERVER, "")
     for key in indexes.servers(model_servers_index, (namespace, server)):
         await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)

@@ -23,6 +23,8 @@ class Settings:
     # replica draws its own at random (kopf pauses the others until the active one's peering record goes stale).
     peering_priority: int | None = None
     resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
+    # How long a model cache's claim may stay unbound before it is reported (ModelCacheUnbound).
+    model_cache_unbound_seconds: float = 600.0
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
     # kopf's health endpoint for the pod's liveness probe, e.g. http://0.0.0.0:8080/healthz; None: not served.

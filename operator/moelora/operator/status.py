@@ -26,7 +26,13 @@ GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector)
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
 model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse),
 ImageNotAllowed, ServiceAccountNotAllowed (policy.py), NameTaken (a child's name is someone else's object),
-SecretGrantForbidden (RBAC refused the adapters' Secret grant).
+SecretGrantForbidden (RBAC refused the adapters' Secret grant), ModelCacheUnbound (the cache's claim is not bound
+after model_cache.UNBOUND_AFTER_SECONDS), ModelCacheFailed (its fill Job failed; the Job's message),
+ModelCacheLost.
+
+With spec.model.cache: condition ModelCacheReady with reason ModelCachePending / ModelCacheFilling /
+ModelCacheReady / ModelCacheFailed (status.modelCache says the same); while no Deployment exists yet, Ready=False
+and Progressing=True carry that reason too.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from moelora.api import (
     Condition,
     FailureReason,
     LoRAAdapterStatus,
+    ModelCachePhase,
+    ModelCacheStatus,
     ModelServerSpec,
     ModelServerStatus,
     Rollup,
@@ -91,8 +99,10 @@ def model_server_status(
     adapters: AdapterCounts,
     previous: ModelServerStatus,
     now: datetime.datetime,
+    model_cache: ModelCacheStatus | None = None,
 ) -> ModelServerStatus:
-    """The whole ModelServer status. `previous` keeps lastTransitionTime of conditions that did not flip."""
+    """The whole ModelServer status. `previous` keeps lastTransitionTime of conditions that did not flip;
+    `model_cache`: the shared cache's state (spec.model.cache), which also gives the ModelCacheReady condition."""
     desired = spec.replicas
     dep_status = (deployment or {}).get("status") or {}
     ready = int(dep_status.get("readyReplicas") or 0)
@@ -110,7 +120,9 @@ def model_server_status(
         )
 
     # Ready: is anything serving?
-    if deployment is None:
+    if deployment is None and problem is None and model_cache is not None:
+        ready_cond = cond("Ready", False, f"ModelCache{model_cache.phase.value}", model_cache.message)
+    elif deployment is None:
         ready_cond = cond(
             "Ready",
             False,
@@ -138,6 +150,8 @@ def model_server_status(
     )
     if problem is not None:
         progressing = cond("Progressing", False, problem.reason, "the spec is not applied: " + problem.message)
+    elif deployment is None and model_cache is not None and model_cache.phase != ModelCachePhase.READY:
+        progressing = cond("Progressing", True, f"ModelCache{model_cache.phase.value}", model_cache.message)
     elif deployment is None:
         progressing = cond("Progressing", True, "Creating", "creating the Deployment")
     elif deadline_exceeded:
@@ -163,9 +177,16 @@ def model_server_status(
         degraded = cond("Degraded", False, "AsExpected", "")
 
     conditions = list(previous.conditions)
-    for new in (ready_cond, progressing, degraded):
+    news = [ready_cond, progressing, degraded]
+    if model_cache is not None:
+        cache_ready = model_cache.phase == ModelCachePhase.READY
+        news.append(cond("ModelCacheReady", cache_ready, f"ModelCache{model_cache.phase.value}", model_cache.message))
+    else:
+        conditions = [c for c in conditions if c.type != "ModelCacheReady"]
+    for new in news:
         conditions = set_condition(conditions, new, now=now)
     return ModelServerStatus(
+        model_cache=model_cache,
         observed_generation=generation,
         conditions=conditions,
         replicas=current,

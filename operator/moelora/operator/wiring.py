@@ -86,6 +86,11 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)
     kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)
     kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(model_servers.deployment_event)
+    # The shared model cache's claim binding and its fill Job finishing move the server on (model_cache.py).
+    for group, version, plural in (("", "v1", "persistentvolumeclaims"), ("batch", "v1", "jobs")):
+        kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"{plural}_event")(
+            model_servers.deployment_event
+        )
     kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)
     # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
     # (agent status patches, pods, servers) already arrives as an event.

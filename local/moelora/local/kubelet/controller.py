@@ -24,6 +24,7 @@ from typing import Any, Self
 from moelora.local import process
 from moelora.local.apiserver.client import Rest
 from moelora.local.apiserver.objects import now
+from moelora.local.kubelet.batch import LocalBatch
 from moelora.local.kubelet.plan import LOCAL_NODE, PodPlan, container_ports, plan_pod, template_hash
 from moelora.local.kubelet.pod import LocalPod
 
@@ -45,7 +46,8 @@ class LocalKubelet:
     `base_env`: the environment of every container (defaults to PATH, HOME, LANG, TMPDIR and PYTHONPATH of this
     process);
     `extra_env`: more variables per container name (the local stack passes KUBECONFIG to the agent);
-    `claims`: PersistentVolumeClaim name -> local directory. Use as a context manager or `start()`/`stop()`.
+    `claims`: PersistentVolumeClaim name -> local directory (other claims get one under `root/claims`, and Jobs run
+    once under `root/jobs`: batch.py). Use as a context manager or `start()`/`stop()`.
     """
 
     def __init__(
@@ -68,7 +70,17 @@ class LocalKubelet:
             | _python_path()
         )
         self.extra_env = extra_env
-        self.claims = claims
+        # PersistentVolumeClaims (those in `claims` bound to their given directory) and Jobs: see batch.py.
+        self.batch = LocalBatch(
+            rest=self.rest,
+            namespace=namespace,
+            root=root,
+            secret=self._secret,
+            base_env=self.base_env,
+            claims=dict(claims),
+            on_change=lambda: self._wake.set(),
+        )
+        self.claims = self.batch.claims
         self.pods: dict[str, dict[str, LocalPod]] = {}  # deployment name -> pod name -> pod
         self._hashes: dict[str, str] = {}  # deployment name -> template hash of its pods
         self._written: dict[str, Any] = {}  # what we last wrote, to write only changes
@@ -95,6 +107,7 @@ class LocalKubelet:
         with self._lock:
             for deployment in list(self.pods):
                 self._scale_to(deployment, [])
+        self.batch.stop()
 
     def pods_of(self, deployment: str) -> list[LocalPod]:
         with self._lock:
@@ -130,6 +143,7 @@ class LocalKubelet:
             self._wake.clear()
 
     def _reconcile(self) -> None:
+        self.batch.reconcile()
         deployments = {
             d["metadata"]["name"]: d
             for d in self.rest.items(path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments")
