@@ -331,6 +331,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
     methods = [m for m in ("direct", "tiny", "single", "multi") if method_takes(m, pairs)]
+    if best.route_method != "auto":  # a named routing keeps its kind: a grouped sweep tunes the grouped entries
+        methods = [m for m in methods if (m == "direct") == (current == "direct")]
     for method in methods:
         if method == current:
             continue
@@ -356,7 +358,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     moves = [
         (op, move)
         for op in ("w13", "w2")
-        for move in PIPELINED_EXPANDS + even_spans(getattr(case.sets[0], f"{op}_b").shape[2])
+        for move in PIPELINED_EXPANDS
+        + even_spans(case.sets[0].w13_b[0].shape[2] if op == "w13" else case.sets[0].w2_b.shape[2])
     ]
     for op, (block_n, tiles, stages) in moves:
         cand = replace(
