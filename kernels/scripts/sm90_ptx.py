@@ -10,6 +10,7 @@ register counts are wrong, so it matters that the signature below says what the 
 """
 
 import hashlib
+import itertools
 import os
 import re
 import subprocess
@@ -28,7 +29,9 @@ TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {
     "x_ptr": "*bf16",
     "a_ptr": "*bf16",
+    "a1_ptr": "*bf16",
     "b_ptr": "*bf16",
+    "b1_ptr": "*bf16",
     "out_ptr": "*bf16",
     "part_ptr": "*fp32",
     "topk_w_ptr": "*fp32",
@@ -63,6 +66,12 @@ def compile_sm90(kernel, consts: dict, warps: int, stages: int):
     )
 
 
+def sliced(consts: dict, off_name: str, slices: int) -> dict:
+    """consts for a `slices`-slice op: one slice passes no second slice's pointer (None, a constexpr, as the
+    launcher does)."""
+    return dict(consts, NUM_SLICES=slices, **({off_name: None} if slices == 1 else {}))
+
+
 def describe(compiled) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
@@ -80,7 +89,11 @@ def describe(compiled) -> str:
 
 
 def main() -> None:
-    for direct, ready in ((False, False), (False, True), (True, False)):
+    # The single-slice lines keep their labels (a refactor compares them); two slices (Qwen3's gate_up) add lines.
+    for slices, direct, ready in itertools.product((1, 2), (False, True), (False, True)):
+        if direct and ready:
+            continue
+        tag = "" if slices == 1 else " slices=2"
         for block_n, tiles, stages, even_n in (
             (512, 1, 1, False),
             (64, 16, 3, False),
@@ -102,7 +115,8 @@ def main() -> None:
             }
             print(
                 f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
-                f"even_n={even_n:d}: " + describe(compile_sm90(expand._expand_kernel, consts, 4, stages))
+                f"even_n={even_n:d}{tag}: "
+                + describe(compile_sm90(expand._expand_kernel, sliced(consts, "b1_ptr", slices), 4, stages))
             )
         # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
         # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
@@ -123,8 +137,8 @@ def main() -> None:
             }
             print(
                 f"shrink direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
-                f"per_pair={per_pair:d} a_before_wait={early:d}: "
-                + describe(compile_sm90(shrink._shrink_kernel, consts, warps, stages))
+                f"per_pair={per_pair:d} a_before_wait={early:d}{tag}: "
+                + describe(compile_sm90(shrink._shrink_kernel, sliced(consts, "a1_ptr", slices), warps, stages))
             )
     # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
     print(

@@ -43,7 +43,7 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"
     inp.down_out.mul_(0.01)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     inp.lora_map[torch.rand(m, generator=g, device="cuda") < none_frac] = -1
-    cpu = {n: t.cpu() for n, t in vars(inp).items()}
+    cpu = {n: tuple(s.cpu() for s in t) if isinstance(t, tuple) else t.cpu() for n, t in vars(inp).items()}
     ref13, ref2 = kernels.moe_lora_layer_reference(
         gate_up_out=cpu["gate_up_out"],
         down_out=cpu["down_out"],
@@ -126,6 +126,31 @@ def test_deterministic_and_graph_capturable(k):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(inp.gate_up_out, eager13) and torch.equal(inp.down_out, eager2)
+
+
+@pytest.mark.parametrize(
+    "m, route", [(1, "grouped"), (16, "grouped"), (16, "direct"), (256, "grouped"), (1600, "auto")]
+)
+def test_qwen3_slices_in_one_op_give_the_bits_of_one_op_per_slice(k, m, route):
+    # The one-launch w13 (both slices) against the plugin's former two ops, same launch parameters: the same sums
+    # in the same order, so the same bits, eagerly and in a graph replay.
+    from dataclasses import replace
+
+    _, bench = k
+    inp = bench.make_inputs("qwen3", 32, 8, m, seed=m)
+    assert len(inp.w13_a) == 2
+    base = inp.gate_up_out.clone(), inp.down_out.clone()
+    one_op = bench.default_layer_config(inp, route_method=route)
+    expected = layer_from(bench, inp, base, replace(one_op, w13_one_op=False))
+    assert layer_from(bench, inp, base, one_op)[0].equal(expected[0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bench.run_layer(inp, one_op)
+    inp.gate_up_out.copy_(base[0])
+    inp.down_out.copy_(base[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
 
 
 def both_ops(cfg, **fields):

@@ -32,10 +32,16 @@ def _oracle(out, x, a, b, ids, mapping, weights, mul):
     return res
 
 
-def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
+@pytest.mark.parametrize(
+    "top_k, experts, hidden, inter, slices",
+    [(4, 32, 2880, 2880, 1), (8, 128, 2048, 768, 2)],  # GPT-OSS-20B (fused gate_up), Qwen3-30B-A3B (gate, up)
+    ids=["gpt-oss", "qwen3"],
+)
+def test_hooks_match_the_oracle_in_bf16(top_k, experts, hidden, inter, slices):
     from moelora.vllm_plugin import moe_hooks
 
-    dev, dt, m, top_k, experts, loras, hidden, inter, rank = "cuda", torch.bfloat16, 24, 4, 32, 8, 2880, 2880, 32
+    dev, dt, m, loras, rank = "cuda", torch.bfloat16, 24, 8, 32
+    width = 2 * inter // slices
     g = torch.Generator(device=dev).manual_seed(0)
 
     def rnd(*s, sc=1.0):
@@ -44,11 +50,18 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
     ids = torch.stack([torch.randperm(experts, device=dev)[:top_k] for _ in range(m)]).to(torch.int32)
     mapping = torch.randint(-1, loras, (m,), device=dev, dtype=torch.int32)
     w = torch.rand(m, top_k, device=dev)
-    a13, b13 = rnd(loras, experts, rank, hidden, sc=hidden**-0.5), rnd(loras, experts, 2 * inter, rank, sc=0.05)
+    a13 = tuple(rnd(loras, experts, rank, hidden, sc=hidden**-0.5) for _ in range(slices))
+    b13 = tuple(rnd(loras, experts, width, rank, sc=0.05) for _ in range(slices))
     a2, b2 = rnd(loras, experts, rank, inter, sc=inter**-0.5), rnd(loras, experts, hidden, rank, sc=0.05)
     x, act = rnd(m, hidden), rnd(m * top_k, inter)
     y13, y2 = rnd(m, top_k, 2 * inter, sc=1e-2), rnd(m, top_k, hidden, sc=1e-2)
-    want13 = _oracle(y13, x, a13, b13, ids, mapping, w, False)
+    want13 = torch.cat(
+        [
+            _oracle(y13[:, :, s * width : (s + 1) * width], x, a, b, ids, mapping, w, False)
+            for s, (a, b) in enumerate(zip(a13, b13))
+        ],
+        dim=-1,
+    )
     want2 = _oracle(y2, act.view(m, top_k, inter), a2, b2, ids, mapping, w, True)
     w1, w2 = (
         torch.empty(experts, 2 * inter, hidden, device=dev, dtype=dt),
@@ -62,8 +75,8 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
         punica,
         y13,
         x,
-        (a13,),
-        (b13,),
+        a13,
+        b13,
         ids,
         w,
         None,
@@ -75,7 +88,7 @@ def test_hooks_match_the_oracle_in_bf16_at_gpt_oss_shapes():
         torch.ones(loras + 1, device=dev),
         experts,
         top_k,
-        1,
+        slices,
         False,
         False,
         add_inputs=True,

@@ -150,6 +150,20 @@ def test_w13_then_w2_match_the_oracle(slices, naive):
     assert moe_hooks._kept.routing is None  # consumed: a stray w2 call cannot reuse it
 
 
+@pytest.mark.parametrize("slices", [1, 2])
+def test_w13_is_one_op_whatever_its_slices(slices, monkeypatch):
+    # Qwen3-MoE's gate and up slices go through one op: one shrink and one expand launch, not one op per slice.
+    from moelora.kernels import fused
+    from moelora.vllm_plugin import triton_path
+
+    ops, shrinks = [], []
+    op, shrink = triton_path.fused_moe_lora, fused.launch_shrink
+    monkeypatch.setattr(triton_path, "fused_moe_lora", lambda **kw: ops.append(len(kw["lora_a"])) or op(**kw))
+    monkeypatch.setattr(fused, "launch_shrink", lambda plan: shrinks.append(plan.slices) or shrink(plan))
+    _w13(_layer(slices=slices))
+    assert ops == [slices] and shrinks == [slices]
+
+
 def test_add_inputs_false_overwrites(naive):
     layer = _layer(slices=1)
     layer.y13.fill_(123.0)

@@ -106,6 +106,8 @@ def _unsupported(lora_a_stacked, expert_map, fully_sharded: bool, x: torch.Tenso
         return f"rank {a.shape[2]} > {_MAX_RANK}"
     if a.stride(1) == 0:
         return "LoRA A shared across experts"
+    if len(lora_a_stacked) > 2:
+        return f"{len(lora_a_stacked)} slices"
     return None
 
 
@@ -196,17 +198,16 @@ def add_lora_w13(
     out = y.view(num_tokens, ids.shape[1], -1)
     if not add_inputs:
         out.zero_()
-    width = lora_b_stacked[0].shape[2]
-    for i, (a, b) in enumerate(zip(lora_a_stacked, lora_b_stacked)):
-        run_triton(
-            output=out[:, :, i * width : (i + 1) * width],
-            x=x,
-            lora_a=a,
-            lora_b=b,
-            routing=routing,
-            topk_weights=topk_weights,
-            mul_routed_weight=False,
-        )
+    # One op for all slices (Qwen3's gate and up): one shrink and one expand launch, each slice its output columns.
+    run_triton(
+        output=out,
+        x=x,
+        lora_a=tuple(lora_a_stacked),
+        lora_b=tuple(lora_b_stacked),
+        routing=routing,
+        topk_weights=topk_weights,
+        mul_routed_weight=False,
+    )
     _kept.routing, _kept.mapping_ptr, _kept.num_tokens = routing, mapping.data_ptr(), num_tokens
     _once("moelora: MoE LoRA runs from topk_ids (vLLM's align kernel skipped)")
     return None, None, None, mapping
@@ -280,8 +281,8 @@ def add_lora_w2(
     run_triton(
         output=out,
         x=x.reshape(num_tokens, top, x.shape[-1]),
-        lora_a=lora_a_stacked[0],
-        lora_b=lora_b_stacked[0],
+        lora_a=(lora_a_stacked[0],),
+        lora_b=(lora_b_stacked[0],),
         routing=routing,
         topk_weights=topk_weights.view(num_tokens, top),
         mul_routed_weight=True,
@@ -300,8 +301,8 @@ def _warm_up(
     topk_weights: torch.Tensor,
 ) -> None:
     """Compile, once per op and layer shape and outside CUDA-graph capture, every configuration the table can pick:
-    one call on scratch buffers laid out as the real ones (w13: a column slice of a `slices`-wide output; w2: one
-    input row per (token, slot)) at each token bucket of the table."""
+    one call on scratch buffers laid out as the real ones (w13: a `slices`-wide output, the one weight standing in
+    for every slice; w2: one input row per (token, slot)) at each token bucket of the table."""
     if not warmups_on() or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
         return
     key = (op, tuple(lora_a.shape), tuple(lora_b.shape), slices, top_k, x.dtype, topk_weights.dtype, x.device)
@@ -324,7 +325,7 @@ def _warm_up(
         routing = route(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts, max_loras=max_loras)
         weights = torch.full((m, top_k), 1.0 / top_k, device=dev, dtype=topk_weights.dtype)
         if op == "w13":
-            out = torch.zeros(m, top_k, slices * n, device=dev, dtype=dt)[:, :, :n]
+            out = torch.zeros(m, top_k, slices * n, device=dev, dtype=dt)
             inp = torch.zeros(m, k, device=dev, dtype=dt)
         else:
             out = torch.zeros(m, top_k, n, device=dev, dtype=dt)
@@ -332,8 +333,8 @@ def _warm_up(
         run_triton(
             output=out,
             x=inp,
-            lora_a=lora_a,
-            lora_b=lora_b,
+            lora_a=(lora_a,) * (slices if op == "w13" else 1),
+            lora_b=(lora_b,) * (slices if op == "w13" else 1),
             routing=routing,
             topk_weights=weights,
             mul_routed_weight=op == "w2",

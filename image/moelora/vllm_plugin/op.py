@@ -190,8 +190,8 @@ def make_op(*, original: Callable[..., None], backend: str) -> Callable[..., Non
                 run_triton(
                     output=out_i,
                     x=x,
-                    lora_a=a,
-                    lora_b=b,
+                    lora_a=(a,),
+                    lora_b=(b,),
                     routing=routing,
                     topk_weights=topk_weights,
                     mul_routed_weight=mul_routed_weight,

@@ -70,16 +70,16 @@ def run_triton(
     *,
     output: torch.Tensor,
     x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
+    lora_a: tuple[torch.Tensor, ...],
+    lora_b: tuple[torch.Tensor, ...],
     routing: object,
     topk_weights: torch.Tensor,
     mul_routed_weight: bool,
 ) -> None:
-    """One slice: output (M, top_k, N) view += LoRA(x) with the kernel's default launch configuration."""
-    config = default_config(
-        routing=routing, k=lora_a.shape[3], n=lora_b.shape[2], rank=lora_a.shape[2], device=x.device
-    )
+    """One op over 1 or 2 slices: output (M, top_k, slices * N) view += LoRA(x), slice s in columns [s * N,
+    (s + 1) * N), with the kernel's default launch configuration for one slice's N (the table's tuned shape)."""
+    a, b = lora_a[0], lora_b[0]
+    config = default_config(routing=routing, k=a.shape[3], n=b.shape[2], rank=a.shape[2], device=x.device)
     fused_moe_lora(
         output=output,
         x=x,

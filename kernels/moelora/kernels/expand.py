@@ -22,6 +22,7 @@ def _expand_kernel(
     # pointers
     part_ptr,  # (SPLIT_K, P, RANK_PAD) float32 partial sums from _shrink_kernel
     b_ptr,  # (max_loras, E, N, rank) lora_b
+    b1_ptr,  # slice 1's lora_b, when NUM_SLICES > 1 (else None)
     out_ptr,  # (P, N) output rows (a (M, top_k, N) view), updated in place
     topk_w_ptr,  # (P,) routed weights, read when MUL_ROUTED_WEIGHT
     sorted_ptr,  # (P,) int32
@@ -58,9 +59,17 @@ def _expand_kernel(
     DIRECT: tl.constexpr,
     READY: tl.constexpr,
     USE_PDL: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if NUM_SLICES > 1:
+        # Grid dim 2 is the slice: its partial sums, its B, and its N columns of the output row.
+        slice_id = tl.program_id(2).to(tl.int64)
+        if slice_id == 1:
+            b_ptr = b1_ptr
+        out_ptr += slice_id * N * stride_on
+        part_ptr += slice_id * SPLIT_K * num_pairs * RANK_PAD
     if USE_PDL and READY:
         # The next kernel waits for this whole grid before it reads anything of ours; starting it now lets its
         # CTAs take free SMs and fetch what does not depend on us (the down op's shrink: routing and A).
@@ -120,7 +129,8 @@ def _expand_kernel(
             # Wait for this block's SPLIT_K shrink CTAs only, not the whole shrink grid. No deadlock: PDL starts
             # this grid only once every shrink CTA is running. The output (older kernels' work) is complete: the
             # shrink passed its own wait before it let this grid start. The partial sums bypass L1 (.cg).
-            while tl.atomic_add(ready_ptr + pid_b, 0, sem="acquire", scope="gpu") < SPLIT_K:
+            # Every slice's shrink counts into the block's one counter.
+            while tl.atomic_add(ready_ptr + pid_b, 0, sem="acquire", scope="gpu") < SPLIT_K * NUM_SLICES:
                 pass
         inter = tl.load(part_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg" if READY else "")
         for s in tl.static_range(1, SPLIT_K):
@@ -158,9 +168,11 @@ def launch_expand(p: OpPlan, partials: torch.Tensor) -> None:
     r, cfg = p.routing, p.cfg
     n_tiles = max(1, cfg.expand_tiles)
     span = cfg.expand_block_n * n_tiles
-    _expand_kernel[(r.max_blocks, triton.cdiv(p.n, span))](
+    grid = (r.max_blocks, triton.cdiv(p.n, span)) + ((p.slices,) if p.slices > 1 else ())
+    _expand_kernel[grid](
         partials,
         p.lora_b,
+        p.lora_b1,
         p.output,
         p.weights if p.weights is not None else partials,
         r.sorted_pairs,
@@ -191,6 +203,7 @@ def launch_expand(p: OpPlan, partials: torch.Tensor) -> None:
         DIRECT=r.direct,
         READY=p.ready is not None,
         USE_PDL=p.pdl,
+        NUM_SLICES=p.slices,
         num_warps=cfg.expand_warps,
         num_stages=cfg.expand_stages,
         **launch_options(p.pdl, cfg.expand_maxnreg),

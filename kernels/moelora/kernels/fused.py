@@ -20,12 +20,17 @@ routing) once its partial sums are stored, and an expand CTA, having fetched its
 counter reaches SPLIT_K. The next op on the same routing fetches its block and first A tile before its own wait,
 as the routing is complete by then.
 
+One op may carry two slices (vLLM's w13 for Qwen3-MoE: gate and up, each its own A and B): a third grid dimension
+of both kernels picks the slice, so the slices share one routing and one launch of each kernel, and slice s writes
+output columns [s * N, (s + 1) * N). One slice compiles to the same code as before slices existed.
+
 `fused_moe_lora` runs one op; `plan_op` validates the same arguments and returns an `OpPlan` whose `shrink()` and
 `expand()` launch the two kernels one at a time (the benchmark times them apart).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,11 +49,11 @@ __all__ = ["OpPlan", "fused_moe_lora", "plan_op"]
 class OpPlan:
     """Validated arguments of one op, shared by its two launches: call shrink(), then expand()."""
 
-    output: torch.Tensor  # (M, top_k, N), updated in place
+    output: torch.Tensor  # (M, top_k, slices * N), updated in place
     x_rows: torch.Tensor  # (M, K), or (M * top_k, K) when per_pair
     per_pair: bool
-    lora_a: torch.Tensor  # (max_loras, E, rank, K)
-    lora_b: torch.Tensor  # (max_loras, E, N, rank)
+    lora_a: torch.Tensor  # (max_loras, E, rank, K), slice 0's
+    lora_b: torch.Tensor  # (max_loras, E, N, rank), slice 0's
     routing: MoeLoraRouting
     weights: torch.Tensor | None  # (M, top_k) routed weights, rows collapsible into one dim
     mul_routed_weight: bool
@@ -61,7 +66,10 @@ class OpPlan:
     pdl: bool
     routing_settled: bool  # an earlier op on this routing waited for it (MoeLoraRouting.begin_op)
     ready: torch.Tensor | None = None  # this op's readiness counters (grouped routing), else None
-    partials: torch.Tensor | None = None  # (split_k, P, rank_pad) float32, written by shrink()
+    slices: int = 1
+    lora_a1: torch.Tensor | None = None  # slice 1's lora_a, None with one slice
+    lora_b1: torch.Tensor | None = None  # slice 1's lora_b
+    partials: torch.Tensor | None = None  # (slices, split_k, P, rank_pad) float32, written by shrink()
 
     def shrink(self) -> None:
         """Launch the shrink kernel: x_rows @ A.T into this plan's partial sums."""
@@ -78,8 +86,8 @@ def fused_moe_lora(
     *,
     output: torch.Tensor,
     x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
+    lora_a: torch.Tensor | Sequence[torch.Tensor],
+    lora_b: torch.Tensor | Sequence[torch.Tensor],
     routing: MoeLoraRouting,
     topk_weights: torch.Tensor | None = None,
     mul_routed_weight: bool = False,
@@ -87,11 +95,14 @@ def fused_moe_lora(
 ) -> None:
     """Add the MoE-LoRA contribution into `output`, in place; capturable in a CUDA graph (no host sync).
 
-    output: (M, top_k, N), bf16/fp16/fp32, last dim contiguous or strided (a column slice of a wider buffer works).
+    output: (M, top_k, slices * N), bf16/fp16/fp32, last dim contiguous or strided (a column slice of a wider buffer
+        works).
     x: (M, K) — the layer input shared by the top_k slots (gate_up) — or (M, top_k, K) — one row per slot (down).
     lora_a: (max_loras, E, r, K); lora_b: (max_loras, E, N, r) — vLLM's stacked layouts; r in 1..128 (padded to a
         power of two >= 16 inside). Same dtype as x (bf16/fp16 on the GPU; fp32 works too, and is what the CPU
         interpreter tests use).
+        Or a sequence of 1 or 2 slices each (vLLM's w13 for Qwen3-MoE: gate, up), same shape, dtype and strides:
+        one launch of each kernel covers both, slice s adding into output columns [s * N, (s + 1) * N).
     routing: from `moe_lora_routing` on the same topk_ids / token_lora_mapping (M, top_k, E, max_loras must match).
         Ops that share a routing run on the stream it was made on: each takes the next of its readiness-counter
         slots (see `wait_per_block`).
@@ -117,8 +128,8 @@ def plan_op(
     *,
     output: torch.Tensor,
     x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
+    lora_a: torch.Tensor | Sequence[torch.Tensor],
+    lora_b: torch.Tensor | Sequence[torch.Tensor],
     routing: MoeLoraRouting,
     topk_weights: torch.Tensor | None = None,
     mul_routed_weight: bool = False,
@@ -126,6 +137,8 @@ def plan_op(
 ) -> OpPlan | None:
     """Check the arguments of `fused_moe_lora` (same meaning) and plan the op without launching anything; None when
     there are no tokens. Takes the op's slot of the routing's readiness counters, like a call of the op does."""
+    lora_a, lora_b, lora_a1, lora_b1 = _slices(lora_a, lora_b)
+    slices = 1 if lora_a1 is None else 2
     max_loras, num_experts, rank, k = lora_a.shape
     n = lora_b.shape[2]
     m, top_k = output.shape[0], output.shape[1]
@@ -133,8 +146,8 @@ def plan_op(
         raise ValueError(
             f"lora_b must be (max_loras, E, N, r) = {(max_loras, num_experts, n, rank)}, got {tuple(lora_b.shape)}"
         )
-    if output.dim() != 3 or output.shape[2] != n:
-        raise ValueError(f"output must be (M, top_k, {n}), got {tuple(output.shape)}")
+    if output.dim() != 3 or output.shape[2] != slices * n:
+        raise ValueError(f"output must be (M, top_k, {slices * n}), got {tuple(output.shape)}")
     if (routing.num_pairs, routing.top_k, routing.num_experts, routing.max_loras) != (
         m * top_k,
         top_k,
@@ -182,4 +195,29 @@ def plan_op(
         pdl=use_pdl(x_rows.device) if cfg.pdl is None else cfg.pdl,
         routing_settled=settled,
         ready=ready,
+        slices=slices,
+        lora_a1=lora_a1,
+        lora_b1=lora_b1,
     )
+
+
+def _slices(
+    lora_a: torch.Tensor | Sequence[torch.Tensor], lora_b: torch.Tensor | Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Slice 0's A and B, then slice 1's (None, None with one slice), checked alike: the kernels index both slices
+    with slice 0's strides."""
+    a_list = [lora_a] if isinstance(lora_a, torch.Tensor) else list(lora_a)
+    b_list = [lora_b] if isinstance(lora_b, torch.Tensor) else list(lora_b)
+    if len(a_list) != len(b_list) or len(a_list) not in (1, 2):
+        raise ValueError(f"lora_a and lora_b must be 1 or 2 slices each, got {len(a_list)} and {len(b_list)}")
+    if len(a_list) == 1:
+        return a_list[0], b_list[0], None, None
+    for first, second in (a_list, b_list):
+        if (second.shape, second.dtype, second.stride(), second.device) != (
+            first.shape,
+            first.dtype,
+            first.stride(),
+            first.device,
+        ):
+            raise ValueError("the slices of lora_a (and of lora_b) must share shape, dtype, strides and device")
+    return a_list[0], b_list[0], a_list[1], b_list[1]

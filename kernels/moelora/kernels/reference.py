@@ -11,6 +11,8 @@ mul_routed_weight (vLLM applies it to the down projection) else 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = ["moe_lora_layer_reference", "moe_lora_reference"]
@@ -20,8 +22,8 @@ def moe_lora_reference(
     *,
     output: torch.Tensor,
     x: torch.Tensor,
-    lora_a: torch.Tensor,
-    lora_b: torch.Tensor,
+    lora_a: torch.Tensor | Sequence[torch.Tensor],
+    lora_b: torch.Tensor | Sequence[torch.Tensor],
     topk_ids: torch.Tensor,
     token_lora_mapping: torch.Tensor,
     topk_weights: torch.Tensor | None = None,
@@ -30,8 +32,23 @@ def moe_lora_reference(
     """Return output + the LoRA contribution, computed in float64 (output itself is not modified).
 
     output (M, top_k, N); x (M, K) or (M, top_k, K); topk_ids (M, top_k) int; token_lora_mapping (M,) int;
-    topk_weights (M, top_k) float, needed when mul_routed_weight.
+    topk_weights (M, top_k) float, needed when mul_routed_weight. lora_a and lora_b may be sequences of slices
+    (vLLM's w13 for Qwen3-MoE): slice s then adds into output columns [s * N, (s + 1) * N), N its lora_b's width.
     """
+    if not isinstance(lora_a, torch.Tensor):
+        n = lora_b[0].shape[2]
+        common = {
+            "x": x,
+            "topk_ids": topk_ids,
+            "token_lora_mapping": token_lora_mapping,
+            "topk_weights": topk_weights,
+            "mul_routed_weight": mul_routed_weight,
+        }
+        parts = [
+            moe_lora_reference(output=output[:, :, s * n : (s + 1) * n], lora_a=a, lora_b=b, **common)
+            for s, (a, b) in enumerate(zip(lora_a, lora_b, strict=True))
+        ]
+        return torch.cat(parts, dim=2)
     m, top_k = topk_ids.shape
     max_loras, num_experts = lora_a.shape[:2]
     result = output.detach().to(torch.float64).clone()
@@ -61,8 +78,8 @@ def moe_lora_layer_reference(
     down_out: torch.Tensor,
     hidden: torch.Tensor,
     down_in: torch.Tensor,
-    w13_a: torch.Tensor,
-    w13_b: torch.Tensor,
+    w13_a: torch.Tensor | Sequence[torch.Tensor],
+    w13_b: torch.Tensor | Sequence[torch.Tensor],
     w2_a: torch.Tensor,
     w2_b: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -71,7 +88,8 @@ def moe_lora_layer_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both LoRA ops of one MoE layer as vLLM applies them: gate_up (no routed weight) and down (routed weight).
 
-    gate_up_out (M, top_k, 2I) and down_out (M, top_k, H) are the base outputs; hidden (M, H); down_in (M, top_k, I).
+    gate_up_out (M, top_k, 2I) and down_out (M, top_k, H) are the base outputs; hidden (M, H); down_in (M, top_k, I);
+    w13_a and w13_b one slice or a sequence of slices (Qwen3-MoE: gate, up).
     Returns the two float64 results.
     """
     common = {"topk_ids": topk_ids, "token_lora_mapping": token_lora_mapping, "topk_weights": topk_weights}

@@ -21,6 +21,7 @@ def _shrink_kernel(
     # pointers
     x_ptr,  # (M, K) or (P, K): the op's input rows
     a_ptr,  # (max_loras, E, rank, K) lora_a
+    a1_ptr,  # slice 1's lora_a, when NUM_SLICES > 1 (else None)
     part_ptr,  # (SPLIT_K, P, RANK_PAD) float32 partial sums, row = position in sorted_pairs
     sorted_ptr,  # (P,) int32 pair ids grouped by (adapter, expert)
     table_ptr,  # (3, max_blocks) int32 block table: group, start, end
@@ -55,9 +56,16 @@ def _shrink_kernel(
     READY: tl.constexpr,
     USE_PDL: tl.constexpr,
     A_BEFORE_WAIT: tl.constexpr,
+    NUM_SLICES: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if NUM_SLICES > 1:
+        # Grid dim 2 is the slice (Qwen3's gate and up): its own A and its own partial sums, the routing shared.
+        slice_id = tl.program_id(2).to(tl.int64)
+        if slice_id == 1:
+            a_ptr = a1_ptr
+        part_ptr += slice_id * SPLIT_K * num_pairs * RANK_PAD
     if USE_PDL and not A_BEFORE_WAIT:
         # Wait for the routing (and whatever wrote x), then let the expand's CTAs start: they only read the
         # routing's tables and B before their own wait.
@@ -133,7 +141,8 @@ def _shrink_kernel(
             a_ptrs += BLOCK_K * stride_ak
         tl.store(part + offs_m[:, None] * RANK_PAD + offs_r[None, :], acc, mask=mask_m[:, None])
         if READY:
-            # Every thread's stores are done (the barrier) before one release-add counts this split as ready.
+            # Every thread's stores are done (the barrier) before one release-add counts this split (of this slice)
+            # as ready.
             tl.debug_barrier()
             tl.atomic_add(ready_ptr + pid_b, 1, sem="release", scope="gpu")
 
@@ -147,12 +156,14 @@ def early_a_fits(block_k: int, rank_pad: int, warps: int) -> bool:
 
 def launch_shrink(p: OpPlan) -> torch.Tensor:
     """Launch the shrink of a planned op (fused.plan_op checked the shapes); returns its partial sums,
-    (split_k, P, rank_pad) float32, for the expand."""
+    (slices, split_k, P, rank_pad) float32, for the expand."""
     r, cfg = p.routing, p.cfg
-    partials = torch.empty((p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
-    _shrink_kernel[(r.max_blocks, p.split_k)](
+    partials = torch.empty((p.slices, p.split_k, r.num_pairs, p.rank_pad), dtype=torch.float32, device=p.x_rows.device)
+    grid = (r.max_blocks, p.split_k) if p.slices == 1 else (r.max_blocks, p.split_k, p.slices)
+    _shrink_kernel[grid](
         p.x_rows,
         p.lora_a,
+        p.lora_a1,
         partials,
         r.sorted_pairs,
         r.block_table,
@@ -183,6 +194,7 @@ def launch_shrink(p: OpPlan) -> torch.Tensor:
         A_BEFORE_WAIT=p.routing_settled
         and not r.direct
         and early_a_fits(cfg.shrink_block_k, p.rank_pad, cfg.shrink_warps),
+        NUM_SLICES=p.slices,
         num_warps=cfg.shrink_warps,
         num_stages=cfg.shrink_stages,
         **launch_options(p.pdl, cfg.shrink_maxnreg),

@@ -3,12 +3,17 @@
     python -m moelora.kernels.tools.bench                      # headline: both models, rank 32, 8 adapters, all M
     python -m moelora.kernels.tools.bench --preset full        # ranks 16/32/64 x adapters 1/4/8/16 x all M
     python -m moelora.kernels.tools.bench --models gpt-oss --ranks 32 --adapters 8 --m 16,64 --sweep
+    python -m moelora.kernels.tools.bench --w13 both             # Qwen3's w13 slices in one op and one op each
+
+The layer is vLLM's served contract: GPT-OSS's w13 is one slice (one A, one B of width 2I), Qwen3-MoE's two (gate
+and up, each its own A and B of width I), run as one op over both slices (what the plugin serves) or, with --w13
+per-slice or both, also as one op per slice (what it served before).
 
 Time: CUDA-graph replay median over 40 layer calls per graph (the graph's launch cost spread thin, as in a served
 model), cycling through rotated input sets whose touched weights together exceed 3x the L2, so every call reads its
-weights from HBM. Minimum bytes: each touched (adapter, expert) A and B of
-both ops once, the inputs once, both outputs read and written. Copy bandwidth: a device-to-device copy measured in
-the same run (bytes read + written).
+weights from HBM. Minimum bytes: each touched (adapter, expert) A and B of both ops (every slice) once, the inputs
+once, both outputs read and written. Copy bandwidth: a device-to-device copy measured in the same run (bytes read +
+written).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ VLLM_DOC_US = {
     "qwen3": {16: 49, 64: 144, 256: 310, 1600: 629},
 }
 ALL_M = (1, 16, 64, 256, 1600)
+# vLLM's w13 slices per model (vllm/lora/layers/fused_moe.py): GPT-OSS's fused gate_up experts are one slice.
+W13_SLICES = {"gpt-oss": 1, "qwen3": 2}
 
 
 @dataclass
@@ -46,8 +53,8 @@ class LayerInputs:
     down_in: torch.Tensor  # (M, top_k, I)
     gate_up_out: torch.Tensor  # (M, top_k, 2I)
     down_out: torch.Tensor  # (M, top_k, H)
-    w13_a: torch.Tensor
-    w13_b: torch.Tensor
+    w13_a: tuple[torch.Tensor, ...]  # one (adapters, E, r, H) per slice
+    w13_b: tuple[torch.Tensor, ...]  # one (adapters, E, 2I / slices, r) per slice
     w2_a: torch.Tensor
     w2_b: torch.Tensor
     topk_ids: torch.Tensor
@@ -55,7 +62,8 @@ class LayerInputs:
     lora_map: torch.Tensor
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in asdict(self).values())
+        tensors = [t for v in vars(self).values() for t in (v if isinstance(v, tuple) else (v,))]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def make_inputs(
@@ -77,13 +85,14 @@ def make_inputs(
     scores = torch.rand(m, e, generator=g, device=device)
     topk_w, topk_ids = scores.softmax(-1).topk(top_k, dim=-1)
     lora_map = torch.randint(0, adapters, (m,), generator=g, device=device)
+    slices = W13_SLICES[model]
     return LayerInputs(
         hidden=rnd(m, h),
         down_in=rnd(m, top_k, inter),
         gate_up_out=rnd(m, top_k, 2 * inter),
         down_out=rnd(m, top_k, h),
-        w13_a=rnd(adapters, e, rank, h, scale=h**-0.5),
-        w13_b=rnd(adapters, e, 2 * inter, rank, scale=0.05),
+        w13_a=tuple(rnd(adapters, e, rank, h, scale=h**-0.5) for _ in range(slices)),
+        w13_b=tuple(rnd(adapters, e, 2 * inter // slices, rank, scale=0.05) for _ in range(slices)),
         w2_a=rnd(adapters, e, rank, inter, scale=inter**-0.5),
         w2_b=rnd(adapters, e, h, rank, scale=0.05),
         topk_ids=topk_ids.to(device=device, dtype=torch.int32),
@@ -99,6 +108,8 @@ class LayerConfig:
     w2: KernelConfig
     pdl: bool | None = None  # None: where supported; False forces it off for routing and both ops
     route_method: str = "auto"
+    # All w13 slices in one op (one shrink and one expand launch); False: one op per slice.
+    w13_one_op: bool = True
 
     def without_pdl(self) -> LayerConfig:
         return replace(self, pdl=False, w13=replace(self.w13, pdl=False), w2=replace(self.w2, pdl=False))
@@ -107,7 +118,7 @@ class LayerConfig:
 def default_layer_config(inp: LayerInputs, route_method: str = "auto") -> LayerConfig:
     """The op's own choice for these inputs: bundled configs of the routing kind that route_method gives."""
     m, top_k = inp.topk_ids.shape
-    adapters, e = inp.w13_a.shape[:2]
+    adapters, e = inp.w13_a[0].shape[:2]
     block_m = default_block_m(num_pairs=m * top_k, num_groups=adapters * e)
     routing = moe_lora_routing(
         topk_ids=inp.topk_ids,
@@ -118,37 +129,48 @@ def default_layer_config(inp: LayerInputs, route_method: str = "auto") -> LayerC
         method=route_method,
     )
     dev = inp.hidden.device
-    rank = inp.w13_a.shape[2]
-    w13 = default_config(routing=routing, k=inp.w13_a.shape[3], n=inp.w13_b.shape[2], rank=rank, device=dev)
+    rank = inp.w13_a[0].shape[2]
+    # One slice's N, as the plugin looks it up for either path.
+    w13 = default_config(routing=routing, k=inp.w13_a[0].shape[3], n=inp.w13_b[0].shape[2], rank=rank, device=dev)
     w2 = default_config(routing=routing, k=inp.w2_a.shape[3], n=inp.w2_b.shape[2], rank=rank, device=dev)
     return LayerConfig(block_m=block_m, w13=w13, w2=w2, route_method=route_method)
 
 
 def routing_method(cfg: LayerConfig, inp: LayerInputs) -> str:
     """The routing method cfg runs on these inputs ("auto" and "grouped" resolved as moe_lora_routing does)."""
-    return resolve_method(cfg.route_method, inp.topk_ids.numel(), inp.w13_a.shape[0] * inp.w13_a.shape[1])
+    return resolve_method(cfg.route_method, inp.topk_ids.numel(), inp.w13_a[0].shape[0] * inp.w13_a[0].shape[1])
+
+
+def w13_ops(inp: LayerInputs, cfg: LayerConfig) -> list[dict]:
+    """The gate_up op's arguments: one op over every slice, or one per slice on its columns of the output."""
+    if cfg.w13_one_op:
+        return [{"output": inp.gate_up_out, "lora_a": inp.w13_a, "lora_b": inp.w13_b}]
+    n = inp.w13_b[0].shape[2]
+    return [
+        {"output": inp.gate_up_out[:, :, s * n : (s + 1) * n], "lora_a": a, "lora_b": b}
+        for s, (a, b) in enumerate(zip(inp.w13_a, inp.w13_b, strict=True))
+    ]
 
 
 def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
     """One MoE layer's LoRA work: routing once, then the gate_up and the down op.
 
-    stages < 5 stops early (for the time breakdown): 1 routing, 2 + gate_up shrink, 3 + gate_up expand,
-    4 + down shrink, 5 + down expand.
+    stages < 5 stops early (for the time breakdown): 1 routing, 2 + gate_up shrink (the first slice's, with one op
+    per slice), 3 + gate_up expand (every slice), 4 + down shrink, 5 + down expand.
     """
-    e = inp.w13_a.shape[1]
+    e = inp.w13_a[0].shape[1]
     routing = moe_lora_routing(
         topk_ids=inp.topk_ids,
         token_lora_mapping=inp.lora_map,
         num_experts=e,
-        max_loras=inp.w13_a.shape[0],
+        max_loras=inp.w13_a[0].shape[0],
         block_m=cfg.block_m,
         pdl=cfg.pdl,
         method=cfg.route_method,
     )
     if stages == 5:
-        fused_moe_lora(
-            output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing, config=cfg.w13
-        )
+        for op in w13_ops(inp, cfg):
+            fused_moe_lora(x=inp.hidden, routing=routing, config=cfg.w13, **op)
         fused_moe_lora(
             output=inp.down_out,
             x=inp.down_in,
@@ -160,33 +182,30 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             config=cfg.w2,
         )
         return
-    ops = [
-        plan_op(
-            output=inp.gate_up_out, x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=routing, config=cfg.w13
-        ),
-        plan_op(
-            output=inp.down_out,
-            x=inp.down_in,
-            lora_a=inp.w2_a,
-            lora_b=inp.w2_b,
-            routing=routing,
-            topk_weights=inp.topk_weights,
-            mul_routed_weight=True,
-            config=cfg.w2,
-        ),
-    ]
-    for i in range(stages - 1):
-        if i % 2 == 0:
-            ops[i // 2].shrink()
-        else:
-            ops[i // 2].expand()
+    gate_up = [plan_op(x=inp.hidden, routing=routing, config=cfg.w13, **op) for op in w13_ops(inp, cfg)]
+    down = plan_op(
+        output=inp.down_out,
+        x=inp.down_in,
+        lora_a=inp.w2_a,
+        lora_b=inp.w2_b,
+        routing=routing,
+        topk_weights=inp.topk_weights,
+        mul_routed_weight=True,
+        config=cfg.w2,
+    )
+    launches = [f for op in gate_up for f in (op.shrink, op.expand)] + [down.shrink, down.expand]
+    last = len(launches) - 2
+    for launch in launches[: {1: 0, 2: 1, 3: last, 4: last + 1}[stages]]:
+        launch()
 
 
 def min_bytes(inp: LayerInputs) -> int:
-    """Fewest bytes: touched (adapter, expert) A/B of both ops once, inputs once, outputs read + written."""
-    e = inp.w13_a.shape[1]
+    """Fewest bytes: touched (adapter, expert) A/B of both ops (every slice) once, inputs once, outputs read +
+    written."""
+    e = inp.w13_a[0].shape[1]
     groups = (inp.lora_map[:, None].long() * e + inp.topk_ids.long()).unique().numel()
-    per_group = sum(t[0, 0].numel() * t.element_size() for t in (inp.w13_a, inp.w13_b, inp.w2_a, inp.w2_b))
+    weights = (*inp.w13_a, *inp.w13_b, inp.w2_a, inp.w2_b)
+    per_group = sum(t[0, 0].numel() * t.element_size() for t in weights)
     acts = inp.hidden.numel() * inp.hidden.element_size() + inp.down_in.numel() * inp.down_in.element_size()
     outs = 2 * (inp.gate_up_out.numel() + inp.down_out.numel()) * inp.down_out.element_size()
     routing = inp.topk_ids.numel() * 4 + inp.topk_weights.numel() * 4 + inp.lora_map.numel() * 4
@@ -312,6 +331,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
     methods = [m for m in ("direct", "tiny", "single", "multi") if method_takes(m, pairs)]
+    if best.route_method != "auto":  # a named routing keeps its kind: a grouped sweep tunes the grouped entries
+        methods = [m for m in methods if (m == "direct") == (current == "direct")]
     for method in methods:
         if method == current:
             continue
@@ -337,7 +358,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     moves = [
         (op, move)
         for op in ("w13", "w2")
-        for move in PIPELINED_EXPANDS + even_spans(getattr(case.sets[0], f"{op}_b").shape[2])
+        for move in PIPELINED_EXPANDS
+        + even_spans(case.sets[0].w13_b[0].shape[2] if op == "w13" else case.sets[0].w2_b.shape[2])
     ]
     for op, (block_n, tiles, stages) in moves:
         cand = replace(
@@ -389,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         help="layer calls per captured graph (1: one pass over the input sets, which leaves the graph's launch "
         "cost in small-M figures)",
     )
+    p.add_argument(
+        "--w13",
+        default="one-op",
+        choices=("one-op", "per-slice", "both"),
+        help="a model with two w13 slices (Qwen3): one op over both (served), one op per slice, or both rows",
+    )
     p.add_argument("--json", help="write all rows here")
     p.add_argument(
         "--breakdown",
@@ -423,16 +451,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
     print(f"# routing {args.route}; {args.calls} or more layer calls per captured graph")
-    header = "| model | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |" + (
-        " default-config µs |" if args.sweep else ""
+    header = (
+        "| model | w13 ops | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
+        + (" default-config µs |" if args.sweep else "")
     )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     rows: list[dict] = []
     tuned: list[dict] = []
-    for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms):
-        case = Case(model, rank, n_ad, m, calls=args.calls)
-        cfg = default_layer_config(case.sets[0], route_method=args.route)
+    w13_modes = {"one-op": (True,), "per-slice": (False,), "both": (False, True)}[args.w13]
+    cases = [
+        (model, rank, n_ad, m, one_op)
+        for model, rank, n_ad, m in itertools.product(models, ranks, adapters, ms)
+        for one_op in (w13_modes if W13_SLICES[model] > 1 else (True,))
+    ]
+    case = None
+    for model, rank, n_ad, m, one_op in cases:
+        if case is None or (case.model, case.rank, case.adapters, case.m) != (model, rank, n_ad, m):
+            del case
+            torch.cuda.empty_cache()
+            case = Case(model, rank, n_ad, m, calls=args.calls)
+        cfg = replace(default_layer_config(case.sets[0], route_method=args.route), w13_one_op=one_op)
+        w13_label = f"{'1' if one_op else W13_SLICES[model]} of {W13_SLICES[model]} slices"
         us = default_us = case.time(cfg)
         if args.sweep:
             cfg, us = sweep(case, cfg, log)
@@ -448,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         vllm = VLLM_DOC_US.get(model, {}).get(m) if (rank, n_ad) == (32, 8) else None
         row = {
             "model": model,
+            "w13_one_op": one_op,
             "rank": rank,
             "adapters": n_ad,
             "m": m,
@@ -464,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         if args.sweep:
             h, inter, e, _ = MODELS[model]
-            for op, (k, n) in (("w13", (h, 2 * inter)), ("w2", (inter, h))):
+            for op, (k, n) in (("w13", (h, 2 * inter // W13_SLICES[model])), ("w2", (inter, h))):
                 direct = routing_method(cfg, case.sets[0]) == "direct"
                 tuned.append(
                     {
@@ -479,14 +520,12 @@ def main(argv: list[str] | None = None) -> int:
                     | ({"route": "direct"} if direct else {})
                 )
         print(
-            f"| {model} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
+            f"| {model} | {w13_label} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
             f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"
             + (f" {default_us:.1f} |" if args.sweep else ""),
             flush=True,
         )
         log(f"  {model} r{rank} L{n_ad} M{m}: {us:.1f} us, {cfg}")
-        del case
-        torch.cuda.empty_cache()
         if args.json:  # after every case: a run cut short by a time limit keeps what it measured
             with open(args.json, "w") as f:
                 json.dump({"device": dev, "copy_bw": bw, "rows": rows, "tuned": tuned}, f, indent=1)
