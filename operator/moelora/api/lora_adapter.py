@@ -46,6 +46,7 @@ class FailureReason(str, enum.Enum):
     WEIGHTS_MISMATCH = "WeightsMismatch"
     CACHE_FULL = "CacheFull"
     ENDPOINT_UNREACHABLE = "EndpointUnreachable"
+    UPDATE_REJECTED = "UpdateRejected"  # a new version was refused; the pod keeps serving the last good one
 
 
 class AdapterSource(ApiModel):
@@ -161,6 +162,11 @@ class ReplicaAdapterState(ApiModel):
     last_error: str | None = Field(default=None, description="The last failure on this pod, for a person.")
     loaded_at: datetime.datetime | None = Field(default=None, description="When vLLM on this pod loaded it.")
     version: str | None = Field(default=None, description="Digest of the weights this pod serves.")
+    rejected_version: str | None = Field(
+        default=None,
+        description="A newer version this pod refused (reason UpdateRejected, lastError says why) while it keeps "
+        "serving `version`.",
+    )
 
 
 class LoRAAdapterStatus(ApiModel):
