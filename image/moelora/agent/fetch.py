@@ -153,16 +153,18 @@ def _fetch_new(
             transfer.download(
                 client=client, listing=listing, into=temp, config=transfer_config, watch=watch, on_bytes=on_bytes
             )
-        except (AdapterError, Cancelled):
-            raise
-        except TransientError as error:
-            # The parts on disk are good: the next fetch of this version resumes from them (unless it cannot recur).
-            keep = not isinstance(error, transfer.ObjectChanged)
+        except (AdapterError, Cancelled, transfer.ObjectChanged):
+            raise  # bad files, a deleted adapter, or a version that can no longer complete: nothing worth keeping
+        except TransientError:
+            keep = True  # the parts on disk are good: the next fetch of this version resumes from them
             raise
         except Exception as error:  # noqa: BLE001 - classified, never swallowed
             failure = classify_client_error(error, what="downloading")
             keep = isinstance(failure, TransientError)
             raise failure from error
+        except BaseException:
+            keep = True  # the process is going down: a restarted agent resumes
+            raise
         for obj in listing.objects:  # a short read must never pass for a complete file
             size = (temp / obj.relpath).stat().st_size
             if size != obj.size:

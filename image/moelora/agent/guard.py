@@ -110,29 +110,46 @@ def bounded(
 
 
 class EndpointGates:
-    """At most `per_endpoint` holders per S3 endpoint URL (None: the server's default endpoint)."""
+    """At most `per_endpoint` preparations per S3 endpoint URL (None: the server's default endpoint)."""
 
     def __init__(self, *, per_endpoint: int) -> None:
         self.per_endpoint = per_endpoint
         self._lock = threading.Lock()
         self._holders: dict[str | None, int] = {}
 
-    def try_enter(self, endpoint: str | None) -> bool:
+    def try_slot(self, endpoint: str | None) -> Slot | None:
         with self._lock:
             if self._holders.get(endpoint, 0) >= self.per_endpoint:
-                return False
+                return None
             self._holders[endpoint] = self._holders.get(endpoint, 0) + 1
-            return True
+        return Slot(self, endpoint)
 
-    def enter(self, endpoint: str | None) -> None:
-        """One more holder regardless of the cap: a call that outlives the preparation that started it."""
-        with self._lock:
-            self._holders[endpoint] = self._holders.get(endpoint, 0) + 1
-
-    def leave(self, endpoint: str | None) -> None:
+    def _leave(self, endpoint: str | None) -> None:
         with self._lock:
             self._holders[endpoint] = max(0, self._holders.get(endpoint, 0) - 1)
 
     def holders(self, endpoint: str | None) -> int:
         with self._lock:
             return self._holders.get(endpoint, 0)
+
+
+class Slot:
+    """One preparation's place at its endpoint, freed when the last of its users (the worker, a call given up on
+    but still blocked in a socket) lets go."""
+
+    def __init__(self, gates: EndpointGates, endpoint: str | None) -> None:
+        self._gates = gates
+        self._endpoint = endpoint
+        self._users = 1
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def drop(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._gates._leave(self._endpoint)

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from moelora.agent import peft_moe
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.fetch import fetch, read_config_object
-from moelora.agent.guard import Deferred, EndpointGates, Watch, bounded
+from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, read_config_object
+from moelora.agent.guard import Deferred, EndpointGates, Slot, Watch, bounded
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
 from moelora.agent.served import LastGood, Served
@@ -76,6 +76,7 @@ class Preparer:
         self.secrets: frozenset[str] = frozenset()  # values to redact from anything published (replaced, not mutated)
         self.last_good = LastGood(settings.cache_dir)
         self.gates = EndpointGates(per_endpoint=settings.endpoint_workers)
+        self.transfer_config = DEFAULT_TRANSFER
         self._clients: dict[ClientConfig, Any] = {}
         self._lock = threading.Lock()
         self._protected: set[str] = set()  # versions vLLM serves or records hold: never evicted
@@ -108,14 +109,14 @@ class Preparer:
     def prepare(self, item: Desired, known_bad: AdapterError | None) -> Prepared:
         """The version to serve; raises the adapter's AdapterError, a TransientError, Deferred (its endpoint is
         busy) or Cancelled. `known_bad`: the verdict on the version judged last, not downloaded again if unchanged."""
-        endpoint = item.spec.source.endpoint_url
-        if not self.gates.try_enter(endpoint):
+        slot = self.gates.try_slot(item.spec.source.endpoint_url)
+        if slot is None:
             raise Deferred()
         watch = Watch(min_rate=self.settings.min_bytes_per_second, window=self.settings.rate_window_seconds)
         with self._lock:
             self._watches[item.uid] = (item.spec_hash, watch)
         try:
-            return self._prepare(item, known_bad, watch)
+            return self._prepare(item, known_bad, watch, slot)
         except AdapterError as error:
             served = self.last_good.get(item.uid)
             if error.version is None or served is None or served.version == error.version:
@@ -125,12 +126,12 @@ class Preparer:
                 served.version, path, validate(self.settings.cache_dir / served.version, self.limits), error
             )
         finally:
-            self.gates.leave(endpoint)
+            slot.drop()
             with self._lock:
                 if self._watches.get(item.uid, (None, None))[1] is watch:
                     del self._watches[item.uid]
 
-    def _prepare(self, item: Desired, known_bad: AdapterError | None, watch: Watch) -> Prepared:
+    def _prepare(self, item: Desired, known_bad: AdapterError | None, watch: Watch, slot: Slot) -> Prepared:
         source = item.spec.source
         check_allowed(
             source,
@@ -153,16 +154,14 @@ class Preparer:
         )
         location = parse_s3_uri(source.uri)
         watch.start(f"listing {location}", seconds=self.settings.list_timeout_seconds)
-        listing = self._bounded(lambda: list_source(client, location=location), watch, source.endpoint_url)
+        listing = self._bounded(lambda: list_source(client, location=location), watch, slot)
         if known_bad is not None and known_bad.version == listing.version:
             raise known_bad
         version = listing.version
         try:
             check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
             if not (self.settings.cache_dir / version).is_dir():  # judge the config before the weights
-                raw = self._bounded(
-                    lambda: read_config_object(client=client, listing=listing), watch, source.endpoint_url
-                )
+                raw = self._bounded(lambda: read_config_object(client=client, listing=listing), watch, slot)
                 config = parse_config(raw)
                 check_config(config, self.limits)
                 peft_moe.plan(config, base_model=self.limits.base_model)  # an unservable expert format fails here
@@ -176,6 +175,7 @@ class Preparer:
                     pin=item.spec.pin,
                     on_bytes=self.metrics.downloaded.labels(item.name).inc,
                     watch=watch,
+                    transfer_config=self.transfer_config,
                 )
             finally:
                 with self._lock:
@@ -199,9 +199,9 @@ class Preparer:
         """vLLM serves this version of the adapter: the fallback should a later version be refused."""
         self.last_good.remember(uid, Served(version=version, path=path))
 
-    def _bounded(self, call: Callable[[], Any], watch: Watch, endpoint: str | None) -> Any:
-        self.gates.enter(endpoint)  # held until the call itself ends, even one given up on
-        return bounded(call, watch=watch, on_exit=lambda: self.gates.leave(endpoint))
+    def _bounded(self, call: Callable[[], Any], watch: Watch, slot: Slot) -> Any:
+        slot.hold()  # the endpoint's slot stays taken until the call itself ends, even one given up on
+        return bounded(call, watch=watch, on_exit=slot.drop)
 
     def _reserve(self, version: str, size: int) -> None:
         """Room for `size` more bytes within the cache's limit (evicting what no one uses), or CacheFull."""
