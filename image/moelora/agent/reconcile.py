@@ -21,6 +21,8 @@ from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import LoadedAdapter
 from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 
+_JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Desired:
@@ -99,7 +101,7 @@ class Record:
         self.permanent = permanent or self.attempts >= max_attempts
         self.stage = Stage.FAILED
         # Jitter spreads the retries of many adapters that failed together (one endpoint down) over time.
-        self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1)) * random.uniform(0.5, 1.0)
+        self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1)) * _JITTER.uniform(0.5, 1.0)
 
     def state(self) -> ReplicaAdapterState:
         """This pod's entry in the LoRAAdapter's status.replicas: Downloading only while a worker is on it."""

@@ -27,6 +27,8 @@ from moelora.agent.guard import Cancelled, Watch
 from moelora.agent.source import Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason
 
+_JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
+
 MANIFEST = ".manifest.json"
 PART_ATTEMPTS = 3
 
@@ -53,6 +55,7 @@ class _Manifest:
     def __init__(self, directory: pathlib.Path, listing: Listing) -> None:
         self.path = directory / MANIFEST
         self._lock = threading.Lock()
+        self._closed = False
         try:
             saved = json.loads(self.path.read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError):
@@ -69,8 +72,15 @@ class _Manifest:
     def done(self, relpath: str) -> set[int]:
         return set(self.files[relpath]["done"])
 
+    def close(self) -> None:
+        """No more writes: the download gave up, and its directory may be removed under parts still running."""
+        with self._lock:
+            self._closed = True
+
     def finish(self, relpath: str, part: int, length: int) -> None:
         with self._lock:
+            if self._closed:
+                return
             entry = self.files[relpath]
             entry["done"] = sorted({*entry["done"], part})
             entry["bytes"] += length
@@ -120,7 +130,7 @@ def download(
                 failure = classify_client_error(error, what=what)
                 if isinstance(failure, AdapterError) or attempt == PART_ATTEMPTS - 1 or abort.is_set():
                     raise failure from None
-            time.sleep(min(2.0, 0.1 * 2**attempt) * random.uniform(0.5, 1.0))  # backoff with jitter
+            time.sleep(min(2.0, 0.1 * 2**attempt) * _JITTER.uniform(0.5, 1.0))  # backoff with jitter
 
     executor = concurrent.futures.ThreadPoolExecutor(max(1, config.max_concurrency), thread_name_prefix="part")
     try:
@@ -134,6 +144,7 @@ def download(
             watch.check()  # the deadline and the rate floor hold even while no byte arrives
     except BaseException:
         abort.set()
+        manifest.close()
         raise
     finally:
         # Threads blocked in a socket read end on their own read timeout; nobody waits for them.
