@@ -187,6 +187,10 @@ def test_downloads_reserve_their_bytes_and_never_overrun_the_limit(
     stop.set()
     sampler.join()
     full = [e for e in errors if e is not None]
+    print(
+        f"cache limit {limit} bytes, 4 concurrent downloads of {sizes[0]}: "
+        f"peak on disk {peak[0]}, {len(full)} CacheFull"
+    )
     assert len(full) == 1 and isinstance(full[0], TransientError) and full[0].reason is FailureReason.CACHE_FULL
     assert 0 < peak[0] <= limit
     assert prep.reserved_bytes() == 0  # released on completion and on failure
@@ -207,6 +211,7 @@ def test_a_cancelled_download_stops_and_frees_its_bytes(
         with pytest.raises(Cancelled):
             future.result(timeout=5)
         assert time.monotonic() - started < 1.0
+        print(f"cancelled download stopped {time.monotonic() - started:.2f} s after the cancel")
     assert [p for p in tmp_path.iterdir() if not p.name.startswith(".served")] == []  # no partial, no entry
     assert prep.reserved_bytes() == 0 and prep.gates.holders(proxy.url) == 0
 
@@ -247,6 +252,7 @@ def test_a_killed_download_resumes_in_a_new_preparer(bucket: str, s3_env: str, t
     weights = (prepared.path / "adapter_model.safetensors").read_bytes()
     assert hashlib.sha256(weights).digest() == hashlib.sha256(files["adapter_model.safetensors"]).digest()
     assert counter.seen <= total - already  # only what was missing (a part finishing late makes it even less)
+    print(f"killed after {already} of {total} bytes; the new Preparer fetched {counter.seen}")
     assert not partial.exists()
 
 
