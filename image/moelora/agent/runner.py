@@ -164,7 +164,7 @@ class Agent:
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
         try:
-            adapters = self.vllm.adapters()
+            adapters = self.vllm.adapters(poll=self.settings.poll_seconds)
         except TransientError:
             if self.vllm_up:
                 logger.warning("vLLM is not answering; adapters will be registered again once it is back")
