@@ -202,3 +202,18 @@ def test_the_poll_of_a_dead_vllm_answers_at_once() -> None:
     with pytest.raises(TransientError):
         client.adapters(poll=0.2)
     assert time.monotonic() - started < 0.5  # one try: no backoff between polls
+
+
+def test_markers_of_adapters_deleted_while_away_are_dropped_at_start(
+    parts: tuple[pathlib.Path, FakeVllm, MemoryKube, MemoryDesired],
+) -> None:
+    from moelora.agent.served import LastGood, Served
+
+    cache, vllm, kube, desired = parts
+    (cache / "v-gone").mkdir(parents=True)
+    markers = LastGood(cache)
+    markers.remember("uid-gone", Served(version="v-gone", path=str(cache / "v-gone")))
+    assert markers.versions() == {"v-gone"}
+    loop = Loop(cache, vllm, kube, desired)
+    eventually(lambda: markers.versions() == set(), timeout=5)
+    loop.stop()

@@ -121,6 +121,8 @@ class Agent:
             return
         desired = self.desired_source.snapshot()
         by_uid = {d.uid: d for d in desired}
+        if not self.records and not self.busy:  # first pass after a (re)start: markers of deleted adapters go
+            self.preparer.last_good.prune(set(by_uid))
         for uid in self.preparer.cancel_stale({d.uid: d.spec_hash for d in desired}):
             logger.info("cancelled the preparation of %s: deleted or changed", uid)
         loaded = self._vllm_adapters()

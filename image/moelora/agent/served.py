@@ -67,3 +67,15 @@ class LastGood:
 
     def forget(self, uid: str) -> None:
         self._file(uid).unlink(missing_ok=True)
+
+    def prune(self, desired: set[str]) -> None:
+        """Drop the markers of adapters deleted while the agent was away (they would pin their files forever)."""
+        if not self.root.is_dir():
+            return
+        for path in self.root.glob("*.json"):
+            try:
+                uid = json.loads(path.read_text())["uid"]
+            except (OSError, ValueError, KeyError, TypeError):
+                uid = None
+            if uid not in desired:
+                path.unlink(missing_ok=True)
