@@ -238,6 +238,11 @@ def adapter_status_patch(
     else:
         phase, reason = AdapterPhase.PENDING, "Pending"
         message = "waiting for a ready pod of the server" if not ready_pods else "waiting for the agents"
+        # An agent waiting to retry (its endpoint unreachable, its cache full) says why: the roll-up shows it.
+        retrying = [(pod, state) for pod, state in sorted(replicas.items()) if state.reason and not state.loaded]
+        if retrying:
+            pod, state = retrying[0]
+            reason, message = state.reason or reason, f"{pod}: {state.last_error or state.reason} (retried)"
 
     def cond(kind: str, value: bool, why: str, text: str) -> Condition:
         return Condition(
