@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 import time
 import urllib.error
@@ -16,9 +17,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
+from moelora.agent.runner import Agent
+from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo
+from moelora.agent.vllm import VllmClient
 from moelora.api import ReplicaAdapterState
+from moelora.local import process
 from moelora.local import s3 as local_s3
 
 BASE_MODEL = "moelora-test/tiny-llama"
@@ -225,3 +231,35 @@ def get(url: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+@pytest.fixture
+def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDesired, MemoryKube]]:
+    """An agent loop over moto S3 and in-memory Kubernetes, with no vLLM behind it (its URL answers nothing)."""
+    settings = Settings(
+        namespace="ns",
+        pod_name=POD,
+        model_server="srv",
+        base_model=BASE_MODEL,
+        max_lora_rank=16,
+        target_modules=frozenset(),
+        vllm_url=f"http://127.0.0.1:{process.free_port()}",
+        cache_dir=tmp_path / "cache",
+        cache_bytes=1 << 30,
+        port=0,
+        poll_seconds=0.2,
+    )
+    kube, desired = MemoryKube(), MemoryDesired()
+    agent = Agent(
+        settings=settings,
+        kube=kube,
+        desired=desired,
+        vllm=VllmClient(base_url=settings.vllm_url, attempts=1),
+        metrics=Metrics(),
+    )
+    desired.on_change = agent.wake.set
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    yield agent, desired, kube
+    agent.stop()
+    thread.join(timeout=10)

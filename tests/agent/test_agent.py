@@ -21,10 +21,14 @@ from moelora.api import ReplicaAdapterState
 from moelora.local import process as local_process
 from moelora.local import vllm_server as local_vllm
 
-from .conftest import KEYS, POD, VLLM_BASE_NAME, VLLM_MAX_RANK, MemoryDesired, MemoryKube, eventually, get, s3_client
+from .conftest import POD, VLLM_BASE_NAME, VLLM_MAX_RANK, MemoryDesired, MemoryKube, eventually, get, s3_client
 
 pytestmark = pytest.mark.slow
 SECRET_VALUE = "wJalrXUtnFEMI-very-secret-value"
+
+
+# Nothing listens here: an adapter source that keeps failing as a transient error.
+DEAD_ENDPOINT = f"http://127.0.0.1:{local_process.free_port()}"
 
 
 class Running:
@@ -49,18 +53,8 @@ def cache_bytes() -> int:
 
 
 @pytest.fixture
-def allowed_s3_endpoints() -> tuple[str, ...]:
-    return ()
-
-
-@pytest.fixture
 def running(
-    s3_env: str,
-    clean_vllm: str,
-    tmp_path: pathlib.Path,
-    resync_seconds: float,
-    cache_bytes: int,
-    allowed_s3_endpoints: tuple[str, ...],
+    s3_env: str, clean_vllm: str, tmp_path: pathlib.Path, resync_seconds: float, cache_bytes: int
 ) -> Iterator[Running]:
     settings = Settings(
         namespace="ns",
@@ -75,10 +69,10 @@ def running(
         port=0,
         poll_seconds=0.3,
         resync_seconds=resync_seconds,
-        allowed_s3_endpoints=allowed_s3_endpoints,
+        allowed_s3_endpoints=(DEAD_ENDPOINT,),
     )
     kube, desired, metrics = MemoryKube(), MemoryDesired(), Metrics()
-    kube.secrets["tenant"] = dict(KEYS)
+    kube.secrets["dead-s3"] = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"}
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=VllmClient(base_url=clean_vllm), metrics=metrics)
     desired.on_change = agent.wake.set
     server = StatusServer(port=0, host="127.0.0.1", metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
@@ -222,17 +216,14 @@ def test_resync_follows_s3_without_spec_changes(
     assert set(vllm.adapters()) == {"live", "broken"}
 
 
-DEAD = f"http://127.0.0.1:{local_process.free_port()}"
-
-
-@pytest.mark.parametrize("allowed_s3_endpoints", [(DEAD,)])
 def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str, tiny: dict[str, Any]) -> None:
     """Not ready while an adapter is still retrying at startup (within MOELORA_READY_WAIT_SECONDS); once ready, a
     new slow adapter keeps it ready."""
+    # An allowed endpoint of its own, with its own credentials (the policy's terms), where nothing listens.
+    dead = {"uri": f"s3://{bucket}/a/", "endpointUrl": DEAD_ENDPOINT, "credentialsSecret": {"name": "dead-s3"}}
     upload_dir(s3_env, bucket, "a/", tiny["v1"])
     running.desired.synced.set()
-    slow = {"uri": f"s3://{bucket}/a/", "endpointUrl": DEAD, "credentialsSecret": {"name": "tenant"}}
-    running.desired.put("slow", {"source": slow})
+    running.desired.put("slow", {"source": dead})
     time.sleep(2.0)
     state = running.state("slow")
     assert get(running.url + "/readyz")[0] == 503 and state.state.value in ("Downloading", "Pending")
@@ -240,7 +231,7 @@ def test_readiness_gates_startup_only(running: Running, s3_env: str, bucket: str
     running.desired.delete("slow")
     running.desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
     eventually(lambda: get(running.url + "/readyz")[0] == 200)
-    running.desired.put("slow", {"source": slow})
+    running.desired.put("slow", {"source": dead})
     time.sleep(1.5)
     assert get(running.url + "/readyz")[0] == 200 and not running.state("slow").loaded
 

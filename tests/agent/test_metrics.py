@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pathlib
 import re
 import urllib.error
 import urllib.request
@@ -11,6 +10,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from moelora.agent.metrics import Metrics, StatusServer
+
+from ..metrics_readme import README, exposed_metrics, readme_metrics
 
 
 def fetch(url: str) -> tuple[int, str, str]:
@@ -58,20 +59,6 @@ def test_forget_drops_every_series_of_a_deleted_adapter() -> None:
 
 # --- the README's table is the contract -------------------------------------------------------------------------
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
-
-
-def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
-    """{name: (type, label names)} from the README's metrics table."""
-    section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    table = {}
-    for row in rows:
-        name, kind, labels = (cell.strip() for cell in row.strip("|").split("|")[:3])
-        table[name.strip("`")] = (kind, frozenset(label.strip() for label in labels.split(",") if label.strip()))
-    return table
-
 
 def recorded() -> Metrics:
     """Every metric with a sample: a labelled metric without one exposes no label names."""
@@ -98,15 +85,7 @@ def exposed(metrics: Metrics) -> list[Any]:
 
 
 def test_exposition_matches_the_readme_table_both_ways() -> None:
-    families = exposed(recorded())
-    found = {}
-    for family in families:
-        names = {sample.name for sample in family.samples}
-        assert names == {family.name + suffix for suffix in SUFFIXES[family.type]}, family.name
-        query_name = family.name + "_total" if family.type == "counter" else family.name
-        labels = {label for sample in family.samples for label in sample.labels} - {"le"}
-        found[query_name] = (family.type, frozenset(labels))
-    assert found == readme_metrics()
+    assert exposed_metrics(exposed(recorded())) == readme_metrics("The adapter agent")
 
 
 def test_no_created_series() -> None:

@@ -3,50 +3,11 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import threading
-from collections.abc import Iterator
 
-import pytest
-
-from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.settings import Settings
-from moelora.agent.vllm import VllmClient
-from moelora.local import process
 
-from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, adapter_files, eventually, upload
-
-
-@pytest.fixture
-def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDesired, MemoryKube]]:
-    settings = Settings(
-        namespace="ns",
-        pod_name=POD,
-        model_server="srv",
-        base_model=BASE_MODEL,
-        max_lora_rank=16,
-        target_modules=frozenset(),
-        vllm_url=f"http://127.0.0.1:{process.free_port()}",
-        cache_dir=tmp_path / "cache",
-        cache_bytes=1 << 30,
-        port=0,
-        poll_seconds=0.2,
-    )
-    kube, desired = MemoryKube(), MemoryDesired()
-    agent = Agent(
-        settings=settings,
-        kube=kube,
-        desired=desired,
-        vllm=VllmClient(base_url=settings.vllm_url, attempts=1),
-        metrics=Metrics(),
-    )
-    desired.on_change = agent.wake.set
-    thread = threading.Thread(target=agent.run, daemon=True)
-    thread.start()
-    yield agent, desired, kube
-    agent.stop()
-    thread.join(timeout=10)
+from .conftest import MemoryDesired, MemoryKube, adapter_files, eventually, upload
 
 
 def test_a_bad_config_fails_before_the_weights_are_downloaded(

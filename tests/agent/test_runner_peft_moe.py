@@ -5,51 +5,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import threading
-from collections.abc import Iterator
-
-import pytest
 
 from moelora.agent import peft_moe
-from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.settings import Settings
-from moelora.agent.vllm import VllmClient
-from moelora.local import process
 
-from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, adapter_files, eventually, upload
+from .conftest import BASE_MODEL, MemoryDesired, MemoryKube, adapter_files, eventually, upload
 from .test_peft_moe import _peft_adapter
-
-
-@pytest.fixture
-def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDesired, MemoryKube]]:
-    settings = Settings(
-        namespace="ns",
-        pod_name=POD,
-        model_server="srv",
-        base_model=BASE_MODEL,
-        max_lora_rank=16,
-        target_modules=frozenset(),
-        vllm_url=f"http://127.0.0.1:{process.free_port()}",
-        cache_dir=tmp_path / "cache",
-        cache_bytes=1 << 30,
-        port=0,
-        poll_seconds=0.2,
-    )
-    kube, desired = MemoryKube(), MemoryDesired()
-    loop = Agent(
-        settings=settings,
-        kube=kube,
-        desired=desired,
-        vllm=VllmClient(base_url=settings.vllm_url, attempts=1),
-        metrics=Metrics(),
-    )
-    desired.on_change = loop.wake.set
-    thread = threading.Thread(target=loop.run, daemon=True)
-    thread.start()
-    yield loop, desired, kube
-    loop.stop()
-    thread.join(timeout=10)
 
 
 def test_unservable_target_parameters_fail_before_the_weights(

@@ -302,6 +302,37 @@ INVALID = [
         ".spec.imagePullSecrets[0]",
         "'name' is a required property",
     ),
+    (
+        "gateway-without-parents",
+        server(routing={"gateway": {"enabled": True}}),
+        ".spec.routing.gateway.parentRefs",
+        "parentRefs names at least one Gateway",
+    ),
+    (
+        "epp-failure-mode-unknown",
+        server(routing={"gateway": {"endpointPicker": {"failureMode": "FailSoft"}}}),
+        ".spec.routing.gateway.endpointPicker.failureMode",
+        "is not one of",
+    ),
+    (
+        "autoscaling-max-below-min",
+        server(autoscaling={"minReplicas": 3, "maxReplicas": 2}),
+        ".spec.autoscaling.maxReplicas",
+        "maxReplicas must be at least minReplicas",
+    ),
+    (
+        "hpa-to-zero",
+        server(autoscaling={"minReplicas": 0, "maxReplicas": 2}),
+        ".spec.autoscaling.minReplicas",
+        "minReplicas 0 needs engine keda",
+    ),
+    (
+        "keda-without-prometheus",
+        server(autoscaling={"engine": "keda", "maxReplicas": 2}),
+        ".spec.autoscaling.target.prometheusAddress",
+        "engine keda needs target.prometheusAddress",
+    ),
+    ("zero-nodes", server(nodes=0), ".spec.nodes", "less than the minimum of 1"),
     ("server-name-too-long", server() | {"metadata": {"name": "x" * 53}}, "<root>", "at most 52 characters"),
     ("server-name-uppercase", server() | {"metadata": {"name": "Srv"}}, "<root>", "DNS-1035 label"),
     (

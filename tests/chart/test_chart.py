@@ -402,7 +402,18 @@ OPERATOR_NAMESPACED: set[Rule] = {
     *{("moelora.io", "modelservers", v) for v in ("get", "list", "watch", "patch")},
     *{("moelora.io", "loraadapters", v) for v in ("get", "list", "watch")},
     *{("moelora.io", r, "patch") for r in ("modelservers/status", "loraadapters/status")},
-    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},
+    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{
+        (group, resource, v)
+        for group, resource in (
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            ("inference.networking.k8s.io", "inferencepools"),
+            ("gateway.networking.k8s.io", "httproutes"),
+            ("autoscaling", "horizontalpodautoscalers"),
+            ("keda.sh", "scaledobjects"),
+        )
+        for v in ("get", "create", "patch", "delete")
+    },
     *{("", r, v) for r in ("services", "configmaps") for v in ("get", "create", "patch")},
     ("", "configmaps", "delete"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
@@ -414,6 +425,7 @@ OPERATOR_NAMESPACED: set[Rule] = {
     ("moelora.io", "modelservers/finalizers", "update"),
     *{("", "pods", v) for v in ("get", "list", "watch")},
     ("", "events", "create"),
+    ("", "events", "patch"),  # an identical LoRAAdapter Event is counted on the stored one
 }
 KOPF_SCAN: set[Rule] = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
 CLUSTER_PEERING: set[Rule] = {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}

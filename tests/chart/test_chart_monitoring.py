@@ -2,8 +2,10 @@
 
 The server pods and Services are the operator's, not the chart's, so the monitors are checked against what the
 operator's own builders render: their selector must match those labels and every scraped port name must exist there.
-The monitors themselves are checked against the Prometheus Operator's published CRD facts (CRD_FACTS below), and
-the dashboard's queries may name only metrics that exist: the agent's, from its registry, and vLLM's (VLLM_METRICS).
+The operator's own monitor is checked against the chart's operator Deployment (and, for a ServiceMonitor, the
+Service the chart adds for it). The monitors themselves are checked against the Prometheus Operator's published CRD
+facts (CRD_FACTS below), and the dashboard's queries may name only metrics that exist: the agent's and the
+operator's, from their registries, and vLLM's (VLLM_METRICS).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 from moelora.agent.metrics import Metrics
 from moelora.api import ModelServerSpec
 from moelora.operator import deployment, naming, service
+from moelora.operator.metrics import Metrics as OperatorMetrics
 from moelora.operator.settings import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -133,8 +136,9 @@ def render(name: str) -> list[dict[str, Any]]:
     ]
 
 
-def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [obj for obj in objects if obj["kind"] == kind]
+def one(objects: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    """The one object of `kind` (whose name ends in `suffix`, where several are)."""
+    found = [obj for obj in objects if obj["kind"] == kind and obj["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
 
@@ -164,14 +168,15 @@ def test_off_by_default() -> None:
 @pytest.mark.parametrize(("value_set", "kind"), [("pod-monitor", "PodMonitor"), ("service-monitor", "ServiceMonitor")])
 def test_monitor_follows_the_prometheus_operator_crd(value_set: str, kind: str) -> None:
     objects = render(value_set)
-    monitor = one(objects, kind)
-    jsonschema.validate(monitor, CRD_FACTS[kind])
-    assert monitor["metadata"]["namespace"] == NAMESPACE
+    for suffix in ("-servers", "-operator"):
+        monitor = one(objects, kind, suffix)
+        jsonschema.validate(monitor, CRD_FACTS[kind])
+        assert monitor["metadata"]["namespace"] == NAMESPACE
     assert not [obj for obj in objects if obj["kind"] in {"PodMonitor", "ServiceMonitor"} - {kind}]
 
 
 def test_pod_monitor_scrapes_the_agent_and_vllm_ports_of_the_operators_pods() -> None:
-    monitor = one(render("pod-monitor"), "PodMonitor")
+    monitor = one(render("pod-monitor"), "PodMonitor", "-servers")
     pod, _ = server_objects()
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -191,7 +196,7 @@ def test_pod_monitor_scrapes_the_agent_and_vllm_ports_of_the_operators_pods() ->
 
 
 def test_service_monitor_scrapes_the_ports_of_the_operators_service() -> None:
-    monitor = one(render("service-monitor"), "ServiceMonitor")
+    monitor = one(render("service-monitor"), "ServiceMonitor", "-servers")
     pod, svc = server_objects()
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     container_ports = {port["name"] for c in pod["spec"]["containers"] for port in c.get("ports", [])}
@@ -203,6 +208,45 @@ def test_service_monitor_scrapes_the_ports_of_the_operators_service() -> None:
         assert "interval" not in endpoint  # empty value: Prometheus' own
     assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} == {"http", "agent-metrics"}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}  # all namespaces are watched
+
+
+def operator_metrics_port(objects: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The chart's operator pod labels, and its container port named `metrics`."""
+    template = one(objects, "Deployment")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    ports = [port for port in container["ports"] if port["name"] == "metrics"]
+    env = {var["name"]: var.get("value") for var in container["env"]}
+    assert len(ports) == 1 and env["MOELORA_METRICS_PORT"] == str(ports[0]["containerPort"])
+    return template["metadata"]["labels"], ports[0]
+
+
+def test_pod_monitor_scrapes_the_operators_metrics_port() -> None:
+    objects = render("pod-monitor")
+    monitor = one(objects, "PodMonitor", "-operator")
+    labels, _ = operator_metrics_port(objects)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("metrics", "/metrics", "30s")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+
+
+def test_service_monitor_scrapes_the_operators_metrics_service() -> None:
+    objects = render("service-monitor")
+    monitor = one(objects, "ServiceMonitor", "-operator")
+    svc = one(objects, "Service", "-operator-metrics")
+    labels, port = operator_metrics_port(objects)
+    kubernetes_validate.validate(svc, "1.33.0", strict=True)
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (service_port,) = svc["spec"]["ports"]
+    assert (service_port["name"], service_port["targetPort"], service_port["port"]) == (
+        "metrics",
+        "metrics",
+        port["containerPort"],
+    )
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("metrics", "/metrics")]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
 
 
 def test_both_monitors_at_once_are_refused() -> None:
@@ -237,9 +281,14 @@ def exprs(board: dict[str, Any]) -> list[str]:
     return found + [variable["definition"] for variable in board["templating"]["list"] if variable["type"] == "query"]
 
 
+def families() -> list[Any]:
+    """The metric families of the agent's and the operator's registries."""
+    return [*Metrics().registry.collect(), *OperatorMetrics().registry.collect()]
+
+
 def our_metric_names() -> set[str]:
-    """The names the agent's registry exposes, with the suffixes of each type."""
-    return {family.name + suffix for family in Metrics().registry.collect() for suffix in SUFFIXES[family.type]}
+    """The names the agent's and the operator's registries expose, with the suffixes of each type."""
+    return {family.name + suffix for family in families() for suffix in SUFFIXES[family.type]}
 
 
 def test_dashboard_configmap_is_for_grafanas_sidecar() -> None:
@@ -265,8 +314,12 @@ def test_dashboard_panels_are_well_formed() -> None:
             continue
         assert panel["datasource"]["uid"] == "${datasource}" and panel["title"] and panel["description"]
         for target in panel["targets"]:
-            # model_server exists only through the monitors' relabelings: every query filters on it.
-            assert 'namespace=~"$namespace", model_server=~"$model_server"' in target["expr"], panel["title"]
+            if "moelora_operator_" in target["expr"]:
+                # The operator's series are about no one server (and carry the operator's namespace).
+                assert "$namespace" not in target["expr"] and "model_server=" not in target["expr"], panel["title"]
+            else:
+                # model_server exists only through the monitors' relabelings: every query filters on it.
+                assert 'namespace=~"$namespace", model_server=~"$model_server"' in target["expr"], panel["title"]
             expr = re.sub(r'"[^"]*"', "", target["expr"])  # label values may hold any character
             assert (expr.count("("), expr.count("{"), expr.count("[")) == (
                 expr.count(")"),
@@ -284,9 +337,9 @@ def test_dashboard_queries_name_only_metrics_that_exist() -> None:
         assert names, f"names no metric: {expr}"
         used |= names
     assert used - known == set()
-    # Every metric of the agent appears on the dashboard.
-    assert {name.removesuffix("_total") for name in used} >= {
-        family.name for family in Metrics().registry.collect() if family.type != "histogram"
+    # Every metric of the agent and of the operator appears on the dashboard.
+    assert {name.removesuffix("_total").removesuffix("_bucket") for name in used} >= {
+        family.name for family in families() if family.type != "histogram" or family.name.startswith("moelora_operator")
     }
 
 

@@ -207,11 +207,17 @@ wait_for = functools.partial(process.wait_for, timeout=20)
 
 
 def own_liveness_port(settings: Settings) -> Settings:
-    """The chart's liveness endpoint moved to a loopback port of its own: in a cluster each replica has its own
-    network namespace, here they share one."""
+    """The chart's liveness endpoint and metrics port moved to loopback ports of their own: in a cluster each
+    replica has its own network namespace, here they share one."""
     parts = urllib.parse.urlsplit(settings.liveness_endpoint or "")
     assert parts.path == "/healthz", settings.liveness_endpoint
-    return dataclasses.replace(settings, liveness_endpoint=f"http://127.0.0.1:{process.free_port()}{parts.path}")
+    assert settings.metrics_port is not None
+    return dataclasses.replace(
+        settings,
+        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}{parts.path}",
+        metrics_port=process.free_port(),
+        metrics_host="127.0.0.1",
+    )
 
 
 def example(path: str, *, namespace: str) -> dict[str, Any]:

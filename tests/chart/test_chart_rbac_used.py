@@ -24,7 +24,7 @@ import kubernetes.watch
 import pytest
 
 from moelora.agent.kube import Kube
-from moelora.api import ReplicaAdapterState
+from moelora.api import AdapterPhase, ReplicaAdapterState
 from moelora.local.apiserver import Emulator, KubeAPI
 from moelora.local.operator_thread import OperatorThread
 
@@ -56,6 +56,7 @@ VALUE_SETS = {
 AGENT_USER_AGENT = "moelora-agent-under-test"
 PDBS = "policy/v1/poddisruptionbudgets"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
+LORA = "moelora.io/v1alpha1/loraadapters"
 
 # Granted, and needed, but not exercised against the emulator; each with its reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
@@ -65,6 +66,22 @@ NOT_EXERCISED: dict[tuple[str, str, str], str] = {
     # The kernel-config ConfigMap a server renders with kernels.configs=auto, deleted when it stops asking for it
     # (tests/operator/test_operator_kernel_configs.py exercises it with a stand-in kernel bundle).
     **{("", "configmaps", verb): "needs a bundled kernel config set" for verb in ("create", "patch", "delete")},
+    # Issue 19's children, written only when a server asks for them, and their CRDs are not installed in the
+    # emulator (tests/operator/test_gateway.py, test_autoscaling.py and test_multinode.py check what is rendered);
+    # each reconcile of a server without them still reads them (get), to delete ours once turned off.
+    **{
+        (group, resource, verb): f"{resource} are rendered only when asked for; their CRDs are not installed here"
+        for group, resource in (
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            ("inference.networking.k8s.io", "inferencepools"),
+            ("gateway.networking.k8s.io", "httproutes"),
+            ("autoscaling", "horizontalpodautoscalers"),
+            ("keda.sh", "scaledobjects"),
+        )
+        for verb in ("create", "patch", "delete")
+    },
+    # A single-node server's Deployment is deleted when it moves to a LeaderWorkerSet (spec.nodes > 1).
+    ("apps", "deployments", "delete"): "only when a server moves to several nodes, whose CRD is not installed here",
 }
 
 
@@ -264,6 +281,12 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             lambda: any(use.resource == "pods" and use.verb == "get" for use in emulator.used), what="the pod read"
         )
         agent.create_pod_event(pod="qwen-moe-unknown", pod_uid="", reason="ForeignAdapterUnloaded", message="intruder")
+        # The same failure twice on the known pod: its Warning Event is created, then patched (counted).
+        denied = ReplicaAdapterState(state=AdapterPhase.FAILED, reason="AccessDenied", last_error="403")
+        for state in (denied, ReplicaAdapterState(state=AdapterPhase.DOWNLOADING), denied):
+            agent.patch_replica(name="support-bot", pod="qwen-moe-abc", state=state, info=None)
+            wait_for(functools.partial(phase_is, api, state.state.value), what=state.state.value)
+        wait_for(lambda: any(use.resource == "events" and use.verb == "patch" for use in emulator.used), what="patch")
 
         api.kubectl("scale", "ms/qwen-moe", "-n", SERVING, "--replicas=1")
         wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
@@ -273,7 +296,11 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
         taken = example("modelserver.yaml", namespace=SERVING)
         taken["metadata"]["name"] = "taken"
         kubectl(taken)
-        wait_for(lambda: any(use.resource == "events" for use in emulator.used), what="the NameTaken Warning Event")
+        # The operator's Event, not the agent's from above.
+        wait_for(
+            lambda: any(use.resource == "events" and use.account == emulator.operator for use in emulator.used),
+            what="the NameTaken Warning Event",
+        )
         wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken"), what="the other server's Deployment")
     yield Recording(objects=objects, emulator=emulator, agent_reads=reads)
 
@@ -284,6 +311,10 @@ HASH = "moelora.io/desired-hash"
 def edit_reverted(api: KubeAPI, kind: str, name: str) -> bool:
     got = json.loads(api.kubectl("get", kind, name, "-n", SERVING, "-o", "json").stdout)
     return got["metadata"]["annotations"][HASH] != "edited"
+
+
+def phase_is(api: KubeAPI, phase: str) -> bool:
+    return ((api.get(LORA, SERVING, "support-bot") or {}).get("status") or {}).get("phase") == phase
 
 
 def server_pod() -> dict[str, Any]:

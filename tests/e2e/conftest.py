@@ -8,19 +8,26 @@ from collections.abc import Iterator
 
 import pytest
 
-from moelora.local import manifests, models, stack
+from moelora.local import manifests, models, process, stack
 
 SERVER = "tiny"
 REPLICAS = 2
 # Distinctive S3 keys, so a leak into any log, status or event is unmistakable.
 S3_KEYS = ("AKIAE2ELEAKCHECK0001", "e2e-s3cr3t-must-never-appear-anywhere")
+# A second S3 server a test starts later: the operator's policy must name its endpoint up front.
+S3RVER_PORT = process.free_port()
 
 
 @pytest.fixture(scope="session")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
     root = tmp_path_factory.mktemp("stack")
     # The agent re-lists vLLM's models every second (default 5 s) so the restart test waits less.
-    with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
+    with stack.Stack(
+        root=root,
+        s3_keys=S3_KEYS,
+        agent_env={"MOELORA_POLL_SECONDS": "1"},
+        allowed_s3_endpoints=(f"http://127.0.0.1:{S3RVER_PORT}",),
+    ) as running:
         running.apply(
             manifests.model_server(
                 name=SERVER,

@@ -18,7 +18,7 @@ import torch
 
 from moelora.local import manifests, models, s3, stack, vllm_server
 
-from .conftest import REPLICAS, S3_KEYS, SERVER
+from .conftest import REPLICAS, S3_KEYS, S3RVER_PORT, SERVER
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +163,7 @@ def test_adapter_in_s3rver(local: stack.Stack, adapters: dict[str, pathlib.Path]
     """A second, independent S3 implementation, named by the adapter itself (its own endpoint and Secret)."""
     if not s3.s3rver_available():
         pytest.skip("node or node_modules/s3rver missing (npm install --prefix <repo> s3rver@3.7.1)")
-    server = s3.start_s3rver(data_dir=local.root / "s3rver", log_path=local.root / "s3rver.log")
+    server = s3.start_s3rver(data_dir=local.root / "s3rver", log_path=local.root / "s3rver.log", port=S3RVER_PORT)
     try:
         uri = "s3://other-store/gamma/"
         s3.upload_dir(server=server, source=adapters["beta"], uri=uri)

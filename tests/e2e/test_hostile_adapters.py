@@ -1,13 +1,12 @@
 """Hostile adapters end to end: each is refused by the agent with its own reason before vLLM loads anything, while
 vLLM stays healthy and a good adapter answers throughout.
 
-Its own one-replica stack (not the shared one of conftest.py): the agent gets MOELORA_BASE_MODEL_CONFIG, pointing at
-the generated model's config.json, as the operator will render it.
+Its own one-replica stack (not the shared one of conftest.py), with the agent's MOELORA_BASE_MODEL_CONFIG as the
+operator renders it (the model volume's config.json), so the base model's modules and dims are checked.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import pathlib
 import pickle
@@ -20,15 +19,12 @@ from typing import Any
 
 import pytest
 
+from moelora.local import manifests, models, s3, stack, vllm_server
+
 pytestmark = pytest.mark.slow
 
 SERVER = "hostile"
-REPO = pathlib.Path(__file__).resolve().parents[2]
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
-
-
-def _local(name: str) -> Any:
-    return importlib.import_module(f"moelora.local.{name}")  # by name only: the local stack's modules may move
 
 
 def _safetensors(header: dict[str, Any], data: bytes = b"") -> bytes:
@@ -37,7 +33,7 @@ def _safetensors(header: dict[str, Any], data: bytes = b"") -> bytes:
 
 
 def _hostile(good: pathlib.Path, root: pathlib.Path) -> dict[str, tuple[dict[str, bytes], str]]:
-    """name -> (files, expected reason): the attacks the issue reports, each in its own adapter."""
+    """name -> (files, expected reason): the attacks the issue reports and more, each in its own adapter."""
     config = json.loads((good / "adapter_config.json").read_text())
     config_bytes = json.dumps(config).encode()
     weights = (good / "adapter_model.safetensors").read_bytes()
@@ -93,21 +89,122 @@ def _hostile(good: pathlib.Path, root: pathlib.Path) -> dict[str, tuple[dict[str
             {"adapter_config.json": b'{"r": ' + b"9" * 10_000 + b"}", "adapter_model.safetensors": weights},
             "ConfigInvalid",
         ),
+        **{
+            name: ({"adapter_config.json": config_bytes, "adapter_model.safetensors": body}, reason)
+            for name, (body, reason) in _weights_attacks(weights).items()
+        },
+        "h-config-huge": (
+            {"adapter_config.json": b" " * (2 << 20) + config_bytes, "adapter_model.safetensors": weights},
+            "ConfigInvalid",
+        ),
+        "h-config-array": ({"adapter_config.json": b"[1, 2]", "adapter_model.safetensors": weights}, "ConfigInvalid"),
     }
+
+
+def _header(weights: bytes) -> tuple[dict[str, Any], bytes]:
+    (length,) = struct.unpack("<Q", weights[:8])
+    return json.loads(weights[8 : 8 + length]), weights[8 + length :]
+
+
+def _reshaped(weights: bytes, name: str, shape: list[int]) -> bytes:
+    """The good adapter with one tensor given another shape (and a data region that fits it exactly)."""
+    header, _ = _header(weights)
+    header.pop("__metadata__", None)
+    header[name] = dict(header[name], shape=shape)
+    offset, data = 0, b""
+    for key in sorted(header):
+        size = 4 * _numel(header[key]["shape"])
+        header[key] = dict(header[key], dtype="F32", data_offsets=[offset, offset + size])
+        data += b"\0" * size
+        offset += size
+    return _safetensors(header, data)
+
+
+def _numel(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+def _weights_attacks(weights: bytes) -> dict[str, tuple[bytes, str]]:
+    """Attacks on the weights file itself; each is refused by the agent's own parser or the base-model checks."""
+    header, data = _header(weights)
+    names = sorted(k for k in header if k != "__metadata__")
+    a_name = next(k for k in names if k.endswith("lora_A.weight"))
+    b_name = a_name.replace("lora_A", "lora_B")
+    rank, fan_in = header[a_name]["shape"]
+    fan_out = header[b_name]["shape"][0]
+    one = {f"{Q}.lora_A.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    layer = a_name.split(".layers.")[1].split(".")[0]
+    return {
+        "h-header-zero": (struct.pack("<Q", 0) + b"{}", "WeightsInvalid"),
+        "h-one-byte": (b"\x01", "WeightsInvalid"),
+        "h-seven-bytes": (b"\x01" * 7, "WeightsInvalid"),
+        "h-header-2to64": (struct.pack("<Q", 2**64 - 1) + b"{}", "WeightsInvalid"),
+        "h-header-past-file": (struct.pack("<Q", 1 << 20) + b"{}", "WeightsInvalid"),
+        "h-not-json": (struct.pack("<Q", 9) + b"not json!", "WeightsInvalid"),
+        "h-json-array": (_safetensors([1, 2, 3]), "WeightsInvalid"),  # type: ignore[arg-type]
+        "h-past-end": (
+            _safetensors({k: dict(v, data_offsets=[0, 4096]) for k, v in one.items()}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-overlap": (
+            _safetensors(
+                {**one, f"{Q}.lora_B.weight": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4
+            ),
+            "WeightsInvalid",
+        ),
+        "h-gap": (
+            _safetensors(
+                {**one, f"{Q}.lora_B.weight": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, b"\0" * 12
+            ),
+            "WeightsInvalid",
+        ),
+        "h-trailing": (_safetensors(one, b"\0" * 8), "WeightsInvalid"),
+        "h-bool": (
+            _safetensors({f"{Q}.lora_A.weight": {"dtype": "BOOL", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-negative-shape": (
+            _safetensors({f"{Q}.lora_A.weight": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-numel-mismatch": (
+            _safetensors({f"{Q}.lora_A.weight": {"dtype": "F32", "shape": [3], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-nul-name": (
+            _safetensors({f"{Q}\u0000.lora_A.weight": one[f"{Q}.lora_A.weight"]}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-rtl-name": (
+            _safetensors({f"{Q}\u202e.lora_A.weight": one[f"{Q}.lora_A.weight"]}, b"\0" * 4),
+            "WeightsInvalid",
+        ),
+        "h-a-without-b": (_only(weights, a_name), "WeightsInvalid"),
+        "h-a-off-by-one": (_reshaped(weights, a_name, [rank, fan_in + 1]), "WeightsMismatch"),
+        "h-b-off-by-one": (_reshaped(weights, b_name, [fan_out - 1, rank]), "WeightsMismatch"),
+        "h-absent-layer": (_renamed(weights, f".layers.{layer}.", ".layers.999."), "WeightsMismatch"),
+        "h-absent-module": (_renamed(weights, ".q_proj.", ".qq_proj."), "WeightsMismatch"),
+    }
+
+
+def _only(weights: bytes, keep: str) -> bytes:
+    header, data = _header(weights)
+    begin, end = header[keep]["data_offsets"]
+    return _safetensors({keep: dict(header[keep], data_offsets=[0, end - begin])}, data[begin:end])
+
+
+def _renamed(weights: bytes, old: str, new: str) -> bytes:
+    header, data = _header(weights)
+    return _safetensors({key.replace(old, new): value for key, value in header.items()}, data)
 
 
 @pytest.fixture(scope="module")
 def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    stack, manifests = _local("stack"), _local("manifests")
     root = tmp_path_factory.mktemp("hostile")
-    # The agent runs this checkout's code, not whatever the venv's editable install points at.
-    code = ":".join(str(REPO / folder) for folder in ("operator", "image", "kernels"))
-    env = {
-        "MOELORA_POLL_SECONDS": "1",
-        "MOELORA_BASE_MODEL_CONFIG": str(root / "model" / "config.json"),
-        "PYTHONPATH": code,
-    }
-    with stack.Stack(root=root, agent_env=env) as running:
+    with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
         running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=1))
         running.wait_pods(SERVER, replicas=1, timeout=400)
         yield running
@@ -125,14 +222,13 @@ class Watch(threading.Thread):
         self.rounds = 0
 
     def run(self) -> None:
-        vllm = _local("vllm")
         while not self.stop.is_set():
             started = time.monotonic()
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
                     if response.status != 200:
                         self.problems.append(f"/health {response.status}")
-                vllm.complete(url=self.url, model=self.adapter, prompt="hi", max_tokens=2)
+                vllm_server.complete(url=self.url, model=self.adapter, prompt="hi", max_tokens=2)
             except Exception as error:  # noqa: BLE001 - every failure is a finding
                 self.problems.append(f"{type(error).__name__}: {error}")
             self.slowest = max(self.slowest, time.monotonic() - started)
@@ -141,7 +237,6 @@ class Watch(threading.Thread):
 
 
 def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_stack: Any) -> None:
-    manifests, models, s3 = _local("manifests"), _local("models"), _local("s3")
     local = hostile_stack
     good = models.make_adapter(
         model_dir=local.model_dir, path=local.root / "good", base_model_name=manifests.BASE_MODEL_NAME, rank=8
@@ -152,6 +247,7 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_st
     watch = Watch(url, "good")
     watch.start()
     cases = _hostile(good, local.root)
+    assert len(cases) >= 25
     try:
         for name, (files, _) in cases.items():
             uri = manifests.adapter_uri(name)
@@ -168,6 +264,6 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_st
         assert {r.get("reason") for r in replicas.values()} == {reason}, json.dumps(bodies[name]["status"])
         for replica in replicas.values():  # untrusted names arrive escaped, never as raw control characters
             assert str(replica.get("lastError", "")).isprintable(), replica
-    served = _local("vllm").models(url=url)
+    served = vllm_server.models(url=url)
     assert not set(cases) & set(served)  # none reached vLLM
     assert watch.rounds > 5 and not watch.problems, watch.problems[:5]

@@ -187,6 +187,10 @@ def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
     assert "moelora.vllm_plugin:register" in DOCKERFILE.read_text()
     for package in ("agent", "vllm_plugin", "kernels", "operator", "api"):
         assert f"moelora/{package}/__init__.py" in names
+    # Development code stays out of both images: the local stack is its own distribution, the kernel tools are
+    # left out of this one.
+    assert not [n for n in names if n.startswith(("moelora/local/", "moelora/kernels/tools/"))]
+    assert (ROOT / "kernels" / "moelora" / "kernels" / "tools" / "tune.py").exists()  # present in the checkout
     # The bundled kernel configs ride in the wheel as package data: every one in the source tree is inside.
     configs = sorted(
         p.relative_to(ROOT / "kernels").as_posix()

@@ -127,3 +127,27 @@ def test_only_a_controller_reference_to_the_server_makes_an_object_ours() -> Non
     # Anyone who may edit an object may add a plain reference: that does not hand it to us.
     assert not apply.owned_by(obj({"uid": "u1"}), "u1")
     assert not apply.owned_by(obj({"uid": "u1", "controller": False}, {"uid": "u2", "controller": True}), "u1")
+
+
+def test_a_selector_that_no_longer_asks_for_leaders_drops_the_label() -> None:
+    leaders = {"moelora.io/model-server": "s", "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"selector": leaders}}
+    desired = {**service, "spec": {"selector": {"moelora.io/model-server": "s"}}}
+    patch = apply.update_patch(service, desired)
+    assert patch["spec"]["selector"] == {
+        "moelora.io/model-server": "s",
+        "leaderworkerset.sigs.k8s.io/worker-index": None,
+    }
+    pool = {"spec": {"selector": {"matchLabels": leaders}}}
+    patch = apply.update_patch(pool, {"spec": {"selector": {"matchLabels": {"moelora.io/model-server": "s"}}}})
+    assert patch["spec"]["selector"]["matchLabels"]["leaderworkerset.sigs.k8s.io/worker-index"] is None
+
+
+def test_a_leader_worker_sets_templates_lose_dropped_fields_too() -> None:
+    def lws(pod_spec: dict) -> dict:
+        group = {name: {"metadata": {}, "spec": dict(pod_spec)} for name in ("leaderTemplate", "workerTemplate")}
+        return {"spec": {"leaderWorkerTemplate": group}}
+
+    patch = apply.update_patch(lws({"containers": [], "nodeSelector": {"gpu": "h200"}}), lws({"containers": []}))
+    for name in ("leaderTemplate", "workerTemplate"):
+        assert patch["spec"]["leaderWorkerTemplate"][name]["spec"]["nodeSelector"] is None

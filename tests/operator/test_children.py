@@ -98,9 +98,18 @@ def test_adapter_secrets_become_a_role_on_exactly_those_names(settings: Settings
 def test_children_come_after_what_they_need(settings: Settings) -> None:
     from moelora.operator.children import NEEDS
 
-    order = kinds(render({"replicas": 2}, Surroundings(adapter_secrets=frozenset({"s"})), settings))
-    for kind, needs in NEEDS.items():
-        assert all(order.index(need) < order.index(kind) for need in needs if need in order), kind
+    everything = {
+        "replicas": 2,
+        "nodes": 2,
+        "routing": {"gateway": {"enabled": True, "parentRefs": [{"name": "gw"}]}},
+        "autoscaling": {"maxReplicas": 3},
+    }
+    for overrides in ({"replicas": 2}, everything):
+        order = kinds(render(overrides, Surroundings(adapter_secrets=frozenset({"s"})), settings))
+        for kind, needs in NEEDS.items():
+            if kind in order:
+                assert all(order.index(need) < order.index(kind) for need in needs if need in order), kind
+    assert {"LeaderWorkerSet", "InferencePool", "HTTPRoute", "HorizontalPodAutoscaler"} <= set(order)
 
 
 def test_policy_is_judged_before_anything_renders(settings: Settings) -> None:

@@ -57,7 +57,9 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
         "admin-key": "/var/run/moelora/admin",
         "kube-api-access": "/var/run/secrets/kubernetes.io/serviceaccount",
         "tmp": "/tmp",
+        "home": "/var/run/moelora/vllm-home",  # read-only: the hub's copy of the base model's config.json
     }
+    assert next(m for m in agent["volumeMounts"] if m["name"] == "home")["readOnly"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["adapters"]["emptyDir"] == {"sizeLimit": "20Gi"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
@@ -65,6 +67,9 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
     assert env["MOELORA_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["MOELORA_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["MOELORA_MODEL_SERVER"] == "srv" and env["MOELORA_BASE_MODEL"] == "org/tiny-moe"
+    assert env["MOELORA_BASE_MODEL_CONFIG"] == (
+        "/var/run/moelora/vllm-home/.cache/huggingface/hub/models--org--tiny-moe/snapshots/*/config.json"
+    )
     assert env["MOELORA_MAX_LORA_RANK"] == "16" and env["MOELORA_TARGET_MODULES"] == ""
     assert env["MOELORA_VLLM_URL"] == "http://127.0.0.1:8000" and env["MOELORA_PORT"] == "8081"
     assert env["MOELORA_CACHE_DIR"] == "/var/lib/moelora/adapters"
@@ -296,3 +301,16 @@ def test_service_account_token_is_mounted_into_the_agent_only(settings: Settings
         if m["name"] == "kube-api-access" or m["mountPath"].startswith("/var/run/secrets")
     }
     assert holders == {"agent"}
+
+
+@pytest.mark.parametrize(
+    ("source", "config"),
+    [("s3://bucket/models/tiny", "/models/config.json"), ("pvc://weights/tiny-moe", "/models/tiny-moe/config.json")],
+)
+def test_the_agent_reads_the_base_config_from_the_model_volume(source: str, config: str) -> None:
+    obj = dep.deployment(
+        make_spec(model={"name": "org/tiny-moe", "source": source}), name="srv", namespace="ns", settings=Settings()
+    )
+    agent = obj["spec"]["template"]["spec"]["containers"][1]
+    assert {e["name"]: e.get("value") for e in agent["env"]}["MOELORA_BASE_MODEL_CONFIG"] == config
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in agent["volumeMounts"]

@@ -186,7 +186,13 @@ def _say_once(message: str) -> None:
 def for_checks(path: pathlib.Path | None) -> BaseModel | None:
     """The base model the adapters' dims are checked against; None (said once in the log) when there is no
     config to read or it describes an architecture we do not know, and only dims and module existence go unchecked.
-    A configured file that cannot be read is a TransientError: it may still be on its way (the model init container)."""
+    A configured file that cannot be read is a TransientError: it may still be on its way (the model init container).
+    The path may hold one `*` (a hub snapshot's revision, unknown until vLLM has downloaded the model)."""
+    if path is not None and "*" in str(path):
+        found = sorted(pathlib.Path(path.anchor).glob(str(path.relative_to(path.anchor))))
+        if not found:
+            raise TransientError(f"the base model's config {quote(str(path))} is not there yet")
+        path = found[-1]
     if path is None:
         _say_once(
             "MOELORA_BASE_MODEL_CONFIG is not set: adapters' tensors are not checked against the base model's "

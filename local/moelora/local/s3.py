@@ -85,15 +85,15 @@ def s3rver_available() -> bool:
     return shutil.which("node") is not None and find_s3rver() is not None
 
 
-def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path) -> S3Server:
-    """Start s3rver as a child process on a free port, storing into `data_dir`; wait until it answers.
+def start_s3rver(*, data_dir: pathlib.Path, log_path: pathlib.Path, port: int = 0) -> S3Server:
+    """Start s3rver as a child process on `port` (0: a free one), storing into `data_dir`; wait until it answers.
 
     Raises RuntimeError if node or s3rver is missing (check `s3rver_available()` first) or it does not come up.
     """
     node, script = shutil.which("node"), find_s3rver()
     if node is None or script is None:
         raise RuntimeError(f"s3rver needs node and {S3RVER_JS} here or above (npm install --prefix . s3rver@3.7.1)")
-    port = process.free_port()
+    port = port or process.free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     proc = process.spawn(
         argv=[node, str(script), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"],

@@ -16,7 +16,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import yaml
@@ -38,6 +38,7 @@ class Stack:
     `agent_env`: extra environment for the agent container only (tests shorten its poll interval).
     `s3_port`: where moto listens (0: a free port); `s3_keys`: the keys put in the `local-s3` Secret.
     `moe`: the model is the tiny Qwen3-MoE (moelora.local.moe) instead of the tiny Llama.
+    `allowed_s3_endpoints`: S3 endpoints besides moto's that adapters may name (the operator's policy).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class Stack:
         s3_keys: tuple[str, str] | None = None,
         s3_port: int = 0,
         moe: bool = False,
+        allowed_s3_endpoints: Sequence[str] = (),
         progress: Callable[[str], None] = lambda message: None,
     ) -> None:
         self.root = root
@@ -59,6 +61,7 @@ class Stack:
         self.s3_keys = s3_keys or ("AKIALOCALEXAMPLE", "local-secret-key-value")
         self.s3_port = s3_port
         self.moe = moe
+        self.allowed_s3_endpoints = tuple(allowed_s3_endpoints)
         self.progress = progress
         self.api: KubeAPI | None = None
         self.s3: s3.S3Server | None = None
@@ -116,7 +119,11 @@ class Stack:
             return
         self.progress(f"starting the operator ({self.operator_mode})")
         if self.operator_mode == "process":
-            env = {**os.environ, "KUBECONFIG": str(self.api.kubeconfig)}
+            env = {
+                **os.environ,
+                "KUBECONFIG": str(self.api.kubeconfig),
+                "MOELORA_ALLOWED_S3_ENDPOINTS": ",".join(self.allowed_s3_endpoints),
+            }
             self._operator = process.spawn(
                 argv=[sys.executable, "-m", "moelora.operator"], env=env, log_path=self.root / "operator.log"
             )
@@ -129,7 +136,7 @@ class Stack:
             logging.getLogger(name).addHandler(handler)
         self._operator_log = handler
         # Cluster-wide: with a namespace list kopf also lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
-        settings = Settings(kubeconfig=str(self.api.kubeconfig))
+        settings = Settings(kubeconfig=str(self.api.kubeconfig), allowed_s3_endpoints=self.allowed_s3_endpoints)
         self._operator = OperatorThread(settings=settings).start()
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ Everything here is pure data: no kopf, no Kubernetes client, no boto3, no torch.
 agent both import it, and never each other.
 """
 
+from moelora.api.autoscaling import AutoscalerEngine, AutoscalingSpec, AutoscalingTarget
 from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
 from moelora.api.env import EnvFromSource, EnvVar, EnvVarSource, KeySelector, TokenSecret
 from moelora.api.lora_adapter import (
@@ -35,6 +36,7 @@ from moelora.api.model_server import (
     ResourceSpec,
     S3Spec,
 )
+from moelora.api.routing import EndpointPickerRef, GatewayRouting, ParentRef, RoutingSpec
 
 __all__ = [
     "ApiKeySecret",
@@ -43,6 +45,13 @@ __all__ = [
     "MAX_LORA_RANKS",
     "VERSION",
     "AdapterCacheSpec",
+    "AutoscalerEngine",
+    "AutoscalingSpec",
+    "AutoscalingTarget",
+    "EndpointPickerRef",
+    "GatewayRouting",
+    "ParentRef",
+    "RoutingSpec",
     "AdapterCounts",
     "AdapterPhase",
     "AdapterSource",

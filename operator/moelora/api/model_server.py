@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from moelora.api.autoscaling import AutoscalingSpec
 from moelora.api.common import (
     CONDITIONS_LIST_MAP,
     DNS_LABEL,
@@ -17,6 +18,7 @@ from moelora.api.common import (
     SecretRef,
 )
 from moelora.api.env import EnvFromSource, EnvVar, TokenSecret
+from moelora.api.routing import RoutingSpec
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -232,6 +234,13 @@ class ModelServerSpec(ApiModel):
     gpus: int = Field(
         default=1, ge=0, le=16, description="GPUs per replica; also vLLM's --tensor-parallel-size. 0 runs on CPU."
     )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Pods (one per node, each with `gpus` GPUs) that serve one replica together. Above 1: a "
+        "LeaderWorkerSet runs vLLM across them over Ray, --pipeline-parallel-size = nodes.",
+    )
     gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the GPUs.")
     resources: ResourceSpec = Field(default_factory=ResourceSpec, json_schema_extra=DEFAULT_EMPTY)
     node_selector: dict[str, str] = Field(
@@ -250,6 +259,10 @@ class ModelServerSpec(ApiModel):
         json_schema_extra=FREE_FORM,
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, json_schema_extra=DEFAULT_EMPTY)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, json_schema_extra=DEFAULT_EMPTY)
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None, description="Set: an autoscaler owns spec.replicas within its bounds (see the README)."
+    )
     kernels: KernelSpec = Field(default_factory=KernelSpec, json_schema_extra=DEFAULT_EMPTY)
     engine_args: list[str] = Field(
         default_factory=list,

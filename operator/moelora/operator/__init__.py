@@ -7,6 +7,7 @@ Modules, one concern each, the lower layers first:
   `secret_access` (the pods' Role on their adapters' Secrets), `policy` (the allowlists), `children` (everything
   a ModelServer owns), `status` (reading what exists, and the status judged from it);
 - `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
+- `events` (which adapter phase changes become Events, identical ones counted), `metrics` (Prometheus, /metrics);
 - `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
 - handlers by resource: `model_servers`, `lora_adapters`; `resync` (the periodic reconcile of every server);
   `wiring` registers them and runs kopf.
@@ -28,7 +29,7 @@ test_chart_rbac_used.py records what the operator really asks for and checks it 
 | rbac.authorization.k8s.io | roles, rolebindings | get, create, patch, delete (each server's adapter-Secret grant) |
 | "" (core) | pods | get, list, watch |
 | "" (core) | secrets | get (in the server namespaces: RBAC lets it grant only what it holds) |
-| "" (core) | events | create |
+| "" (core) | events | create, patch (an identical LoRAAdapter Event is counted on the stored one) |
 | apiextensions.k8s.io | customresourcedefinitions | list, watch (kopf's resource scanning; only when
   MOELORA_NAMESPACES is empty, i.e. cluster-wide) |
 | (discovery) | /api, /apis and group versions | get (every authenticated user has it by default) |

@@ -35,17 +35,40 @@ _PATHS = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
     ),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+        "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets"
+    ),
+    ("inference.networking.k8s.io/v1", "InferencePool"): (
+        "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools"
+    ),
+    (
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+    ): "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): (
+        "/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers"
+    ),
+    ("keda.sh/v1alpha1", "ScaledObject"): "/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects",
 }
+# Where pod templates are: a Deployment's, and a LeaderWorkerSet's two.
+_TEMPLATES = (
+    ("spec", "template"),
+    ("spec", "leaderWorkerTemplate", "leaderTemplate"),
+    ("spec", "leaderWorkerTemplate", "workerTemplate"),
+)
 # Optional keys the builders set only sometimes: when the desired object lacks them, the patch removes them.
 _OPTIONAL_KEYS: dict[tuple[str, ...], set[str]] = {
-    ("spec", "template", "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"},
+    (*template, "spec"): {"initContainers", "nodeSelector", "tolerations", "affinity"} for template in _TEMPLATES
 }
 # Maps the operator owns whole: keys it no longer sets are removed.
 _WHOLE_MAPS = {
     ("data",),
-    ("spec", "template", "spec", "nodeSelector"),
-    ("spec", "template", "spec", "affinity"),
-    ("spec", "template", "metadata", "annotations"),
+    # A Service's selector, an InferencePool's: a server back on one node must stop asking for leaders only.
+    ("spec", "selector"),
+    ("spec", "selector", "matchLabels"),
+    *((*template, "spec", "nodeSelector") for template in _TEMPLATES),
+    *((*template, "spec", "affinity") for template in _TEMPLATES),
+    *((*template, "metadata", "annotations") for template in _TEMPLATES),
 }
 
 
@@ -167,6 +190,20 @@ def patch_status(
         if exc.status == 404:
             return None
         raise
+
+
+def create_event(*, api: kubernetes.client.ApiClient, namespace: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Create a core v1 Event; the Event as stored (named by the API server from generateName)."""
+    return _request(api, "POST", f"/api/v1/namespaces/{namespace}/events", body=event)
+
+
+def patch_event(
+    *, api: kubernetes.client.ApiClient, namespace: str, name: str, patch: dict[str, Any]
+) -> dict[str, Any]:
+    """Merge-patch a core v1 Event (its count and lastTimestamp); the Event as stored. Raises ApiException 404 when
+    it is gone (the API server expires Events)."""
+    path = f"/api/v1/namespaces/{namespace}/events/{name}"
+    return _request(api, "PATCH", path, body=patch, content_type="application/merge-patch+json")
 
 
 def delete_if_owned(

@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import kernel_configs, naming, policy, secret_access
+from moelora.operator import autoscaling, gateway, kernel_configs, multinode, naming, policy, secret_access
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -22,6 +22,12 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
     ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
     (secret_access.RBAC_API_VERSION, "Role"): secret_access.name,  # adapters that name Secrets
     (secret_access.RBAC_API_VERSION, "RoleBinding"): secret_access.name,
+    ("apps/v1", "Deployment"): lambda name: name,  # replaced by a LeaderWorkerSet when nodes > 1
+    (multinode.LWS_API_VERSION, "LeaderWorkerSet"): lambda name: name,  # nodes > 1
+    (gateway.POOL_API_VERSION, "InferencePool"): lambda name: name,  # routing.gateway.enabled
+    (gateway.ROUTE_API_VERSION, "HTTPRoute"): lambda name: name,
+    (autoscaling.HPA_API_VERSION, "HorizontalPodAutoscaler"): lambda name: name,  # autoscaling.engine hpa
+    (autoscaling.KEDA_API_VERSION, "ScaledObject"): lambda name: name,  # autoscaling.engine keda
 }
 # Kind -> the kinds it is applied only after (children are rendered in this order): when a name is taken by an
 # object that is not ours, what depends on it is left alone too. The pods would mount a foreign kernel ConfigMap;
@@ -30,7 +36,12 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 # anyone freeze a server by taking one name (a budget's, before the server scales to two).
 NEEDS: dict[str, set[str]] = {
     "Deployment": {"ConfigMap"},
-    "Service": {"Deployment"},
+    "LeaderWorkerSet": {"ConfigMap"},
+    "Service": {"Deployment", "LeaderWorkerSet"},
+    "InferencePool": {"Deployment", "LeaderWorkerSet"},
+    "HTTPRoute": {"InferencePool"},
+    "HorizontalPodAutoscaler": {"Deployment", "LeaderWorkerSet"},
+    "ScaledObject": {"Deployment", "LeaderWorkerSet"},
     "PodDisruptionBudget": {"Deployment"},
     "Role": {"Deployment"},
     "RoleBinding": {"Role", "Deployment"},
@@ -49,6 +60,8 @@ class Surroundings:
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
     adapter_secrets: frozenset[str] = frozenset()
+    # The `model` names of the LoRAAdapters the server serves (the HTTPRoute matches them).
+    served_adapters: frozenset[str] = frozenset()
 
 
 def desired_children(
@@ -75,10 +88,17 @@ def desired_children(
         root=kernel_bundle,
         user_config_map=surroundings.kernel_config_map,
     )
-    children = [
-        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume),
-        service(name=name, namespace=namespace),
-    ]
+    workload = deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume)
+    if multinode.is_multi_node(spec):
+        workload = multinode.leader_worker_set(spec, workload)
+    selector = multinode.serving_selector(spec, name=name)
+    children = [workload, service(name=name, namespace=namespace, selector=selector)]
+    if spec.routing.gateway.enabled:
+        children.append(gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector))
+        children.append(gateway.http_route(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters))
+    scaler = autoscaling.autoscaler(spec, name=name, namespace=namespace)
+    if scaler is not None:
+        children.append(scaler)
     if volume is not None and volume.owned_config_map is not None:
         children.insert(0, volume.owned_config_map)
     budget = disruption_budget(spec, name=name, namespace=namespace)

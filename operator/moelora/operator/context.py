@@ -18,6 +18,8 @@ import kubernetes.client
 import kubernetes.config
 
 from moelora.operator import kernel_configs
+from moelora.operator.events import Recorder
+from moelora.operator.metrics import Metrics
 from moelora.operator.settings import Settings
 
 ServerKey = tuple[str, str]  # (namespace, ModelServer name)
@@ -65,7 +67,12 @@ class Context:
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
 
-    # Operator-level tasks (resync.py), cancelled at kopf's cleanup.
+    # LoRAAdapter Events, identical ones folded into one (events.py).
+    events: Recorder = dataclasses.field(default_factory=Recorder)
+    # The operator's Prometheus metrics (metrics.py), served on settings.metrics_port.
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
+
+    # Operator-level tasks (resync.py, metrics.py), cancelled at kopf's cleanup.
     background: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
 
     @classmethod

@@ -23,6 +23,8 @@ FETCH_CONTAINER = "fetch-model"
 ADMIN_KEY_VOLUME = "admin-key"
 KUBE_API_VOLUME = "kube-api-access"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# vLLM's $HOME as the agent sees it (read-only): where a hub download leaves the base model's config.json.
+VLLM_HOME_IN_AGENT = "/var/run/moelora/vllm-home"
 AGENT_API_KEY_ENV = "MOELORA_VLLM_API_KEY"
 
 # vLLM loads the weights before /health answers: a big MoE takes many minutes, so the startup probe allows an hour.
@@ -99,7 +101,18 @@ def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings) -> list[dict[str, Any]]:
+def base_model_config(model: engine.ModelRef) -> tuple[str, dict[str, Any]]:
+    """Where the agent finds the base model's config.json (to check adapters' tensors against its modules and
+    dims), and the read-only mount that puts it there: the model volume, or vLLM's $HOME for a hub download, whose
+    snapshot revision is known only once vLLM has fetched it (the agent resolves the `*`)."""
+    if model.scheme == "hf":
+        repo = model.vllm_model.replace("/", "--")
+        path = f"{VLLM_HOME_IN_AGENT}/.cache/huggingface/hub/models--{repo}/snapshots/*/config.json"
+        return path, {"name": security.HOME_VOLUME, "mountPath": VLLM_HOME_IN_AGENT, "readOnly": True}
+    return f"{model.vllm_model}/config.json", {"name": "models", "mountPath": engine.MODELS_DIR, "readOnly": True}
+
+
+def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings, base_config: str) -> list[dict[str, Any]]:
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -109,6 +122,7 @@ def _agent_env(spec: ModelServerSpec, *, name: str, settings: Settings) -> list[
         {"name": "MOELORA_POD_UID", **field("metadata.uid")},
         {"name": "MOELORA_MODEL_SERVER", "value": name},
         {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
+        {"name": "MOELORA_BASE_MODEL_CONFIG", "value": base_config},
         {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
         {"name": "MOELORA_TARGET_MODULES", "value": ",".join(spec.lora.target_modules or [])},
         {"name": "MOELORA_VLLM_URL", "value": f"http://127.0.0.1:{engine.VLLM_PORT}"},
@@ -210,16 +224,18 @@ def deployment(
         vllm["envFrom"] = env_from
     if resources := _resources(spec):
         vllm["resources"] = resources
+    base_config, base_config_mount = base_model_config(model)
     agent = {
         "name": AGENT_CONTAINER,
         "image": settings.agent_image,
         "command": ["python3", "-m", "moelora.agent"],
-        "env": _agent_env(spec, name=name, settings=settings),
+        "env": _agent_env(spec, name=name, settings=settings, base_config=base_config),
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": "adapters", "mountPath": ADAPTERS_DIR},
             {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR},
             {"name": KUBE_API_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
+            base_config_mount,
         ],
         # Ready only once its adapters are loaded, so a new pod takes traffic with them (see the architecture doc).
         "readinessProbe": _http_probe(path="/readyz", port="agent", period=2, failures=3),

@@ -18,6 +18,7 @@ class AdapterEntry(NamedTuple):
     name: str
     phase: str
     secret: str | None = None  # spec.source.credentialsSecret.name
+    served: str = ""  # the `model` name clients send: spec.servedName, else the name
 
 
 class PodEntry(NamedTuple):
@@ -42,7 +43,9 @@ def adapters_index(
     if not server:
         return None
     secret = ((spec.get("source") or {}).get("credentialsSecret") or {}).get("name")
-    return {(namespace, server): AdapterEntry(name=name, phase=status.get("phase") or "Pending", secret=secret)}
+    phase = status.get("phase") or "Pending"
+    served = spec.get("servedName") or name
+    return {(namespace, server): AdapterEntry(name=name, phase=phase, secret=secret, served=served)}
 
 
 def pods_index(
@@ -70,6 +73,11 @@ def adapters(index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:
 def adapter_secrets(entries: list[AdapterEntry]) -> frozenset[str]:
     """The credentials Secrets a server's adapters name."""
     return frozenset(entry.secret for entry in entries if entry.secret)
+
+
+def served_adapters(entries: list[AdapterEntry]) -> frozenset[str]:
+    """The `model` names a server's adapters are routed by: all but the Failed, which no pod serves."""
+    return frozenset(entry.served or entry.name for entry in entries if entry.phase != "Failed")
 
 
 def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:

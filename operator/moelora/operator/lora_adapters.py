@@ -16,7 +16,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import AdapterSource, S3Spec
-from moelora.operator import apply, indexes, naming, policy, status
+from moelora.operator import apply, events, indexes, metrics, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.model_servers import reconcile_serially
@@ -77,6 +77,7 @@ def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     return policy.adapter_source_problem(source, server_endpoint=server_s3.endpoint_url, settings=memo.settings)
 
 
+@metrics.timed("LoRAAdapter")
 def rollup_adapter(
     *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
 ) -> str | None:
@@ -88,10 +89,19 @@ def rollup_adapter(
     if not patch:
         return None
     meta = body["metadata"]
-    apply.patch_status(
+    written = apply.patch_status(
         api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
     )
+    emission = events.adapter_transition(body.get("status") or {}, patch)
+    if written is not None and emission is not None:
+        memo.events.record(api=memo.api, involved=events.adapter_reference(meta), emission=emission, now=wall_clock())
     return patch.get("phase")
+
+
+def record_deleted(*, memo: Context, body: Mapping[str, Any]) -> None:
+    """The Deleted Event of an adapter gone from the API server."""
+    involved = events.adapter_reference(body["metadata"])
+    memo.events.record(api=memo.api, involved=involved, emission=events.DELETED, now=wall_clock())
 
 
 def rollup_server_adapters(
@@ -157,6 +167,7 @@ async def regrant_secrets(
 
 
 async def adapter_changed(
+    event: kopf.RawEvent,
     body: kopf.Body,
     namespace: str,
     spec: kopf.Spec,
@@ -171,6 +182,9 @@ async def adapter_changed(
     await regrant_secrets(
         memo=memo, namespace=namespace, servers_index=model_servers_index, adapters_index=adapters_index
     )
+    if event.get("type") == "DELETED":
+        await memo.call(record_deleted, memo=memo, body=dict(body))
+        return
     if body.get("metadata", {}).get("deletionTimestamp"):
         return
     new_phase = await memo.call(

@@ -19,7 +19,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, indexes, naming, status
+from moelora.operator import apply, indexes, metrics, multinode, naming, status
 from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
@@ -100,10 +100,14 @@ def apply_children(
             logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
         if kind == "Deployment":
             stored_deployment = obj
+        elif kind == "LeaderWorkerSet":
+            stored_deployment = multinode.status_view(obj)
     rendered = {(child["apiVersion"], child["kind"]) for child in children}
     for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
         if (api_version, kind) in rendered:
             continue
+        if kind in ("Deployment", "LeaderWorkerSet") and {"Deployment", "LeaderWorkerSet"} & not_applied:
+            continue  # the workload replacing this one was not applied: keep serving with the old one
         name = optional_name(meta["name"])
         deleted = apply.delete_if_owned(
             api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]
@@ -151,15 +155,22 @@ def render_status(
     ).to_wire()
 
 
-def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> None:
-    """Desired vs actual for one ModelServer, then its status, written once and only if it changed."""
+@metrics.timed("ModelServer")
+def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> SpecProblem | None:
+    """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
+    reported, if any."""
     namespace, name = key
     observation = observe(api=memo.api, key=key)
     if observation is None:
-        return
+        memo.metrics.set_children(key, None)
+        return None
     problem = observation.problem
     stored_deployment = None
-    surroundings = dataclasses.replace(observation.surroundings, adapter_secrets=indexes.adapter_secrets(adapters))
+    surroundings = dataclasses.replace(
+        observation.surroundings,
+        adapter_secrets=indexes.adapter_secrets(adapters),
+        served_adapters=indexes.served_adapters(adapters),
+    )
     if observation.spec is not None:
         try:
             children = desired_children(
@@ -174,6 +185,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             problem = exc
         else:
             stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
+            memo.metrics.set_children(key, [child["kind"] for child in children])
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
@@ -184,6 +196,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
     if any(stored.get(field) != value for field, value in new.items()):
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
+    return problem
 
 
 async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:

@@ -10,14 +10,15 @@ from moelora.operator.engine import VLLM_PORT
 AGENT_PORT = 8081
 
 
-def service(*, name: str, namespace: str) -> dict[str, Any]:
+def service(*, name: str, namespace: str, selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """`selector`: the pods that answer requests; default every pod of the server."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace, "labels": naming.labels(name)},
         "spec": {
             "type": "ClusterIP",
-            "selector": naming.selector(name),
+            "selector": dict(selector) if selector is not None else naming.selector(name),
             "ports": [
                 {"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "agent-metrics", "port": AGENT_PORT, "targetPort": "agent", "protocol": "TCP"},

@@ -27,6 +27,9 @@ class Settings:
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
     # kopf's health endpoint for the pod's liveness probe, e.g. http://0.0.0.0:8080/healthz; None: not served.
     liveness_endpoint: str | None = None
+    # The port of the operator's Prometheus /metrics (the chart's operator.metricsPort); None: not served.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
     # What ModelServer and LoRAAdapter authors may pick (policy.py judges them; the chart's `policy` values).
     # Image globs (`*` matches anything, `/` included); empty: only server_image.
     allowed_images: tuple[str, ...] = ()
@@ -60,6 +63,7 @@ class Settings:
             kubeconfig=env.get("KUBECONFIG") or None,
             kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
             liveness_endpoint=_liveness_endpoint(env),
+            metrics_port=_optional_int(env, "MOELORA_METRICS_PORT"),
             allowed_images=_list(env, "MOELORA_ALLOWED_IMAGES"),
             allowed_service_accounts=_list(env, "MOELORA_ALLOWED_SERVICE_ACCOUNTS"),
             allowed_s3_endpoints=tuple(_endpoint(url) for url in _list(env, "MOELORA_ALLOWED_S3_ENDPOINTS")),

@@ -47,7 +47,7 @@ from moelora.api import (
     ModelServerStatus,
 )
 from moelora.api.common import set_condition
-from moelora.operator import naming
+from moelora.operator import multinode, naming
 from moelora.operator.errors import SpecProblem
 
 
@@ -169,7 +169,8 @@ def model_server_status(
         conditions=conditions,
         replicas=current,
         ready_replicas=ready,
-        selector=naming.selector_string(name),
+        # The scale subresource's selector: an HPA averages its Pods metric over these, the pods serving requests.
+        selector=",".join(f"{key}={value}" for key, value in multinode.serving_selector(spec, name=name).items()),
         endpoint=naming.endpoint(name, namespace),
         adapters=adapters,
     )

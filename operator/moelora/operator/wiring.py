@@ -13,7 +13,7 @@ import kopf
 import kubernetes.client
 
 from moelora.api import GROUP, VERSION
-from moelora.operator import indexes, lora_adapters, model_servers, naming, resync
+from moelora.operator import events, indexes, lora_adapters, metrics, model_servers, naming, resync
 from moelora.operator.context import Context
 from moelora.operator.settings import Settings
 
@@ -32,6 +32,7 @@ def kopf_settings(*, namespaces: Collection[str]) -> kopf.OperatorSettings:
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.level = logging.WARNING  # Events only for what a person must see, not every handler success
+    settings.posting.reporting_component = events.COMPONENT  # one "From" for kopf's Events and ours
     settings.watching.connect_timeout = 10
     # Named namespaces are exact names, not patterns: no need to list/watch namespaces and CRDs (nor the RBAC).
     settings.scanning.disabled = bool(namespaces)
@@ -72,6 +73,8 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     # The resync is an operator-level task, not a kopf timer, which would put a finalizer on every ModelServer.
     kopf.on.startup(registry=registry, id="resync_start")(resync.start)
     kopf.on.cleanup(registry=registry, id="resync_stop")(resync.stop)
+    kopf.on.startup(registry=registry, id="metrics_start")(metrics.start)
+    kopf.on.cleanup(registry=registry, id="metrics_stop")(metrics.stop)
     # Registered before the adapters' handler of the same events, so a deleted server's lock goes first.
     kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)
     kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)

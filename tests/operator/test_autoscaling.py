@@ -1,0 +1,136 @@
+"""The autoscaler of a ModelServer: an HPA or a KEDA ScaledObject on the ModelServer's scale subresource."""
+
+from __future__ import annotations
+
+import copy
+
+import pydantic
+import pytest
+
+from moelora.api import crd
+from moelora.operator import autoscaling
+from moelora.operator.children import Surroundings, desired_children
+from moelora.operator.errors import SpecProblem
+from moelora.operator.settings import Settings
+
+from . import published_schemas as facts
+from .conftest import k8s_valid, make_spec
+from .schema_check import problems
+
+KEDA = {"engine": "keda", "minReplicas": 0, "maxReplicas": 4, "target": {"prometheusAddress": "http://prom:9090"}}
+
+
+def render(settings: Settings, **overrides: object) -> dict[str, dict]:
+    children = desired_children(
+        make_spec(**overrides),
+        name="srv",
+        namespace="ns",
+        settings=settings,
+        kernel_bundle=None,
+        surroundings=Surroundings(),
+    )
+    return {child["kind"]: child for child in children}
+
+
+def test_the_hpa_scales_the_model_server_on_the_queue_per_replica(settings: Settings) -> None:
+    hpa = render(settings, autoscaling={"minReplicas": 2, "maxReplicas": 8})["HorizontalPodAutoscaler"]
+    k8s_valid(hpa)
+    assert problems(hpa, facts.HORIZONTAL_POD_AUTOSCALER) == []
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "srv"}
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (2, 8)
+    assert spec["metrics"] == [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": "vllm:num_requests_waiting"},
+                "target": {"type": "AverageValue", "averageValue": "4"},
+            },
+        }
+    ]
+
+
+def test_the_model_server_has_the_scale_subresource_the_autoscalers_need() -> None:
+    [version] = crd.model_server_crd()["spec"]["versions"]
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+
+
+def test_keda_queries_prometheus_for_the_servers_queue(settings: Settings) -> None:
+    children = render(settings, autoscaling=KEDA)
+    assert "HorizontalPodAutoscaler" not in children  # KEDA makes its own
+    scaled = children["ScaledObject"]
+    assert problems(scaled, facts.SCALED_OBJECT) == []
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "srv"}
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 4)
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert set(facts.PROMETHEUS_TRIGGER_REQUIRED) <= set(trigger["metadata"])
+    assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns",model_name="srv"})'
+    assert trigger["metadata"]["threshold"] == "4"
+
+
+def test_a_query_of_the_users_own(settings: Settings) -> None:
+    keda = copy.deepcopy(KEDA)
+    keda["target"]["query"] = "sum(my_queue)"
+    trigger = render(settings, autoscaling=keda)["ScaledObject"]["spec"]["triggers"][0]
+    assert trigger["metadata"]["query"] == "sum(my_queue)"
+
+
+def test_keda_without_prometheus_is_refused(settings: Settings) -> None:
+    with pytest.raises(SpecProblem) as caught:
+        render(settings, autoscaling={"engine": "keda", "maxReplicas": 2})
+    assert caught.value.reason == "PrometheusAddressMissing"
+
+
+def test_without_autoscaling_nothing_is_rendered(settings: Settings) -> None:
+    children = render(settings)
+    assert not {"HorizontalPodAutoscaler", "ScaledObject"} & set(children)
+
+
+def test_the_workload_follows_spec_replicas_which_the_autoscaler_writes(settings: Settings) -> None:
+    children = render(settings, replicas=5, autoscaling={"maxReplicas": 8})
+    assert children["Deployment"]["spec"]["replicas"] == 5
+
+
+def test_max_replicas_is_required() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        make_spec(autoscaling={"minReplicas": 1})
+
+
+def test_the_crd_rules_guard_the_bounds_and_keda() -> None:
+    schema = crd.model_server_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = {
+        rule["rule"] for rule in schema["properties"]["spec"]["properties"]["autoscaling"]["x-kubernetes-validations"]
+    }
+    assert "self.maxReplicas >= self.minReplicas" in rules
+    assert "self.engine == 'keda' || self.minReplicas >= 1" in rules
+
+
+def test_the_checker_catches_a_broken_hpa_and_scaled_object(settings: Settings) -> None:
+    hpa = render(settings, autoscaling={"maxReplicas": 8})["HorizontalPodAutoscaler"]
+    broken = copy.deepcopy(hpa)
+    broken["spec"]["metrics"][0]["type"] = "Queue"
+    del broken["spec"]["maxReplicas"]
+    assert problems(broken, facts.HORIZONTAL_POD_AUTOSCALER) == [
+        ".spec: maxReplicas is required",
+        ".spec.metrics[0].type: 'Queue' is not one of ['ContainerResource', 'External', 'Object', 'Pods', 'Resource']",
+    ]
+    with pytest.raises(Exception, match="Queue|maxReplicas"):
+        k8s_valid(broken)
+    scaled = copy.deepcopy(render(settings, autoscaling=KEDA)["ScaledObject"])
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 4
+    del scaled["spec"]["scaleTargetRef"]
+    assert problems(scaled, facts.SCALED_OBJECT) == [
+        ".spec: scaleTargetRef is required",
+        ".spec.triggers[0].metadata.threshold: expected string, got int",
+    ]
+
+
+def test_the_builders_use_the_recorded_api_versions() -> None:
+    assert autoscaling.HPA_API_VERSION == facts.HORIZONTAL_POD_AUTOSCALER["properties"]["apiVersion"]["enum"][0]
+    assert autoscaling.KEDA_API_VERSION == facts.SCALED_OBJECT["properties"]["apiVersion"]["enum"][0]

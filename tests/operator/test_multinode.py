@@ -1,0 +1,182 @@
+"""A ModelServer over several nodes: a LeaderWorkerSet running vLLM across each group over Ray."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import subprocess
+
+import pytest
+
+from moelora.api import AdapterCounts, ModelServerStatus
+from moelora.operator import multinode
+from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.errors import SpecProblem
+from moelora.operator.settings import Settings
+from moelora.operator.status import model_server_status
+
+from . import published_schemas as facts
+from .conftest import k8s_valid, make_spec
+from .schema_check import problems
+
+MULTI = {"nodes": 2, "gpus": 8, "replicas": 3}
+LEADERS = {"moelora.io/model-server": "srv", facts.LWS_WORKER_INDEX_LABEL: "0"}
+
+
+def render(settings: Settings, **overrides: object) -> dict[str, dict]:
+    children = desired_children(
+        make_spec(**{**MULTI, **overrides}),
+        name="srv",
+        namespace="ns",
+        settings=settings,
+        kernel_bundle=None,
+        surroundings=Surroundings(),
+    )
+    return {child["kind"]: child for child in children}
+
+
+def containers(template: dict) -> dict[str, dict]:
+    return {container["name"]: container for container in template["spec"]["containers"]}
+
+
+def pod_template(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}
+
+
+def test_a_leader_worker_set_replaces_the_deployment(settings: Settings) -> None:
+    children = render(settings)
+    assert "Deployment" not in children
+    assert ("apps/v1", "Deployment") in OPTIONAL_CHILDREN  # so the single-node one is deleted
+    lws = children["LeaderWorkerSet"]
+    assert problems(lws, facts.LEADER_WORKER_SET) == []
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert (lws["spec"]["replicas"], group["size"]) == (3, 2)
+    for template in (group["leaderTemplate"], group["workerTemplate"]):
+        k8s_valid(pod_template(template))
+        assert template["metadata"]["labels"]["moelora.io/model-server"] == "srv"
+        assert containers(template)["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_the_leader_runs_the_ray_head_then_vllm_across_the_group(settings: Settings) -> None:
+    leader = render(settings)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]
+    vllm = containers(leader)["vllm"]
+    assert vllm["command"][:2] == ["/bin/sh", "-c"]
+    script = vllm["command"][2]
+    assert "ray start --head --port=6379" in script and "< 2:" in script
+    assert 'exec python3 -m vllm.entrypoints.openai.api_server "$@"' in script
+    args = vllm["args"]
+    for flag, value in (
+        ("--tensor-parallel-size", "8"),
+        ("--pipeline-parallel-size", "2"),
+        ("--distributed-executor-backend", "ray"),
+    ):
+        assert args[args.index(flag) + 1] == value
+    assert "agent" in containers(leader)  # adapters are loaded through the leader
+    assert vllm["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_the_leader_script_is_valid_shell(settings: Settings) -> None:
+    group = render(settings)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    for template in (group["leaderTemplate"], group["workerTemplate"]):
+        script = containers(template)["vllm"]["command"][2]
+        subprocess.run(["/bin/sh", "-n", "-c", script], check=True)
+
+
+def test_workers_join_the_leader_and_carry_no_agent(settings: Settings) -> None:
+    worker = render(settings)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    assert set(containers(worker)) == {"vllm"}
+    vllm = containers(worker)["vllm"]
+    assert f"${facts.LWS_LEADER_ADDRESS_ENV}:6379" in vllm["command"][2] and "--block" in vllm["command"][2]
+    assert "args" not in vllm and "readinessProbe" not in vllm
+    assert "kube-api-access" not in {volume["name"] for volume in worker["spec"]["volumes"]}
+
+
+def test_the_service_pool_and_scale_selector_pick_leaders_only(settings: Settings) -> None:
+    routed = {"routing": {"gateway": {"enabled": True, "parentRefs": [{"name": "gw"}]}}}
+    children = render(settings, **routed)
+    assert children["Service"]["spec"]["selector"] == LEADERS
+    assert children["InferencePool"]["spec"]["selector"]["matchLabels"] == LEADERS
+    assert multinode.WORKER_INDEX_LABEL == facts.LWS_WORKER_INDEX_LABEL
+    status = model_server_status(
+        make_spec(**MULTI),
+        name="srv",
+        namespace="ns",
+        generation=1,
+        deployment=None,
+        problem=None,
+        adapters=AdapterCounts(),
+        previous=ModelServerStatus(),
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    )
+    assert status.selector == f"moelora.io/model-server=srv,{facts.LWS_WORKER_INDEX_LABEL}=0"
+
+
+def test_one_node_stays_a_deployment(settings: Settings) -> None:
+    children = render(settings, nodes=1)
+    assert "LeaderWorkerSet" not in children and "Deployment" in children
+    assert children["Service"]["spec"]["selector"] == {"moelora.io/model-server": "srv"}
+
+
+def test_the_groups_readiness_reads_as_replicas() -> None:
+    view = multinode.status_view(
+        {"metadata": {"generation": 4}, "status": {"replicas": 3, "readyReplicas": 2, "updatedReplicas": 3}}
+    )
+    assert view["status"] == {
+        "observedGeneration": 4,
+        "replicas": 3,
+        "readyReplicas": 2,
+        "updatedReplicas": 3,
+        "availableReplicas": 2,
+    }
+
+
+def test_the_checker_catches_a_broken_leader_worker_set(settings: Settings) -> None:
+    lws = copy.deepcopy(render(settings)["LeaderWorkerSet"])
+    group = lws["spec"]["leaderWorkerTemplate"]
+    group["restartPolicy"] = "Always"
+    group["size"] = 0
+    del group["workerTemplate"]
+    assert problems(lws, facts.LEADER_WORKER_SET) == [
+        ".spec.leaderWorkerTemplate: workerTemplate is required",
+        ".spec.leaderWorkerTemplate.size: 0 < 1",
+        ".spec.leaderWorkerTemplate.restartPolicy: 'Always' is not one of "
+        "['Default', 'RecreateGroupOnPodRestart', 'None']",
+    ]
+
+
+def test_engine_args_may_not_set_the_groups_parallelism(settings: Settings) -> None:
+    for flag in ("--pipeline-parallel-size=4", "-pp", "--distributed-executor-backend=mp"):
+        args = [flag] if "=" in flag else [flag, "4"]
+        with pytest.raises(SpecProblem) as caught:
+            render(settings, engineArgs=args)
+        assert caught.value.reason == "ManagedEngineFlag"
+    assert "Deployment" in render(settings, nodes=1, engineArgs=["--pipeline-parallel-size=2"])
+
+
+def test_a_taken_leader_worker_set_name_keeps_the_deployment(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from moelora.operator import apply, model_servers
+
+    deleted: list[str] = []
+
+    def ensure(*, api: object, desired: dict, owner_uid: str) -> tuple[dict, str]:
+        if desired["kind"] == "LeaderWorkerSet":
+            raise apply.NotOwned("LeaderWorkerSet", "srv")
+        return desired, "created"
+
+    def delete_if_owned(*, kind: str, **_: object) -> bool:
+        deleted.append(kind)
+        return True
+
+    monkeypatch.setattr(apply, "ensure", ensure)
+    monkeypatch.setattr(apply, "delete_if_owned", delete_if_owned)
+    owner = {
+        "apiVersion": "moelora.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "srv", "namespace": "ns", "uid": "u1"},
+    }
+    children = list(render(settings).values())
+    _, problem = model_servers.apply_children(api=None, children=children, owner=owner)  # type: ignore[arg-type]
+    assert problem is not None and problem.reason == "NameTaken"
+    assert "Deployment" not in deleted
