@@ -70,7 +70,7 @@ def test_a_full_cache_disk_is_cache_full(tmp_path: pathlib.Path, monkeypatch: py
     def full(**_: object) -> str:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fetch_module.tempfile, "mkdtemp", full)
+    monkeypatch.setattr(fetch_module.transfer, "download", full)
     listing = Listing(
         location=S3Location(bucket="b", prefix="p/"),
         objects=(

@@ -30,7 +30,7 @@ class FakeVllm:
         self.served: dict[str, str] = {}
         self.calls: list[tuple[str, str, str | None, bool]] = []
 
-    def adapters(self) -> dict[str, LoadedAdapter]:
+    def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
         return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in self.served.items()}
 
     def load(self, *, name: str, path: str, inplace: bool = False) -> None:

@@ -166,9 +166,23 @@ def test_record_state_for_the_status() -> None:
     rec = record(a, Stage.PENDING)
     rec.fail(FailureReason.SOURCE_NOT_FOUND, "nothing under s3://bkt/a/", permanent=False, now=0.0)
     state = rec.state()
-    assert (state.loaded, state.state.value, state.reason) == (False, "Downloading", "SourceNotFound")
+    # Waiting for its retry, nothing downloads: Pending, with the reason of the last attempt.
+    assert (state.loaded, state.state.value, state.reason) == (False, "Pending", "SourceNotFound")
     for _ in range(5):  # transient failures that keep coming back end as Failed (still retried)
         rec.fail(FailureReason.SOURCE_NOT_FOUND, "again", permanent=False, now=0.0)
-    assert rec.state().state.value == "Failed" and rec.retry_at == 32.0
+    assert rec.state().state.value == "Failed" and 16.0 <= rec.retry_at <= 32.0  # backoff with jitter
     loaded = record(a, Stage.LOADED).state()
     assert loaded.loaded and loaded.state.value == "Loaded" and loaded.version == "v1" and loaded.reason is None
+    assert record(a, Stage.READY).state().state.value == "Pending"  # in the cache, vLLM not there to load it
+    assert record(a, Stage.PREPARING).state().state.value == "Downloading"
+
+
+def test_a_refused_update_shows_beside_the_served_version() -> None:
+    rec = record(desired("a"), Stage.LOADED)
+    assert rec.accept("v1", rec.path or "", None, ("v2", FailureReason.RANK_TOO_HIGH, "rank 64 > 16"), now=0.0)  # type: ignore[arg-type]
+    state = rec.state()
+    assert (state.loaded, state.version, state.rejected_version, state.reason) == (True, "v1", "v2", "UpdateRejected")
+    assert "RankTooHigh" in (state.last_error or "")
+    assert not rec.accept("v1", rec.path or "", None, ("v2", FailureReason.RANK_TOO_HIGH, "rank 64 > 16"), now=0.0)  # type: ignore[arg-type]
+    rec.accept("v3", "/cache/v3", None, None, now=0.0)  # type: ignore[arg-type]
+    assert rec.stage is Stage.READY and rec.rejected is None and rec.state().rejected_version is None

@@ -37,7 +37,7 @@ def test_good_adapter_waits_for_vllm_and_the_pod_stays_unready(
     eventually(lambda: len([p for p in loop.settings.cache_dir.iterdir() if not p.name.startswith(".")]) == 1)
     eventually(lambda: "ok" in kube.status)
     state, info = kube.status["ok"]
-    assert (state.loaded, state.state.value) == (False, "Downloading") and info is None
+    assert (state.loaded, state.state.value) == (False, "Pending") and info is None  # downloaded, waiting for vLLM
     assert not loop.is_ready and not loop.vllm_up
     (entry,) = loop.settings.cache_dir.iterdir()
     assert json.loads((entry / "adapter_config.json").read_text())["r"] == 8

@@ -61,3 +61,31 @@ def test_s3_policy_comes_from_the_operator() -> None:
     assert settings.allowed_s3_endpoints == ("https://a.example.com", "https://b.example.com")
     assert settings.allowed_s3_buckets == ("team-*",)
     assert from_env(ENV).allowed_s3_endpoints == () and from_env(ENV).server_s3_endpoint is None
+
+
+def test_fault_limits_have_defaults_and_read_their_variables() -> None:
+    default = from_env(ENV)
+    assert (default.list_timeout_seconds, default.download_timeout_seconds, default.ready_wait_seconds) == (
+        60,
+        1800,
+        30,
+    )
+    assert (default.min_bytes_per_second, default.rate_window_seconds, default.endpoint_workers) == (65536, 30, 4)
+    assert default.s3_read_timeout_seconds == 20
+    tuned = from_env(
+        {
+            **ENV,
+            "MOELORA_LIST_TIMEOUT_SECONDS": "5",
+            "MOELORA_DOWNLOAD_TIMEOUT_SECONDS": "120",
+            "MOELORA_MIN_BYTES_PER_SECOND": "1000",
+            "MOELORA_RATE_WINDOW_SECONDS": "2.5",
+            "MOELORA_ENDPOINT_WORKERS": "2",
+            "MOELORA_S3_READ_TIMEOUT_SECONDS": "3",
+            "MOELORA_READY_WAIT_SECONDS": "10",
+        }
+    )
+    assert (tuned.list_timeout_seconds, tuned.download_timeout_seconds, tuned.min_bytes_per_second) == (5, 120, 1000)
+    assert (tuned.rate_window_seconds, tuned.endpoint_workers, tuned.s3_read_timeout_seconds) == (2.5, 2, 3)
+    assert tuned.ready_wait_seconds == 10
+    with pytest.raises(SettingsError, match="MOELORA_ENDPOINT_WORKERS must be at least 1"):
+        from_env({**ENV, "MOELORA_ENDPOINT_WORKERS": "0"})

@@ -164,6 +164,32 @@ def test_loaded_on_every_ready_pod() -> None:
     assert {c["type"]: c["status"] for c in p["conditions"]} == {"Ready": "True", "Failed": "False"}
 
 
+def test_a_refused_update_keeps_loaded_and_says_so() -> None:
+    refused = {"lastError": "version v2 refused (RankTooHigh): rank 64 > 16", "reason": "UpdateRejected"}
+    p = patch(
+        adapter(
+            {
+                "p1": {"loaded": True, "state": "Loaded", "version": "v1", "rejectedVersion": "v2", **refused},
+                "p2": {"loaded": True, "state": "Loaded", "version": "v1", "rejectedVersion": "v2", **refused},
+            }
+        ),
+        {"p1": True, "p2": True},
+    )
+    ready = next(c for c in p["conditions"] if c["type"] == "Ready")
+    assert p["phase"] == "Loaded" and (ready["status"], ready["reason"]) == ("True", "UpdateRejected")
+    assert "p1 serves v1 and refused v2" in ready["message"] and "RankTooHigh" in ready["message"]
+
+
+def test_pending_with_a_retrying_replica_says_why() -> None:
+    p = patch(
+        adapter({"p1": {"state": "Pending", "reason": "EndpointUnreachable", "lastError": "listing: deadline passed"}}),
+        {"p1": True},
+    )
+    ready = next(c for c in p["conditions"] if c["type"] == "Ready")
+    assert p["phase"] == "Pending" and ready["reason"] == "EndpointUnreachable"
+    assert ready["message"] == "p1: listing: deadline passed (retried)"
+
+
 def test_loaded_on_some_ready_pods_is_downloading() -> None:
     p = patch(adapter({"p1": {"loaded": True, "state": "Loaded"}}), {"p1": True, "p2": True})
     assert p["phase"] == "Downloading"

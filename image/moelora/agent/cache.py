@@ -2,7 +2,8 @@
 
 Use is recorded as the directory's mtime (touched whenever an adapter is loaded or found in the cache), so the
 order survives an agent restart. Directories vLLM has loaded are never evicted: vLLM re-reads an adapter's files
-when it falls out of its own CPU cache.
+when it falls out of its own CPU cache. Partial downloads (`.part-<version>`, kept for resuming) count too, and go
+first when room is needed, unless a download is working on them.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import os
 import pathlib
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-from moelora.agent.fetch import TEMP_PREFIX
+from moelora.agent.fetch import PARTIAL_PREFIX, TEMP_PREFIX
 from moelora.agent.validate import directory_bytes
 
 logger = logging.getLogger(__name__)
@@ -48,8 +49,26 @@ class AdapterCache:
                 continue
         return sorted(found, key=lambda e: (e.used, e.version))
 
+    def partials(self) -> list[Entry]:
+        """Partial downloads kept for resuming, least recently changed first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            if path.name.startswith(PARTIAL_PREFIX) and path.is_dir():
+                try:
+                    used = path.stat().st_mtime
+                    found.append(Entry(path.name.removeprefix(PARTIAL_PREFIX), path, directory_bytes(path), used))
+                except FileNotFoundError:
+                    continue
+        return sorted(found, key=lambda e: (e.used, e.version))
+
     def total_bytes(self) -> int:
-        return sum(e.size for e in self.entries())
+        return sum(e.size for e in self.entries()) + sum(e.size for e in self.partials())
+
+    def used_bytes(self, *, reserved: Collection[str] = ()) -> int:
+        """Bytes on disk, without the partials of `reserved` versions (their reservations count for them)."""
+        return sum(e.size for e in self.entries()) + sum(e.size for e in self.partials() if e.version not in reserved)
 
     def touch(self, version: str) -> None:
         path = self.root / version
@@ -64,16 +83,18 @@ class AdapterCache:
                 if path.name.startswith(TEMP_PREFIX):
                     shutil.rmtree(path, ignore_errors=True)
 
-    def evict(self, *, keep: Iterable[str], room_for: int = 0) -> list[str]:
-        """Remove least recently used entries not in `keep` until the cache plus `room_for` fits the limit.
+    def evict(self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = ()) -> list[str]:
+        """Remove partials, then least recently used entries, not in `keep` until the cache plus `room_for` fits
+        the limit; the partials of `reserved` versions are neither counted nor removed (in flight).
 
         Returns the evicted versions (oldest first). Stops short when only kept entries remain.
         """
-        kept = set(keep)
+        kept = set(keep) | set(reserved)
+        partials = [e for e in self.partials() if e.version not in reserved]
         entries = self.entries()
-        total = sum(e.size for e in entries)
+        total = sum(e.size for e in entries) + sum(e.size for e in partials)
         evicted = []
-        for entry in entries:
+        for entry in partials + entries:
             if total + room_for <= self.limit_bytes:
                 break
             if entry.version in kept:

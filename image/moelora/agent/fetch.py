@@ -1,9 +1,10 @@
 """Download a listed adapter into the content-addressed cache: all or nothing, and only the pinned bytes.
 
-Files go into a temporary directory beside the cache entries through s3transfer (concurrent ranged GETs for large
-files, each part streamed to disk; every GET carries If-Match with the listed ETag, so an object replaced mid-way
-fails the download instead of mixing versions). Only a complete, verified directory is renamed to
-`<cache>/<version>/`: a directory with that name is complete by construction, and a crash leaves only a `.tmp-*`.
+Files go into a partial directory `.part-<version>` beside the cache entries (transfer.py: concurrent ranged GETs
+for large files, each part written in place; every GET carries If-Match with the listed ETag, so an object replaced
+mid-way fails the download instead of mixing versions; a manifest lets a later fetch of the same version resume).
+Only a complete, verified directory is renamed to `<cache>/<version>/`: a directory with that name is complete by
+construction. A base model (fetch_tree) still goes through s3transfer into a `.tmp-*` directory.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 
+from moelora.agent import transfer
 from moelora.agent.errors import AdapterError, TransientError, quote
+from moelora.agent.guard import Cancelled, Watch
 from moelora.agent.source import CONFIG_FILE, CONFIG_LIMIT, WEIGHTS_FILE, Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
 
 TEMP_PREFIX = ".tmp-"
+PARTIAL_PREFIX = ".part-"
 MiB = 2**20
 
 # Files over 16 MiB are fetched as 8 MiB ranges, up to 8 at a time; small files go in one GET each, also in parallel.
@@ -96,11 +100,12 @@ def fetch(
     pin: VersionPin | None = None,
     on_bytes: Callable[[int], None] | None = None,
     transfer_config: TransferConfig = DEFAULT_TRANSFER,
+    watch: Watch | None = None,
 ) -> pathlib.Path:
-    """The adapter's directory `<cache_dir>/<listing.version>`, downloading it unless already complete.
+    """The adapter's directory `<cache_dir>/<listing.version>`, downloading (or resuming) it unless complete.
 
-    Raises AdapterError (VersionMismatch, AccessDenied, SourceNotFound) or TransientError; leaves no partial
-    directory behind either way.
+    Raises AdapterError (VersionMismatch, AccessDenied, SourceNotFound), TransientError, or Cancelled. The partial
+    directory is kept after a TransientError (the next fetch resumes) and removed after anything else.
     """
     check_etag_pin(listing, pin)
     final = cache_dir / listing.version
@@ -109,7 +114,13 @@ def fetch(
         return final
     try:
         return _fetch_new(
-            client=client, listing=listing, final=final, pin=pin, on_bytes=on_bytes, transfer_config=transfer_config
+            client=client,
+            listing=listing,
+            final=final,
+            pin=pin,
+            on_bytes=on_bytes,
+            transfer_config=transfer_config,
+            watch=watch or Watch(min_rate=0, window=float("inf")),
         )
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -117,6 +128,10 @@ def fetch(
                 f"the adapter cache's disk is full ({quote(str(final.parent))})", reason=FailureReason.CACHE_FULL
             ) from None
         raise
+
+
+def partial_dir(cache_dir: pathlib.Path, version: str) -> pathlib.Path:
+    return cache_dir / f"{PARTIAL_PREFIX}{version}"
 
 
 def _fetch_new(
@@ -127,27 +142,46 @@ def _fetch_new(
     pin: VersionPin | None,
     on_bytes: Callable[[int], None] | None,
     transfer_config: TransferConfig,
+    watch: Watch,
 ) -> pathlib.Path:
     cache_dir = final.parent
     cache_dir.mkdir(parents=True, exist_ok=True)
-    temp = pathlib.Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=cache_dir))
+    temp = partial_dir(cache_dir, listing.version)
+    keep = False
     try:
-        _download_all(client=client, listing=listing, into=temp, on_bytes=on_bytes, transfer_config=transfer_config)
+        try:
+            transfer.download(
+                client=client, listing=listing, into=temp, config=transfer_config, watch=watch, on_bytes=on_bytes
+            )
+        except (AdapterError, Cancelled, transfer.ObjectChanged):
+            raise  # bad files, a deleted adapter, or a version that can no longer complete: nothing worth keeping
+        except TransientError:
+            keep = True  # the parts on disk are good: the next fetch of this version resumes from them
+            raise
+        except Exception as error:  # noqa: BLE001 - classified, never swallowed
+            failure = classify_client_error(error, what="downloading")
+            keep = isinstance(failure, TransientError)
+            raise failure from error
+        except BaseException:
+            keep = True  # the process is going down: a restarted agent resumes
+            raise
         for obj in listing.objects:  # a short read must never pass for a complete file
             size = (temp / obj.relpath).stat().st_size
             if size != obj.size:
                 raise AdapterError(
                     FailureReason.VERSION_MISMATCH, f"{quote(obj.relpath)}: got {size} bytes, listed {obj.size}"
                 )
+        (temp / transfer.MANIFEST).unlink(missing_ok=True)
         _verify_sha256(temp, pin)
-        os.chmod(temp, 0o755)  # mkdtemp makes it 0700; vLLM may run as another user
+        os.chmod(temp, 0o755)  # vLLM may run as another user
         try:
             os.rename(temp, final)
         except OSError:
             if not final.is_dir():  # another worker finishing the same version first is fine
                 raise
     finally:
-        shutil.rmtree(temp, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(temp, ignore_errors=True)
     return final
 
 

@@ -68,7 +68,19 @@ class Metrics:
         )
         self.cache_bytes = Gauge("moelora_adapter_cache_bytes", "Bytes in the adapter cache.", registry=self.registry)
         self.ready = Gauge(
-            "moelora_agent_ready", "1 when vLLM is up and every adapter is settled.", registry=self.registry
+            "moelora_agent_ready",
+            "1 when vLLM is up and every adapter is settled, or MOELORA_READY_WAIT_SECONDS passed since vLLM came up.",
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "moelora_agent_pending_adapters",
+            "Desired adapters neither loaded nor failed for good on this pod.",
+            registry=self.registry,
+        )
+        self.cache_reserved = Gauge(
+            "moelora_agent_cache_reserved_bytes",
+            "Bytes of the adapter cache reserved by downloads in flight.",
+            registry=self.registry,
         )
 
     def forget(self, *, adapter: str, served_name: str) -> None:

@@ -1,23 +1,32 @@
 """Preparing one adapter version on a worker thread: policy, credentials, listing, checks, download, validation.
 
-The cache's bookkeeping lives here too (the versions in use, and those in flight on workers, are never evicted),
-since downloads are what fill the cache; the agent's loop tells it what vLLM serves and which downloads it has
-collected.
+The cache's bookkeeping lives here too (the versions in use, and those in flight on workers, are never evicted;
+a download reserves its listing's bytes before it starts, so downloads in flight never take the cache over its
+limit), since downloads are what fill the cache; the agent's loop tells it what vLLM serves and which downloads it
+has collected. So do the guards of one adapter's S3 trouble (guard.py): a cap per endpoint, deadlines, a rate
+floor, and cancellation when the adapter is deleted or changed.
+
+A new version refused by the checks is not the adapter's end when an earlier one was served (served.py): the
+result is then that earlier version, with the refusal beside it (UpdateRejected).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import shutil
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from moelora.agent import peft_moe
 from moelora.agent.cache import AdapterCache
-from moelora.agent.errors import AdapterError
-from moelora.agent.fetch import fetch, read_config_object
+from moelora.agent.errors import AdapterError, TransientError
+from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, read_config_object
+from moelora.agent.guard import Deferred, EndpointGates, Slot, Watch, bounded
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
+from moelora.agent.served import LastGood, Served
 from moelora.agent.settings import Settings
 from moelora.agent.source import (
     ClientConfig,
@@ -36,6 +45,25 @@ class SecretReader(Protocol):
     def read_secret(self, *, name: str) -> dict[str, str] | None: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    version: str
+    path: pathlib.Path  # the directory vLLM loads
+    info: AdapterInfo
+    rejected: AdapterError | None = None  # a newer version refused; this is the last good one instead
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a worker hands back to the loop."""
+
+    uid: str
+    spec_hash: str
+    refresh: bool  # a periodic re-check (of a loaded or failed adapter), not a first preparation
+    prepared: Prepared | None = None
+    error: Exception | None = None
+
+
 class Preparer:
     def __init__(
         self, *, settings: Settings, limits: Limits, cache: AdapterCache, kube: SecretReader, metrics: Metrics
@@ -46,10 +74,15 @@ class Preparer:
         self.kube = kube
         self.metrics = metrics
         self.secrets: frozenset[str] = frozenset()  # values to redact from anything published (replaced, not mutated)
+        self.last_good = LastGood(settings.cache_dir)
+        self.gates = EndpointGates(per_endpoint=settings.endpoint_workers)
+        self.transfer_config = DEFAULT_TRANSFER
         self._clients: dict[ClientConfig, Any] = {}
         self._lock = threading.Lock()
         self._protected: set[str] = set()  # versions vLLM serves or records hold: never evicted
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
+        self._reserved: dict[str, int] = {}  # version -> bytes its download may write
+        self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
 
     def protect(self, versions: set[str]) -> None:
         with self._lock:
@@ -60,9 +93,45 @@ class Preparer:
         with self._lock:
             self._inflight.discard(version)
 
-    def prepare(self, item: Desired, known_bad: AdapterError | None) -> tuple[str, pathlib.Path, AdapterInfo]:
-        """(version, the directory vLLM loads, what the files say); raises the adapter's AdapterError or a
-        TransientError. `known_bad`: the verdict on the version judged last, not downloaded again if unchanged."""
+    def reserved_bytes(self) -> int:
+        with self._lock:
+            return sum(self._reserved.values())
+
+    def cancel_stale(self, wanted: Mapping[str, str]) -> list[str]:
+        """Cancel preparations of adapters no longer desired (uid -> spec hash), or desired with another spec;
+        returns their uids."""
+        with self._lock:
+            stale = [uid for uid, (spec_hash, _) in self._watches.items() if wanted.get(uid) != spec_hash]
+            for uid in stale:
+                self._watches[uid][1].cancel()
+        return stale
+
+    def prepare(self, item: Desired, known_bad: AdapterError | None) -> Prepared:
+        """The version to serve; raises the adapter's AdapterError, a TransientError, Deferred (its endpoint is
+        busy) or Cancelled. `known_bad`: the verdict on the version judged last, not downloaded again if unchanged."""
+        slot = self.gates.try_slot(item.spec.source.endpoint_url)
+        if slot is None:
+            raise Deferred()
+        watch = Watch(min_rate=self.settings.min_bytes_per_second, window=self.settings.rate_window_seconds)
+        with self._lock:
+            self._watches[item.uid] = (item.spec_hash, watch)
+        try:
+            return self._prepare(item, known_bad, watch, slot)
+        except AdapterError as error:
+            served = self.last_good.get(item.uid)
+            if error.version is None or served is None or served.version == error.version:
+                raise
+            path = pathlib.Path(served.path)
+            return Prepared(
+                served.version, path, validate(self.settings.cache_dir / served.version, self.limits), error
+            )
+        finally:
+            slot.drop()
+            with self._lock:
+                if self._watches.get(item.uid, (None, None))[1] is watch:
+                    del self._watches[item.uid]
+
+    def _prepare(self, item: Desired, known_bad: AdapterError | None, watch: Watch, slot: Slot) -> Prepared:
         source = item.spec.source
         check_allowed(
             source,
@@ -83,27 +152,34 @@ class Preparer:
         client = self._client(
             ClientConfig(endpoint_url=source.endpoint_url, region=source.region, credentials=credentials)
         )
-        listing = list_source(client, location=parse_s3_uri(source.uri))
+        location = parse_s3_uri(source.uri)
+        watch.start(f"listing {location}", seconds=self.settings.list_timeout_seconds)
+        listing = self._bounded(lambda: list_source(client, location=location), watch, slot)
         if known_bad is not None and known_bad.version == listing.version:
             raise known_bad
+        version = listing.version
         try:
             check_listing(listing, max_bytes=min(self.settings.max_adapter_bytes, self.settings.cache_bytes))
-            if not (self.settings.cache_dir / listing.version).is_dir():  # judge the config before the weights
-                config = parse_config(read_config_object(client=client, listing=listing))
+            if not (self.settings.cache_dir / version).is_dir():  # judge the config before the weights
+                raw = self._bounded(lambda: read_config_object(client=client, listing=listing), watch, slot)
+                config = parse_config(raw)
                 check_config(config, self.limits)
                 peft_moe.plan(config, base_model=self.limits.base_model)  # an unservable expert format fails here
-            with self._lock:
-                self._inflight.add(listing.version)
-                present = (self.settings.cache_dir / listing.version).is_dir()
-                self.cache.evict(keep=self._protected | self._inflight, room_for=0 if present else listing.total_bytes)
-            counter = self.metrics.downloaded.labels(item.name)
-            path = fetch(
-                client=client,
-                listing=listing,
-                cache_dir=self.settings.cache_dir,
-                pin=item.spec.pin,
-                on_bytes=counter.inc,
-            )
+            self._reserve(version, listing.total_bytes)
+            try:
+                watch.start(f"downloading {location}", seconds=self.settings.download_timeout_seconds)
+                path = fetch(
+                    client=client,
+                    listing=listing,
+                    cache_dir=self.settings.cache_dir,
+                    pin=item.spec.pin,
+                    on_bytes=self.metrics.downloaded.labels(item.name).inc,
+                    watch=watch,
+                    transfer_config=self.transfer_config,
+                )
+            finally:
+                with self._lock:
+                    self._reserved.pop(version, None)
             try:
                 info = validate(path, self.limits)
                 path = peft_moe.servable(path, base_model=self.limits.base_model)  # vLLM loads this one
@@ -111,9 +187,42 @@ class Preparer:
                 shutil.rmtree(path, ignore_errors=True)  # never served: no reason to keep it
                 raise
         except AdapterError as error:
-            error.version = listing.version
+            error.version = version
+            self.release(version)
             raise
-        return listing.version, path, info
+        except BaseException:
+            self.release(version)
+            raise
+        return Prepared(version, path, info)
+
+    def remember(self, uid: str, *, version: str, path: str) -> None:
+        """vLLM serves this version of the adapter: the fallback should a later version be refused."""
+        self.last_good.remember(uid, Served(version=version, path=path))
+
+    def _bounded(self, call: Callable[[], Any], watch: Watch, slot: Slot) -> Any:
+        slot.hold()  # the endpoint's slot stays taken until the call itself ends, even one given up on
+        return bounded(call, watch=watch, on_exit=slot.drop)
+
+    def _reserve(self, version: str, size: int) -> None:
+        """Room for `size` more bytes within the cache's limit (evicting what no one uses), or CacheFull."""
+        with self._lock:
+            if version in self._reserved:  # another adapter with the same files is downloading them now
+                raise Deferred()
+            self._inflight.add(version)
+            if (self.settings.cache_dir / version).is_dir():
+                return
+            keep = self._protected | self._inflight | self.last_good.versions()
+            others = set(self._reserved) | {version}
+            pending = sum(self._reserved.values()) + size
+            self.cache.evict(keep=keep, room_for=pending, reserved=others)
+            used = self.cache.used_bytes(reserved=others)
+            if used + pending > self.cache.limit_bytes:
+                raise TransientError(
+                    f"the adapter cache has no room for {size} bytes: {used} on disk and "
+                    f"{pending - size} reserved by downloads in flight, limit {self.cache.limit_bytes}",
+                    reason=FailureReason.CACHE_FULL,
+                )
+            self._reserved[version] = size
 
     def _client(self, config: ClientConfig) -> Any:
         with self._lock:
@@ -121,5 +230,9 @@ class Preparer:
             if client is None:  # boto3 clients are thread-safe; creating one costs ~10 ms and some memory
                 if len(self._clients) >= 64:  # rotated credentials leave old entries behind: start afresh
                     self._clients.clear()
-                client = self._clients[config] = make_client(config, max_connections=self.settings.download_workers * 4)
+                client = self._clients[config] = make_client(
+                    config,
+                    max_connections=self.settings.download_workers * 4,
+                    read_timeout=self.settings.s3_read_timeout_seconds,
+                )
         return client

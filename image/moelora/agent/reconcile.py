@@ -13,12 +13,15 @@ import enum
 import functools
 import hashlib
 import json
+import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import LoadedAdapter
 from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
+
+_JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +82,7 @@ class Record:
     started: float | None = None  # monotonic time the current preparation began (load duration)
     conflict_with: str | None = None  # the adapter that holds our served name
     failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
+    rejected: tuple[str, FailureReason, str] | None = None  # (version, reason, message) refused while serving another
 
     def fail(
         self,
@@ -96,27 +100,52 @@ class Record:
         # A transient failure that keeps coming back counts as failed for readiness, but is still retried.
         self.permanent = permanent or self.attempts >= max_attempts
         self.stage = Stage.FAILED
-        self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1))
+        # Jitter spreads the retries of many adapters that failed together (one endpoint down) over time.
+        self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1)) * _JITTER.uniform(0.5, 1.0)
 
     def state(self) -> ReplicaAdapterState:
-        """This pod's entry in the LoRAAdapter's status.replicas."""
+        """This pod's entry in the LoRAAdapter's status.replicas: Downloading only while a worker is on it."""
         phases = {
             Stage.PENDING: AdapterPhase.PENDING,
             Stage.PREPARING: AdapterPhase.DOWNLOADING,
-            Stage.READY: AdapterPhase.DOWNLOADING,
+            Stage.READY: AdapterPhase.PENDING,  # in the cache, waiting for vLLM
             Stage.LOADED: AdapterPhase.LOADED,
-            # A transient failure is still being worked on; only a permanent one is Failed.
-            Stage.FAILED: AdapterPhase.FAILED if self.permanent else AdapterPhase.DOWNLOADING,
+            # A transient failure waits for its retry (the reason says why); only a permanent one is Failed.
+            Stage.FAILED: AdapterPhase.FAILED if self.permanent else AdapterPhase.PENDING,
         }
         phase = phases[self.stage]
+        reason, message = (self.reason.value if self.reason else None, self.message)
+        if self.stage is not Stage.FAILED:
+            reason = message = None
+        rejected = self.rejected if self.stage is Stage.LOADED else None
+        if rejected is not None:
+            reason = FailureReason.UPDATE_REJECTED.value
+            message = f"version {rejected[0]} refused ({rejected[1].value}): {rejected[2]}"
         return ReplicaAdapterState(
             loaded=self.stage is Stage.LOADED,
             state=phase,
-            reason=self.reason.value if self.reason and self.stage is Stage.FAILED else None,
-            last_error=self.message if self.stage is Stage.FAILED else None,
+            reason=reason,
+            last_error=message,
             loaded_at=self.loaded_at if self.stage is Stage.LOADED else None,
             version=self.version if self.stage is Stage.LOADED else None,
+            rejected_version=rejected[0] if rejected else None,
         )
+
+    def accept(
+        self, version: str, path: str, info: AdapterInfo, rejected: tuple[str, FailureReason, str] | None, *, now: float
+    ) -> bool:
+        """Files to serve (READY for the plan to load, unless vLLM serves them already); `rejected`: the newer
+        version refused meanwhile. True when that refusal is news."""
+        news = rejected is not None and rejected != self.rejected
+        self.rejected = rejected
+        if self.stage is Stage.LOADED and path == self.path:
+            return news  # same files: nothing to do
+        self.version, self.path, self.info = version, path, info
+        self.failed_version = None
+        self.stage = Stage.READY  # the plan loads it (in place, if vLLM has another version)
+        if self.started is None:
+            self.started = now
+        return news
 
     @property
     def settled(self) -> bool:
@@ -181,7 +210,8 @@ def plan(
             if not record.permanent and now >= record.retry_at:
                 result.prepare.append(item.uid)
         elif record.stage in (Stage.PENDING, Stage.PREPARING):
-            result.prepare.append(item.uid)  # its worker is gone (or never started)
+            if now >= record.retry_at:  # deferred (its endpoint busy) until then
+                result.prepare.append(item.uid)  # its worker is gone (or never started)
         elif record.path is not None and loaded is not None:
             current = loaded.get(item.served_name)
             if current is None:
@@ -211,4 +241,9 @@ def plan(
 
 def ready(*, desired: Sequence[Desired], records: Mapping[str, Record], vllm_up: bool) -> bool:
     """Take traffic only with vLLM up and every desired adapter loaded or failed for good."""
-    return vllm_up and all((r := records.get(d.uid)) is not None and r.settled for d in desired)
+    return vllm_up and not unsettled(desired=desired, records=records)
+
+
+def unsettled(*, desired: Sequence[Desired], records: Mapping[str, Record]) -> list[str]:
+    """Names of the desired adapters neither loaded nor failed for good."""
+    return sorted(d.name for d in desired if not ((r := records.get(d.uid)) is not None and r.settled))

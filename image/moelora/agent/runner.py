@@ -8,7 +8,6 @@ poll_seconds, which is also how it notices a vLLM restart.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import datetime
 import logging
 import queue
@@ -20,9 +19,11 @@ from typing import Protocol
 from moelora.agent import foreign, peft_moe, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
+from moelora.agent.guard import Cancelled, Deferred
 from moelora.agent.metrics import Metrics
-from moelora.agent.prepare import Preparer
+from moelora.agent.prepare import Outcome, Prepared, Preparer
 from moelora.agent.publish import StatusPublisher
+from moelora.agent.readiness import ReadyGate
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo, Limits
@@ -42,17 +43,6 @@ class DesiredSource(Protocol):
     synced: threading.Event
 
     def snapshot(self) -> list[Desired]: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    uid: str
-    spec_hash: str
-    refresh: bool  # a periodic re-check (of a loaded or failed adapter), not a first preparation
-    version: str | None = None
-    path: str | None = None
-    info: AdapterInfo | None = None
-    error: Exception | None = None
 
 
 class Agent:
@@ -88,8 +78,7 @@ class Agent:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
         self.status_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="status")
         self.vllm_up = False
-        self.is_ready = False
-        self._gate_open = False  # once every adapter settled: new adapters no longer pull the pod out of service
+        self.gate = ReadyGate(wait_seconds=settings.ready_wait_seconds, metrics=metrics)
         self.last_loop = monotonic()
         self.next_resync = monotonic() + settings.resync_seconds
         self.preparer = Preparer(settings=settings, limits=self.limits, cache=self.cache, kube=kube, metrics=metrics)
@@ -128,10 +117,14 @@ class Agent:
         now = self.monotonic()
         self._collect()
         if not self.desired_source.synced.is_set():
-            self.is_ready = False
+            self.gate.update(vllm_up=False, unsettled=[], now=now)
             return
         desired = self.desired_source.snapshot()
         by_uid = {d.uid: d for d in desired}
+        if not self.records and not self.busy:  # first pass after a (re)start: markers of deleted adapters go
+            self.preparer.last_good.prune(set(by_uid))
+        for uid in self.preparer.cancel_stale({d.uid: d.spec_hash for d in desired}):
+            logger.info("cancelled the preparation of %s: deleted or changed", uid)
         loaded = self._vllm_adapters()
         self._reconcile_loaded_stage(desired, loaded)
         if now >= self.next_resync:
@@ -161,18 +154,19 @@ class Agent:
             self._load(self.records[load.uid], load)
         self._protect(loaded)
         self.publisher.publish(desired, self.records)
-        # Readiness gates a new (or vLLM-restarted) pod until its adapters are settled; after that, an adapter
-        # added later must not take every replica out of the Service while it downloads.
-        settled = reconcile.ready(desired=desired, records=self.records, vllm_up=self.vllm_up)
-        self._gate_open = self.vllm_up and (self._gate_open or settled)
-        self.is_ready = self._gate_open
-        self.metrics.ready.set(1 if self.is_ready else 0)
+        self.gate.update(
+            vllm_up=self.vllm_up, unsettled=reconcile.unsettled(desired=desired, records=self.records), now=now
+        )
+
+    @property
+    def is_ready(self) -> bool:
+        return self.gate.open
 
     # ---- vLLM ----
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
         try:
-            adapters = self.vllm.adapters()
+            adapters = self.vllm.adapters(poll=self.settings.poll_seconds)
         except TransientError:
             if self.vllm_up:
                 logger.warning("vLLM is not answering; adapters will be registered again once it is back")
@@ -230,6 +224,8 @@ class Agent:
         self.metrics.loaded.labels(record.name, record.served_name).set(1)
         if record.version:
             self.cache.touch(record.version)
+            if record.path:
+                self.preparer.remember(record.uid, version=record.version, path=record.path)
 
     def _unload(self, served_name: str) -> bool:
         """True once vLLM no longer has the adapter because of this call."""
@@ -279,6 +275,7 @@ class Agent:
     def _forget(self, uid: str) -> None:
         record = self.records.pop(uid)
         self.publisher.forget(uid)
+        self.preparer.last_good.forget(uid)
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
@@ -314,15 +311,16 @@ class Agent:
         if record.stage is Stage.FAILED and record.failed_version and record.reason is not None:
             known_bad = AdapterError(record.reason, record.message or "")
             known_bad.version = record.failed_version
+        elif record.rejected is not None:
+            known_bad = AdapterError(record.rejected[1], record.rejected[2])
+            known_bad.version = record.rejected[0]
         self.busy[item.uid] = self.pool.submit(self._prepare, item, refresh, known_bad)
 
     def _prepare(self, item: Desired, refresh: bool, known_bad: AdapterError | None) -> None:
         """List, check, download and validate one adapter; the outcome goes back to the loop (never raises)."""
         try:
-            version, path, info = self.preparer.prepare(item, known_bad)
-            outcome = Outcome(
-                uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, version=version, path=str(path), info=info
-            )
+            prepared = self.preparer.prepare(item, known_bad)
+            outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, prepared=prepared)
         except Exception as error:  # noqa: BLE001 - every failure becomes this adapter's, and only its
             outcome = Outcome(uid=item.uid, spec_hash=item.spec_hash, refresh=refresh, error=error)
         self.outcomes.put(outcome)
@@ -336,11 +334,16 @@ class Agent:
                 return
             self.busy.pop(outcome.uid, None)
             self._cache_changed = True
-            if outcome.version is not None:
-                self.preparer.release(outcome.version)
+            prepared = outcome.prepared
+            if prepared is not None:
+                self.preparer.release(prepared.version)
             record = self.records.get(outcome.uid)
-            if record is None or record.spec_hash != outcome.spec_hash:
+            if record is None or record.spec_hash != outcome.spec_hash or isinstance(outcome.error, Cancelled):
                 continue  # deleted or changed while downloading: the plan starts over
+            if isinstance(outcome.error, Deferred):
+                record.stage = Stage.PENDING  # its endpoint is busy: another turn once a worker finishes
+                record.retry_at = self.monotonic() + 0.2
+                continue
             if outcome.error is not None:
                 error = outcome.error
                 if isinstance(error, AdapterError) and error.version is not None:
@@ -364,13 +367,24 @@ class Agent:
                     logger.exception("unexpected error preparing %s", record.name, exc_info=error)
                     self._fail(record, FailureReason.LOAD_FAILED, f"{type(error).__name__}: {error}", permanent=False)
                 continue
-            if outcome.refresh and record.stage is Stage.LOADED and outcome.path == record.path:
-                continue  # same files: nothing to do
-            record.version, record.path, record.info = outcome.version, outcome.path, outcome.info
-            record.failed_version = None
-            record.stage = Stage.READY  # the plan loads it (in place, if vLLM has another version)
-            if record.started is None:
-                record.started = self.monotonic()
+            if prepared is not None:
+                self._accept(record, prepared)
+
+    def _accept(self, record: Record, prepared: Prepared) -> None:
+        """A version to serve: the new one, or the last good one with the refusal of the new one beside it."""
+        rejected = prepared.rejected
+        refusal = (str(rejected.version), rejected.reason, rejected.message) if rejected else None
+        if record.accept(prepared.version, str(prepared.path), prepared.info, refusal, now=self.monotonic()):
+            assert rejected is not None
+            message = redact(rejected.message, self.preparer.secrets)
+            logger.warning(
+                "adapter %s: version %s refused, keeps serving %s: %s",
+                record.name,
+                rejected.version,
+                prepared.version,
+                message,
+            )
+            self.metrics.failures.labels(record.name, FailureReason.UPDATE_REJECTED.value).inc()
 
     def _protect(self, loaded: dict[str, LoadedAdapter] | None) -> None:
         versions = {r.version for r in self.records.values() if r.version}
@@ -380,3 +394,4 @@ class Agent:
         if self._cache_changed:  # walking the cache is not free with hundreds of adapters: only after downloads
             self._cache_changed = False
             self.metrics.cache_bytes.set(self.cache.total_bytes())
+        self.metrics.cache_reserved.set(self.preparer.reserved_bytes())

@@ -36,6 +36,14 @@ class Settings:
     resync_seconds: float = 300.0
     poll_seconds: float = 5.0
     download_workers: int = 8
+    # Faults of one S3 endpoint must not delay adapters elsewhere: deadlines, a rate floor, a cap per endpoint.
+    list_timeout_seconds: float = 60.0  # the whole listing of one adapter's prefix
+    download_timeout_seconds: float = 1800.0  # the whole download of one adapter version
+    min_bytes_per_second: int = 64 * 1024  # a transfer slower than this over rate_window_seconds is aborted
+    rate_window_seconds: float = 30.0
+    endpoint_workers: int = 4  # downloads (and listings) at once per S3 endpoint URL
+    s3_read_timeout_seconds: float = 20.0  # one socket read
+    ready_wait_seconds: float = 30.0  # after vLLM is up, readiness stops waiting for adapters still on their way
     base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
 
 
@@ -99,6 +107,13 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         resync_seconds=_number(env, "MOELORA_RESYNC_SECONDS", default=300.0),
         poll_seconds=_number(env, "MOELORA_POLL_SECONDS", default=5.0),
         download_workers=_integer(env, "MOELORA_DOWNLOAD_WORKERS", default=8, minimum=1),
+        list_timeout_seconds=_number(env, "MOELORA_LIST_TIMEOUT_SECONDS", default=60.0),
+        download_timeout_seconds=_number(env, "MOELORA_DOWNLOAD_TIMEOUT_SECONDS", default=1800.0),
+        min_bytes_per_second=_integer(env, "MOELORA_MIN_BYTES_PER_SECOND", default=64 * 1024),
+        rate_window_seconds=_number(env, "MOELORA_RATE_WINDOW_SECONDS", default=30.0),
+        endpoint_workers=_integer(env, "MOELORA_ENDPOINT_WORKERS", default=4, minimum=1),
+        s3_read_timeout_seconds=_number(env, "MOELORA_S3_READ_TIMEOUT_SECONDS", default=20.0),
+        ready_wait_seconds=_number(env, "MOELORA_READY_WAIT_SECONDS", default=30.0),
         base_model_config=pathlib.Path(base_config)
         if (base_config := env.get("MOELORA_BASE_MODEL_CONFIG", "").strip())
         else None,

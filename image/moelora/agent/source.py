@@ -119,8 +119,9 @@ class ClientConfig:
     credentials: Credentials | None = None
 
 
-def make_client(config: ClientConfig, *, max_connections: int = 16) -> Any:
-    """A boto3 S3 client; botocore retries throttling and 5xx itself (standard mode) before we see an error."""
+def make_client(config: ClientConfig, *, max_connections: int = 16, read_timeout: float = 60.0) -> Any:
+    """A boto3 S3 client; botocore retries throttling and 5xx itself (standard mode: exponential backoff with
+    jitter) before we see an error. `read_timeout` bounds one socket read; deadlines are the caller's (guard.py)."""
     kwargs: dict[str, Any] = {}
     custom_endpoint = config.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if config.endpoint_url:
@@ -135,7 +136,7 @@ def make_client(config: ClientConfig, *, max_connections: int = 16) -> Any:
         retries={"mode": "standard", "max_attempts": 4},
         max_pool_connections=max_connections,
         connect_timeout=5,
-        read_timeout=60,
+        read_timeout=read_timeout,
         # S3-compatible stores (MinIO, moto, a loopback IP) rarely serve virtual-host buckets; AWS itself needs no hint.
         s3={"addressing_style": "path"} if custom_endpoint else {},
     )

@@ -106,9 +106,15 @@ class VllmClient:
         """True when vLLM answers /health with 200 (one try: the caller polls)."""
         return self._request("GET", "/health", timeout=5)[0] == 200
 
-    def adapters(self) -> dict[str, LoadedAdapter]:
-        """The LoRA adapters vLLM serves now, by name; raises TransientError when it cannot tell."""
-        status, payload = self._with_retries("GET", "/v1/models")
+    def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
+        """The LoRA adapters vLLM serves now, by name; raises TransientError when it cannot tell.
+
+        `poll`: the caller asks again every `poll` seconds, so one try bounded by it, not retries: a vLLM that died
+        must show in the status at the next poll, not after the retries' backoff."""
+        if poll is not None:
+            status, payload = self._request("GET", "/v1/models", timeout=max(1.0, poll))
+        else:
+            status, payload = self._with_retries("GET", "/v1/models")
         if status != 200:
             raise TransientError(f"vLLM /v1/models answered {status}")
         cards = json.loads(payload).get("data", [])

@@ -46,6 +46,7 @@ class FailureReason(str, enum.Enum):
     WEIGHTS_MISMATCH = "WeightsMismatch"
     CACHE_FULL = "CacheFull"
     ENDPOINT_UNREACHABLE = "EndpointUnreachable"
+    UPDATE_REJECTED = "UpdateRejected"  # a new version was refused; the pod keeps serving the last good one
 
 
 class AdapterSource(ApiModel):
@@ -163,6 +164,11 @@ class ReplicaAdapterState(ApiModel):
     version: str | None = Field(default=None, description="Digest of the weights this pod serves.")
     observed_at: datetime.datetime | None = Field(
         default=None, description="When this pod's agent last changed this entry (written only on a change)."
+    )
+    rejected_version: str | None = Field(
+        default=None,
+        description="A newer version this pod refused (reason UpdateRejected, lastError says why) while it keeps "
+        "serving `version`.",
     )
 
 

@@ -243,6 +243,13 @@ def adapter_status_patch(
         message = f"{pod}: {state.last_error or reason}"
     elif ready_pods and all(replicas.get(pod) is not None and replicas[pod].loaded for pod in ready_pods):
         phase, reason, message = AdapterPhase.LOADED, "Loaded", f"loaded on {len(ready_pods)} ready pod(s)"
+        # A refused new version leaves the last good one serving: Ready stays True, its reason says what was refused.
+        refusing = [(pod, replicas[pod]) for pod in sorted(ready_pods) if replicas[pod].rejected_version]
+        if refusing:
+            pod, state = refusing[0]
+            reason = FailureReason.UPDATE_REJECTED.value
+            refused = f"{pod} serves {state.version} and refused {state.rejected_version}: {state.last_error}"
+            message = f"{message}; {refused}"
     elif any(state.state == AdapterPhase.DOWNLOADING or state.loaded for state in replicas.values()):
         # Loaded on some pods and still to come on others counts as work in progress too.
         loaded = sum(state.loaded for state in replicas.values())
@@ -254,6 +261,11 @@ def adapter_status_patch(
     else:
         phase, reason = AdapterPhase.PENDING, "Pending"
         message = "waiting for a ready pod of the server" if not ready_pods else "waiting for the agents"
+        # An agent waiting to retry (its endpoint unreachable, its cache full) says why: the roll-up shows it.
+        retrying = [(pod, state) for pod, state in sorted(replicas.items()) if state.reason and not state.loaded]
+        if retrying:
+            pod, state = retrying[0]
+            reason, message = state.reason or reason, f"{pod}: {state.last_error or state.reason} (retried)"
 
     def cond(kind: str, value: bool, why: str, text: str) -> Condition:
         return Condition(

@@ -1,0 +1,155 @@
+"""Keeping one adapter's S3 trouble its own: deadlines, a transfer-rate floor, cancellation, and a cap per endpoint.
+
+A `Watch` belongs to one preparation: its checks raise `Cancelled` (the adapter was deleted or changed), or a
+TransientError once the overall deadline passed or the transfer ran below the rate floor for a whole window.
+`EndpointGates` lets at most K preparations use one S3 endpoint at a time; a preparation that finds its endpoint
+full is `Deferred` (no worker thread waits for a slot), so a hanging endpoint holds at most K workers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from moelora.agent.errors import TransientError
+from moelora.api import FailureReason
+
+T = TypeVar("T")
+
+
+class Cancelled(Exception):
+    """The adapter was deleted or its spec changed mid-way: stop, and keep none of its bytes."""
+
+
+class Deferred(Exception):
+    """Its S3 endpoint already has its share of workers: try again when one finishes (no failure, no attempt)."""
+
+
+class Watch:
+    """Deadline, rate floor and cancellation of one preparation; thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        min_rate: float,
+        window: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_rate = min_rate
+        self.window = window
+        self.clock = clock
+        self.cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._deadline = float("inf")
+        self._what = ""
+        self._window_start = clock()
+        self._window_bytes = 0
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def start(self, what: str, *, seconds: float) -> None:
+        """A new phase (listing, download) with its own deadline; the rate window starts afresh."""
+        with self._lock:
+            self._what = what
+            self._deadline = self.clock() + seconds
+            self._window_start = self.clock()
+            self._window_bytes = 0
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self._window_bytes += count
+
+    def check(self, *, rate: bool = True) -> None:
+        """Raise Cancelled, or TransientError(EndpointUnreachable) past the deadline or below the rate floor."""
+        if self.cancelled.is_set():
+            raise Cancelled()
+        with self._lock:
+            now = self.clock()
+            if now > self._deadline:
+                raise TransientError(f"{self._what}: deadline passed", reason=FailureReason.ENDPOINT_UNREACHABLE)
+            elapsed = now - self._window_start
+            if rate and elapsed >= self.window:
+                speed = self._window_bytes / elapsed
+                if speed < self.min_rate:
+                    raise TransientError(
+                        f"{self._what}: {speed:.0f} bytes/s over {elapsed:.0f} s, below the floor of "
+                        f"{self.min_rate:.0f} bytes/s",
+                        reason=FailureReason.ENDPOINT_UNREACHABLE,
+                    )
+                self._window_start, self._window_bytes = now, 0
+
+
+def bounded(
+    call: Callable[[], T], *, watch: Watch, poll: float = 0.05, on_exit: Callable[[], None] = lambda: None
+) -> T:
+    """`call()`'s result, given up on at the watch's deadline or cancellation (checked every `poll` seconds).
+
+    A blocking boto3 call cannot be interrupted: it runs on a daemon thread that is left to end on its own socket
+    timeout; `on_exit` runs when it does (releasing what it holds, e.g. its endpoint slot)."""
+    done = threading.Event()
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            box["error"] = error
+        finally:
+            done.set()
+            on_exit()
+
+    threading.Thread(target=run, name="bounded", daemon=True).start()
+    while not done.wait(poll):
+        watch.check(rate=False)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+class EndpointGates:
+    """At most `per_endpoint` preparations per S3 endpoint URL (None: the server's default endpoint)."""
+
+    def __init__(self, *, per_endpoint: int) -> None:
+        self.per_endpoint = per_endpoint
+        self._lock = threading.Lock()
+        self._holders: dict[str | None, int] = {}
+
+    def try_slot(self, endpoint: str | None) -> Slot | None:
+        with self._lock:
+            if self._holders.get(endpoint, 0) >= self.per_endpoint:
+                return None
+            self._holders[endpoint] = self._holders.get(endpoint, 0) + 1
+        return Slot(self, endpoint)
+
+    def _leave(self, endpoint: str | None) -> None:
+        with self._lock:
+            self._holders[endpoint] = max(0, self._holders.get(endpoint, 0) - 1)
+
+    def holders(self, endpoint: str | None) -> int:
+        with self._lock:
+            return self._holders.get(endpoint, 0)
+
+
+class Slot:
+    """One preparation's place at its endpoint, freed when the last of its users (the worker, a call given up on
+    but still blocked in a socket) lets go."""
+
+    def __init__(self, gates: EndpointGates, endpoint: str | None) -> None:
+        self._gates = gates
+        self._endpoint = endpoint
+        self._users = 1
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def drop(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._gates._leave(self._endpoint)
