@@ -35,6 +35,7 @@ from moelora.api.model_server import (
     ResourceSpec,
     S3Spec,
 )
+from moelora.api.placement import AdapterPlacement, PlacementSpec
 
 __all__ = [
     "ApiKeySecret",
@@ -45,6 +46,7 @@ __all__ = [
     "AdapterCacheSpec",
     "AdapterCounts",
     "AdapterPhase",
+    "AdapterPlacement",
     "AdapterSource",
     "Condition",
     "ConditionStatus",
@@ -66,6 +68,7 @@ __all__ = [
     "ModelServerStatus",
     "ModelSpec",
     "MoeShape",
+    "PlacementSpec",
     "ReplicaAdapterState",
     "ResourceSpec",
     "S3Spec",

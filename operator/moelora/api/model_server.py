@@ -17,6 +17,7 @@ from moelora.api.common import (
     SecretRef,
 )
 from moelora.api.env import EnvFromSource, EnvVar, TokenSecret
+from moelora.api.placement import PlacementSpec
 
 # vLLM accepts only these values for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -277,6 +278,11 @@ class ModelServerSpec(ApiModel):
     )
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
+    placement: PlacementSpec | None = Field(
+        default=None,
+        description="Each adapter on a few replicas (a StatefulSet of stable pod names) instead of all of them. "
+        "Default: every replica serves every adapter (a Deployment).",
+    )
     service_account_name: str | None = Field(
         default=None,
         pattern=DNS_SUBDOMAIN,
