@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import kernel_configs, naming, policy, secret_access
+from moelora.operator import kernel_configs, naming, policy, secret_access, statefulset
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -16,8 +16,11 @@ from moelora.operator.errors import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
 
-# Children rendered only sometimes -> their name: when one is not rendered, the one we own is deleted.
+# Children rendered only sometimes -> their name: when none of that kind and name is rendered, ours is deleted.
 OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
+    ("apps/v1", "Deployment"): lambda name: name,  # without spec.placement
+    ("apps/v1", "StatefulSet"): lambda name: name,  # with spec.placement
+    ("v1", "Service"): statefulset.headless_service_name,  # with spec.placement
     ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
     ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
     (secret_access.RBAC_API_VERSION, "Role"): secret_access.name,  # adapters that name Secrets
@@ -30,11 +33,13 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
 # anyone freeze a server by taking one name (a budget's, before the server scales to two).
 NEEDS: dict[str, set[str]] = {
     "Deployment": {"ConfigMap"},
-    "Service": {"Deployment"},
-    "PodDisruptionBudget": {"Deployment"},
-    "Role": {"Deployment"},
-    "RoleBinding": {"Role", "Deployment"},
+    "StatefulSet": {"ConfigMap"},
+    "Service": {"Deployment", "StatefulSet"},
+    "PodDisruptionBudget": {"Deployment", "StatefulSet"},
+    "Role": {"Deployment", "StatefulSet"},
+    "RoleBinding": {"Role", "Deployment", "StatefulSet"},
 }
+WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 SECRET_GRANT_KINDS = {"Role", "RoleBinding"}
 
 
@@ -49,6 +54,8 @@ class Surroundings:
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
     adapter_secrets: frozenset[str] = frozenset()
+    # With placement: pods the adapters' assignments still name (a scale-down keeps them until their moves end).
+    assigned_pods: int = 0
 
 
 def desired_children(
@@ -75,10 +82,15 @@ def desired_children(
         root=kernel_bundle,
         user_config_map=surroundings.kernel_config_map,
     )
-    children = [
-        deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume),
-        service(name=name, namespace=namespace),
-    ]
+    workload = deployment(spec, name=name, namespace=namespace, settings=settings, kernel_configs=volume)
+    children = [workload, service(name=name, namespace=namespace)]
+    if spec.placement is not None:
+        replicas = max(spec.replicas, surroundings.assigned_pods)
+        children = [
+            statefulset.statefulset(workload, replicas=replicas),
+            children[1],
+            statefulset.headless_service(name=name, namespace=namespace),
+        ]
     if volume is not None and volume.owned_config_map is not None:
         children.insert(0, volume.owned_config_map)
     budget = disruption_budget(spec, name=name, namespace=namespace)

@@ -17,6 +17,7 @@ from typing import ParamSpec, TypeVar
 import kubernetes.client
 import kubernetes.config
 
+from moelora.api import AdapterPlacement
 from moelora.operator import kernel_configs
 from moelora.operator.settings import Settings
 
@@ -60,6 +61,15 @@ class Context:
     # Server -> {adapter: the phase this operator last wrote}; see indexes.adapter_phases.
     written_phases: collections.defaultdict[ServerKey, dict[str, str]] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(dict)
+    )
+
+    # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
+    written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+    # One placement computation per server at a time (not `locks`: it reconciles the server after).
+    placement_locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
 
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.

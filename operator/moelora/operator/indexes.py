@@ -9,8 +9,11 @@ from typing import Any, NamedTuple
 
 import kopf
 
+from moelora.api import AdapterPlacement
 from moelora.operator import naming
+from moelora.operator.assignment import AdapterState, Server, pods_needed
 from moelora.operator.context import Context, ServerKey
+from moelora.operator.deployment import quantity_bytes
 from moelora.operator.status import pod_ready
 
 
@@ -18,6 +21,7 @@ class AdapterEntry(NamedTuple):
     name: str
     phase: str
     secret: str | None = None  # spec.source.credentialsSecret.name
+    placed: AdapterState | None = None  # placement's inputs (see assignment.py)
 
 
 class PodEntry(NamedTuple):
@@ -26,6 +30,7 @@ class PodEntry(NamedTuple):
 
 
 ServersIndex = kopf.Index[ServerKey, ServerKey]
+PlacementIndex = kopf.Index[ServerKey, Server]
 AdaptersIndex = kopf.Index[ServerKey, AdapterEntry]
 PodsIndex = kopf.Index[ServerKey, PodEntry]
 
@@ -42,7 +47,36 @@ def adapters_index(
     if not server:
         return None
     secret = ((spec.get("source") or {}).get("credentialsSecret") or {}).get("name")
-    return {(namespace, server): AdapterEntry(name=name, phase=status.get("phase") or "Pending", secret=secret)}
+    placed = AdapterState(
+        name=name,
+        copies=spec.get("replicas"),
+        size_bytes=int(status.get("sizeBytes") or 0),
+        current=AdapterPlacement.model_validate(status["placement"]) if status.get("placement") else None,
+        loaded_on=frozenset(
+            pod for pod, state in (status.get("replicas") or {}).items() if (state or {}).get("loaded")
+        ),
+    )
+    phase = status.get("phase") or "Pending"
+    return {(namespace, server): AdapterEntry(name=name, phase=phase, secret=secret, placed=placed)}
+
+
+def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict[ServerKey, Server] | None:
+    """Servers with spec.placement -> placement's inputs from their spec (the others are not indexed)."""
+    placement = spec.get("placement")
+    if placement is None:
+        return None
+    cache = (spec.get("adapterCache") or {}).get("sizeLimit") or "20Gi"
+    try:
+        disk_bytes: int | None = quantity_bytes(str(cache))
+    except ValueError:
+        disk_bytes = None  # the reconcile reports the invalid spec; place without a budget meanwhile
+    server = Server(
+        name=name,
+        replicas=int(spec.get("replicas", 1)),
+        copies=int(placement.get("copies") or 1),
+        disk_bytes=disk_bytes,
+    )
+    return {(namespace, name): server}
 
 
 def pods_index(
@@ -52,6 +86,11 @@ def pods_index(
     if not server:
         return None
     return {(namespace, server): PodEntry(name=name, ready=pod_ready(status))}
+
+
+def placed_server(index: PlacementIndex, key: ServerKey) -> Server | None:
+    found = list(index.get(key, []))
+    return found[0] if found else None
 
 
 def servers(index: ServersIndex, key: ServerKey) -> list[ServerKey]:
@@ -82,3 +121,16 @@ def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[
     for gone in set(written) - {entry.name for entry in entries}:
         del written[gone]
     return [entry._replace(phase=written[entry.name]) if entry.name in written else entry for entry in entries]
+
+
+def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:
+    """Pods of a placed server its adapters' assignments still name (with this operator's latest writes)."""
+    written = memo.written_placements[key]
+    assigned = []
+    for entry in entries:
+        if entry.name in written:
+            current = written[entry.name]
+            assigned.append(tuple(current.replicas) if current is not None else ())
+        elif entry.placed is not None:
+            assigned.append(entry.placed.assigned)
+    return pods_needed(assigned, server=key[1])

@@ -20,7 +20,14 @@ import pydantic
 
 from moelora.api import ModelServerSpec
 from moelora.operator import apply, indexes, naming, status
-from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
+from moelora.operator.children import (
+    NEEDS,
+    OPTIONAL_CHILDREN,
+    SECRET_GRANT_KINDS,
+    WORKLOAD_KINDS,
+    Surroundings,
+    desired_children,
+)
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
@@ -98,13 +105,13 @@ def apply_children(
             continue
         if action != "unchanged":
             logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
-        if kind == "Deployment":
+        if kind in WORKLOAD_KINDS:
             stored_deployment = obj
-    rendered = {(child["apiVersion"], child["kind"]) for child in children}
+    rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
     for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
-        if (api_version, kind) in rendered:
-            continue
         name = optional_name(meta["name"])
+        if (api_version, kind, name) in rendered:
+            continue
         deleted = apply.delete_if_owned(
             api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]
         )
@@ -159,7 +166,11 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         return
     problem = observation.problem
     stored_deployment = None
-    surroundings = dataclasses.replace(observation.surroundings, adapter_secrets=indexes.adapter_secrets(adapters))
+    surroundings = dataclasses.replace(
+        observation.surroundings,
+        adapter_secrets=indexes.adapter_secrets(adapters),
+        assigned_pods=indexes.assigned_pods(memo, key, adapters),
+    )
     if observation.spec is not None:
         try:
             children = desired_children(
@@ -176,7 +187,8 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             stored_deployment, problem = apply_children(api=memo.api, children=children, owner=observation.body)
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
-        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
+        kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
+        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
     new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}
