@@ -126,11 +126,14 @@ class Kube:
         self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
 
-def belongs(obj: dict[str, Any], *, model_server: str) -> bool:
-    """Desired by this server: names it, and is not being deleted."""
-    return (obj.get("spec") or {}).get("modelServer") == model_server and not (obj.get("metadata") or {}).get(
+def belongs(obj: dict[str, Any], *, model_server: str, pod: str | None = None) -> bool:
+    """Desired by this server: names it, and is not being deleted; with placement (`pod` given), also assigned to
+    this pod by the operator (status.placement.replicas: the agent reads the assignment, never computes it)."""
+    if (obj.get("spec") or {}).get("modelServer") != model_server or (obj.get("metadata") or {}).get(
         "deletionTimestamp"
-    )
+    ):
+        return False
+    return pod is None or pod in (((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
 
 
 class AdapterWatcher:
@@ -141,10 +144,17 @@ class AdapterWatcher:
     """
 
     def __init__(
-        self, *, kube: Kube, model_server: str, on_change: Callable[[], None], watch_timeout: int = 300
+        self,
+        *,
+        kube: Kube,
+        model_server: str,
+        on_change: Callable[[], None],
+        watch_timeout: int = 300,
+        pod: str | None = None,  # with placement: only the adapters assigned to this pod are desired
     ) -> None:
         self.kube = kube
         self.model_server = model_server
+        self.pod = pod
         self.on_change = on_change
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
@@ -167,7 +177,7 @@ class AdapterWatcher:
             return list(self._objects.values())
 
     def _parse(self, obj: dict[str, Any]) -> Desired | None:
-        if not belongs(obj, model_server=self.model_server):
+        if not belongs(obj, model_server=self.model_server, pod=self.pod):
             return None
         try:
             return Desired.from_object(obj)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 
 
@@ -37,6 +38,7 @@ class Settings:
     poll_seconds: float = 5.0
     download_workers: int = 8
     base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
+    placement: bool = False  # MOELORA_PLACEMENT: serve only the adapters the operator assigned to this pod
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -81,6 +83,11 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     if not vllm_url.startswith(("http://", "https://")):
         raise SettingsError(f"MOELORA_VLLM_URL must be an http(s) URL, got {vllm_url!r}")
     modules = frozenset(m.strip() for m in env.get("MOELORA_TARGET_MODULES", "").split(",") if m.strip())
+    placement = env.get("MOELORA_PLACEMENT", "").strip() == "1"
+    pod, server = _required(env, "MOELORA_POD_NAME"), _required(env, "MOELORA_MODEL_SERVER")
+    # Assignments name StatefulSet pods (`<server>-<ordinal>`): any other pod would wait forever for adapters.
+    if placement and not re.fullmatch(re.escape(server) + r"-[0-9]+", pod):
+        raise SettingsError(f"MOELORA_PLACEMENT needs a pod named {server}-<ordinal>, got {pod!r}")
     return Settings(
         namespace=_required(env, "MOELORA_NAMESPACE"),
         pod_name=_required(env, "MOELORA_POD_NAME"),
@@ -105,6 +112,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         server_s3_endpoint=env.get("AWS_ENDPOINT_URL_S3", "").strip() or None,
         allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
         allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
+        placement=placement,
     )
 
 
