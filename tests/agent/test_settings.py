@@ -61,3 +61,11 @@ def test_s3_policy_comes_from_the_operator() -> None:
     assert settings.allowed_s3_endpoints == ("https://a.example.com", "https://b.example.com")
     assert settings.allowed_s3_buckets == ("team-*",)
     assert from_env(ENV).allowed_s3_endpoints == () and from_env(ENV).server_s3_endpoint is None
+
+
+def test_placement_needs_a_statefulset_pod_name() -> None:
+    assert not from_env(ENV).placement
+    placed = {**ENV, "MOELORA_PLACEMENT": "1", "MOELORA_POD_NAME": "srv-12"}
+    assert from_env(placed).placement
+    with pytest.raises(SettingsError, match="srv-<ordinal>"):
+        from_env({**placed, "MOELORA_POD_NAME": "srv-abc"})

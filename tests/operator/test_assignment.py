@@ -3,10 +3,11 @@ make-before-break from what each adapter's status already says."""
 
 from __future__ import annotations
 
+import datetime
 import random
 
 from moelora.api import AdapterPlacement
-from moelora.operator import placement
+from moelora.operator import placement, status
 from moelora.operator.assignment import AdapterState, Server, assign, pod_names, pods_needed
 from moelora.operator.indexes import adapters_index, placement_index
 
@@ -129,3 +130,18 @@ def test_the_indexes_carry_placements_inputs() -> None:
         ("ms-1", "ms-0"),
         frozenset({"ms-0"}),
     )
+
+
+def test_the_roll_up_counts_only_the_assigned_pods_and_prunes_the_others() -> None:
+    raw = {"replicas": {"ms-0": {"loaded": True, "state": "Loaded"}, "ms-1": {"loaded": True, "state": "Loaded"}}}
+    patch = status.adapter_status_patch(
+        raw,
+        served_name="a",
+        generation=1,
+        server_exists=True,
+        pods={"ms-0": True, "ms-1": True, "ms-2": True},
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        assigned=["ms-0"],
+    )
+    assert patch["phase"] == "Loaded" and patch["desiredReplicas"] == 1 and patch["loadedReplicas"] == 1
+    assert patch["replicas"] == {"ms-1": None}  # it left ms-1: its entry must not count as loaded there later
