@@ -83,12 +83,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     if not vllm_url.startswith(("http://", "https://")):
         raise SettingsError(f"MOELORA_VLLM_URL must be an http(s) URL, got {vllm_url!r}")
     modules = frozenset(m.strip() for m in env.get("MOELORA_TARGET_MODULES", "").split(",") if m.strip())
-    placement = env.get("MOELORA_PLACEMENT", "").strip() == "1"
-    pod, server = _required(env, "MOELORA_POD_NAME"), _required(env, "MOELORA_MODEL_SERVER")
-    # Assignments name StatefulSet pods (`<server>-<ordinal>`): any other pod would wait forever for adapters.
-    if placement and not re.fullmatch(re.escape(server) + r"-[0-9]+", pod):
-        raise SettingsError(f"MOELORA_PLACEMENT needs a pod named {server}-<ordinal>, got {pod!r}")
-    return Settings(
+    settings = Settings(
         namespace=_required(env, "MOELORA_NAMESPACE"),
         pod_name=_required(env, "MOELORA_POD_NAME"),
         model_server=_required(env, "MOELORA_MODEL_SERVER"),
@@ -112,8 +107,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         server_s3_endpoint=env.get("AWS_ENDPOINT_URL_S3", "").strip() or None,
         allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
         allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
-        placement=placement,
+        placement=env.get("MOELORA_PLACEMENT", "").strip() == "1",
     )
+    # Assignments name StatefulSet pods (`<server>-<ordinal>`): any other pod would wait forever for adapters.
+    if settings.placement and not re.fullmatch(re.escape(settings.model_server) + r"-[0-9]+", settings.pod_name):
+        raise SettingsError(
+            f"MOELORA_PLACEMENT needs a pod named {settings.model_server}-<ordinal>, got {settings.pod_name!r}"
+        )
+    return settings
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
