@@ -97,7 +97,8 @@ def test_each_pod_registers_only_its_assignments(placed: stack.Stack) -> None:
 
 
 class Traffic:
-    """Completions for every adapter in turn, each to a pod the adapter's status says holds it."""
+    """Completions for every adapter, one thread per adapter, each request to a pod the adapter's status says holds
+    it (re-read before every request)."""
 
     def __init__(self, local: stack.Stack) -> None:
         self.local = local
@@ -106,15 +107,17 @@ class Traffic:
         self.failures: list[str] = []
         self.assignments: dict[str, set[tuple[str, ...]]] = {name: set() for name in ADAPTERS}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [threading.Thread(target=self._run, args=(name,), daemon=True) for name in ADAPTERS]
 
     def __enter__(self) -> Traffic:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=300)
+        for thread in self._threads:
+            thread.join(timeout=300)
 
     def _pick(self, name: str) -> tuple[str | None, bool]:
         current = status(self.local, name)
@@ -129,21 +132,20 @@ class Traffic:
                 return pod, True
         return None, False
 
-    def _run(self) -> None:
+    def _run(self, name: str) -> None:
         while not self._stop.is_set():
-            for name in ADAPTERS:
-                pod, draining = self._pick(name)
-                url = pod_urls(self.local).get(pod or "")
-                if url is None:
-                    self.failures.append(f"{name}: no running pod holds it ({pod})")
-                    continue
-                try:
-                    vllm_server.complete(url=url, model=name, prompt="hi", max_tokens=1)
-                except Exception as exc:  # noqa: BLE001 - every failure is the finding
-                    self.failures.append(f"{name} on {pod}: {exc}")
-                    continue
-                self.sent[name] += 1
-                self.to_draining += draining
+            pod, draining = self._pick(name)
+            url = pod_urls(self.local).get(pod or "")
+            if url is None:
+                self.failures.append(f"{name}: no running pod holds it ({pod})")
+                continue
+            try:
+                vllm_server.complete(url=url, model=name, prompt="hi", max_tokens=1)
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                self.failures.append(f"{name} on {pod}: {exc}")
+                continue
+            self.sent[name] += 1
+            self.to_draining += draining
 
 
 def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(placed: stack.Stack) -> None:
@@ -168,8 +170,9 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
         seen = traffic.assignments[name] - {()}
         expected = {tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])}
         assert seen <= expected if name in moved else seen == {tuple(three[name])}, (name, seen)
+    seen_draining = sum(tuple(two[name] + three[name]) in traffic.assignments[name] for name in moved)
     print(  # the figures docs/benchmarks.md records
         f"\nplacement e2e: {len(ADAPTERS)} adapters, 3 -> 2 pods, moved {len(moved)} (placement predicts "
-        f"{len(moved)}: those on {SERVER}-2), requests {sum(traffic.sent.values())} "
+        f"{len(moved)}: those on {SERVER}-2), {seen_draining} seen draining, requests {sum(traffic.sent.values())} "
         f"({traffic.to_draining} to draining pods), failed {len(traffic.failures)}, {took:.0f} s until drained"
     )
