@@ -14,8 +14,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kubernetes.client
+import kubernetes.config
+import kubernetes.watch
 import pytest
 
+from moelora.api import GROUP, VERSION
 from moelora.local import manifests, models, stack, vllm_server
 from moelora.operator import placement
 from moelora.operator.assignment import pod_names
@@ -96,6 +100,37 @@ def test_each_pod_registers_only_its_assignments(placed: stack.Stack) -> None:
         assert served(url) == {name for name, pods in three.items() if pod in pods}, pod
 
 
+class Recorder:
+    """Every status.placement.replicas each adapter goes through, from a watch (each write is an event)."""
+
+    def __init__(self, local: stack.Stack) -> None:
+        self.local = local
+        self.seen: dict[str, list[tuple[str, ...]]] = {name: [] for name in ADAPTERS}
+        self._watch = kubernetes.watch.Watch()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._watch.stop()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        assert self.local.api is not None
+        client = kubernetes.config.new_client_from_config(config_file=str(self.local.api.kubeconfig))
+        custom = kubernetes.client.CustomObjectsApi(client)
+        for event in self._watch.stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, self.local.namespace, "loraadapters"
+        ):
+            obj = event["object"]
+            pods = tuple(((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
+            history = self.seen.setdefault(obj["metadata"]["name"], [])
+            if not history or history[-1] != pods:
+                history.append(pods)
+
+
 class Traffic:
     """Completions for every adapter, one thread per adapter, each request to a pod the adapter's status says holds
     it (re-read before every request)."""
@@ -154,7 +189,7 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
     moved = sorted(name for name in ADAPTERS if two[name] != three[name])
     assert moved == sorted(name for name, pods in three.items() if f"{SERVER}-2" in pods)
     started = time.monotonic()
-    with Traffic(placed) as traffic:
+    with Recorder(placed) as recorder, Traffic(placed) as traffic:
         time.sleep(2)
         placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=2")
         until(lambda: settled(placed, two), timeout=600, what="the two-pod placement")
@@ -170,9 +205,17 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
         seen = traffic.assignments[name] - {()}
         expected = {tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])}
         assert seen <= expected if name in moved else seen == {tuple(three[name])}, (name, seen)
+    # Make-before-break, from every write: each moved adapter went old -> old + new -> new, the others never moved.
+    for name in ADAPTERS:
+        history = [pods for pods in recorder.seen[name] if pods]
+        if name in moved:
+            assert history[-3:] == [tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])], history
+        else:
+            assert history == [tuple(three[name])], (name, history)
     seen_draining = sum(tuple(two[name] + three[name]) in traffic.assignments[name] for name in moved)
     print(  # the figures docs/benchmarks.md records
         f"\nplacement e2e: {len(ADAPTERS)} adapters, 3 -> 2 pods, moved {len(moved)} (placement predicts "
-        f"{len(moved)}: those on {SERVER}-2), {seen_draining} seen draining, requests {sum(traffic.sent.values())} "
+        f"{len(moved)}: those on {SERVER}-2), {seen_draining} seen draining by the clients, "
+        f"requests {sum(traffic.sent.values())} "
         f"({traffic.to_draining} to draining pods), failed {len(traffic.failures)}, {took:.0f} s until drained"
     )
