@@ -37,7 +37,7 @@ def placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
     root = tmp_path_factory.mktemp("placed")
     with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
         body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=3)  # type: ignore[union-attr]
-        body["spec"]["placement"] = {"copies": 1}
+        body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
         running.apply(body)
         running.wait_pods(SERVER, replicas=3, timeout=900)
         source = models.make_adapter(

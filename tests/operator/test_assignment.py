@@ -8,18 +8,29 @@ import random
 
 from moelora.api import AdapterPlacement
 from moelora.operator import placement, status
-from moelora.operator.assignment import AdapterState, Server, assign, pod_names, pods_needed
+from moelora.operator.assignment import AdapterState, Server, pod_names, pods_needed
+from moelora.operator.assignment import assign as place_now
 from moelora.operator.indexes import adapters_index, placement_index
 
+NOW = 1_000_000.0
 
-def server(replicas: int, *, copies: int = 1, disk_bytes: int | None = None) -> Server:
-    return Server(name="ms", replicas=replicas, copies=copies, disk_bytes=disk_bytes)
+
+def server(replicas: int, *, copies: int = 1, disk_bytes: int | None = None, drain: float = 0.0) -> Server:
+    return Server(name="ms", replicas=replicas, copies=copies, disk_bytes=disk_bytes, drain_seconds=drain)
+
+
+def assign(server: Server, adapters: list[AdapterState], now: float = NOW) -> dict[str, AdapterPlacement]:
+    return place_now(server, adapters, now=now)[0]
+
+
+def loaded(pods: list[str], at: float = NOW - 100) -> dict[str, float]:
+    return dict.fromkeys(pods, at)
 
 
 def settled(adapters: list[AdapterState], result: dict[str, AdapterPlacement]) -> list[AdapterState]:
     """The adapters once every assigned pod has reported them loaded."""
     return [
-        AdapterState(name=a.name, copies=a.copies, current=result[a.name], loaded_on=frozenset(result[a.name].replicas))
+        AdapterState(name=a.name, copies=a.copies, current=result[a.name], loaded_on=loaded(result[a.name].replicas))
         for a in adapters
     ]
 
@@ -77,7 +88,7 @@ def test_scale_out_moves_only_what_placement_predicts_and_keeps_old_homes_until_
         AdapterState(
             name=a.name,
             current=during[a.name],
-            loaded_on=a.loaded_on | ({"ms-16"} if a.name in reported else set()),
+            loaded_on={**a.loaded_on, **(loaded(["ms-16"]) if a.name in reported else {})},
         )
         for a in before
     ]
@@ -113,7 +124,7 @@ def test_disk_budget_from_the_adapter_cache_bounds_each_pod() -> None:
 def test_the_indexes_carry_placements_inputs() -> None:
     spec = {"model": {"name": "m"}, "replicas": 3, "placement": {"copies": 2}, "adapterCache": {"sizeLimit": "1Gi"}}
     assert placement_index(spec=spec, name="ms", namespace="ns") == {
-        ("ns", "ms"): Server(name="ms", replicas=3, copies=2, disk_bytes=2**30)
+        ("ns", "ms"): Server(name="ms", replicas=3, copies=2, disk_bytes=2**30, drain_seconds=30.0)
     }
     assert placement_index(spec={"model": {"name": "m"}}, name="ms", namespace="ns") is None
     status = {
@@ -128,7 +139,7 @@ def test_the_indexes_carry_placements_inputs() -> None:
         2,
         7,
         ("ms-1", "ms-0"),
-        frozenset({"ms-0"}),
+        {"ms-0": 0.0},
     )
 
 
@@ -145,3 +156,30 @@ def test_the_roll_up_counts_only_the_assigned_pods_and_prunes_the_others() -> No
     )
     assert patch["phase"] == "Loaded" and patch["desiredReplicas"] == 1 and patch["loadedReplicas"] == 1
     assert patch["replicas"] == {"ms-1": None}  # it left ms-1: its entry must not count as loaded there later
+
+
+def test_the_old_home_drains_for_drain_seconds_after_the_new_one_loaded() -> None:
+    before = settled(
+        [AdapterState(name=name) for name in names(40)], assign(server(3), [AdapterState(name=n) for n in names(40)])
+    )
+    mover = next(a for a in before if "ms-2" in a.assigned)
+    target = assign(server(2), [mover])[mover.name].target
+    moving = AdapterState(
+        name=mover.name,
+        current=AdapterPlacement(replicas=[*target, "ms-2"], target=target, draining=["ms-2"]),
+        loaded_on={"ms-2": NOW - 500, target[0]: NOW - 10},
+    )
+    slow = server(2, drain=30)
+    kept, recheck = place_now(slow, [moving], now=NOW)
+    assert kept[mover.name].draining == ["ms-2"] and recheck == NOW + 20
+    gone, recheck = place_now(slow, [moving], now=NOW + 20)
+    assert gone[mover.name].replicas == target and recheck is None
+
+
+def test_a_new_home_with_a_stale_loaded_entry_does_not_end_the_move() -> None:
+    # The new home held the adapter before and its entry still says loaded: it is not in the assignment yet, so
+    # the move to it has only begun and the current home stays.
+    current = AdapterPlacement(replicas=["ms-9"], target=["ms-9"])
+    (home,) = assign(server(3), [AdapterState(name="a", current=current)])["a"].target
+    back = AdapterState(name="a", current=current, loaded_on=loaded(["ms-9", home]))
+    assert assign(server(3), [back])["a"].replicas == [home, "ms-9"]

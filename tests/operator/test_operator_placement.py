@@ -86,7 +86,7 @@ def scale(rest: Rest, replicas: int) -> None:
 
 def test_placed_server_moves_adapters_make_before_break(kube: KubeAPI) -> None:
     rest = Rest(url=kube.url)
-    apply(kube, manifest("modelserver.yaml", namespace=NS, replicas=3, placement={"copies": 1}))
+    apply(kube, manifest("modelserver.yaml", namespace=NS, replicas=3, placement={"copies": 1, "drainSeconds": 0}))
     for name in ADAPTERS:
         adapter = manifest("loraadapter.yaml", namespace=NS)
         adapter["metadata"]["name"] = name

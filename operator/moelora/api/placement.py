@@ -22,6 +22,13 @@ class PlacementSpec(ApiModel):
         le=1000,
         description="Replicas holding each adapter whose own spec.replicas is unset; at most the server's replicas.",
     )
+    drain_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long a moved adapter stays on its old replica once every new one has loaded it: time for "
+        "clients and routers reading status.placement to switch, and for requests under way there to finish.",
+    )
 
 
 class AdapterPlacement(ApiModel):

@@ -3,16 +3,17 @@ moved make-before-break from the assignment already in each adapter's status. Pu
 
 An adapter's assignment (`status.placement.replicas`) is its target homes plus, while a move is under way, the old
 homes that `placement.plan` may not unload yet: an old home leaves the assignment only once every target home's
-agent reports the adapter loaded (`status.replicas.<pod>.loaded`). The agents serve exactly their pod's
-assignments, so the adapter is served throughout a move. A scale-down drains the same way: the pods the
-assignments still name are kept running (`pods_needed`) until their adapters are loaded elsewhere.
+agent reports the adapter loaded (`status.replicas.<pod>.loaded`) and `placement.drainSeconds` have passed since
+(by the agents' `loadedAt`: clocks are assumed roughly in step). The agents serve exactly their pod's assignments,
+so the adapter is served throughout a move. A scale-down drains the same way: the pods the assignments still name
+are kept running (`pods_needed`) until their adapters are loaded elsewhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from moelora.api import AdapterPlacement
 from moelora.operator import placement
@@ -26,6 +27,7 @@ class Server:
     replicas: int
     copies: int  # spec.placement.copies: per adapter unless its own spec.replicas says otherwise
     disk_bytes: int | None  # spec.adapterCache.sizeLimit: each pod's budget
+    drain_seconds: float = 0.0  # spec.placement.drainSeconds
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,7 +38,7 @@ class AdapterState:
     copies: int | None = None  # spec.replicas
     size_bytes: int = 0  # status.sizeBytes; 0 until an agent has read the files
     current: AdapterPlacement | None = None  # status.placement
-    loaded_on: frozenset[str] = frozenset()  # pods whose status.replicas entry says loaded
+    loaded_on: Mapping[str, float] = dataclasses.field(default_factory=dict)  # pod -> its loadedAt, epoch seconds
 
     @property
     def assigned(self) -> tuple[str, ...]:
@@ -48,24 +50,34 @@ def pod_names(server: str, replicas: int) -> list[str]:
     return [f"{server}-{ordinal}" for ordinal in range(replicas)]
 
 
-def assign(server: Server, adapters: Sequence[AdapterState]) -> dict[str, AdapterPlacement]:
-    """Adapter -> its placement now, for every adapter of the server."""
+def assign(
+    server: Server, adapters: Sequence[AdapterState], *, now: float
+) -> tuple[dict[str, AdapterPlacement], float | None]:
+    """Adapter -> its placement at `now` (epoch seconds), for every adapter of the server; and when to judge again
+    because an old home's drain time ends then (None: nothing waits on time)."""
     replicas = [
         placement.Replica(name, disk_bytes=server.disk_bytes) for name in pod_names(server.name, server.replicas)
     ]
     wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or server.copies) for a in adapters]
     target = placement.place(wanted, replicas)
-    result = {}
+    result, recheck = {}, None
     for adapter in adapters:
         homes = list(target.homes[adapter.name])
+        draining = [pod for pod in adapter.assigned if pod not in homes]
         # As placement.plan orders it: the old homes go only once every new home reports the adapter loaded (an
-        # adapter no pod has room for keeps them).
-        moved_in = bool(homes) and all(pod in adapter.loaded_on for pod in homes)
-        draining = [] if moved_in else [pod for pod in adapter.assigned if pod not in homes]
+        # adapter no pod has room for keeps them), and then only after the drain time, so that clients and routers
+        # reading this status have switched to the new homes and requests under way on the old ones have ended.
+        # A home not yet in the assignment cannot have loaded it for this move: whatever its entry says is stale.
+        if draining and homes and all(pod in adapter.loaded_on and pod in adapter.assigned for pod in homes):
+            until = max(adapter.loaded_on[pod] for pod in homes) + server.drain_seconds
+            if now >= until:
+                draining = []
+            else:
+                recheck = until if recheck is None else min(recheck, until)
         result[adapter.name] = AdapterPlacement(
             replicas=homes + draining, target=homes, draining=draining, short=target.short.get(adapter.name, 0)
         )
-    return result
+    return result, recheck
 
 
 def pods_needed(assignments: Iterable[Sequence[str]], *, server: str) -> int:

@@ -72,6 +72,13 @@ class Context:
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
 
+    # Server -> {(adapter, pod): the loadedAt of a status entry it cleared}: ignored until the index drops it.
+    stale_loads: collections.defaultdict[ServerKey, dict[tuple[str, str], float]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+    # Server -> the timer that judges its placements again when a drain time ends (placements.py).
+    placement_timers: dict[ServerKey, asyncio.TimerHandle] = dataclasses.field(default_factory=dict)
+
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
 

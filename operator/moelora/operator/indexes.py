@@ -5,6 +5,7 @@ as snapshots taken before any blocking work.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, NamedTuple
 
 import kopf
@@ -52,12 +53,22 @@ def adapters_index(
         copies=spec.get("replicas"),
         size_bytes=int(status.get("sizeBytes") or 0),
         current=AdapterPlacement.model_validate(status["placement"]) if status.get("placement") else None,
-        loaded_on=frozenset(
-            pod for pod, state in (status.get("replicas") or {}).items() if (state or {}).get("loaded")
-        ),
+        loaded_on={
+            pod: _epoch(state.get("loadedAt"))
+            for pod, state in (status.get("replicas") or {}).items()
+            if (state or {}).get("loaded")
+        },
     )
     phase = status.get("phase") or "Pending"
     return {(namespace, server): AdapterEntry(name=name, phase=phase, secret=secret, placed=placed)}
+
+
+def _epoch(timestamp: Any) -> float:
+    """An agent's RFC 3339 loadedAt as epoch seconds; 0 (long ago) when missing or unreadable."""
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp)).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict[ServerKey, Server] | None:
@@ -75,6 +86,7 @@ def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dic
         replicas=int(spec.get("replicas", 1)),
         copies=int(placement.get("copies") or 1),
         disk_bytes=disk_bytes,
+        drain_seconds=float(placement.get("drainSeconds", 30)),
     )
     return {(namespace, name): server}
 
