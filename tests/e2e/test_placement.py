@@ -18,6 +18,7 @@ import kubernetes.client
 import kubernetes.config
 import kubernetes.watch
 import pytest
+import urllib3
 
 from moelora.api import GROUP, VERSION
 from moelora.local import manifests, models, stack, vllm_server
@@ -107,6 +108,7 @@ class Recorder:
         self.local = local
         self.seen: dict[str, list[tuple[str, ...]]] = {name: [] for name in ADAPTERS}
         self._watch = kubernetes.watch.Watch()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Recorder:
@@ -114,6 +116,7 @@ class Recorder:
         return self
 
     def __exit__(self, *_: object) -> None:
+        self._stopping = True
         self._watch.stop()
         self._thread.join(timeout=30)
 
@@ -121,14 +124,19 @@ class Recorder:
         assert self.local.api is not None
         client = kubernetes.config.new_client_from_config(config_file=str(self.local.api.kubeconfig))
         custom = kubernetes.client.CustomObjectsApi(client)
-        for event in self._watch.stream(
+        stream = self._watch.stream(
             custom.list_namespaced_custom_object, GROUP, VERSION, self.local.namespace, "loraadapters"
-        ):
-            obj = event["object"]
-            pods = tuple(((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
-            history = self.seen.setdefault(obj["metadata"]["name"], [])
-            if not history or history[-1] != pods:
-                history.append(pods)
+        )
+        try:
+            for event in stream:
+                obj = event["object"]
+                pods = tuple(((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
+                history = self.seen.setdefault(obj["metadata"]["name"], [])
+                if not history or history[-1] != pods:
+                    history.append(pods)
+        except urllib3.exceptions.ProtocolError:
+            if not self._stopping:  # stopping closes the connection under the stream
+                raise
 
 
 class Traffic:
