@@ -157,3 +157,32 @@ def test_watch_retries_until_the_api_answers_and_relists_after_each_watch() -> N
     finally:
         watcher.stop()
         client.close()
+
+
+def test_with_placement_only_the_adapters_assigned_to_this_pod_are_desired(
+    client: kubernetes.client.ApiClient,
+) -> None:
+    custom = kubernetes.client.CustomObjectsApi(client)
+    for name in ("mine", "theirs"):
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, adapter(name))
+
+    def assign(name: str, pods: list[str]) -> None:
+        status = {"placement": {"replicas": pods, "target": pods}}
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, NS, PLURAL, name, {"status": status})
+
+    assign("mine", ["srv-1", "srv-0"])
+    assign("theirs", ["srv-2"])
+    watcher = AdapterWatcher(
+        kube=Kube(client=client, namespace=NS), model_server="srv", on_change=lambda: None, pod="srv-0"
+    )
+    watcher.start()
+    try:
+        assert watcher.synced.wait(10)
+        assert [d.name for d in watcher.snapshot()] == ["mine"]
+        # The operator moves an adapter here, then away: the desired set follows the status alone.
+        assign("theirs", ["srv-2", "srv-0"])
+        eventually(lambda: {d.name for d in watcher.snapshot()} == {"mine", "theirs"})
+        assign("mine", ["srv-1"])
+        eventually(lambda: [d.name for d in watcher.snapshot()] == ["theirs"])
+    finally:
+        watcher.stop()

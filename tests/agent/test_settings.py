@@ -89,3 +89,11 @@ def test_fault_limits_have_defaults_and_read_their_variables() -> None:
     assert tuned.ready_wait_seconds == 10
     with pytest.raises(SettingsError, match="MOELORA_ENDPOINT_WORKERS must be at least 1"):
         from_env({**ENV, "MOELORA_ENDPOINT_WORKERS": "0"})
+
+
+def test_placement_needs_a_statefulset_pod_name() -> None:
+    assert not from_env(ENV).placement
+    placed = {**ENV, "MOELORA_PLACEMENT": "1", "MOELORA_POD_NAME": "srv-12"}
+    assert from_env(placed).placement
+    with pytest.raises(SettingsError, match="srv-<ordinal>"):
+        from_env({**placed, "MOELORA_POD_NAME": "srv-abc"})

@@ -402,7 +402,11 @@ OPERATOR_NAMESPACED: set[Rule] = {
     *{("moelora.io", "modelservers", v) for v in ("get", "list", "watch", "patch")},
     *{("moelora.io", "loraadapters", v) for v in ("list", "watch")},
     *{("moelora.io", r, "patch") for r in ("modelservers/status", "loraadapters/status")},
-    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{
+        ("apps", r, v)
+        for r in ("deployments", "statefulsets")
+        for v in ("get", "list", "watch", "create", "patch", "delete")
+    },
     *{
         (group, resource, v)
         for group, resource in (
@@ -416,6 +420,7 @@ OPERATOR_NAMESPACED: set[Rule] = {
     },
     *{("", r, v) for r in ("services", "configmaps") for v in ("get", "create", "patch")},
     ("", "configmaps", "delete"),
+    ("", "services", "delete"),  # the headless Service of spec.placement, once placement is off
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{
         ("rbac.authorization.k8s.io", r, v)

@@ -59,6 +59,7 @@ ROLES = "rbac.authorization.k8s.io/v1/roles"
 LORA = "moelora.io/v1alpha1/loraadapters"
 JOBS = "batch/v1/jobs"
 CLAIMS = "v1/persistentvolumeclaims"
+STATEFULSETS = "apps/v1/statefulsets"
 
 # Granted, and needed, but not exercised against the emulator; each with its reason.
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {
@@ -314,6 +315,16 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             what="the NameTaken Warning Event",
         )
         wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken"), what="the other server's Deployment")
+        # spec.placement on and off again: the StatefulSet and its headless Service replace the Deployment, and back.
+        placement = json.dumps({"spec": {"placement": {"copies": 1}}})
+        api.kubectl("patch", "ms", "taken", "-n", SERVING, "--type=merge", "-p", placement)
+        wait_for(lambda: api.get(STATEFULSETS, SERVING, "taken"), what="the StatefulSet")
+        wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken") is None or None, what="the Deployment deleted")
+        api.kubectl("scale", "ms/taken", "-n", SERVING, "--replicas=2")
+        wait_for(lambda: (api.get(STATEFULSETS, SERVING, "taken") or {})["spec"]["replicas"] == 2 or None, what="2")
+        api.kubectl("patch", "ms", "taken", "-n", SERVING, "--type=merge", "-p", '{"spec": {"placement": null}}')
+        wait_for(lambda: api.get(STATEFULSETS, SERVING, "taken") is None or None, what="the StatefulSet deleted")
+        wait_for(lambda: api.get("v1/services", SERVING, "taken-pods") is None or None, what="headless gone")
     yield Recording(objects=objects, emulator=emulator, agent_reads=reads)
 
 

@@ -36,7 +36,10 @@ def run_agent() -> int:
     metrics = Metrics()
     # The watcher wakes the agent's loop on every change; the agent reads the watcher's snapshot.
     watcher = kube_module.AdapterWatcher(
-        kube=kube, model_server=settings.model_server, on_change=lambda: agent.wake.set()
+        kube=kube,
+        model_server=settings.model_server,
+        on_change=lambda: agent.wake.set(),
+        pod=settings.pod_name if settings.placement else None,
     )
     agent = Agent(settings=settings, kube=kube, desired=watcher, vllm=vllm, metrics=metrics)
     server = StatusServer(port=settings.port, metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)

@@ -154,11 +154,14 @@ class Kube:
         self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
 
 
-def belongs(obj: dict[str, Any], *, model_server: str) -> bool:
-    """Desired by this server: names it, and is not being deleted."""
-    return (obj.get("spec") or {}).get("modelServer") == model_server and not (obj.get("metadata") or {}).get(
+def belongs(obj: dict[str, Any], *, model_server: str, pod: str | None = None) -> bool:
+    """Desired by this server: names it, and is not being deleted; with placement (`pod` given), also assigned to
+    this pod by the operator (status.placement.replicas: the agent reads the assignment, never computes it)."""
+    if (obj.get("spec") or {}).get("modelServer") != model_server or (obj.get("metadata") or {}).get(
         "deletionTimestamp"
-    )
+    ):
+        return False
+    return pod is None or pod in (((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
 
 
 class AdapterWatcher:
@@ -169,15 +172,24 @@ class AdapterWatcher:
     """
 
     def __init__(
-        self, *, kube: Kube, model_server: str, on_change: Callable[[], None], watch_timeout: int = 300
+        self,
+        *,
+        kube: Kube,
+        model_server: str,
+        on_change: Callable[[], None],
+        watch_timeout: int = 300,
+        pod: str | None = None,  # with placement: only the adapters assigned to this pod are desired
     ) -> None:
         self.kube = kube
         self.model_server = model_server
+        self.pod = pod
         self.on_change = on_change
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
         self._objects: dict[str, Desired] = {}  # by name, parsed once per change (not once per loop)
-        self._generations: dict[str, int | None] = {}  # by name: the metadata.generation last parsed
+        # By name: what the last parsed copy said that matters here (metadata.generation; with placement, whether
+        # this pod is assigned it), so other pods' status patches are dropped unparsed.
+        self._seen: dict[str, tuple[int | None, bool]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: kubernetes.watch.Watch | None = None
@@ -196,7 +208,7 @@ class AdapterWatcher:
             return list(self._objects.values())
 
     def _parse(self, obj: dict[str, Any]) -> Desired | None:
-        if not belongs(obj, model_server=self.model_server):
+        if not belongs(obj, model_server=self.model_server, pod=self.pod):
             return None
         try:
             return Desired.from_object(obj)
@@ -208,21 +220,25 @@ class AdapterWatcher:
             )
             return None
 
+    def _key(self, obj: dict[str, Any]) -> tuple[int | None, bool]:
+        assigned = self.pod is not None and belongs(obj, model_server=self.model_server, pod=self.pod)
+        return obj["metadata"].get("generation"), assigned
+
     def _replace(self, items: list[dict[str, Any]]) -> None:
         parsed = [d for d in map(self._parse, items) if d is not None]
-        self._generations = {item["metadata"]["name"]: item["metadata"].get("generation") for item in items}
+        self._seen = {item["metadata"]["name"]: self._key(item) for item in items}
         with self._lock:
             self._objects = {d.name: d for d in parsed}
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
-        generation = obj["metadata"].get("generation")
+        key = self._key(obj)
         deleting = obj["metadata"].get("deletionTimestamp")
-        if kind == "MODIFIED" and generation is not None and self._generations.get(name) == generation and not deleting:
+        if kind == "MODIFIED" and key[0] is not None and self._seen.get(name) == key and not deleting:
             return  # status patches (every pod's agent writes its own key) leave the generation as it was
-        self._generations[name] = generation
+        self._seen[name] = key
         if kind == "DELETED":
-            self._generations.pop(name, None)
+            self._seen.pop(name, None)
         desired = None if kind == "DELETED" else self._parse(obj)
         with self._lock:
             if desired is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 from collections.abc import Mapping
 
 
@@ -45,6 +46,7 @@ class Settings:
     s3_read_timeout_seconds: float = 20.0  # one socket read
     ready_wait_seconds: float = 30.0  # after vLLM is up, readiness stops waiting for adapters still on their way
     base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
+    placement: bool = False  # MOELORA_PLACEMENT: serve only the adapters the operator assigned to this pod
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -89,7 +91,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
     if not vllm_url.startswith(("http://", "https://")):
         raise SettingsError(f"MOELORA_VLLM_URL must be an http(s) URL, got {vllm_url!r}")
     modules = frozenset(m.strip() for m in env.get("MOELORA_TARGET_MODULES", "").split(",") if m.strip())
-    return Settings(
+    settings = Settings(
         namespace=_required(env, "MOELORA_NAMESPACE"),
         pod_name=_required(env, "MOELORA_POD_NAME"),
         model_server=_required(env, "MOELORA_MODEL_SERVER"),
@@ -120,7 +122,14 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         server_s3_endpoint=env.get("AWS_ENDPOINT_URL_S3", "").strip() or None,
         allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
         allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
+        placement=env.get("MOELORA_PLACEMENT", "").strip() == "1",
     )
+    # Assignments name StatefulSet pods (`<server>-<ordinal>`): any other pod would wait forever for adapters.
+    if settings.placement and not re.fullmatch(re.escape(settings.model_server) + r"-[0-9]+", settings.pod_name):
+        raise SettingsError(
+            f"MOELORA_PLACEMENT needs a pod named {settings.model_server}-<ordinal>, got {settings.pod_name!r}"
+        )
+    return settings
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:

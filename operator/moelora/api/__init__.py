@@ -34,6 +34,7 @@ from moelora.api.model_server import (
     ResourceSpec,
     S3Spec,
 )
+from moelora.api.placement import AdapterPlacement, PlacementSpec
 from moelora.api.routing import EndpointPickerRef, GatewayRouting, ParentRef, RoutingSpec
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "RoutingSpec",
     "AdapterCounts",
     "AdapterPhase",
+    "AdapterPlacement",
     "AdapterSource",
     "Condition",
     "ConditionStatus",
@@ -77,6 +79,7 @@ __all__ = [
     "ModelServerStatus",
     "ModelSpec",
     "MoeShape",
+    "PlacementSpec",
     "ReplicaAdapterState",
     "Rollup",
     "ResourceSpec",

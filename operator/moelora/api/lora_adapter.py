@@ -11,6 +11,7 @@ from collections.abc import Collection
 from pydantic import ConfigDict, Field
 
 from moelora.api.common import CONDITIONS_LIST_MAP, DNS_LABEL, ApiModel, Condition, SecretRef
+from moelora.api.placement import AdapterPlacement
 
 
 class AdapterPhase(str, enum.Enum):
@@ -149,6 +150,13 @@ class LoRAAdapterSpec(ApiModel):
         description="Serve only these exact weights (one of etag, sha256); anything else fails with VersionMismatch. "
         "Default: whatever the prefix holds; a change there is loaded at the agents' next resync.",
     )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="With the server's spec.placement: how many replicas hold this adapter (at most the server's). "
+        "Default: the server's placement.copies. Ignored without placement (every replica holds it).",
+    )
 
 
 class ReplicaAdapterState(ApiModel):
@@ -221,6 +229,9 @@ class LoRAAdapterStatus(ApiModel):
         default=None, description="target_modules in adapter_config.json: the modules the adapter changes."
     )
     size_bytes: int | None = Field(default=None, description="Bytes of the adapter's files as downloaded.")
+    placement: AdapterPlacement | None = Field(
+        default=None, description="With the server's spec.placement: the pods assigned to serve it (the operator's)."
+    )
 
 
 class LoRAAdapter(ApiModel):

@@ -19,6 +19,7 @@ from moelora.api.common import (
 from moelora.api.env import EnvFromSource, EnvVar
 from moelora.api.kernel_spec import KernelSpec
 from moelora.api.model import ModelCacheStatus, ModelSpec
+from moelora.api.placement import PlacementSpec
 from moelora.api.pod_schemas import POD_SECURITY_CONTEXT, SECURITY_CONTEXT, TOPOLOGY_SPREAD
 from moelora.api.routing import RoutingSpec
 from moelora.api.scheduling import AFFINITY, KEY_RULE_MAP, LABEL_KEY, LABEL_VALUE, TOLERATION
@@ -216,6 +217,11 @@ class ModelServerSpec(ApiModel):
     )
     s3: S3Spec = Field(default_factory=S3Spec, json_schema_extra=DEFAULT_EMPTY)
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
+    placement: PlacementSpec | None = Field(
+        default=None,
+        description="Each adapter on a few replicas (a StatefulSet of stable pod names) instead of all of them. "
+        "Default: every replica serves every adapter (a Deployment).",
+    )
     service_account_name: str | None = Field(
         default=None,
         max_length=253,

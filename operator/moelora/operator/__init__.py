@@ -3,13 +3,16 @@
 Modules, one concern each, the lower layers first:
 - pure builders: `settings` (env -> Settings), `naming` (labels, names), `errors` (SpecProblem), `vllm_flags`
   (vLLM's flags, bundled), `engine` (vLLM args/env, refused flags), `model_shapes` (a model's MoE shape),
-  `kernel_configs` (the tuned-config volume), `deployment`, `service`, `disruption` (the PodDisruptionBudget),
+  `kernel_configs` (the tuned-config volume), `deployment`, `statefulset` (spec.placement's), `service`,
+  `disruption` (the PodDisruptionBudget),
   `secret_access` (the pods' Role on their adapters' Secrets), `policy` (the allowlists), `children` (everything
-  a ModelServer owns), `status` (reading what exists, and the status judged from it);
+  a ModelServer owns), `status` (reading what exists, and the status judged from it), `placement` and
+  `assignment` (which pods serve which adapters, and the moves);
 - `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
 - `events` (which adapter phase changes become Events, identical ones counted), `metrics` (Prometheus, /metrics);
 - `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
-- handlers by resource: `model_servers`, `lora_adapters`; `resync` (the periodic reconcile of every server);
+- handlers by resource: `model_servers`, `lora_adapters`, `placements` (adapters' status.placement); `resync`
+  (the periodic reconcile of every server);
   `wiring` registers them and runs kopf.
 Run it with `python3 -m moelora.operator`.
 
@@ -22,8 +25,8 @@ test_chart_rbac_used.py records what the operator really asks for and checks it 
 | moelora.io | loraadapters | get, list, watch |
 | moelora.io | modelservers/status, loraadapters/status | patch |
 | moelora.io | modelservers/finalizers | update (owner references with blockOwnerDeletion, where admission checks it) |
-| apps | deployments | get, list, watch, create, patch |
-| "" (core) | services | get, create, patch |
+| apps | deployments, statefulsets | get, list, watch, create, patch, delete (the kind spec.placement rules out) |
+| "" (core) | services | get, create, patch, delete (the headless Service of spec.placement) |
 | "" (core) | configmaps | get, create, patch, delete |
 | policy | poddisruptionbudgets | get, create, patch, delete |
 | rbac.authorization.k8s.io | roles, rolebindings | get, create, patch, delete (each server's adapter-Secret grant) |

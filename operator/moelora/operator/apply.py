@@ -29,6 +29,7 @@ from moelora.operator import naming
 # Kinds the operator creates -> their collection path (namespace filled in).
 _PATHS = {
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
+    ("apps/v1", "StatefulSet"): "/apis/apps/v1/namespaces/{namespace}/statefulsets",
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets",
@@ -157,11 +158,11 @@ def get_config_map(*, api: kubernetes.client.ApiClient, namespace: str, name: st
 
 
 def get_deployment(
-    *, api: kubernetes.client.ApiClient, namespace: str, name: str, owner_uid: str
+    *, api: kubernetes.client.ApiClient, namespace: str, name: str, owner_uid: str, kind: str = "Deployment"
 ) -> dict[str, Any] | None:
-    """The Deployment if `owner_uid` controls it; None on 404 or when it is someone else's (whose readiness must
-    not become the server's)."""
-    found = _get(api, _object_path("apps/v1", "Deployment", namespace=namespace, name=name))
+    """The Deployment (or StatefulSet) if `owner_uid` controls it; None on 404 or when it is someone else's (whose
+    readiness must not become the server's)."""
+    found = _get(api, _object_path("apps/v1", kind, namespace=namespace, name=name))
     return found if found is not None and owned_by(found, owner_uid) else None
 
 

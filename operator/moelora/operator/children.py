@@ -8,7 +8,17 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import ModelServerSpec
-from moelora.operator import autoscaling, gateway, kernel_configs, model_cache, multinode, naming, policy, secret_access
+from moelora.operator import (
+    autoscaling,
+    gateway,
+    kernel_configs,
+    model_cache,
+    multinode,
+    naming,
+    policy,
+    secret_access,
+    statefulset,
+)
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
 from moelora.operator.engine import required_secrets
@@ -16,13 +26,15 @@ from moelora.operator.errors import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
 
-# Children rendered only sometimes -> their name: when one is not rendered, the one we own is deleted.
+# Children rendered only sometimes -> their name: when none of that kind and name is rendered, ours is deleted.
 OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
+    ("apps/v1", "Deployment"): lambda name: name,  # without spec.placement, or replaced by a LeaderWorkerSet
+    ("apps/v1", "StatefulSet"): lambda name: name,  # with spec.placement
+    ("v1", "Service"): statefulset.headless_service_name,  # with spec.placement
     ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
     ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
     (secret_access.RBAC_API_VERSION, "Role"): secret_access.name,  # adapters that name Secrets
     (secret_access.RBAC_API_VERSION, "RoleBinding"): secret_access.name,
-    ("apps/v1", "Deployment"): lambda name: name,  # replaced by a LeaderWorkerSet when nodes > 1
     (multinode.LWS_API_VERSION, "LeaderWorkerSet"): lambda name: name,  # nodes > 1
     (gateway.POOL_API_VERSION, "InferencePool"): lambda name: name,  # routing.gateway.enabled
     (gateway.ROUTE_API_VERSION, "HTTPRoute"): lambda name: name,
@@ -38,15 +50,17 @@ NEEDS: dict[str, set[str]] = {
     "Job": {"PersistentVolumeClaim"},  # never fill a claim someone else made
     "Deployment": {"ConfigMap", "PersistentVolumeClaim", "Job"},
     "LeaderWorkerSet": {"ConfigMap", "PersistentVolumeClaim", "Job"},
-    "Service": {"Deployment", "LeaderWorkerSet"},
-    "InferencePool": {"Deployment", "LeaderWorkerSet"},
+    "StatefulSet": {"ConfigMap", "PersistentVolumeClaim", "Job"},
+    "Service": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
+    "InferencePool": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "HTTPRoute": {"InferencePool"},
-    "HorizontalPodAutoscaler": {"Deployment", "LeaderWorkerSet"},
-    "ScaledObject": {"Deployment", "LeaderWorkerSet"},
-    "PodDisruptionBudget": {"Deployment"},
-    "Role": {"Deployment"},
-    "RoleBinding": {"Role", "Deployment"},
+    "HorizontalPodAutoscaler": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
+    "ScaledObject": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
+    "PodDisruptionBudget": {"Deployment", "StatefulSet"},
+    "Role": {"Deployment", "StatefulSet"},
+    "RoleBinding": {"Role", "Deployment", "StatefulSet"},
 }
+WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 SECRET_GRANT_KINDS = {"Role", "RoleBinding"}
 
 
@@ -65,6 +79,8 @@ class Surroundings:
     served_adapters: frozenset[str] = frozenset()
     # The shared model cache as observed (model_cache.state); None without spec.model.cache.
     model_cache: model_cache.CacheState | None = None
+    # With placement: pods the adapters' assignments still name (a scale-down keeps them until their moves end).
+    assigned_pods: int = 0
 
 
 def desired_children(
@@ -107,9 +123,13 @@ def desired_children(
         )
         if multinode.is_multi_node(spec):
             workload = multinode.leader_worker_set(spec, workload)
+        elif spec.placement is not None:
+            workload = statefulset.statefulset(workload, replicas=max(spec.replicas, surroundings.assigned_pods))
         children.append(workload)
     selector = multinode.serving_selector(spec, name=name)
     children.append(service(name=name, namespace=namespace, selector=selector))
+    if spec.placement is not None:
+        children.append(statefulset.headless_service(name=name, namespace=namespace))
     if spec.routing.gateway.enabled:
         children.append(gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector))
         children.append(gateway.http_route(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters))

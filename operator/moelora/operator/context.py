@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 import kubernetes.client
 import kubernetes.config
 
+from moelora.api import AdapterPlacement
 from moelora.operator import kernel_configs
 from moelora.operator.events import Recorder
 from moelora.operator.metrics import Metrics
@@ -70,6 +71,22 @@ class Context:
     written_statuses: dict[ServerKey, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
     recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
+
+    # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
+    written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+    # One placement computation per server at a time (not `locks`: it reconciles the server after).
+    placement_locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
+    )
+
+    # Server -> {(adapter, pod): the loadedAt of a status entry it cleared}: ignored until the index drops it.
+    stale_loads: collections.defaultdict[ServerKey, dict[tuple[str, str], float]] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(dict)
+    )
+    # Server -> the timer that judges its placements again when a drain time ends (placements.py).
+    placement_timers: dict[ServerKey, asyncio.TimerHandle] = dataclasses.field(default_factory=dict)
 
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)

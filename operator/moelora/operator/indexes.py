@@ -6,13 +6,17 @@ as snapshots taken before any blocking work.
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import kopf
 
+from moelora.api import AdapterPlacement
 from moelora.operator import naming
+from moelora.operator.assignment import AdapterState, Server, pods_needed
 from moelora.operator.context import Context, ServerKey
+from moelora.operator.deployment import quantity_bytes
 from moelora.operator.status import pod_ready
 
 
@@ -24,6 +28,7 @@ class AdapterEntry(NamedTuple):
     # What a roll-up judges (metadata, spec, status), so a pod event re-judges a server's adapters from the index
     # instead of reading each one back: a pod event then costs no API call per adapter.
     body: Mapping[str, Any] | None = None
+    placed: AdapterState | None = None  # placement's inputs (see assignment.py)
 
 
 class PodEntry(NamedTuple):
@@ -32,6 +37,7 @@ class PodEntry(NamedTuple):
 
 
 ServersIndex = kopf.Index[ServerKey, ServerKey]
+PlacementIndex = kopf.Index[ServerKey, Server]
 AdaptersIndex = kopf.Index[ServerKey, AdapterEntry]
 PodsIndex = kopf.Index[ServerKey, PodEntry]
 
@@ -58,9 +64,49 @@ def adapters_index(
         "status": copy.deepcopy(dict(status)),
     }
     secret = ((spec.get("source") or {}).get("credentialsSecret") or {}).get("name")
-    served = spec.get("servedName") or name
+    placed = AdapterState(
+        name=name,
+        copies=spec.get("replicas"),
+        size_bytes=int(status.get("sizeBytes") or 0),
+        current=AdapterPlacement.model_validate(status["placement"]) if status.get("placement") else None,
+        loaded_on={
+            pod: _epoch(state.get("loadedAt"))
+            for pod, state in (status.get("replicas") or {}).items()
+            if (state or {}).get("loaded")
+        },
+    )
     phase = status.get("phase") or "Pending"
-    return {(namespace, server): AdapterEntry(name=name, phase=phase, secret=secret, served=served, body=kept)}
+    served = spec.get("servedName") or name
+    entry = AdapterEntry(name=name, phase=phase, secret=secret, served=served, body=kept, placed=placed)
+    return {(namespace, server): entry}
+
+
+def _epoch(timestamp: Any) -> float:
+    """An agent's RFC 3339 loadedAt as epoch seconds; 0 (long ago) when missing or unreadable."""
+    try:
+        return datetime.datetime.fromisoformat(str(timestamp)).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dict[ServerKey, Server] | None:
+    """Servers with spec.placement -> placement's inputs from their spec (the others are not indexed)."""
+    placement = spec.get("placement")
+    if placement is None:
+        return None
+    cache = (spec.get("adapterCache") or {}).get("sizeLimit") or "20Gi"
+    try:
+        disk_bytes: int | None = quantity_bytes(str(cache))
+    except ValueError:
+        disk_bytes = None  # the reconcile reports the invalid spec; place without a budget meanwhile
+    server = Server(
+        name=name,
+        replicas=int(spec.get("replicas", 1)),
+        copies=int(placement.get("copies") or 1),
+        disk_bytes=disk_bytes,
+        drain_seconds=float(placement.get("drainSeconds", 30)),
+    )
+    return {(namespace, name): server}
 
 
 def pods_index(
@@ -70,6 +116,11 @@ def pods_index(
     if not server:
         return None
     return {(namespace, server): PodEntry(name=name, ready=pod_ready(status))}
+
+
+def placed_server(index: PlacementIndex, key: ServerKey) -> Server | None:
+    found = list(index.get(key, []))
+    return found[0] if found else None
 
 
 def servers(index: ServersIndex, key: ServerKey) -> list[ServerKey]:
@@ -105,3 +156,16 @@ def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[
     for gone in set(written) - {entry.name for entry in entries}:
         del written[gone]
     return [entry._replace(phase=written[entry.name]) if entry.name in written else entry for entry in entries]
+
+
+def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:
+    """Pods of a placed server its adapters' assignments still name (with this operator's latest writes)."""
+    written = memo.written_placements[key]
+    assigned = []
+    for entry in entries:
+        if entry.name in written:
+            current = written[entry.name]
+            assigned.append(tuple(current.replicas) if current is not None else ())
+        elif entry.placed is not None:
+            assigned.append(entry.placed.assigned)
+    return pods_needed(assigned, server=key[1])

@@ -71,6 +71,7 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
         pods=observation.pods,
         now=now,
         refused=observation.refused,
+        assigned=((observation.body.get("status") or {}).get("placement") or {}).get("replicas"),
     )
 
 

@@ -20,7 +20,14 @@ import pydantic
 
 from moelora.api import ModelServerSpec
 from moelora.operator import apply, cache_sync, indexes, metrics, multinode, naming, status
-from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, SECRET_GRANT_KINDS, Surroundings, desired_children
+from moelora.operator.children import (
+    NEEDS,
+    OPTIONAL_CHILDREN,
+    SECRET_GRANT_KINDS,
+    WORKLOAD_KINDS,
+    Surroundings,
+    desired_children,
+)
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.engine import required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
@@ -113,17 +120,20 @@ def apply_children(
             continue
         if action != "unchanged":
             logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
-        if kind == "Deployment":
+        if kind in WORKLOAD_KINDS:
             stored_deployment = obj
         elif kind == "LeaderWorkerSet":
             stored_deployment = multinode.status_view(obj)
-    rendered = {(child["apiVersion"], child["kind"]) for child in children}
+    rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
+    workloads = WORKLOAD_KINDS | {"LeaderWorkerSet"}
     for (api_version, kind), optional_name in OPTIONAL_CHILDREN.items():
-        if (api_version, kind) in rendered or kind in held:
+        if kind in held:
             continue
-        if kind in ("Deployment", "LeaderWorkerSet") and {"Deployment", "LeaderWorkerSet"} & not_applied:
+        if kind in workloads and workloads & not_applied:
             continue  # the workload replacing this one was not applied: keep serving with the old one
         name = optional_name(meta["name"])
+        if (api_version, kind, name) in rendered:
+            continue
         deleted = apply.delete_if_owned(
             api=api, api_version=api_version, kind=kind, namespace=meta["namespace"], name=name, owner_uid=meta["uid"]
         )
@@ -186,6 +196,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         observation.surroundings,
         adapter_secrets=indexes.adapter_secrets(adapters),
         served_adapters=indexes.served_adapters(adapters),
+        assigned_pods=indexes.assigned_pods(memo, key, adapters),
     )
     if observation.spec is not None:
         try:
@@ -203,7 +214,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             # A model cache being (re)filled holds the workload: the one that exists keeps serving the old weights.
             cache = surroundings.model_cache
             filling = observation.spec.model.cache is not None and not (cache is not None and cache.ready)
-            held = {"Deployment", "LeaderWorkerSet"} if filling else set()
+            held = WORKLOAD_KINDS | {"LeaderWorkerSet"} if filling else set()
             stored_deployment, problem = apply_children(
                 api=memo.api, children=children, owner=observation.body, held=held
             )
@@ -216,7 +227,8 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
                 cache_sync.prune(api=memo.api, spec=observation.spec, namespace=namespace, name=name, owner_uid=uid)
     if stored_deployment is None:
         uid = observation.body["metadata"]["uid"]
-        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid)
+        kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
+        stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
     new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
     stored = observation.body.get("status") or {}

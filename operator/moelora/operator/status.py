@@ -38,7 +38,7 @@ and Progressing=True carry that reason too.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import pydantic
@@ -216,13 +216,17 @@ def adapter_status_patch(
     pods: Mapping[str, bool],
     now: datetime.datetime,
     refused: str | None = None,
+    assigned: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready;
-    `refused` says why the operator's policy refuses its source (SourceNotAllowed), the agents refusing it too.
+    `refused` says why the operator's policy refuses its source (SourceNotAllowed), the agents refusing it too;
+    `assigned` (with placement) the pods that should serve it: only they count, and others' entries are pruned.
 
     `raw_status` is the object's status as stored. Empty when nothing changes (so nothing is written).
     """
     status = LoRAAdapterStatus.model_validate(raw_status or {})
+    if assigned is not None:
+        pods = {pod: ready for pod, ready in pods.items() if pod in assigned}
     gone = [pod for pod in status.replicas if pod not in pods]
     replicas = {pod: state for pod, state in status.replicas.items() if pod in pods}
     ready_pods = [pod for pod, is_ready in pods.items() if is_ready]

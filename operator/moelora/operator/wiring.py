@@ -13,7 +13,7 @@ import kopf
 import kubernetes.client
 
 from moelora.api import GROUP, VERSION
-from moelora.operator import events, indexes, lora_adapters, metrics, model_servers, naming, resync
+from moelora.operator import events, indexes, lora_adapters, metrics, model_servers, naming, placements, resync
 from moelora.operator.context import Context
 from moelora.operator.settings import Settings
 
@@ -73,6 +73,7 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)
     kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)
     kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)
 
     changed = model_servers.model_server_changed
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
@@ -91,6 +92,11 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
         kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"{plural}_event")(
             model_servers.deployment_event
         )
+    kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED, registry=registry, id="statefulset_event")(
+        model_servers.deployment_event
+    )
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_placement")(placements.server_event)
+    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_placement")(placements.adapter_event)
     kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)
     # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
     # (agent status patches, pods, servers) already arrives as an event.

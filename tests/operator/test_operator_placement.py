@@ -1,0 +1,148 @@
+"""Placement through the real operator against the emulated API server: a placed server becomes a StatefulSet,
+its adapters' assignments appear in their status as placement predicts, and a scale moves them make-before-break.
+
+No agents run here: the test writes what they would (`status.replicas.<pod>.loaded`) for the pods an adapter's
+status assigns it to, and no StatefulSet controller either (the test reads the StatefulSet's spec only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from moelora.local.apiserver import KubeAPI
+from moelora.local.apiserver.client import Rest
+from moelora.local.operator_thread import OperatorThread
+from moelora.operator import placement
+from moelora.operator.assignment import pod_names
+from moelora.operator.settings import Settings
+
+from .cluster import DEPLOYMENTS, LORA, apply, manifest
+
+NS = "placed"
+SERVER = "qwen-moe"
+STATEFULSETS = "apps/v1/statefulsets"
+ADAPTERS = [f"team-{i}" for i in range(20)]
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeAPI]:
+    with KubeAPI() as api:
+        settings = Settings(
+            server_image="example.com/server:1",
+            agent_image="example.com/agent:1",
+            kubeconfig=str(api.kubeconfig),
+            resync_seconds=3600.0,  # every step must follow from events, not from a resync
+        )
+        with OperatorThread(settings=settings):
+            yield api
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = check()
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+            continue
+        return result
+
+
+def assignments(kube: KubeAPI) -> dict[str, dict[str, Any]]:
+    return {a["metadata"]["name"]: (a.get("status") or {}).get("placement") or {} for a in kube.list(LORA, NS)}
+
+
+def predicted(replicas: int) -> dict[str, list[str]]:
+    homes = placement.place(
+        [placement.Adapter(name, size_bytes=0) for name in ADAPTERS],
+        [placement.Replica(pod) for pod in pod_names(SERVER, replicas)],
+    ).homes
+    return {name: list(pods) for name, pods in homes.items()}
+
+
+def report_loaded(rest: Rest, adapter: str, pods: list[str]) -> None:
+    """What the agents of `pods` write once they have loaded the adapter."""
+    replicas = {pod: {"loaded": True, "state": "Loaded"} for pod in pods}
+    rest.request(
+        method="PATCH",
+        path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/loraadapters/{adapter}/status",
+        body={"status": {"replicas": replicas}},
+    )
+
+
+def scale(rest: Rest, replicas: int) -> None:
+    rest.request(
+        method="PATCH",
+        path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/modelservers/{SERVER}",
+        body={"spec": {"replicas": replicas}},
+    )
+
+
+def test_placed_server_moves_adapters_make_before_break(kube: KubeAPI) -> None:
+    rest = Rest(url=kube.url)
+    apply(kube, manifest("modelserver.yaml", namespace=NS, replicas=3, placement={"copies": 1, "drainSeconds": 0}))
+    for name in ADAPTERS:
+        adapter = manifest("loraadapter.yaml", namespace=NS)
+        adapter["metadata"]["name"] = name
+        adapter["spec"]["source"] = {"uri": f"s3://adapters/{name}/"}
+        rest.request(method="POST", path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/loraadapters", body=adapter)
+
+    # A StatefulSet of stable names with its headless Service, and no Deployment.
+    sts = eventually(lambda: _assert_some(kube.get(STATEFULSETS, NS, SERVER)))
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == f"{SERVER}-pods"
+    assert kube.get("v1/services", NS, f"{SERVER}-pods")["spec"]["clusterIP"] == "None"
+    assert kube.get(DEPLOYMENTS, NS, SERVER) is None
+    agent = next(c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "agent")
+    assert {"name": "MOELORA_PLACEMENT", "value": "1"} in agent["env"]
+
+    # Every adapter assigned where placement over <ms>-0..2 puts it.
+    three = predicted(3)
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, three))
+    for name, pods in three.items():
+        report_loaded(rest, name, pods)
+
+    # 3 -> 4: exactly the adapters placement moves get the new pod, and keep their old home meanwhile.
+    four = predicted(4)
+    moved = sorted(name for name in ADAPTERS if four[name] != three[name])
+    assert moved and all(four[name] == [f"{SERVER}-3"] for name in moved)
+    scale(rest, 4)
+    during = {name: [*four[name], *three[name]] if name in moved else three[name] for name in ADAPTERS}
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, during))
+    assert all(assignments(kube)[name]["draining"] == three[name] for name in moved)
+    assert kube.get(STATEFULSETS, NS, SERVER)["spec"]["replicas"] == 4
+
+    # The new pod reports half of them loaded: only those drop their old home.
+    first, rest_moved = moved[: len(moved) // 2 + 1], moved[len(moved) // 2 + 1 :]
+    for name in first:
+        report_loaded(rest, name, four[name])
+    halfway = {name: four[name] if name in first else during[name] for name in ADAPTERS}
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, halfway))
+    for name in rest_moved:
+        report_loaded(rest, name, four[name])
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, four))
+
+    # 4 -> 3: the StatefulSet keeps <ms>-3 until the adapters leaving it are loaded on their old homes again.
+    scale(rest, 3)
+    draining = {name: [*three[name], *four[name]] if name in moved else three[name] for name in ADAPTERS}
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, draining))
+    assert kube.get(STATEFULSETS, NS, SERVER)["spec"]["replicas"] == 4
+    for name in moved:
+        report_loaded(rest, name, three[name])
+    eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, three))
+    eventually(lambda: _assert_equal(kube.get(STATEFULSETS, NS, SERVER)["spec"]["replicas"], 3))
+
+
+def _assert_some(value: Any) -> Any:
+    assert value is not None
+    return value
+
+
+def _assert_equal(actual: Any, expected: Any) -> None:
+    assert actual == expected
