@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moelora.api.scheduling import LABEL_KEY, LABEL_SELECTOR
+from moelora.api.scheduling import LABEL_KEY, LABEL_SELECTOR, describe
 
 _INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
 _ID = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
@@ -123,20 +123,6 @@ _DESCRIPTIONS = {
 }
 
 
-def _describe(node: dict[str, Any], description: str = "") -> dict[str, Any]:
-    node = dict(node)
-    if description and "description" not in node:
-        node["description"] = description
-    if "properties" in node:
-        node["properties"] = {
-            key: sub if "description" in sub else _describe(sub, _DESCRIPTIONS[key])
-            for key, sub in node["properties"].items()
-        }
-    if isinstance(node.get("items"), dict):
-        node["items"] = _describe(node["items"], node.get("description", ""))
-    return node
-
-
-POD_SECURITY_CONTEXT = _describe(_POD_SECURITY_CONTEXT)
-SECURITY_CONTEXT = _describe(_SECURITY_CONTEXT)
-TOPOLOGY_SPREAD = _describe(_TOPOLOGY_SPREAD, "How to spread the pods over one topology.")
+POD_SECURITY_CONTEXT = describe(_POD_SECURITY_CONTEXT, _DESCRIPTIONS)
+SECURITY_CONTEXT = describe(_SECURITY_CONTEXT, _DESCRIPTIONS)
+TOPOLOGY_SPREAD = describe(_TOPOLOGY_SPREAD, _DESCRIPTIONS, "How to spread the pods over one topology.")

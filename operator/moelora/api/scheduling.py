@@ -158,18 +158,22 @@ _DESCRIPTIONS = {
 }
 
 
-def _describe(node: dict[str, Any], description: str = "") -> dict[str, Any]:
-    """A copy of the schema with every field described (items of arrays by their array's description)."""
+def describe(node: dict[str, Any], descriptions: dict[str, str], description: str = "") -> dict[str, Any]:
+    """A copy of the schema with every field described from `descriptions` by its name (items of arrays by their
+    array's description); a node that has a description keeps it."""
     node = dict(node)
     if description and "description" not in node:
         node["description"] = description
     if "properties" in node:
-        node["properties"] = {key: _describe(sub, _DESCRIPTIONS[key]) for key, sub in node["properties"].items()}
+        node["properties"] = {
+            key: sub if "description" in sub else describe(sub, descriptions, descriptions[key])
+            for key, sub in node["properties"].items()
+        }
     if isinstance(node.get("items"), dict):
-        node["items"] = _describe(node["items"], node.get("description", ""))
+        node["items"] = describe(node["items"], descriptions, node.get("description", ""))
     return node
 
 
-AFFINITY = _describe(_AFFINITY)
-TOLERATION = _describe(_TOLERATION, "A taint the pods tolerate.")
-LABEL_SELECTOR = _describe(_LABEL_SELECTOR, "Which pods are counted; default: this server's pods.")
+AFFINITY = describe(_AFFINITY, _DESCRIPTIONS)
+TOLERATION = describe(_TOLERATION, _DESCRIPTIONS, "A taint the pods tolerate.")
+LABEL_SELECTOR = describe(_LABEL_SELECTOR, _DESCRIPTIONS, "Which pods are counted; default: this server's pods.")
