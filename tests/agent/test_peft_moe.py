@@ -264,3 +264,24 @@ def test_unreadable_weights_are_the_adapters_fault(tmp_path: pathlib.Path) -> No
         _convert(tmp_path)
     assert caught.value.reason is FailureReason.CONFIG_INVALID
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
+
+
+@pytest.mark.filterwarnings("ignore:The following rank_pattern keys did not match")  # peft applies them all the same
+def test_a_rank_pattern_on_a_fused_parameter_passes_the_tensor_checks(tmp_path: pathlib.Path) -> None:
+    """peft matches rank_pattern against the parameter's full name (…experts.gate_up_proj): the checks must too."""
+    from moelora.agent.validate import Limits, validate
+
+    model = _peft_adapter(tmp_path / "adapter", hidden=32, inter=16, rank_pattern={"gate_up_proj": 2})
+    model.base_model.model.config.save_pretrained(str(tmp_path / "base"))
+    config_file = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    assert config["rank_pattern"] == {"gate_up_proj": 2}
+    config_file.write_text(json.dumps({**config, "base_model_name_or_path": "org/tiny-qwen3-moe"}))
+    limits = Limits(
+        base_model="org/tiny-qwen3-moe",
+        max_rank=16,
+        target_modules=frozenset(),
+        max_bytes=1 << 30,
+        base_config=tmp_path / "base" / "config.json",
+    )
+    assert validate(tmp_path / "adapter", limits).rank == 4

@@ -97,7 +97,9 @@ def _fused_parameter(pair: Pair, module: str, config: dict[str, Any], base: Base
     if not names:
         raise _mismatch(f"{quote(module)} holds fused expert weights, but target_parameters names none of its")
     (a_rows, a_in), (b_out, b_cols) = pair.a.shape, pair.b.shape
-    ranks = _ranks(module, config)
+    # peft matches rank_pattern against the parameter's full name (…mlp.experts.gate_up_proj), not the module's.
+    rank_of = {n: _ranks(f"{module}.{n}", config) for n in names}
+    ranks = set().union(*rank_of.values())
     if a_rows != b_cols or not any(a_rows % r == 0 for r in ranks):
         raise _mismatch(
             f"{quote(module)}: lora_A {list(pair.a.shape)} and lora_B {list(pair.b.shape)} are not "
@@ -110,7 +112,7 @@ def _fused_parameter(pair: Pair, module: str, config: dict[str, Any], base: Base
         raise _mismatch(f"the base model has no fused experts module {quote(module)}")
     if not any(a_rows == r * experts for r in ranks):
         raise _mismatch(f"{quote(module)}: lora_A has {a_rows} rows, not rank {sorted(ranks)} x {experts} experts")
-    fits = [n for n in names if params.get(n) == (a_in, b_out)]
+    fits = [n for n in names if params.get(n) == (a_in, b_out) and a_rows in {r * experts for r in rank_of[n]}]
     if not fits:
         wanted = {n: params.get(n) for n in names}
         raise _mismatch(f"{quote(module)}: (in, out) = ({a_in}, {b_out}) fits none of the targeted {quote(wanted)}")
