@@ -93,3 +93,60 @@ def test_error_mapping(status: int, message: str, expected: object) -> None:
         assert isinstance(error, AdapterError) and error.reason is expected
     else:
         assert type(error) is expected
+
+
+class _Scripted:
+    """A stand-in client answering adapters() from a script: a dict, or an exception to raise."""
+
+    def __init__(self, *answers: object) -> None:
+        self.answers = list(answers)
+
+    def adapters(self, *, poll: float | None = None) -> dict:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+
+def test_a_busy_vllm_keeps_its_adapters_for_a_few_polls_a_dead_one_loses_them_at_once() -> None:
+    from moelora.agent.vllm import AdapterPoller, VllmSlow
+
+    served = {"a": object()}
+    slow = VllmSlow("late")
+    poller = AdapterPoller(_Scripted(served, slow, slow, served, slow, slow, slow), poll=1)  # type: ignore[arg-type]
+    assert [poller.poll() for _ in range(4)] == [served, served, served, served]
+    assert [poller.poll() for _ in range(3)] == [served, served, None]  # the third late answer in a row: gone
+    dead = AdapterPoller(_Scripted(served, TransientError("refused")), poll=1)  # type: ignore[arg-type]
+    assert [dead.poll(), dead.poll()] == [served, None]
+    never_answered = AdapterPoller(_Scripted(slow), poll=1)  # type: ignore[arg-type]
+    assert never_answered.poll() is None  # nothing to keep
+
+
+def test_a_late_answer_is_slow_and_a_refused_connection_is_not() -> None:
+    import http.server
+    import threading
+    import time as _time
+
+    from moelora.agent.vllm import VllmSlow
+
+    class Late(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            _time.sleep(2)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Late)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(VllmSlow):
+            VllmClient(base_url=f"http://127.0.0.1:{server.server_address[1]}").adapters(poll=1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(TransientError) as refused:
+        VllmClient(base_url=f"http://127.0.0.1:{process.free_port()}").adapters(poll=1)
+    assert not isinstance(refused.value, VllmSlow)

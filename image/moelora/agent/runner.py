@@ -27,7 +27,7 @@ from moelora.agent.readiness import ReadyGate
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo, Limits
-from moelora.agent.vllm import Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.vllm import AdapterPoller, Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class Agent:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
         self.status_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="status")
         self.vllm_up = False
+        self.poller = AdapterPoller(vllm, poll=settings.poll_seconds)
         self.gate = ReadyGate(wait_seconds=settings.ready_wait_seconds, metrics=metrics)
         self.last_loop = monotonic()
         self.next_resync = monotonic() + settings.resync_seconds
@@ -165,14 +166,10 @@ class Agent:
     # ---- vLLM ----
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
-        try:
-            adapters = self.vllm.adapters(poll=self.settings.poll_seconds)
-        except TransientError:
-            if self.vllm_up:
-                logger.warning("vLLM is not answering; adapters will be registered again once it is back")
-            self.vllm_up = False
-            return None
-        self.vllm_up = True
+        adapters = self.poller.poll()
+        if adapters is None and self.vllm_up:
+            logger.warning("vLLM is not answering; adapters will be registered again once it is back")
+        self.vllm_up = adapters is not None
         return adapters
 
     def _reconcile_loaded_stage(self, desired: list[Desired], loaded: dict[str, LoadedAdapter] | None) -> None:

@@ -18,6 +18,13 @@ from typing import Any
 from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.api import FailureReason
 
+# _request's status for a request that timed out: vLLM is there but busy (a dead one refuses the connection: 0).
+SLOW = -1
+
+
+class VllmSlow(TransientError):
+    """vLLM took longer than the poll to answer: it is alive but busy, which says nothing about its adapters."""
+
 
 @dataclasses.dataclass(frozen=True)
 class LoadedAdapter:
@@ -89,6 +96,8 @@ class VllmClient:
         except urllib.error.HTTPError as error:
             return error.code, error.read()
         except (OSError, urllib.error.URLError) as error:
+            if isinstance(error, TimeoutError) or isinstance(getattr(error, "reason", None), TimeoutError):
+                return SLOW, str(error).encode()
             return 0, str(error).encode()
 
     def _with_retries(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
@@ -115,6 +124,8 @@ class VllmClient:
             status, payload = self._request("GET", "/v1/models", timeout=max(1.0, poll))
         else:
             status, payload = self._with_retries("GET", "/v1/models")
+        if status == SLOW:
+            raise VllmSlow("vLLM /v1/models did not answer in time")
         if status != 200:
             raise TransientError(f"vLLM /v1/models answered {status}")
         cards = json.loads(payload).get("data", [])
@@ -154,3 +165,30 @@ def _message(payload: bytes) -> str:
     if isinstance(body, dict) and "message" in body:
         return quote(str(body["message"]), limit=2000)
     return quote(payload.decode(errors="replace"), limit=500)
+
+
+class AdapterPoller:
+    """What vLLM serves, asked every `poll` seconds; None while it is down.
+
+    A refused connection (a dead vLLM) counts at once; a late answer (a busy one) keeps the last answer for a few
+    polls, so a loaded machine does not flip every adapter to not loaded and back.
+    """
+
+    SLOW_POLLS_TOLERATED = 3
+
+    def __init__(self, client: VllmClient, *, poll: float) -> None:
+        self.client = client
+        self.poll_seconds = poll
+        self.last: dict[str, LoadedAdapter] | None = None
+        self.slow = 0  # polls in a row answered too late
+
+    def poll(self) -> dict[str, LoadedAdapter] | None:
+        try:
+            self.last, self.slow = self.client.adapters(poll=self.poll_seconds), 0
+        except VllmSlow:
+            self.slow += 1
+            if self.slow >= self.SLOW_POLLS_TOLERATED:
+                self.last = None
+        except TransientError:
+            self.last = None
+        return self.last
