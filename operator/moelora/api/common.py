@@ -16,6 +16,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?|[mkMGTPE]|e[0-9]+)?$"
+# A `model` name clients send (the base model's or an adapter's); vLLM routes by it.
+SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"
 
 
 class ApiModel(BaseModel):

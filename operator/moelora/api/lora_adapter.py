@@ -10,7 +10,7 @@ from collections.abc import Collection
 
 from pydantic import ConfigDict, Field
 
-from moelora.api.common import CONDITIONS_LIST_MAP, DNS_LABEL, ApiModel, Condition, SecretRef
+from moelora.api.common import CONDITIONS_LIST_MAP, DNS_LABEL, SERVED_NAME, ApiModel, Condition, SecretRef
 from moelora.api.placement import AdapterPlacement
 
 
@@ -142,7 +142,7 @@ class LoRAAdapterSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=256,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        pattern=SERVED_NAME,
         description="The `model` name clients send. Default: metadata.name.",
     )
     pin: VersionPin | None = Field(

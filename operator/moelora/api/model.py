@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from moelora.api.common import DNS_SUBDOMAIN, QUANTITY, ApiModel
+from moelora.api.common import DNS_SUBDOMAIN, QUANTITY, SERVED_NAME, ApiModel
 from moelora.api.env import TokenSecret
 
 
@@ -82,7 +82,7 @@ class ModelSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=256,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        pattern=SERVED_NAME,
         description="The `model` name clients use for the base model. Default: the ModelServer's name.",
     )
     token_secret: TokenSecret | None = Field(
