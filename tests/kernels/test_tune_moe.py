@@ -96,8 +96,14 @@ def test_the_budget_stops_before_the_next_bucket_and_a_rerun_resumes(tmp_path):
     first = tm.tune_moe(buckets=buckets, budget_s=0.0, **kwargs)
     assert (first["measured"], first["left"]) == (1, 2)  # a run measures one bucket at least
     assert [p.rsplit("/", 1)[1] for p in first["files"]] == ["E=5,N=8,device_name=NVIDIA_H100_80GB_HBM3.json"]
+    # The counts left out hold the start config (vLLM's choice), so vLLM's nearest-count lookup cannot hand them
+    # the tuned count's config; the state marks them for the next run.
+    tree = json.loads((tmp_path / "E=5,N=8,device_name=NVIDIA_H100_80GB_HBM3.json").read_text())
+    assert list(tree) == ["2", "4", "8"] and tree["4"] == tree["8"] == start(buckets[1])
+    assert "not tuned" in tm.report(json.loads((tmp_path / tm.STATE_FILE).read_text()))
     second = tm.tune_moe(buckets=buckets, **kwargs)
     assert (second["measured"], second["skipped"], second["left"]) == (2, 1, 0)
+    assert "not tuned" not in tm.report(json.loads((tmp_path / tm.STATE_FILE).read_text()))
 
 
 @pytest.mark.parametrize(
@@ -112,7 +118,6 @@ def test_the_budget_stops_before_the_next_bucket_and_a_rerun_resumes(tmp_path):
 def test_device_file_name_is_vllms(torch_name, file_name, monkeypatch):
     from vllm.model_executor.layers.fused_moe import fused_moe
     from vllm.platforms import current_platform
-
     from vllm.utils import platform_utils
 
     monkeypatch.setattr(current_platform, "get_device_name", lambda *a, **k: torch_name, raising=False)

@@ -13,8 +13,9 @@ Per bucket this runs tune.search's coordinate descent from the config vLLM picks
 else its size heuristic), times whole `fused_experts` calls (routing alignment, both GEMMs, the activation) with
 CUDA-graph replays over input sets rotated past the L2, and rejects every candidate whose output differs from a
 float64 reference. The activation is SiLU for every model: it is a separate kernel the config does not touch.
-Resumable: out/tune_moe_state.json holds every measured bucket; the JSON files are rewritten after each one, so a
-run cut short by its time budget still leaves usable files (vLLM takes the nearest tuned count).
+Resumable: out/tune_moe_state.json holds every measured bucket; the JSON files are rewritten after each one. A count
+the time budget left out gets vLLM's own choice in the file (vLLM would take the nearest count's config for it
+otherwise), marked in the state so a rerun tunes it.
 """
 
 from __future__ import annotations
@@ -220,11 +221,18 @@ def tune_moe(
     t0 = time.monotonic()
     done = skipped = left = 0
     for i, b in enumerate(buckets, 1):
-        if b.key in state["buckets"]:
+        s = b.model
+        record = {"model": s.name, "experts": s.experts, "inter": s.inter, "hidden": s.hidden, "top_k": s.top_k}
+        record["m"] = b.m
+        if b.key in state["buckets"] and not state["buckets"][b.key].get("untuned"):
             skipped += 1
             continue
         if done and time.monotonic() - t0 > budget_s:  # at least one bucket per run
+            # vLLM takes the nearest count in a file, so a count left out would get a tuned neighbour's config
+            # (a decode one for a prefill size, say): write vLLM's own choice for it, marked for a later run.
             left += 1
+            untuned = {"kernel": "vllm-fused-moe", "untuned": True, "bucket": record, "result": {"config": start(b)}}
+            state["buckets"][b.key] = untuned
             continue
         head = f"[{i}/{len(buckets)}] {b.model.name} E={b.model.experts} N={b.model.inter} m {b.m}"
         log(head)
@@ -236,19 +244,7 @@ def tune_moe(
         result = search(
             ExpertsKernel(experts, start(b)), space, sets, [reference(first)], cuda=cuda, log=log, passes=passes
         )
-        s = b.model
-        state["buckets"][b.key] = {
-            "kernel": "vllm-fused-moe",
-            "result": result,
-            "bucket": {
-                "model": s.name,
-                "experts": s.experts,
-                "inter": s.inter,
-                "hidden": s.hidden,
-                "top_k": s.top_k,
-                "m": b.m,
-            },
-        }
+        state["buckets"][b.key] = {"kernel": "vllm-fused-moe", "result": result, "bucket": record}
         save_state(state_path, state)
         write_files(out_dir=out_dir, state=state, device_name=device_name)
         done += 1
@@ -257,6 +253,7 @@ def tune_moe(
         del sets
         if cuda:
             torch.cuda.empty_cache()
+    save_state(state_path, state)
     files = write_files(out_dir=out_dir, state=state, device_name=device_name)
     return {"measured": done, "skipped": skipped, "left": left, "files": [str(f) for f in files]}
 
@@ -266,6 +263,11 @@ def report(state: dict) -> str:
     recs = sorted(state["buckets"].values(), key=lambda r: (r["bucket"]["model"], r["bucket"]["m"]))
     for r in recs:
         b, res = r["bucket"], r["result"]
+        if r.get("untuned"):
+            lines.append(
+                f"| {b['model']} | {b['experts']} | {b['inter']} | {b['m']} | not tuned: vLLM's choice | - | - |"
+            )
+            continue
         d, us = res["default_us"], res["us"]
         gain = "-" if d is None else f"{d / us:.2f}x"
         lines.append(
