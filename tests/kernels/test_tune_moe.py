@@ -158,3 +158,20 @@ def test_written_files_are_what_vllm_picks(tmp_path, monkeypatch):
     finally:
         fused_moe.get_moe_configs.cache_clear()
         platform_utils.get_device_name_as_file_name.cache_clear()
+
+
+def test_a_failing_candidate_does_not_stay_forced(monkeypatch):
+    """vLLM's override_config leaves the config set when the call raises; the tuner's call must not, or vLLM's own
+    choice for the next token count (the search's start) would be the failed candidate."""
+    from vllm.model_executor.layers import fused_moe as package
+    from vllm.model_executor.layers.fused_moe import fused_moe
+
+    def out_of_resources(*args, **kwargs):
+        assert package.get_config() == {"BLOCK_SIZE_M": 128}
+        raise RuntimeError("out of resource: shared memory")
+
+    monkeypatch.setattr(fused_moe, "fused_experts", out_of_resources)
+    inp = tm.make_inputs(tm.MoeBucket(TINY, 2), device=torch.device("cpu"), dtype=torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="shared memory"):
+        tm.vllm_experts(inp, {"BLOCK_SIZE_M": 128})
+    assert package.get_config() is None

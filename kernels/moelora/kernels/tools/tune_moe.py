@@ -163,11 +163,17 @@ class ExpertsKernel:
 
 def vllm_experts(inp: MoeInputs, config: dict) -> torch.Tensor:
     """vLLM's fused_experts with `config` forced for every token count (vLLM's own override hook)."""
-    from vllm.model_executor.layers.fused_moe import override_config
+    from vllm.model_executor.layers import fused_moe as package
     from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
 
-    with override_config(config):
-        return fused_experts(inp.x, inp.w1, inp.w2, inp.topk_w, inp.topk_ids)
+    before = package.get_config()
+    try:
+        with package.override_config(config):
+            return fused_experts(inp.x, inp.w1, inp.w2, inp.topk_w, inp.topk_ids)
+    finally:
+        # vLLM's override does not restore on an exception (a candidate out of shared memory raises): without this
+        # the failed candidate stays forced, and vLLM's choice for the next count would read it back.
+        package._config = before
 
 
 def vllm_choice(b: MoeBucket) -> dict:
