@@ -4,13 +4,16 @@
 # VLLM_SITE_ARCHIVE (optional): a tar of a site-packages folder holding vLLM, unpacked under TMPDIR and put on
 # PYTHONPATH, for a machine where vLLM is not installed.
 # Each model gets its own time budget (GPT_S, QWEN_S seconds, then no new token count is started); counts left out
-# hold vLLM's own choice and a rerun with OUTPUT_DIR/moe kept tunes them. Afterwards copy
-# OUTPUT_DIR/moe/E=*.json into kernels/moelora/kernels/configs/NVIDIA_H200/ and paste OUTPUT_DIR/tune_moe_table.md
-# into docs/benchmarks.md. It ends by asking vLLM's own lookup which file it reads for each model.
+# hold vLLM's own choice. It resumes from kernels/scripts/tune_moe_state_h200.json (the bundled files' buckets;
+# FRESH=1 starts over), so a rerun tunes only the counts left out. Afterwards copy OUTPUT_DIR/moe/E=*.json into
+# kernels/moelora/kernels/configs/NVIDIA_H200/, OUTPUT_DIR/moe/tune_moe_state.json over the state file, and paste
+# OUTPUT_DIR/tune_moe_table.md into docs/benchmarks.md. It ends by asking vLLM's own lookup which file it reads.
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels${PYTHONPATH:+:$PYTHONPATH}
 OUT=${1:?usage: tune_moe_h200.sh OUTPUT_DIR}; DIR="$OUT/moe"; mkdir -p "$DIR"
 PY=${PYTHON:-python3}
+STATE=kernels/scripts/tune_moe_state_h200.json  # the bundled files' state: a rerun tunes only what it left out
+[ -f "$DIR/tune_moe_state.json" ] || [ -n "${FRESH:-}" ] || cp "$STATE" "$DIR/tune_moe_state.json"
 if [ -n "${VLLM_SITE_ARCHIVE:-}" ]; then
   SITE=${TMPDIR:-/tmp}/vllm-site
   if [ ! -f "$SITE/.done" ]; then
