@@ -58,11 +58,19 @@ def pop_dense(files: dict[str, object], bundled: pathlib.Path, model: str = GPT_
             assert name not in files, f"{name}, tuned for GPT-OSS' attention, mounted for {model}"
 
 
-def assert_only_shape(files: dict[str, object], model: str) -> None:
-    hidden, inter, experts = SHAPES[model]
-    for name in [name for name in files if kc.base_moe_shape(name) is not None]:  # vLLM's base fused-MoE files
+def pop_base(files: dict[str, object], model: str) -> list[str]:
+    """Take vLLM's base fused-MoE files out of `files`, checking each is the model's (E, N); their names."""
+    _, inter, experts = SHAPES[model]
+    names = [name for name in files if kc.base_moe_shape(name) is not None]
+    for name in names:
         assert kc.base_moe_shape(name) == (experts, inter), f"{name} mounted for {model}"
         files.pop(name)
+    return names
+
+
+def assert_only_shape(files: dict[str, object], model: str) -> None:
+    hidden, inter, _ = SHAPES[model]
+    pop_base(files, model)
     table = files.pop("NVIDIA_H200.json")
     assert isinstance(table, dict) and table["device"] == "NVIDIA H200"
     keys = {(e["k"], e["n"], e["num_experts"]) for e in table["entries"]}
@@ -119,6 +127,7 @@ def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
     assert root is not None
     files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
     pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200", model)
+    assert len(pop_base(files, model)) == 1  # the bundled base fused-MoE file of this model, and no other's
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
     assert_only_shape(files, model)
