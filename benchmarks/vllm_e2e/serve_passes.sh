@@ -6,8 +6,10 @@
 # Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/serve_passes.sh OUTPUT_DIR NAME
 # (results in OUTPUT_DIR/NAME). Needs the benchmark kit and its vLLM archive (benchmarks/vllm_e2e/README.md): KIT
 # (default .bundle/kit) and VLLM_ARCHIVE (default .bundle/vllm-site.tar.xz).
-# Env: MODE (plugin | tuned | stock | nolora), PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."),
-# SERVER_ARGS (more vLLM flags, e.g. --enable-logging-iteration-details), PASS_S (timeout per pass).
+# Env: MODE (plugin | tuned | stock | nolora | nolora-tuned: no LoRA, the bundled files mounted, i.e. the tuned base
+# fused-MoE configs), MODEL (gpt-oss: the kit's GPT-OSS-20B shape | qwen3: make_qwen3.py's Qwen3-30B-A3B shape),
+# PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."), SERVER_ARGS (more vLLM flags, e.g.
+# --enable-logging-iteration-details), PASS_S (timeout per pass).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -19,10 +21,18 @@ if [ ! -f $SITE/.done ]; then
   mkdir -p $SITE && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" $ARCH $SITE && touch $SITE/.done || exit 3
 fi
 [ -d /tmp/moelora-ep ] || python3 benchmarks/vllm_e2e/make_entry_point.py /tmp/moelora-ep >/dev/null
-M=/tmp/m_bf16; [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M
-[ -d /tmp/loras ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py /tmp/loras 8 32 --device cuda
+case ${MODEL:-gpt-oss} in
+  gpt-oss) M=/tmp/m_bf16; L=/tmp/loras; SERVED=gpt-oss-20b
+           [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M
+           [ -d $L ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py $L 8 32 --device cuda ;;
+  qwen3)   M=/tmp/m_qwen3; L=/tmp/loras_qwen3; SERVED=qwen3-30b-a3b
+           [ -d $M ] || PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py model $M
+           [ "$MODE" = nolora ] || [ "$MODE" = nolora-tuned ] || [ -d $L ] || \
+             PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py loras $L 8 32 --device cuda ;;
+  *) log "unknown MODEL ${MODEL}"; exit 2 ;;
+esac
 CFG=$R/kernels/moelora/kernels/configs/NVIDIA_H200
-LM=""; NAMES=""; for i in $(seq 1 8); do LM="$LM lora$i=/tmp/loras/lora$i"; NAMES="$NAMES lora$i"; done
+LM=""; NAMES=""; for i in $(seq 1 8); do LM="$LM lora$i=$L/lora$i"; NAMES="$NAMES lora$i"; done
 SRV_LORA="--enable-lora --max-loras 8 --max-cpu-loras 8 --max-lora-rank 32 --lora-modules $LM"
 BENCH_LORA="--lora-modules $NAMES --lora-assignment round-robin"
 PP=$SITE; ENVS=""
@@ -31,20 +41,22 @@ case $MODE in
   tuned)  ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   stock)  ;;
   nolora) SRV_LORA=""; BENCH_LORA="" ;;
+  nolora-tuned) SRV_LORA=""; BENCH_LORA=""; ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
+  *) log "unknown MODE $MODE"; exit 2 ;;
 esac
 PROF=(); [ "${PROFILE:-0}" = 1 ] && PROF=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$OUTD/prof\", \"torch_profiler_with_stack\": false}")
-env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name gpt-oss-20b \
+env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name $SERVED \
   --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size 32 --port 8000 \
   ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
-SP=$!
+SP=$!; TS=$(date +%s)
 for _ in $(seq 1 400); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
   kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1
 done
-log "server ready"
+echo $(( $(date +%s) - TS )) > $OUTD/ready_s.txt; log "server ready after $(cat $OUTD/ready_s.txt) s"
 for p in $(seq 1 $PASSES); do
   PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
-    --base-url http://127.0.0.1:8000 --model gpt-oss-20b --tokenizer $M --dataset-name random --random-input-len 1600 \
+    --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
     --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
     --num-warmups 16 $BENCH_LORA --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
     --result-dir $OUTD --result-filename pass$p.json --seed $p 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
@@ -53,7 +65,7 @@ done
 if [ ${#PROF[@]} -gt 0 ]; then
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/start_profile', method='POST'))"
   PYTHONPATH=$SITE timeout 90 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
-    --base-url http://127.0.0.1:8000 --model gpt-oss-20b --tokenizer $M --dataset-name random --random-input-len 1600 \
+    --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
     --random-output-len 64 --random-range-ratio 0 --num-prompts 16 --max-concurrency 16 --ignore-eos \
     $BENCH_LORA --seed 99 2>&1 | grep -E "TPOT" | head -3
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/stop_profile', method='POST'), timeout=120)"

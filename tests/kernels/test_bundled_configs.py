@@ -26,11 +26,43 @@ def _vllm_calls(shape):
     return [("w13", shape.w13_slices, w13_inter), ("w2", 1, shape.inter)]
 
 
+def base_file(shape) -> str:
+    """vLLM's base fused-MoE config file of a model (the experts' own GEMMs), as tune_moe names it."""
+    return f"E={shape.experts},N={shape.inter},device_name=NVIDIA_H200.json"
+
+
+@pytest.mark.parametrize("shape", list(MODEL_PRESETS.values()), ids=lambda s: s.name)
+def test_vllms_own_lookup_reads_the_bundled_base_moe_files(shape, monkeypatch):
+    """Every token count the base tuner covers is in the file, and vLLM's experts get exactly that entry for it
+    (no "Using default MoE config")."""
+    from vllm.model_executor.layers.fused_moe import fused_moe
+    from vllm.platforms import current_platform
+    from vllm.utils import platform_utils
+
+    from moelora.kernels.tools.tune_moe import DEFAULT_M, FIELDS
+
+    tree = json.loads((VLLM_DIR / base_file(shape)).read_text())
+    assert sorted(map(int, tree)) == sorted(DEFAULT_M)
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(VLLM_DIR))
+    monkeypatch.setattr(current_platform, "get_device_name", lambda *a, **k: "NVIDIA H200", raising=False)
+    platform_utils.get_device_name_as_file_name.cache_clear()
+    fused_moe.get_moe_configs.cache_clear()
+    try:
+        for m, leaf in tree.items():
+            assert set(leaf) == set(FIELDS), m
+            w1, w2 = (shape.experts, 2 * shape.inter, shape.hidden), (shape.experts, shape.hidden, shape.inter)
+            assert fused_moe.try_get_optimal_moe_config(w1, w2, shape.top_k, None, int(m)) == leaf
+    finally:
+        fused_moe.get_moe_configs.cache_clear()
+        platform_utils.get_device_name_as_file_name.cache_clear()
+
+
 def test_vllm_files_cover_the_grid():
     files = {p.name: json.loads(p.read_text()) for p in VLLM_DIR.glob("*.json")}
     assert sorted(files) == sorted(
         [f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json" for op in ("W13", "W2") for part in ("SHRINK", "EXPAND")]
         + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json"]
+        + [base_file(shape) for shape in MODEL_PRESETS.values()]
     )
     missing = []
     for shape, rank, loras, m in GRID:

@@ -58,8 +58,19 @@ def pop_dense(files: dict[str, object], bundled: pathlib.Path, model: str = GPT_
             assert name not in files, f"{name}, tuned for GPT-OSS' attention, mounted for {model}"
 
 
+def pop_base(files: dict[str, object], model: str) -> list[str]:
+    """Take vLLM's base fused-MoE files out of `files`, checking each is the model's (E, N); their names."""
+    _, inter, experts = SHAPES[model]
+    names = [name for name in files if kc.base_moe_shape(name) is not None]
+    for name in names:
+        assert kc.base_moe_shape(name) == (experts, inter), f"{name} mounted for {model}"
+        files.pop(name)
+    return names
+
+
 def assert_only_shape(files: dict[str, object], model: str) -> None:
     hidden, inter, _ = SHAPES[model]
+    pop_base(files, model)
     table = files.pop("NVIDIA_H200.json")
     assert isinstance(table, dict) and table["device"] == "NVIDIA H200"
     keys = {(e["k"], e["n"], e["num_experts"]) for e in table["entries"]}
@@ -116,6 +127,7 @@ def test_the_real_bundle_is_cut_to_the_models_shape(model: str) -> None:
     assert root is not None
     files = mounted(kc.volume(auto_spec(model), name="srv", namespace="ns", labels=LABELS, root=root))
     pop_dense(files, pathlib.Path(str(root)) / "NVIDIA_H200", model)
+    assert len(pop_base(files, model)) == 1  # the bundled base fused-MoE file of this model, and no other's
     other = str(SHAPES[QWEN3 if model == GPT_OSS else GPT_OSS][0])
     assert not any(other in path[4] for tree in files.values() if "entries" not in tree for path in vllm_leaves(tree))
     assert_only_shape(files, model)
@@ -166,6 +178,10 @@ def test_every_bundled_entry_belongs_to_a_known_model() -> None:
     for gpu in sorted(p.stem for p in pathlib.Path(str(root)).glob("*.json")):
         bundle = kc.read_bundle(gpu, root=root)
         dense = {name: bundle.pop(name) for name in kc.dense_file_names(gpu) if name in bundle}  # mounted whole
+        known = {(s.num_experts, s.moe_intermediate_size) for s in kc.model_shapes.KNOWN_SHAPES.values()}
+        for name in [name for name in bundle if kc.base_moe_shape(name) is not None]:  # mounted whole too
+            assert kc.base_moe_shape(name) in known, f"{gpu}/{name} is not a known model's base MoE shape"
+            bundle.pop(name)
         covered: dict[str, set] = {name: set() for name in bundle}
         for shape in {kc.model_shapes.key(s): s for s in kc.model_shapes.KNOWN_SHAPES.values()}.values():
             for name, text in kc.for_shape({**bundle, **dense}, shape, gpu=gpu).items():
@@ -238,6 +254,36 @@ def test_files_in_neither_format_are_not_mounted(bundle: pathlib.Path) -> None:
         *VLLM_FILES[:2],
         *DENSE_FILES,
     }
+
+
+def test_base_moe_files_are_mounted_whole_for_the_shapes_experts_and_intermediate_size(bundle: pathlib.Path) -> None:
+    tree = {"1": {"BLOCK_SIZE_M": 16}, "1024": {"BLOCK_SIZE_M": 128}}
+    names = {
+        "gpt": "E=32,N=2880,device_name=NVIDIA_H200.json",
+        "gpt_fp8": "E=32,N=2880,device_name=NVIDIA_H200,dtype=fp8_w8a8.json",
+        "qwen": "E=128,N=768,device_name=NVIDIA_H200.json",
+        "other": "E=64,N=2880,device_name=NVIDIA_H200.json",  # GPT-OSS' N, another expert count
+    }
+    for name in names.values():
+        (bundle / "NVIDIA_H200" / name).write_text(json.dumps(tree))
+    gpt = kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    qwen = kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert gpt is not None and qwen is not None
+    gpt_files, qwen_files = mounted(gpt), mounted(qwen)
+    assert {n for n in gpt_files if kc.base_moe_shape(n)} == {names["gpt"], names["gpt_fp8"]}
+    assert {n for n in qwen_files if kc.base_moe_shape(n)} == {names["qwen"]}
+    assert gpt_files[names["gpt"]] == tree  # whole, as bundled
+    # vLLM's names hold '=' and ',': the ConfigMap key is made safe, the mounted path is the name vLLM looks up
+    item = next(i for i in gpt.items or [] if i["path"] == names["gpt"])
+    assert item["key"] == "E_32_N_2880_device_name_NVIDIA_H200.json"
+    k8s_valid(gpt.owned_config_map)
+    # Alone, a base file makes a shape bundled: it was tuned for exactly that shape.
+    for file in (bundle / "NVIDIA_H200").iterdir():
+        if kc.base_moe_shape(file.name) is None:
+            file.unlink()
+    (bundle / "NVIDIA_H200.json").unlink()
+    only = kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert only is not None and [i["path"] for i in only.items or []] == [names["qwen"]]
 
 
 def test_a_single_file_per_gpu_is_bundled_too(bundle: pathlib.Path) -> None:

@@ -1,14 +1,15 @@
-"""The kernel-config volume: tuned fused MoE-LoRA configs mounted at VLLM_TUNED_CONFIG_FOLDER.
+"""The kernel-config volume: tuned fused MoE-LoRA and base fused-MoE configs mounted at VLLM_TUNED_CONFIG_FOLDER.
 
 `configMap` mode mounts the user's ConfigMap. `auto` mode renders a ConfigMap the operator owns from the set
 bundled in `moelora.kernels` (`configs/<GPU>/*.json` and `configs/<GPU>.json`, <GPU> in vLLM's device-name form,
 e.g. NVIDIA_H200), picked by the GPU product in the node selector, and cut down to the entries tuned for the
-model's MoE shape (moelora.operator.model_shapes). vLLM's files for its dense LoRA ops (`<GPU>_SHRINK.json`,
-`<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router projections) go in whole, with the shape's, when they were
-tuned for the model's hidden size: their other keys are sizes the MoE shape does not carry, and vLLM takes the
-nearest key at each level. Nothing is ever guessed: no
-set for the GPU, no entries for the shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback
-to vLLM's defaults. A hash of the content goes on the pod template, so new configs (or another model's) roll the
+model's MoE shape (moelora.operator.model_shapes). vLLM's base fused-MoE files (`E=..,N=..,device_name=...json`:
+the experts' own GEMMs, with or without LoRA) go in whole for the shape's experts and intermediate size. vLLM's
+files for its dense LoRA ops (`<GPU>_SHRINK.json`, `<GPU>_EXPAND_{TRUE,FALSE}.json`: attention and router
+projections) go in whole, with the shape's, when they were tuned for the model's hidden size: their other keys are
+sizes the MoE shape does not carry, and vLLM takes the nearest key at each level. Nothing is ever guessed: no set
+for the GPU, no entries for the shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback to
+vLLM's defaults. A hash of the content goes on the pod template, so new configs (or another model's) roll the
 pods.
 """
 
@@ -157,13 +158,27 @@ def _keys_at(node: Any, depth: int) -> set[str]:
     return set().union(*(_keys_at(child, depth - 1) for child in node.values()))
 
 
+# vLLM's base fused-MoE files (fused_moe.get_config_file_name): E experts, N one expert's intermediate size, then
+# the device and, for quantized weights, the dtype; {token count: launch config} inside.
+_BASE_MOE_NAME = re.compile(r"E=(\d+),N=(\d+),device_name=[^,]+(,[^/]*)?\.json")
+
+
+def base_moe_shape(file_name: str) -> tuple[int, int] | None:
+    """(experts, intermediate size) of one of vLLM's base fused-MoE config files, else None."""
+    match = _BASE_MOE_NAME.fullmatch(file_name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
 def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[str, str]:
-    """read_bundle's files cut to the entries tuned for `shape`; files with none are left out. The dense-op files
-    come whole (if tuned for the shape's hidden size), and only with something tuned for the shape: alone they do
-    not make a shape bundled."""
+    """read_bundle's files cut to the entries tuned for `shape`; files with none are left out. vLLM's base
+    fused-MoE files come whole when their E and N are the shape's (vLLM keys them by nothing else). The dense-op
+    files come whole (if tuned for the shape's hidden size), and only with something tuned for the shape: alone
+    they do not make a shape bundled."""
     kept, dense = {}, {}
     for file_name, text in files.items():
-        if file_name in dense_file_names(gpu):
+        if (base := base_moe_shape(file_name)) is not None:
+            cut, into = (text if base == (shape.num_experts, shape.moe_intermediate_size) else None), kept
+        elif file_name in dense_file_names(gpu):
             cut, into = _dense_file(text, shape), dense
         elif file_name == f"{gpu}.json":
             cut, into = _table_for_shape(text, shape), kept

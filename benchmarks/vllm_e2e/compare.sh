@@ -1,0 +1,40 @@
+#!/bin/bash
+# Side by side in one call: one fresh server per mode (serve_passes.sh, same model, kit flags and load), then one
+# table of every pass with each row's median TPOT and output tokens/s against the first mode's first pass.
+# Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/compare.sh OUTPUT_DIR
+# Env: MODEL (gpt-oss | qwen3), MODES (default "nolora nolora-tuned plugin"), PASSES (default 1), BUDGET_S (the
+# whole run, default 585: a mode that cannot finish is not started), MODE_S (the least time a mode needs, default 200).
+# Plugin servers run with vLLM's dual LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/,
+# the table in OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines.
+set -u
+R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
+mkdir -p "$OUT"
+for mode in ${MODES:-nolora nolora-tuned plugin}; do
+  left=$(( ${BUDGET_S:-585} - ($(date +%s) - T0) ))
+  [ $left -gt ${MODE_S:-200} ] || { echo "skip $mode: ${left}s left"; continue; }
+  extra=""; [ "$mode" = plugin ] && extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
+  MODE=$mode PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" timeout $((left - 5)) \
+    bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
+  for _ in $(seq 1 30); do  # the next server needs the memory this one held
+    [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1
+  done
+  log=$OUT/$MODEL-$mode/server.log
+  [ -f "$log" ] && grep -E "Using .*MoE|MoE config|LoRA kernel config|moelora: (fused|model warm)|Error|error:" "$log" \
+    | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt" && rm -f "$log"
+done
+python3 - "$OUT" "$MODEL" "${MODES:-nolora nolora-tuned plugin}" <<'PY' | tee "$OUT/compare-$MODEL.md"
+import json, pathlib, sys
+out, model, modes = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split()
+print("| server | pass | output tok/s | median TPOT ms | p99 TPOT ms | median TTFT ms | p99 TTFT ms | TPOT / first | tok/s / first | ready after s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+base = None
+for mode in modes:
+    d = out / f"{model}-{mode}"
+    ready = (d / "ready_s.txt").read_text().strip() if (d / "ready_s.txt").exists() else "-"
+    for p in sorted(d.glob("pass*.json")):
+        r = json.loads(p.read_text())
+        base = base or r
+        print(f"| {mode} | {p.stem[4:]} | {r['output_throughput']:.0f} | {r['median_tpot_ms']:.2f} | {r['p99_tpot_ms']:.2f} | "
+              f"{r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} | {r['median_tpot_ms'] / base['median_tpot_ms']:.3f} | "
+              f"{r['output_throughput'] / base['output_throughput']:.3f} | {ready} |")
+PY
