@@ -1,9 +1,11 @@
-"""Two findings of the S3 chaos run (benchmarks/chaos_s3.py): an object replaced after its listing on a server that
-ignores If-Match (s3rver) must not be stored under the listed version, and an endpoint that keeps answering 5xx is
-EndpointUnreachable, not SourceNotFound."""
+"""Findings of the S3 chaos run (benchmarks/chaos_s3.py): an object replaced after its listing on a server that
+ignores If-Match (s3rver) must not be stored under the listed version; an endpoint that keeps answering 5xx is
+EndpointUnreachable, not SourceNotFound; a download that runs the disk full gives its bytes back."""
 
 from __future__ import annotations
 
+import errno
+import os
 import pathlib
 
 import botocore.exceptions
@@ -15,8 +17,8 @@ from moelora.api import FailureReason
 from moelora.local import s3 as local_s3
 from moelora.local.faults import FaultProxy, Hook, Rule
 
-from .conftest import adapter_files
-from .test_resilience import item, preparer
+from .conftest import adapter_files, upload
+from .test_resilience import big_files, item, preparer
 
 
 def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
@@ -69,3 +71,25 @@ def test_an_object_replaced_after_its_listing_is_not_stored_as_the_listed_versio
             assert (prepared.path / "adapter_model.safetensors").read_bytes() == second
     finally:
         server.stop()
+
+
+def test_a_download_that_fills_the_disk_gives_its_bytes_back(
+    s3_env: str, bucket: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upload(s3_env, bucket, "f/", big_files(3))
+    real_pwrite, written = os.pwrite, [0]
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:  # the file layer of a disk with 1 MiB left
+        if written[0] + len(data) > 1 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written[0] += len(data)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    prep = preparer(tmp_path)
+    with pytest.raises(TransientError) as caught:
+        prep.prepare(item("f", f"s3://{bucket}/f/"), None)
+    assert caught.value.reason is FailureReason.CACHE_FULL and "disk is full" in caught.value.message
+    assert written[0] > 0  # it did write before the disk ran out
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".part-")] == []  # the room is free again
+    assert prep.reserved_bytes() == 0
