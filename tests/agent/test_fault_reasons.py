@@ -93,3 +93,39 @@ def test_a_download_that_fills_the_disk_gives_its_bytes_back(
     assert written[0] > 0  # it did write before the disk ran out
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".part-")] == []  # the room is free again
     assert prep.reserved_bytes() == 0
+
+
+def test_adapters_waiting_on_a_hung_endpoint_say_so(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
+    from moelora.local.faults import Hang
+
+    from .conftest import KEYS, MemoryDesired, MemoryKube, eventually
+    from .test_faults_loop import FakeVllm, Loop
+
+    kube, desired = MemoryKube(), MemoryDesired()
+    kube.secrets["tenant"] = dict(KEYS)
+    desired.synced.set()
+    with FaultProxy(s3_env) as proxy:
+        proxy.rules.append(Rule(match="/hung", fault=Hang(seconds=20)))
+        # Two slots for the endpoint; the read timeout outlives the test, so given-up listings keep their slots.
+        loop = Loop(
+            tmp_path / "cache",
+            FakeVllm(),
+            kube,
+            desired,
+            endpoint_workers=2,
+            s3_read_timeout_seconds=30.0,
+            allowed_s3_endpoints=(proxy.url,),
+        )
+        source = {"endpointUrl": proxy.url, "credentialsSecret": {"name": "tenant"}}
+        for i in range(4):
+            upload(s3_env, bucket, f"hung{i}/", adapter_files(seed=i))
+            desired.put(f"hung{i}", {"source": {"uri": f"s3://{bucket}/hung{i}/", **source}})
+
+        def reasons() -> list[str | None]:
+            return [kube.status[f"hung{i}"][0].reason if f"hung{i}" in kube.status else None for i in range(4)]
+
+        eventually(lambda: reasons() == ["EndpointUnreachable"] * 4, timeout=10)  # none Pending without a word
+        messages = {kube.status[f"hung{i}"][0].last_error for i in range(4)}
+        assert any("deadline" in (m or "") for m in messages) and any("hangs" in (m or "") for m in messages)
+        proxy.rules.clear()
+        loop.stop()

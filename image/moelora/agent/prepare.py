@@ -111,7 +111,7 @@ class Preparer:
         busy) or Cancelled. `known_bad`: the verdict on the version judged last, not downloaded again if unchanged."""
         slot = self.gates.try_slot(item.spec.source.endpoint_url)
         if slot is None:
-            raise Deferred()
+            raise Deferred(stuck=self.gates.stuck(item.spec.source.endpoint_url))
         watch = Watch(min_rate=self.settings.min_bytes_per_second, window=self.settings.rate_window_seconds)
         with self._lock:
             self._watches[item.uid] = (item.spec_hash, watch)
@@ -126,7 +126,7 @@ class Preparer:
                 served.version, path, validate(self.settings.cache_dir / served.version, self.limits), error
             )
         finally:
-            slot.drop()
+            slot.leave()
             with self._lock:
                 if self._watches.get(item.uid, (None, None))[1] is watch:
                     del self._watches[item.uid]

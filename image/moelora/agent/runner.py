@@ -338,8 +338,12 @@ class Agent:
             if record is None or record.spec_hash != outcome.spec_hash or isinstance(outcome.error, Cancelled):
                 continue  # deleted or changed while downloading: the plan starts over
             if isinstance(outcome.error, Deferred):
-                record.stage = Stage.PENDING  # its endpoint is busy: another turn once a worker finishes
-                record.retry_at = self.monotonic() + 0.2
+                if outcome.error.stuck:  # its endpoint hangs: say so rather than wait in silence
+                    why = "every download slot of its S3 endpoint is held by a call that hangs"
+                    self._fail(record, FailureReason.ENDPOINT_UNREACHABLE, why, permanent=False)
+                else:  # busy: another turn once a worker finishes, its last failure (if any) still shown
+                    record.stage = Stage.FAILED if record.reason is not None else Stage.PENDING
+                    record.retry_at = self.monotonic() + 0.2
                 continue
             if outcome.error is not None:
                 error = outcome.error
