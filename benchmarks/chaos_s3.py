@@ -453,8 +453,13 @@ class Scenario:
             return True  # judged at the end: only when the cache (or its disk) really has no room for it
         if not state.get("loaded"):
             return False
-        if group == "rep":  # served: the files listed now, not a mix, not the first weights under a new name
-            return name in self.replaced and state.get("version") == self._version(name)
+        if group == "rep":  # served: the version listed now, with its bytes (not the first weights under its name)
+            if name not in self.replaced or state.get("version") != self._version(name):
+                return False
+            try:
+                return (pod.view / str(state["version"]) / WEIGHTS).read_bytes() == self.replaced[name]
+            except OSError:
+                return False
         return True
 
     def _version(self, name: str) -> str:

@@ -45,11 +45,11 @@ def check(figures: Figures, sizes: Sizes) -> None:
     print(figures)
     pods = [figures.first, *([figures.restarted] if figures.restarted else [])]
     for pod in pods:
-        assert pod.settled == sizes.adapters, pod.unsettled  # Loaded, or failed with its own reason, in time
+        # Loaded (a replaced adapter: the version listed now, its bytes), or failed with its own reason, in time.
+        assert pod.settled == sizes.adapters, pod.unsettled
         assert pod.cache_full_unjustified == []  # CacheFull only when there was no room
-        assert pod.peak_bytes <= figures.limit and pod.samples >= 5 * sizes.settle_seconds  # sampled ~10 Hz
+        assert pod.peak_bytes <= figures.limit and pod.sample_hz >= 5  # sampled at ~10 Hz on a busy machine
         assert not [d for d in pod.temp_dirs if d.startswith(".tmp-")]
-    assert figures.first.outcomes["rep: Loaded"] + figures.first.outcomes["rep: Pending/CacheFull"] == sizes.replaced
     assert figures.left_after_delete == []
     assert figures.probe_delay <= 5.0  # the hanging endpoint delays no other adapter by more than 5 s
     if figures.restarted is not None:
