@@ -129,3 +129,18 @@ def test_adapters_waiting_on_a_hung_endpoint_say_so(s3_env: str, bucket: str, tm
         assert any("deadline" in (m or "") for m in messages) and any("hangs" in (m or "") for m in messages)
         proxy.rules.clear()
         loop.stop()
+
+
+def test_a_deleted_adapter_takes_its_partial_download_with_it(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
+    from moelora.local.faults import Reset
+
+    upload(s3_env, bucket, "p/", big_files(2))
+    with FaultProxy(s3_env) as proxy:
+        proxy.rules.append(Rule(match="p/adapter_model", fault=Reset(after_bytes=1000)))  # every time: it gives up
+        prep = preparer(tmp_path, proxy)
+        with pytest.raises(TransientError):
+            prep.prepare(item("p", f"s3://{bucket}/p/", proxy), None)
+        partials = [p for p in tmp_path.iterdir() if p.name.startswith(".part-")]
+        assert len(partials) == 1  # kept for the next attempt
+        prep.forget("uid-p")  # the adapter was deleted
+        assert not partials[0].exists()

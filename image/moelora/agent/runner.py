@@ -273,6 +273,7 @@ class Agent:
         record = self.records.pop(uid)
         self.publisher.forget(uid)
         self.preparer.last_good.forget(uid)
+        self.preparer.forget(uid)
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
