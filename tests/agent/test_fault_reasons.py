@@ -144,3 +144,19 @@ def test_a_deleted_adapter_takes_its_partial_download_with_it(s3_env: str, bucke
         assert len(partials) == 1  # kept for the next attempt
         prep.forget("uid-p")  # the adapter was deleted
         assert not partials[0].exists()
+
+
+def test_a_transient_failure_is_still_retried_once_it_counts_as_failed() -> None:
+    from moelora.agent.reconcile import Desired, Record, plan
+    from moelora.api import LoRAAdapterSpec
+
+    spec = LoRAAdapterSpec.model_validate({"modelServer": "srv", "source": {"uri": "s3://bkt/a/"}})
+    item = Desired(uid="uid-a", name="a", created="2026-01-01T00:00:00Z", spec=spec)
+    flaky = Record(uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash)
+    for _ in range(6):  # six 503s in a row: Failed for readiness and the phase, not given up on
+        flaky.fail(FailureReason.ENDPOINT_UNREACHABLE, "S3 error 503", permanent=False, now=0.0)
+    assert flaky.permanent and flaky.state().state.value == "Failed"
+    assert plan(desired=[item], records={item.uid: flaky}, loaded={}, busy=set(), now=61.0).prepare == [item.uid]
+    bad = Record(uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash)
+    bad.fail(FailureReason.RANK_TOO_HIGH, "rank 64", permanent=True, now=0.0)  # bad files: not until they change
+    assert plan(desired=[item], records={item.uid: bad}, loaded={}, busy=set(), now=61.0).prepare == []

@@ -248,7 +248,7 @@ class Agent:
             "adapter %s failed (%s%s): %s",
             record.name,
             reason.value,
-            "" if record.permanent else ", will retry",
+            ", will retry" if record.retrying else "",
             message,
         )
 
