@@ -160,3 +160,16 @@ def test_a_transient_failure_is_still_retried_once_it_counts_as_failed() -> None
     bad = Record(uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash)
     bad.fail(FailureReason.RANK_TOO_HIGH, "rank 64", permanent=True, now=0.0)  # bad files: not until they change
     assert plan(desired=[item], records={item.uid: bad}, loaded={}, busy=set(), now=61.0).prepare == []
+
+
+def test_readiness_looks_again_when_its_wait_ends_and_often_while_vllm_is_down() -> None:
+    from moelora.agent.metrics import Metrics
+    from moelora.agent.readiness import ReadyGate
+
+    gate = ReadyGate(wait_seconds=25.0, metrics=Metrics())
+    gate.update(vllm_up=False, unsettled=["a"], now=0.0)
+    assert gate.next_wake(now=0.0, poll=5.0) == 1.0  # a restarted vLLM is seen within a second
+    gate.update(vllm_up=True, unsettled=["a"], now=10.0)
+    assert gate.next_wake(now=33.0, poll=5.0) == 2.0  # the wait ends at 35: not at the next 5 s poll
+    gate.update(vllm_up=True, unsettled=["a"], now=35.0)
+    assert gate.open and gate.next_wake(now=35.0, poll=5.0) == 5.0

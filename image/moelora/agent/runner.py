@@ -95,7 +95,7 @@ class Agent:
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache.remove_temporaries()
         while not self.stopping.is_set():
-            self.wake.wait(self.settings.poll_seconds)
+            self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
             self.wake.clear()
             try:
                 self.step()
