@@ -68,7 +68,7 @@ def test_fault_limits_have_defaults_and_read_their_variables() -> None:
     assert (default.list_timeout_seconds, default.download_timeout_seconds, default.ready_wait_seconds) == (
         60,
         1800,
-        30,
+        25,
     )
     assert (default.min_bytes_per_second, default.rate_window_seconds, default.endpoint_workers) == (65536, 30, 4)
     assert default.s3_read_timeout_seconds == 20

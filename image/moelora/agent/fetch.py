@@ -105,7 +105,8 @@ def fetch(
     """The adapter's directory `<cache_dir>/<listing.version>`, downloading (or resuming) it unless complete.
 
     Raises AdapterError (VersionMismatch, AccessDenied, SourceNotFound), TransientError, or Cancelled. The partial
-    directory is kept after a TransientError (the next fetch resumes) and removed after anything else.
+    directory is kept after a TransientError (the next fetch resumes), except a full disk, and removed after
+    anything else.
     """
     check_etag_pin(listing, pin)
     final = cache_dir / listing.version
@@ -155,12 +156,14 @@ def _fetch_new(
             )
         except (AdapterError, Cancelled, transfer.ObjectChanged):
             raise  # bad files, a deleted adapter, or a version that can no longer complete: nothing worth keeping
-        except TransientError:
-            keep = True  # the parts on disk are good: the next fetch of this version resumes from them
+        except TransientError as error:
+            # The parts on disk are good: the next fetch of this version resumes from them. Not on a full disk:
+            # kept, they would hold the room other adapters' downloads need, and nothing would free it.
+            keep = error.reason is not FailureReason.CACHE_FULL
             raise
         except Exception as error:  # noqa: BLE001 - classified, never swallowed
             failure = classify_client_error(error, what="downloading")
-            keep = isinstance(failure, TransientError)
+            keep = isinstance(failure, TransientError) and failure.reason is not FailureReason.CACHE_FULL
             raise failure from error
         except BaseException:
             keep = True  # the process is going down: a restarted agent resumes

@@ -24,7 +24,13 @@ class Cancelled(Exception):
 
 
 class Deferred(Exception):
-    """Its S3 endpoint already has its share of workers: try again when one finishes (no failure, no attempt)."""
+    """Its S3 endpoint already has its share of workers: try again when one finishes (no failure, no attempt).
+
+    `stuck`: every one of those slots is held by a call its preparation gave up on (the endpoint hangs)."""
+
+    def __init__(self, *, stuck: bool = False) -> None:
+        super().__init__("stuck" if stuck else "busy")
+        self.stuck = stuck
 
 
 class Watch:
@@ -116,6 +122,7 @@ class EndpointGates:
         self.per_endpoint = per_endpoint
         self._lock = threading.Lock()
         self._holders: dict[str | None, int] = {}
+        self._orphans: dict[str | None, int] = {}  # slots held only by calls given up on
 
     def try_slot(self, endpoint: str | None) -> Slot | None:
         with self._lock:
@@ -127,6 +134,15 @@ class EndpointGates:
     def _leave(self, endpoint: str | None) -> None:
         with self._lock:
             self._holders[endpoint] = max(0, self._holders.get(endpoint, 0) - 1)
+
+    def _orphan(self, endpoint: str | None, change: int) -> None:
+        with self._lock:
+            self._orphans[endpoint] = self._orphans.get(endpoint, 0) + change
+
+    def stuck(self, endpoint: str | None) -> bool:
+        """Every slot of the endpoint is held by a call whose preparation gave up on it (deadline, cancel)."""
+        with self._lock:
+            return self._orphans.get(endpoint, 0) >= self.per_endpoint
 
     def holders(self, endpoint: str | None) -> int:
         with self._lock:
@@ -141,15 +157,26 @@ class Slot:
         self._gates = gates
         self._endpoint = endpoint
         self._users = 1
+        self._orphaned = False  # the preparation is over, a call it gave up on still holds the slot
         self._lock = threading.Lock()
 
     def hold(self) -> None:
         with self._lock:
             self._users += 1
 
+    def leave(self) -> None:
+        """The preparation's own drop: a call still running keeps the slot, as an orphan."""
+        with self._lock:
+            self._orphaned = self._users > 1
+        if self._orphaned:
+            self._gates._orphan(self._endpoint, 1)
+        self.drop()
+
     def drop(self) -> None:
         with self._lock:
             self._users -= 1
             last = self._users == 0
         if last:
+            if self._orphaned:
+                self._gates._orphan(self._endpoint, -1)
             self._gates._leave(self._endpoint)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from moelora.agent import peft_moe
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, read_config_object
+from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, partial_dir, read_config_object
 from moelora.agent.guard import Deferred, EndpointGates, Slot, Watch, bounded
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
@@ -83,6 +83,7 @@ class Preparer:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._reserved: dict[str, int] = {}  # version -> bytes its download may write
         self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
+        self._partials: dict[str, str] = {}  # uid -> version of the partial download it left for resuming
 
     def protect(self, versions: set[str]) -> None:
         with self._lock:
@@ -111,7 +112,7 @@ class Preparer:
         busy) or Cancelled. `known_bad`: the verdict on the version judged last, not downloaded again if unchanged."""
         slot = self.gates.try_slot(item.spec.source.endpoint_url)
         if slot is None:
-            raise Deferred()
+            raise Deferred(stuck=self.gates.stuck(item.spec.source.endpoint_url))
         watch = Watch(min_rate=self.settings.min_bytes_per_second, window=self.settings.rate_window_seconds)
         with self._lock:
             self._watches[item.uid] = (item.spec_hash, watch)
@@ -126,7 +127,7 @@ class Preparer:
                 served.version, path, validate(self.settings.cache_dir / served.version, self.limits), error
             )
         finally:
-            slot.drop()
+            slot.leave()
             with self._lock:
                 if self._watches.get(item.uid, (None, None))[1] is watch:
                     del self._watches[item.uid]
@@ -177,6 +178,10 @@ class Preparer:
                     watch=watch,
                     transfer_config=self.transfer_config,
                 )
+            except TransientError:
+                with self._lock:  # its partial is kept for the next attempt: gone with the adapter (forget)
+                    self._partials[item.uid] = version
+                raise
             finally:
                 with self._lock:
                     self._reserved.pop(version, None)
@@ -194,6 +199,14 @@ class Preparer:
             self.release(version)
             raise
         return Prepared(version, path, info)
+
+    def forget(self, uid: str) -> None:
+        """The adapter is deleted: the partial download it left for resuming goes too, unless one is on it now."""
+        with self._lock:
+            version = self._partials.pop(uid, None)
+            if version is None or version in self._reserved:
+                return
+        shutil.rmtree(partial_dir(self.settings.cache_dir, version), ignore_errors=True)
 
     def remember(self, uid: str, *, version: str, path: str) -> None:
         """vLLM serves this version of the adapter: the fallback should a later version be refused."""

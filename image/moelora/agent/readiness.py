@@ -43,3 +43,12 @@ class ReadyGate:
                     shown,
                 )
         self.metrics.ready.set(1 if self.open else 0)
+
+    def next_wake(self, *, now: float, poll: float) -> float:
+        """Seconds until the loop should look again: at the wait's end exactly, and every second while vLLM is
+        down (a restarted vLLM noticed late, or a wait ended late, would each add up to a poll to readiness)."""
+        if self._up_since is None:
+            return min(poll, 1.0)
+        if not self.open:
+            return max(0.05, min(poll, self._up_since + self.wait_seconds - now))
+        return poll

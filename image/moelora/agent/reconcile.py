@@ -76,6 +76,7 @@ class Record:
     reason: FailureReason | None = None
     message: str | None = None
     permanent: bool = False
+    retrying: bool = False  # its last failure was transient: retried with backoff, even once it counts as failed
     attempts: int = 0
     retry_at: float = 0.0
     loaded_at: datetime.datetime | None = None
@@ -99,6 +100,7 @@ class Record:
         self.reason, self.message = reason, message
         # A transient failure that keeps coming back counts as failed for readiness, but is still retried.
         self.permanent = permanent or self.attempts >= max_attempts
+        self.retrying = not permanent
         self.stage = Stage.FAILED
         # Jitter spreads the retries of many adapters that failed together (one endpoint down) over time.
         self.retry_at = now + min(max_backoff, backoff * 2 ** (self.attempts - 1)) * _JITTER.uniform(0.5, 1.0)
@@ -207,7 +209,7 @@ def plan(
         ):
             result.prepare.append(item.uid)
         elif record.stage is Stage.FAILED:
-            if not record.permanent and now >= record.retry_at:
+            if (record.retrying or not record.permanent) and now >= record.retry_at:
                 result.prepare.append(item.uid)
         elif record.stage in (Stage.PENDING, Stage.PREPARING):
             if now >= record.retry_at:  # deferred (its endpoint busy) until then

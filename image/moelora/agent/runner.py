@@ -95,7 +95,7 @@ class Agent:
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache.remove_temporaries()
         while not self.stopping.is_set():
-            self.wake.wait(self.settings.poll_seconds)
+            self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
             self.wake.clear()
             try:
                 self.step()
@@ -248,7 +248,7 @@ class Agent:
             "adapter %s failed (%s%s): %s",
             record.name,
             reason.value,
-            "" if record.permanent else ", will retry",
+            ", will retry" if record.retrying else "",
             message,
         )
 
@@ -273,6 +273,7 @@ class Agent:
         record = self.records.pop(uid)
         self.publisher.forget(uid)
         self.preparer.last_good.forget(uid)
+        self.preparer.forget(uid)
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
@@ -338,8 +339,12 @@ class Agent:
             if record is None or record.spec_hash != outcome.spec_hash or isinstance(outcome.error, Cancelled):
                 continue  # deleted or changed while downloading: the plan starts over
             if isinstance(outcome.error, Deferred):
-                record.stage = Stage.PENDING  # its endpoint is busy: another turn once a worker finishes
-                record.retry_at = self.monotonic() + 0.2
+                if outcome.error.stuck:  # its endpoint hangs: say so rather than wait in silence
+                    why = "every download slot of its S3 endpoint is held by a call that hangs"
+                    self._fail(record, FailureReason.ENDPOINT_UNREACHABLE, why, permanent=False)
+                else:  # busy: another turn once a worker finishes, its last failure (if any) still shown
+                    record.stage = Stage.FAILED if record.reason is not None else Stage.PENDING
+                    record.retry_at = self.monotonic() + 0.2
                 continue
             if outcome.error is not None:
                 error = outcome.error

@@ -44,7 +44,9 @@ class Settings:
     rate_window_seconds: float = 30.0
     endpoint_workers: int = 4  # downloads (and listings) at once per S3 endpoint URL
     s3_read_timeout_seconds: float = 20.0  # one socket read
-    ready_wait_seconds: float = 30.0  # after vLLM is up, readiness stops waiting for adapters still on their way
+    # After vLLM is up, readiness stops waiting for adapters still on their way; with the agent's poll (5 s) on top,
+    # a restarted pod is Ready within 30 s of vLLM answering (issue 17), whatever its adapters do.
+    ready_wait_seconds: float = 25.0
     base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
     placement: bool = False  # MOELORA_PLACEMENT: serve only the adapters the operator assigned to this pod
 
@@ -115,7 +117,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         rate_window_seconds=_number(env, "MOELORA_RATE_WINDOW_SECONDS", default=30.0),
         endpoint_workers=_integer(env, "MOELORA_ENDPOINT_WORKERS", default=4, minimum=1),
         s3_read_timeout_seconds=_number(env, "MOELORA_S3_READ_TIMEOUT_SECONDS", default=20.0),
-        ready_wait_seconds=_number(env, "MOELORA_READY_WAIT_SECONDS", default=30.0),
+        ready_wait_seconds=_number(env, "MOELORA_READY_WAIT_SECONDS", default=25.0),
         base_model_config=pathlib.Path(base_config)
         if (base_config := env.get("MOELORA_BASE_MODEL_CONFIG", "").strip())
         else None,

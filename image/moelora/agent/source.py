@@ -39,6 +39,7 @@ _ACCESS_CODES = {
     "ExpiredToken",
 }
 _MISSING_CODES = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+_BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "ServiceUnavailable"}
 # Refused connections, DNS failures and timeouts (botocore's and the sockets' beneath them).
 _UNREACHABLE = (
     botocore.exceptions.EndpointConnectionError,
@@ -221,6 +222,10 @@ def classify_client_error(error: Exception, *, what: str) -> Exception:
             return AdapterError(FailureReason.ACCESS_DENIED, f"{what}: access denied ({quote(code)})")
         if code in _MISSING_CODES or status == 404:
             return AdapterError(FailureReason.SOURCE_NOT_FOUND, f"{what}: not found ({quote(code)})")
+        if (isinstance(status, int) and status >= 500) or code in _BUSY_CODES:  # still failing after botocore's retries
+            return TransientError(
+                f"{what}: S3 error {quote(code or status)} (HTTP {status})", reason=FailureReason.ENDPOINT_UNREACHABLE
+            )
         return TransientError(f"{what}: S3 error {quote(code or status)}", reason=FailureReason.SOURCE_NOT_FOUND)
     if isinstance(error, botocore.exceptions.NoCredentialsError):
         return AdapterError(FailureReason.ACCESS_DENIED, f"{what}: no S3 credentials (no Secret, no pod identity)")

@@ -1,11 +1,12 @@
 """Ranged GETs of a listing's objects into a partial directory that survives agent restarts, and resumes.
 
 Each file is cut into parts (one part below the multipart threshold); every GET carries If-Match with the listed
-ETag and, for a part, its Range. A finished part is written to `.manifest.json` (key, ETag, size, parts done, bytes
-done), so a download interrupted by a crash, a kill or a slow endpoint continues where it stopped when the same
-files are fetched again; a file whose ETag or size differs from the manifest's starts over. Each chunk read feeds
-the Watch (deadline, rate floor, cancellation) and is checked between reads; a part that breaks off (reset,
-truncated body, 5xx) is retried with backoff and jitter.
+ETag and, for a part, its Range, and the answer's ETag is compared too (some S3-compatible servers, s3rver among
+them, ignore If-Match and would hand a replaced object's bytes to a download of the listed one). A finished part is
+written to `.manifest.json` (key, ETag, size, parts done, bytes done), so a download interrupted by a crash, a kill
+or a slow endpoint continues where it stopped when the same files are fetched again; a file whose ETag or size
+differs from the manifest's starts over. Each chunk read feeds the Watch (deadline, rate floor, cancellation) and is
+checked between reads; a part that breaks off (reset, truncated body, 5xx) is retried with backoff and jitter.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ PART_ATTEMPTS = 3
 
 class ObjectChanged(TransientError):
     """An object no longer has its listed ETag (412): these parts can never complete; list again."""
+
+
+def same_etag(a: str, b: str) -> bool:
+    """ETags compared as S3 clients do: quotes and case ignored."""
+    return a.strip('"').lower() == b.strip('"').lower()
 
 
 class _ShortBody(ConnectionError):
@@ -167,7 +173,14 @@ def _get_part(
     kwargs: dict[str, Any] = {"Bucket": listing.location.bucket, "Key": obj.key, "IfMatch": obj.etag}
     if span != (0, obj.size - 1) or obj.size >= config.multipart_threshold:
         kwargs["Range"] = f"bytes={span[0]}-{span[1]}"
-    body = client.get_object(**kwargs)["Body"]
+    response = client.get_object(**kwargs)
+    body = response["Body"]
+    if response.get("ETag") and not same_etag(str(response["ETag"]), obj.etag):  # a server that ignores If-Match
+        body.close()
+        raise ObjectChanged(
+            f"downloading {quote(obj.relpath)}: replaced since it was listed (ETag {quote(response['ETag'])})",
+            reason=FailureReason.SOURCE_NOT_FOUND,
+        )
     offset, end = span[0], span[1] + 1
     fd = os.open(target, os.O_WRONLY)
     try:

@@ -3,9 +3,11 @@
 Each request is forwarded unchanged (Host header included, so SigV4 signatures still match); a `Rule` whose `match`
 occurs in the request's decoded path and query bends the response: `Drip` sends the body a few bytes at a time,
 `Hang` waits before answering, `Reset` closes the connection after some body bytes, `Truncate` announces the full
-length and sends less, `Status` answers with an error (e.g. 503) instead of forwarding. A rule may apply a limited
-number of times. The proxy is its own endpoint URL, so an agent sees it as a separate S3 endpoint. Used by the
-agent's fault tests and the e2e drip test; a chaos suite can start one in front of the stack's S3.
+length and sends less, `Status` answers with an error (e.g. 503) instead of forwarding, `Hook` runs a callable
+before forwarding (e.g. to replace the object between the listing and its download). A rule may apply a limited
+number of times, and to a random share of its matches (`chance`); a rule that does not fire lets the next one try.
+The proxy is its own endpoint URL, so an agent sees it as a separate S3 endpoint. Used by the agent's fault tests,
+the e2e drip test and the S3 chaos run (benchmarks/chaos_s3.py).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import http.server
+import random
 import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
@@ -48,7 +52,12 @@ class Status:
     code: int = 503
 
 
-Fault = Drip | Hang | Reset | Truncate | Status
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    call: Callable[[], None]  # runs on the proxy's thread before the request is forwarded
+
+
+Fault = Drip | Hang | Reset | Truncate | Status | Hook
 
 
 @dataclasses.dataclass
@@ -57,17 +66,21 @@ class Rule:
     fault: Fault
     times: int | None = None  # None: every matching request
     methods: tuple[str, ...] = ("GET", "HEAD")
+    chance: float = 1.0  # the share of matching requests it applies to (drawn from the proxy's seeded generator)
 
 
 class FaultProxy:
     """`FaultProxy(upstream).start()`; `.url` is its endpoint; `.rules` may change while it runs."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, seed: int = 0) -> None:
         parsed = urllib.parse.urlsplit(upstream)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.rules: list[Rule] = []
         self.requests: list[str] = []  # "METHOD path?query" of each request, in order
+        self.fired: dict[str, int] = {}  # fault kind -> how many times a rule applied
+        self.inflight = 0  # requests being answered now (a dripping body counts until its last byte)
         self.lock = threading.Lock()
+        self.random = random.Random(seed)
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -92,8 +105,12 @@ class FaultProxy:
             self.requests.append(f"{method} {decoded}")
             for rule in self.rules:
                 if method in rule.methods and rule.match in decoded and (rule.times is None or rule.times > 0):
+                    if rule.chance < 1.0 and self.random.random() >= rule.chance:
+                        continue
                     if rule.times is not None:
                         rule.times -= 1
+                    kind = type(rule.fault).__name__
+                    self.fired[kind] = self.fired.get(kind, 0) + 1
                     return rule.fault
         return None
 
@@ -107,6 +124,15 @@ class FaultProxy:
                 pass
 
             def _any(self) -> None:
+                with proxy.lock:
+                    proxy.inflight += 1
+                try:
+                    self._answer()
+                finally:
+                    with proxy.lock:
+                        proxy.inflight -= 1
+
+            def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 fault = proxy._fault_for(self.command, self.path)
@@ -120,6 +146,8 @@ class FaultProxy:
                     return
                 if isinstance(fault, Hang):
                     time.sleep(fault.seconds)
+                if isinstance(fault, Hook):
+                    fault.call()
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
                 upstream = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 try:  # an upstream gone (a test's server stopped) just closes the client's connection

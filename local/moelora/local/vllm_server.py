@@ -58,13 +58,16 @@ def start(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     wait: bool = True,
+    wrapper: Sequence[str] = (),
 ) -> VLLMServer:
     """Start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 with LoRA enabled; wait for /health.
 
-    `env` is added on top of this process's environment and `CPU_ENV`.
+    `env` is added on top of this process's environment and `CPU_ENV`. `wrapper` goes before the command (e.g.
+    `nsenter` into the mount namespace of a pod whose volumes vLLM must see).
     """
     port = port or process.free_port()
     argv = [
+        *wrapper,
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
