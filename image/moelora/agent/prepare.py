@@ -13,6 +13,7 @@ result is then that earlier version, with the refusal beside it (UpdateRejected)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import shutil
 import threading
@@ -39,6 +40,8 @@ from moelora.agent.source import (
 )
 from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.api import FailureReason
+
+logger = logging.getLogger(__name__)
 
 
 class SecretReader(Protocol):
@@ -176,6 +179,7 @@ class Preparer:
                     on_bytes=self.metrics.downloaded.labels(item.name).inc,
                     watch=watch,
                     transfer_config=self.transfer_config,
+                    owner=item.uid,
                 )
             finally:
                 with self._lock:
@@ -194,6 +198,14 @@ class Preparer:
             self.release(version)
             raise
         return Prepared(version, path, info)
+
+    def prune_partials(self, desired: set[str]) -> list[str]:
+        """Drop the partial downloads of adapters not in `desired` (uids), but none a worker is on."""
+        with self._lock:  # _reserve takes it too: a download cannot start on a partial being removed
+            removed = self.cache.prune_partials(owners=desired, busy=self._inflight | set(self._reserved))
+        for version in removed:
+            logger.info("removed the partial download %s: its adapter is no longer desired", version)
+        return removed
 
     def remember(self, uid: str, *, version: str, path: str) -> None:
         """vLLM serves this version of the adapter: the fallback should a later version be refused."""

@@ -84,6 +84,7 @@ class Agent:
         self.next_resync = monotonic() + settings.resync_seconds
         self.preparer = Preparer(settings=settings, limits=self.limits, cache=self.cache, kube=kube, metrics=metrics)
         self._cache_changed = True
+        self._prune_partials = True  # the first pass drops partials of adapters deleted while the agent was down
         self.publisher = StatusPublisher(kube=kube, pod=settings.pod_name, pool=self.status_pool)
         self.foreign = foreign.Reporter(
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
@@ -142,6 +143,9 @@ class Agent:
             self._conflict(by_uid[uid], winner, now)
         for uid in plan.forget:
             self._forget(uid)
+        if self._prune_partials:  # deleted adapters' partials, kept by a kill or a transient failure
+            self._prune_partials = False
+            self.preparer.prune_partials(set(by_uid))
         for name in plan.unload:
             self._unload(name)
         for name in plan.foreign:
@@ -273,6 +277,7 @@ class Agent:
         record = self.records.pop(uid)
         self.publisher.forget(uid)
         self.preparer.last_good.forget(uid)
+        self._prune_partials = True
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
@@ -336,6 +341,7 @@ class Agent:
                 self.preparer.release(prepared.version)
             record = self.records.get(outcome.uid)
             if record is None or record.spec_hash != outcome.spec_hash or isinstance(outcome.error, Cancelled):
+                self._prune_partials = True  # a partial it kept (a transient failure) is no one's now
                 continue  # deleted or changed while downloading: the plan starts over
             if isinstance(outcome.error, Deferred):
                 record.stage = Stage.PENDING  # its endpoint is busy: another turn once a worker finishes
