@@ -93,6 +93,10 @@ def adapter_files(*, seed: int, layers: int, hidden: int = 4096, rank: int = 8) 
     return {"adapter_config.json": json.dumps(config).encode(), WEIGHTS: safetensors.numpy.save(tensors)}
 
 
+def quiet(request: Any, client_address: Any) -> None:
+    """socketserver's handle_error for servers whose clients are killed mid-request: a reset is the point here."""
+
+
 # ---- a fake vLLM: the runtime LoRA API the agent uses, on loopback ----
 
 
@@ -108,6 +112,7 @@ class FakeVllm:
         self.lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
+        self._server.handle_error = quiet  # type: ignore[method-assign]
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
 
@@ -195,6 +200,7 @@ class AgentKillReport:
     restart_to_bytes: list[float] = dataclasses.field(default_factory=list)  # spawn -> first byte downloaded
     weight_gets: int = 0  # GETs of weights through the proxy (ranged parts), all runs
     parts_needed: int = 0  # parts of every version that had to be downloaded
+    completed_while_killed: int = 0  # versions complete in the cache when the kills ended (resumed across kills)
     settle_seconds: float = 0.0  # drip lifted -> every live adapter Loaded
     live: int = 0
     entries: int = 0
@@ -218,6 +224,10 @@ class AgentKillReport:
             (
                 "restart -> first byte again: p50 / p95",
                 f"{percentile(self.restart_to_bytes, 0.5):.2f} s / {percentile(self.restart_to_bytes, 0.95):.2f} s",
+            ),
+            (
+                "adapters complete when the kills ended (downloads resumed across kills)",
+                str(self.completed_while_killed),
             ),
             ("ranged GETs of weights / parts needed", f"{self.weight_gets} / {self.parts_needed}"),
             ("drip lifted -> every live adapter Loaded", f"{self.settle_seconds:.1f} s"),
@@ -257,7 +267,7 @@ class AgentChaos:
         self.root = root
         self.rng = random.Random(seed)
         self.layers = layers  # 40 layers: ~20 MiB of weights, three 8 MiB ranged parts
-        self.drip = drip or Drip(bytes_per_step=64 * 1024, step_seconds=0.05)  # ~1.3 MiB/s per part
+        self.drip = drip or Drip(bytes_per_step=64 * 1024, step_seconds=0.02)  # ~3 MiB/s per part: ~2.5 s a part
         self.cache = root / "cache"
         self.adapters: dict[str, Uploaded] = {}
         self.versions: dict[str, Uploaded] = {}  # version -> the upload it names
@@ -274,7 +284,9 @@ class AgentChaos:
         self.rest = Rest(url=self.api.url)
         self.s3 = local_s3.start_moto()
         self.s3.client().create_bucket(Bucket=BUCKET)
-        self.proxy = FaultProxy(self.s3.endpoint_url).start()
+        self.proxy = FaultProxy(self.s3.endpoint_url)
+        self.proxy._server.handle_error = quiet  # type: ignore[method-assign]
+        self.proxy.start()
         self.proxy.rules.append(Rule(match=f"/{WEIGHTS}", fault=self.drip, methods=("GET",)))
         self.vllm = FakeVllm(self._verify).start()
         return self
@@ -401,7 +413,7 @@ class AgentChaos:
             self.spawn()
 
     # -- the run --
-    def run(self, kills: int, *, keep_downloading: int = 4, progress: Callable[[str], None] = print) -> None:
+    def run(self, kills: int, *, keep_downloading: int = 6, progress: Callable[[str], None] = print) -> None:
         """`kills` cycles of: spawn, wait for bytes, kill at a random moment; creates and deletes in between."""
         started = time.monotonic()
         for cycle in range(kills):
@@ -427,7 +439,7 @@ class AgentChaos:
                 self.report.problems.append(f"cycle {cycle}: no byte downloaded within 60 s of the restart")
             else:
                 self.report.restart_to_bytes.append(first - spawned)
-            wait = self.rng.uniform(0.0, 2.5)
+            wait = self.rng.uniform(0.2, 3.0)
             if cycle % 6 == 3 and self.live():  # every 6th cycle a delete while it runs: mid-download if we can
                 time.sleep(wait / 2)
                 self.delete(self.rng.choice(self.incomplete() or self.live()), agent_up=True)
@@ -448,6 +460,7 @@ class AgentChaos:
                     f"{len(self.incomplete())} incomplete, {time.monotonic() - started:.0f} s"
                 )
         self.report.seconds = time.monotonic() - started
+        self.report.completed_while_killed = sum((self.cache / u.version).is_dir() for u in self.adapters.values())
 
     def finish(self, *, timeout: float = 300.0) -> AgentKillReport:
         """Lift the drip, let the agent finish, then look for leftovers and check every entry against the upload."""
@@ -675,7 +688,7 @@ class VllmChaos:
                     self.report.completions_ok += 1
                 except Exception:  # noqa: BLE001 - vLLM killed mid-answer: any error counts as a failed request
                     self.report.completions_failed += 1
-                    time.sleep(0.05)
+                    time.sleep(0.2)
 
         self._load_thread = threading.Thread(target=send, name="load", daemon=True)
         self._load_thread.start()

@@ -24,8 +24,8 @@ def run_and_check(root: pathlib.Path, kills: int) -> None:
 
 
 @pytest.mark.slow
-def test_two_vllm_kills_under_load(tmp_path: pathlib.Path) -> None:
-    run_and_check(tmp_path, 2)
+def test_a_vllm_kill_under_load(tmp_path: pathlib.Path) -> None:
+    run_and_check(tmp_path, 1)  # one: the stack starts in ~35 s and every kill costs vLLM's ~20 s start-up
 
 
 @pytest.mark.slow
