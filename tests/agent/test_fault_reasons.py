@@ -142,7 +142,7 @@ def test_a_deleted_adapter_takes_its_partial_download_with_it(s3_env: str, bucke
             prep.prepare(item("p", f"s3://{bucket}/p/", proxy), None)
         partials = [p for p in tmp_path.iterdir() if p.name.startswith(".part-")]
         assert len(partials) == 1  # kept for the next attempt
-        prep.forget("uid-p")  # the adapter was deleted
+        assert prep.prune_partials(desired={"uid-q"}) == [partials[0].name.removeprefix(".part-")]  # "p" is deleted
         assert not partials[0].exists()
 
 

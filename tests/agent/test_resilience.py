@@ -94,7 +94,12 @@ def proxy(s3_env: str) -> Iterator[FaultProxy]:
 
 
 def on_disk(root: pathlib.Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    """Bytes of the files under `root`; a walk that meets a directory renamed or removed under it is taken again."""
+    while True:
+        try:
+            return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+        except FileNotFoundError:
+            continue
 
 
 def test_a_hanging_listing_gives_up_at_its_deadline(

@@ -180,6 +180,23 @@ def test_a_refused_update_keeps_loaded_and_says_so() -> None:
     assert "p1 serves v1 and refused v2" in ready["message"] and "RankTooHigh" in ready["message"]
 
 
+def test_a_new_pod_failing_where_others_serve_the_last_good_version_is_failed_and_says_who_serves_what() -> None:
+    refused = {"lastError": "version v2 refused (RankTooHigh): rank 64 > 16", "reason": "UpdateRejected"}
+    p = patch(
+        adapter(
+            {
+                "p1": {"loaded": True, "state": "Loaded", "version": "v1", "rejectedVersion": "v2", **refused},
+                "p2": {"loaded": False, "state": "Failed", "reason": "RankTooHigh", "lastError": "rank 64 > 16"},
+            }
+        ),
+        {"p1": True, "p2": True},
+    )
+    failed = next(c for c in p["conditions"] if c["type"] == "Failed")
+    assert p["phase"] == "Failed" and (p["loadedReplicas"], p["desiredReplicas"]) == (1, 2)
+    assert failed["reason"] == "RankTooHigh"
+    assert failed["message"] == "p2: rank 64 > 16; still loaded on 1 of 2 ready pod(s): p1 serves v1 (refused v2)"
+
+
 def test_pending_with_a_retrying_replica_says_why() -> None:
     p = patch(
         adapter({"p1": {"state": "Pending", "reason": "EndpointUnreachable", "lastError": "listing: deadline passed"}}),

@@ -20,7 +20,7 @@ def run_agent() -> int:
     from moelora.agent.metrics import Metrics, StatusServer
     from moelora.agent.runner import Agent
     from moelora.agent.settings import SettingsError, from_env
-    from moelora.agent.vllm import VllmClient
+    from moelora.agent.vllm import HealthWatch, VllmClient
 
     try:
         settings = from_env()
@@ -42,6 +42,7 @@ def run_agent() -> int:
         pod=settings.pod_name if settings.placement else None,
     )
     agent = Agent(settings=settings, kube=kube, desired=watcher, vllm=vllm, metrics=metrics)
+    health = HealthWatch(vllm, on_change=agent.wake.set)  # a vLLM that dies or comes back: seen within a second
     server = StatusServer(port=settings.port, metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -53,6 +54,7 @@ def run_agent() -> int:
     signal.signal(signal.SIGINT, stop)
     server.start()
     watcher.start()
+    health.start()
     logging.getLogger("moelora.agent").info(
         "agent for ModelServer %s/%s on pod %s: vLLM %s, cache %s (%d bytes), status on :%d",
         settings.namespace,
@@ -66,6 +68,7 @@ def run_agent() -> int:
     try:
         agent.run()
     finally:
+        health.stop()
         watcher.stop()
         server.stop()
     return 0

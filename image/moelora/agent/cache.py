@@ -3,7 +3,8 @@
 Use is recorded as the directory's mtime (touched whenever an adapter is loaded or found in the cache), so the
 order survives an agent restart. Directories vLLM has loaded are never evicted: vLLM re-reads an adapter's files
 when it falls out of its own CPU cache. Partial downloads (`.part-<version>`, kept for resuming) count too, and go
-first when room is needed, unless a download is working on them.
+first when room is needed, unless a download is working on them; one whose adapter is no longer desired (deleted,
+perhaps while the agent was down) goes at once, as its manifest names that adapter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import time
 from collections.abc import Collection, Iterable
 
+from moelora.agent import transfer
 from moelora.agent.fetch import PARTIAL_PREFIX, TEMP_PREFIX
 from moelora.agent.validate import directory_bytes
 
@@ -82,6 +84,16 @@ class AdapterCache:
             for path in self.root.iterdir():
                 if path.name.startswith(TEMP_PREFIX):
                     shutil.rmtree(path, ignore_errors=True)
+
+    def prune_partials(self, *, owners: Collection[str], busy: Collection[str]) -> list[str]:
+        """Remove the partial downloads no desired adapter will resume: those whose manifest names an adapter not in
+        `owners` (uids), or none; a version in `busy` (a download working on it) stays. Returns the removed versions."""
+        removed = []
+        for entry in self.partials():
+            if entry.version not in busy and transfer.owner(entry.path) not in owners:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.version)
+        return removed
 
     def evict(self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = ()) -> list[str]:
         """Remove partials, then least recently used entries, not in `keep` until the cache plus `room_for` fits

@@ -101,8 +101,10 @@ def fetch(
     on_bytes: Callable[[int], None] | None = None,
     transfer_config: TransferConfig = DEFAULT_TRANSFER,
     watch: Watch | None = None,
+    owner: str | None = None,
 ) -> pathlib.Path:
     """The adapter's directory `<cache_dir>/<listing.version>`, downloading (or resuming) it unless complete.
+    `owner`: the uid of the adapter it is fetched for, recorded in the partial directory (AdapterCache.prune_partials).
 
     Raises AdapterError (VersionMismatch, AccessDenied, SourceNotFound), TransientError, or Cancelled. The partial
     directory is kept after a TransientError (the next fetch resumes), except a full disk, and removed after
@@ -122,6 +124,7 @@ def fetch(
             on_bytes=on_bytes,
             transfer_config=transfer_config,
             watch=watch or Watch(min_rate=0, window=float("inf")),
+            owner=owner,
         )
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -144,6 +147,7 @@ def _fetch_new(
     on_bytes: Callable[[int], None] | None,
     transfer_config: TransferConfig,
     watch: Watch,
+    owner: str | None,
 ) -> pathlib.Path:
     cache_dir = final.parent
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -152,7 +156,13 @@ def _fetch_new(
     try:
         try:
             transfer.download(
-                client=client, listing=listing, into=temp, config=transfer_config, watch=watch, on_bytes=on_bytes
+                client=client,
+                listing=listing,
+                into=temp,
+                config=transfer_config,
+                watch=watch,
+                on_bytes=on_bytes,
+                owner=owner,
             )
         except (AdapterError, Cancelled, transfer.ObjectChanged):
             raise  # bad files, a deleted adapter, or a version that can no longer complete: nothing worth keeping

@@ -13,6 +13,7 @@ result is then that earlier version, with the refusal beside it (UpdateRejected)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import shutil
 import threading
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 from moelora.agent import peft_moe
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, partial_dir, read_config_object
+from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, read_config_object
 from moelora.agent.guard import Deferred, EndpointGates, Slot, Watch, bounded
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
@@ -39,6 +40,8 @@ from moelora.agent.source import (
 )
 from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.api import FailureReason
+
+logger = logging.getLogger(__name__)
 
 
 class SecretReader(Protocol):
@@ -83,7 +86,6 @@ class Preparer:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._reserved: dict[str, int] = {}  # version -> bytes its download may write
         self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
-        self._partials: dict[str, str] = {}  # uid -> version of the partial download it left for resuming
 
     def protect(self, versions: set[str]) -> None:
         with self._lock:
@@ -177,11 +179,8 @@ class Preparer:
                     on_bytes=self.metrics.downloaded.labels(item.name).inc,
                     watch=watch,
                     transfer_config=self.transfer_config,
+                    owner=item.uid,
                 )
-            except TransientError:
-                with self._lock:  # its partial is kept for the next attempt: gone with the adapter (forget)
-                    self._partials[item.uid] = version
-                raise
             finally:
                 with self._lock:
                     self._reserved.pop(version, None)
@@ -200,13 +199,13 @@ class Preparer:
             raise
         return Prepared(version, path, info)
 
-    def forget(self, uid: str) -> None:
-        """The adapter is deleted: the partial download it left for resuming goes too, unless one is on it now."""
-        with self._lock:
-            version = self._partials.pop(uid, None)
-            if version is None or version in self._reserved:
-                return
-        shutil.rmtree(partial_dir(self.settings.cache_dir, version), ignore_errors=True)
+    def prune_partials(self, desired: set[str]) -> list[str]:
+        """Drop the partial downloads of adapters not in `desired` (uids), but none a worker is on."""
+        with self._lock:  # _reserve takes it too: a download cannot start on a partial being removed
+            removed = self.cache.prune_partials(owners=desired, busy=self._inflight | set(self._reserved))
+        for version in removed:
+            logger.info("removed the partial download %s: its adapter is no longer desired", version)
+        return removed
 
     def remember(self, uid: str, *, version: str, path: str) -> None:
         """vLLM serves this version of the adapter: the fallback should a later version be refused."""

@@ -84,6 +84,7 @@ class Agent:
         self.next_resync = monotonic() + settings.resync_seconds
         self.preparer = Preparer(settings=settings, limits=self.limits, cache=self.cache, kube=kube, metrics=metrics)
         self._cache_changed = True
+        self._prune_partials = True  # the first pass drops partials of adapters deleted while the agent was down
         self.publisher = StatusPublisher(kube=kube, pod=settings.pod_name, pool=self.status_pool)
         self.foreign = foreign.Reporter(
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
@@ -142,6 +143,9 @@ class Agent:
             self._conflict(by_uid[uid], winner, now)
         for uid in plan.forget:
             self._forget(uid)
+        if self._prune_partials:  # deleted adapters' partials, kept by a kill or a transient failure
+            self._prune_partials = False
+            self.preparer.prune_partials(set(by_uid))
         for name in plan.unload:
             self._unload(name)
         for name in plan.foreign:
@@ -273,7 +277,7 @@ class Agent:
         record = self.records.pop(uid)
         self.publisher.forget(uid)
         self.preparer.last_good.forget(uid)
-        self.preparer.forget(uid)
+        self._prune_partials = True
         future = self.busy.pop(uid, None)
         if future is not None:
             future.cancel()
@@ -337,6 +341,7 @@ class Agent:
                 self.preparer.release(prepared.version)
             record = self.records.get(outcome.uid)
             if record is None or record.spec_hash != outcome.spec_hash or isinstance(outcome.error, Cancelled):
+                self._prune_partials = True  # a partial it kept (a transient failure) is no one's now
                 continue  # deleted or changed while downloading: the plan starts over
             if isinstance(outcome.error, Deferred):
                 if outcome.error.stuck:  # its endpoint hangs: say so rather than wait in silence
@@ -352,11 +357,8 @@ class Agent:
                     self.preparer.release(error.version)
                 if outcome.refresh and record.stage is Stage.LOADED:
                     # Serving what was checked before beats dropping it over a new problem (S3 down, files gone).
-                    logger.info(
-                        "re-checking adapter %s failed, keeping what is loaded: %s",
-                        record.name,
-                        redact(str(error), self.preparer.secrets),
-                    )
+                    why = redact(str(error), self.preparer.secrets)
+                    logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name, why)
                     continue
                 if isinstance(error, AdapterError):
                     if outcome.refresh and error.reason is record.reason and error.version == record.failed_version:
@@ -379,13 +381,8 @@ class Agent:
         if record.accept(prepared.version, str(prepared.path), prepared.info, refusal, now=self.monotonic()):
             assert rejected is not None
             message = redact(rejected.message, self.preparer.secrets)
-            logger.warning(
-                "adapter %s: version %s refused, keeps serving %s: %s",
-                record.name,
-                rejected.version,
-                prepared.version,
-                message,
-            )
+            names = (record.name, rejected.version, prepared.version)
+            logger.warning("adapter %s: version %s refused, keeps serving %s: %s", *names, message)
             self.metrics.failures.labels(record.name, FailureReason.UPDATE_REJECTED.value).inc()
 
     def _protect(self, loaded: dict[str, LoadedAdapter] | None) -> None:

@@ -5,8 +5,10 @@ ETag and, for a part, its Range, and the answer's ETag is compared too (some S3-
 them, ignore If-Match and would hand a replaced object's bytes to a download of the listed one). A finished part is
 written to `.manifest.json` (key, ETag, size, parts done, bytes done), so a download interrupted by a crash, a kill
 or a slow endpoint continues where it stopped when the same files are fetched again; a file whose ETag or size
-differs from the manifest's starts over. Each chunk read feeds the Watch (deadline, rate floor, cancellation) and is
-checked between reads; a part that breaks off (reset, truncated body, 5xx) is retried with backoff and jitter.
+differs from the manifest's starts over. The manifest also names the adapter (uid) the download is for, from before
+the first GET, so the partials of adapters deleted while the agent was down can be told apart
+(AdapterCache.prune_partials). Each chunk read feeds the Watch (deadline, rate floor, cancellation) and is checked
+between reads; a part that breaks off (reset, truncated body, 5xx) is retried with backoff and jitter.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def _parts(obj: RemoteObject, config: TransferConfig) -> list[tuple[int, int]]:
 class _Manifest:
     """What of each file is already on disk; rewritten atomically after each finished part."""
 
-    def __init__(self, directory: pathlib.Path, listing: Listing) -> None:
+    def __init__(self, directory: pathlib.Path, listing: Listing, owner: str | None) -> None:
         self.path = directory / MANIFEST
+        self.owner = owner
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -90,12 +93,24 @@ class _Manifest:
             entry = self.files[relpath]
             entry["done"] = sorted({*entry["done"], part})
             entry["bytes"] += length
-            temp = self.path.with_suffix(".tmp")
-            try:
-                temp.write_text(json.dumps({"files": self.files}))
-                os.replace(temp, self.path)
-            except FileNotFoundError:  # the partial directory was removed (cancelled) under a late part
-                pass
+            self.save()
+
+    def save(self) -> None:
+        temp = self.path.with_suffix(".tmp")
+        try:
+            temp.write_text(json.dumps({"owner": self.owner, "files": self.files}))
+            os.replace(temp, self.path)
+        except FileNotFoundError:  # the partial directory was removed (cancelled) under a late part
+            pass
+
+
+def owner(directory: pathlib.Path) -> str | None:
+    """The uid of the adapter a partial directory was last downloaded for; None if it does not say."""
+    try:
+        found = json.loads((directory / MANIFEST).read_text()).get("owner")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 def download(
@@ -106,10 +121,12 @@ def download(
     config: TransferConfig,
     watch: Watch,
     on_bytes: Callable[[int], None] | None = None,
+    owner: str | None = None,
 ) -> None:
-    """Fetch every listed file into `into` (created if needed), skipping parts its manifest says are done."""
+    """Fetch every listed file into `into` (created if needed), skipping parts its manifest says are done.
+    `owner`: the adapter's uid, recorded in the manifest."""
     into.mkdir(parents=True, exist_ok=True)
-    manifest = _Manifest(into, listing)
+    manifest = _Manifest(into, listing, owner)
     abort = threading.Event()
     jobs = []
     for obj in listing.objects:
@@ -119,6 +136,7 @@ def download(
             stream.truncate(obj.size)
         done = manifest.done(obj.relpath)
         jobs += [(obj, i, r) for i, r in enumerate(_parts(obj, config)) if i not in done]
+    manifest.save()  # before the first GET: a kill from here on leaves a partial that names its adapter
 
     def part(obj: RemoteObject, index: int, span: tuple[int, int]) -> None:
         for attempt in range(PART_ATTEMPTS):

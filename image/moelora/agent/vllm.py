@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from moelora.agent.errors import AdapterError, TransientError, quote
@@ -192,3 +194,36 @@ class AdapterPoller:
         except TransientError:
             self.last = None
         return self.last
+
+
+class HealthWatch:
+    """Wakes the agent's loop as soon as vLLM's /health changes (asked every `interval` s, a second at most each), so
+    a killed vLLM shows in the status within about `interval`, not a whole poll, and a restarted one gets its
+    adapters back as soon as it serves. Only a wake-up: what vLLM serves is still the poll's to say."""
+
+    def __init__(self, client: VllmClient, *, on_change: Callable[[], None], interval: float = 0.5) -> None:
+        self.client = client
+        self.on_change = on_change
+        self.interval = interval
+        self.healthy: bool | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllm-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def check(self) -> bool:
+        """Ask once; True (and the loop woken) when the answer differs from the last one."""
+        healthy = self.client._request("GET", "/health", timeout=min(1.0, self.interval * 2))[0] == 200
+        changed = healthy != self.healthy
+        self.healthy = healthy
+        if changed:
+            self.on_change()
+        return changed
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.check()

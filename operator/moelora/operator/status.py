@@ -245,6 +245,17 @@ def adapter_status_patch(
         phase = AdapterPhase.FAILED
         reason = state.reason or FailureReason.LOAD_FAILED.value
         message = f"{pod}: {state.last_error or reason}"
+        # Replicas may disagree (a new pod refuses a version the others refused too but still serve the last good
+        # one of): the roll-up says what each of those serves, so Failed is not read as "served nowhere".
+        serving = [(pod, state) for pod, state in sorted(replicas.items()) if state.loaded and pod in ready_pods]
+        if serving:
+            shown = [
+                f"{pod} serves {state.version or 'a version'}"
+                + (f" (refused {state.rejected_version})" if state.rejected_version else "")
+                for pod, state in serving[:5]
+            ]
+            more = f" and {len(serving) - 5} more" if len(serving) > 5 else ""
+            message += f"; still loaded on {len(serving)} of {len(ready_pods)} ready pod(s): {', '.join(shown)}{more}"
     elif ready_pods and all(replicas.get(pod) is not None and replicas[pod].loaded for pod in ready_pods):
         phase, reason, message = AdapterPhase.LOADED, "Loaded", f"loaded on {len(ready_pods)} ready pod(s)"
         # A refused new version leaves the last good one serving: Ready stays True, its reason says what was refused.
