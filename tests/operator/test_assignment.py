@@ -121,27 +121,71 @@ def test_disk_budget_from_the_adapter_cache_bounds_each_pod() -> None:
     assert sum(p.short for p in result.values()) == 30 - sum(len(p.replicas) for p in result.values())
 
 
+def test_auto_copies_from_the_agents_load_are_written_with_the_placement() -> None:
+    auto = Server(name="ms", replicas=3, copies=1, disk_bytes=None, auto=True, slots=4)
+    adapters = [
+        AdapterState(name="hot", load=9.0),
+        AdapterState(name="warm", load=1.5),
+        AdapterState(name="pinned", copies=1, load=1.5),  # its own spec.replicas wins
+        AdapterState(name="idle"),
+    ]
+    result = assign(auto, adapters)
+    assert {name: (len(p.target), p.copies, p.load) for name, p in result.items()} == {
+        "hot": (3, 3, 9.0),
+        "warm": (2, 2, 1.5),  # 1.5 of 12 in flight: ceil(1.5 / 12 x 3 replicas x 4 slots) = 2
+        "pinned": (1, 1, 1.5),
+        "idle": (1, 1, 0.0),
+    }
+    # Warm's load falls to 0.9 of 12: one copy would do, but with half again its load (1.35) it would need two, so
+    # it keeps them; at 0.6 of 12 (0.9 with the margin) it gives one back.
+    states = {a.name: AdapterState(name=a.name, copies=a.copies, load=a.load, current=result[a.name]) for a in adapters}
+    for warm, copies in ((0.9, 2), (0.6, 1)):
+        states["warm"] = AdapterState(name="warm", load=warm, current=result["warm"])
+        states["hot"] = AdapterState(name="hot", load=10.5 - warm, current=result["hot"])
+        assert assign(auto, list(states.values()))["warm"].copies == copies
+
+
+def test_a_pod_holds_at_most_its_count_and_the_rest_is_short() -> None:
+    adapters = [AdapterState(name=name) for name in names(30)]
+    result = assign(Server(name="ms", replicas=3, copies=1, disk_bytes=None, max_adapters=8), adapters)
+    per_pod: dict[str, int] = {}
+    for p in result.values():
+        for pod in p.replicas:
+            per_pod[pod] = per_pod.get(pod, 0) + 1
+    assert per_pod == {"ms-0": 8, "ms-1": 8, "ms-2": 8}
+    assert sum(p.short for p in result.values()) == 6
+
+
 def test_the_indexes_carry_placements_inputs() -> None:
     spec = {"model": {"name": "m"}, "replicas": 3, "placement": {"copies": 2}, "adapterCache": {"sizeLimit": "1Gi"}}
+    # vLLM keeps maxLoras (default 8) adapters in CPU memory unless maxCpuLoras says more; 4 per slot by default.
     assert placement_index(spec=spec, name="ms", namespace="ns") == {
-        ("ns", "ms"): Server(name="ms", replicas=3, copies=2, disk_bytes=2**30, drain_seconds=30.0)
+        ("ns", "ms"): Server(
+            name="ms", replicas=3, copies=2, disk_bytes=2**30, drain_seconds=30.0, max_adapters=32, slots=8
+        )
     }
+    spec["lora"] = {"maxLoras": 4, "maxCpuLoras": 6}
+    spec["placement"] = {"copies": 1, "copiesMode": "Auto", "adaptersPerCpuLora": 2}
+    assert placement_index(spec=spec, name="ms", namespace="ns")[("ns", "ms")] == Server(
+        name="ms", replicas=3, copies=1, disk_bytes=2**30, drain_seconds=30.0, max_adapters=12, auto=True, slots=6
+    )
     assert placement_index(spec={"model": {"name": "m"}}, name="ms", namespace="ns") is None
     status = {
         "sizeBytes": 7,
         "placement": {"replicas": ["ms-1", "ms-0"], "target": ["ms-1"], "draining": ["ms-0"]},
-        "replicas": {"ms-0": {"loaded": True}, "ms-1": {"loaded": False}},
+        "replicas": {"ms-0": {"loaded": True, "load": 0.5}, "ms-1": {"loaded": False, "load": 0.25}},
     }
     spec = {"modelServer": "ms", "replicas": 2}
     body = {"metadata": {"name": "a", "namespace": "ns"}, "spec": spec, "status": status}
     entry = adapters_index(body=body, spec=spec, status=status, name="a", namespace="ns")
     placed = entry[("ns", "ms")].placed
     assert placed is not None
-    assert (placed.copies, placed.size_bytes, placed.assigned, placed.loaded_on) == (
+    assert (placed.copies, placed.size_bytes, placed.assigned, placed.loaded_on, placed.load) == (
         2,
         7,
         ("ms-1", "ms-0"),
         {"ms-0": 0.0},
+        0.75,
     )
 
 

@@ -20,7 +20,7 @@ from moelora.operator import placement
 from moelora.operator.assignment import pod_names
 from moelora.operator.settings import Settings
 
-from .cluster import DEPLOYMENTS, LORA, apply, manifest
+from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, manifest, server_pod
 
 NS = "placed"
 SERVER = "qwen-moe"
@@ -137,6 +137,56 @@ def test_placed_server_moves_adapters_make_before_break(kube: KubeAPI) -> None:
         report_loaded(rest, name, three[name])
     eventually(lambda: _assert_equal({n: p.get("replicas") for n, p in assignments(kube).items()}, three))
     eventually(lambda: _assert_equal(kube.get(STATEFULSETS, NS, SERVER)["spec"]["replicas"], 3))
+
+
+def test_adapters_past_the_pods_count_are_reported_and_auto_copies_follow_the_load(kube: KubeAPI) -> None:
+    rest = Rest(url=kube.url)
+    server, names = "tight", [f"tight-{i}" for i in range(5)]
+    # 3 pods x 1 adapter each (maxLoras 1, so 1 CPU slot, x adaptersPerCpuLora 1): two of five adapters fit nowhere.
+    spec = {"replicas": 3, "lora": {"maxLoras": 1}, "placement": {"copies": 1, "adaptersPerCpuLora": 1}}
+    body = manifest("modelserver.yaml", namespace=NS, **spec)
+    body["metadata"]["name"] = server
+    apply(kube, body)
+    for name in names:
+        adapter = manifest("loraadapter.yaml", namespace=NS, modelServer=server)
+        adapter["metadata"]["name"] = name
+        adapter["spec"]["source"] = {"uri": f"s3://adapters/{name}/"}
+        rest.request(method="POST", path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/loraadapters", body=adapter)
+
+    def placed() -> dict[str, dict[str, Any]]:
+        return {n: p for n, p in assignments(kube).items() if n in names}
+
+    eventually(lambda: _assert_equal(sorted(p.get("short", 0) for p in placed().values()), [0, 0, 0, 1, 1]))
+    assert sorted(pod for p in placed().values() for pod in p["replicas"]) == pod_names(server, 3)
+    degraded = eventually(lambda: _assert_some(condition(kube.get(MS, NS, server), "Degraded")))
+    eventually(lambda: _assert_equal(condition(kube.get(MS, NS, server), "Degraded")["reason"], "PlacementShort"))
+    assert degraded["status"] == "True"
+    events = eventually(
+        lambda: _assert_some([e for e in kube.list("v1/events", NS) if e["reason"] == "PlacementShort"])
+    )
+    assert events[0]["involvedObject"]["name"] == server and events[0]["type"] == "Warning"
+
+    # Room for all (2 per pod), copies from load: the agents report one adapter carrying most requests in flight.
+    placement_spec = {"copies": 1, "adaptersPerCpuLora": 4, "copiesMode": "Auto"}
+    rest.request(
+        method="PATCH",
+        path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/modelservers/{server}",
+        body={"spec": {"placement": placement_spec}},
+    )
+    eventually(lambda: _assert_equal(condition(kube.get(MS, NS, server), "Degraded")["reason"], "AsExpected"))
+    for pod_name in pod_names(server, 3):  # pods that exist, so the roll-up keeps their agents' entries
+        rest.request(method="POST", path=f"/api/v1/namespaces/{NS}/pods", body=server_pod(NS, pod_name, server))
+    hot = names[0]
+    pod = eventually(lambda: _assert_some((placed()[hot].get("replicas") or [None])[0]))
+    rest.request(
+        method="PATCH",
+        path=f"/apis/moelora.io/v1alpha1/namespaces/{NS}/loraadapters/{hot}/status",
+        body={"status": {"replicas": {pod: {"loaded": True, "state": "Loaded", "load": 3.0}}}},
+    )
+    # 3 of 3 in flight: ceil(1 x 3 pods x 1 slot) = 3 copies; the others keep copies' minimum, 1.
+    eventually(lambda: _assert_equal((placed()[hot].get("copies"), len(placed()[hot]["target"])), (3, 3)))
+    assert placed()[hot]["load"] == 3.0
+    assert all(placed()[name]["copies"] == 1 for name in names[1:])
 
 
 def _assert_some(value: Any) -> Any:

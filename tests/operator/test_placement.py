@@ -12,6 +12,7 @@ from moelora.operator.placement import (
     Placement,
     Replica,
     Unload,
+    auto_copies,
     place,
     plan,
     ranking,
@@ -56,6 +57,44 @@ def test_second_copies_are_dropped_before_any_first_copy() -> None:
     placed = place([Adapter(name, 1, replicas=2) for name in "abcd"], fleet(3, disk=2))
     assert placed.homes == {"a": ("ms-2", "ms-0"), "b": ("ms-0",), "c": ("ms-1", "ms-2"), "d": ("ms-1",)}
     assert placed.short == {"b": 1, "d": 1}
+
+
+def test_a_count_limit_binds_like_a_disk_budget() -> None:
+    # One adapter per replica, no disk budget: the same as one byte of disk per 1-byte adapter above.
+    replicas = [Replica(f"ms-{i}", max_adapters=1) for i in range(3)]
+    placed = place([Adapter(name, 1) for name in "abcd"], replicas)
+    assert placed.homes == {"a": ("ms-2",), "b": ("ms-0",), "c": ("ms-1",), "d": ()}
+    assert placed.short == {"d": 1}
+
+
+def test_disk_and_count_both_bound_each_replica() -> None:
+    # Sizes a=5, b=c=d=1; each replica 5 bytes and at most 2 adapters; two copies each, order c, a, b, d.
+    # Round 1: c->1, a->2 (5 bytes: ms-2 full on disk), b->0, d->1 (ms-1 holds 2: full by count).
+    # Round 2: c: ms-2 no room on disk -> ms-0 (holds 2). a: 5 more bytes fit nowhere. b: ms-2 disk, ms-1 count.
+    # d: ms-0 count, ms-2 disk.
+    sizes = {"a": 5, "b": 1, "c": 1, "d": 1}
+    adapters = [Adapter(name, size, replicas=2) for name, size in sizes.items()]
+    placed = place(adapters, [Replica(f"ms-{i}", disk_bytes=5, max_adapters=2) for i in range(3)])
+    assert placed.homes == {"a": ("ms-2",), "b": ("ms-0",), "c": ("ms-1", "ms-0"), "d": ("ms-1",)}
+    assert placed.short == {"a": 1, "b": 1, "d": 1}
+    # Without the count, b and d find their second homes on disk alone.
+    unlimited = place(adapters, fleet(3, disk=5))
+    assert unlimited.homes["b"] == ("ms-0", "ms-1") and unlimited.homes["d"] == ("ms-1", "ms-0")
+
+
+def test_auto_copies_follow_the_share_of_load_with_hysteresis() -> None:
+    # 3 replicas x 4 warm slots = 12 slot shares; the loads sum to 12, so each adapter wants ceil(its load) copies.
+    loads = {"hot": 9.0, "warm": 1.5, "cool": 0.9, "cold": 0.6, "idle": 0.0}
+    fresh = auto_copies(loads, current={}, replicas=3, slots=4)
+    assert fresh == {"hot": 3, "warm": 2, "cool": 1, "cold": 1, "idle": 1}
+    # A copy goes only if 1.5 x the load would still need fewer: warm (ceil 2.25 = 3) and cool (ceil 1.35 = 2) keep
+    # theirs, cold (ceil 0.9 = 1) gives one back.
+    kept = auto_copies(loads, current={"hot": 3, "warm": 3, "cool": 2, "cold": 2}, replicas=3, slots=4)
+    assert kept == {"hot": 3, "warm": 3, "cool": 2, "cold": 1, "idle": 1}
+    assert auto_copies(loads, current={"warm": 1}, replicas=3, slots=4)["warm"] == 2  # more is taken at once
+    assert auto_copies(loads, current={}, replicas=3, slots=4, minimum=2)["idle"] == 2
+    assert auto_copies({"hot": 9.0}, current={"hot": 4}, replicas=3, slots=4) == {"hot": 3}  # scaled in
+    assert auto_copies({"a": 0.0, "b": 0.0}, current={"a": 3}, replicas=3, slots=4) == {"a": 1, "b": 1}
 
 
 def test_a_zero_weight_replica_ranks_last() -> None:

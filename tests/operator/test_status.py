@@ -261,3 +261,26 @@ def test_loaded_and_desired_count_the_ready_pods() -> None:
         {"p1": True, "p2": True, "p3": False},
     )
     assert (p["loadedReplicas"], p["desiredReplicas"]) == (1, 2)
+
+
+def test_copies_placement_found_no_room_for_are_degraded_unless_something_worse_is() -> None:
+    def short(problem: SpecProblem | None = None) -> ModelServerStatus:
+        return st.model_server_status(
+            make_spec(replicas=2),
+            name="srv",
+            namespace="ns",
+            generation=3,
+            deployment=deployment(),
+            problem=problem,
+            adapters=AdapterCounts(desired=9),
+            previous=ModelServerStatus(),
+            now=T0,
+            placement_short=(2, 3),
+        )
+
+    status = short()
+    assert reasons(status)["Degraded"] == ("True", "PlacementShort")
+    assert reasons(status)["Ready"] == ("True", "AllReplicasReady")  # the adapters that fit are served
+    assert next(c.message for c in status.conditions if c.type == "Degraded").startswith("3 copies of 2 adapter(s)")
+    assert reasons(short(SpecProblem("UnknownEngineFlag", "x")))["Degraded"] == ("True", "UnknownEngineFlag")
+    assert reasons(ms_status(deployment()))["Degraded"] == ("False", "AsExpected")

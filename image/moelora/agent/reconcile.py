@@ -84,6 +84,7 @@ class Record:
     conflict_with: str | None = None  # the adapter that holds our served name
     failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
     rejected: tuple[str, FailureReason, str] | None = None  # (version, reason, message) refused while serving another
+    load: float | None = None  # requests in flight on this pod, on average (usage.py), while loaded
 
     def fail(
         self,
@@ -131,6 +132,7 @@ class Record:
             loaded_at=self.loaded_at if self.stage is Stage.LOADED else None,
             version=self.version if self.stage is Stage.LOADED else None,
             rejected_version=rejected[0] if rejected else None,
+            load=self.load if self.stage is Stage.LOADED else None,
         )
 
     def accept(

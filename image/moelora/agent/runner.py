@@ -26,6 +26,7 @@ from moelora.agent.publish import StatusPublisher
 from moelora.agent.readiness import ReadyGate
 from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
+from moelora.agent.usage import LoadSampler
 from moelora.agent.validate import AdapterInfo, Limits
 from moelora.agent.vllm import AdapterPoller, Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
@@ -79,6 +80,7 @@ class Agent:
         self.status_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="status")
         self.vllm_up = False
         self.poller = AdapterPoller(vllm, poll=settings.poll_seconds)
+        self.usage = LoadSampler(window_seconds=settings.load_window_seconds) if settings.placement else None
         self.gate = ReadyGate(wait_seconds=settings.ready_wait_seconds, metrics=metrics)
         self.last_loop = monotonic()
         self.next_resync = monotonic() + settings.resync_seconds
@@ -158,6 +160,8 @@ class Agent:
         for load in plan.load:
             self._load(self.records[load.uid], load)
         self._protect(loaded)
+        if self.usage is not None:  # only placement's copiesMode Auto reads the load
+            self.usage.update(fetch=self.vllm.metrics_text, records=self.records.values(), now=now)
         self.publisher.publish(desired, self.records)
         self.gate.update(
             vllm_up=self.vllm_up, unsettled=reconcile.unsettled(desired=desired, records=self.records), now=now

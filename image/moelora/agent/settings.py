@@ -49,6 +49,7 @@ class Settings:
     ready_wait_seconds: float = 25.0
     base_model_config: pathlib.Path | None = None  # the base model's config.json; unset: no dims checks
     placement: bool = False  # MOELORA_PLACEMENT: serve only the adapters the operator assigned to this pod
+    load_window_seconds: float = 300.0  # with placement: the time over which each adapter's load is averaged
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -125,6 +126,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Settings:
         allowed_s3_endpoints=_list(env, "MOELORA_ALLOWED_S3_ENDPOINTS"),
         allowed_s3_buckets=_list(env, "MOELORA_ALLOWED_S3_BUCKETS"),
         placement=env.get("MOELORA_PLACEMENT", "").strip() == "1",
+        load_window_seconds=_number(env, "MOELORA_LOAD_WINDOW_SECONDS", default=300.0),
     )
     # Assignments name StatefulSet pods (`<server>-<ordinal>`): any other pod would wait forever for adapters.
     if settings.placement and not re.fullmatch(re.escape(settings.model_server) + r"-[0-9]+", settings.pod_name):

@@ -117,6 +117,11 @@ class VllmClient:
         """True when vLLM answers /health with 200 (one try: the caller polls)."""
         return self._request("GET", "/health", timeout=5)[0] == 200
 
+    def metrics_text(self) -> str | None:
+        """vLLM's Prometheus /metrics (one try, 5 s); None when it does not answer 200."""
+        status, payload = self._request("GET", "/metrics", timeout=5)
+        return payload.decode(errors="replace") if status == 200 else None
+
     def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
         """The LoRA adapters vLLM serves now, by name; raises TransientError when it cannot tell.
 

@@ -34,7 +34,7 @@ from moelora.api.model_server import (
     ResourceSpec,
     S3Spec,
 )
-from moelora.api.placement import AdapterPlacement, PlacementSpec
+from moelora.api.placement import AdapterPlacement, CopiesMode, PlacementSpec
 from moelora.api.routing import EndpointPickerRef, GatewayRouting, ParentRef, RoutingSpec
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "AdapterCounts",
     "AdapterPhase",
     "AdapterPlacement",
+    "CopiesMode",
     "AdapterSource",
     "Condition",
     "ConditionStatus",

@@ -178,6 +178,13 @@ class ReplicaAdapterState(ApiModel):
         description="A newer version this pod refused (reason UpdateRejected, lastError says why) while it keeps "
         "serving `version`.",
     )
+    load: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        description="Requests for the adapter in flight on this pod, on average (an estimate from vLLM's "
+        "vllm:lora_requests_info); rewritten only when it changes by half or more.",
+    )
 
 
 class Rollup(str, enum.Enum):

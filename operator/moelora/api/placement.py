@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import enum
+
 from pydantic import Field
 
 from moelora.api.common import ApiModel
+
+
+class CopiesMode(str, enum.Enum):
+    """Fixed: `copies` per adapter. Auto: from each adapter's observed load, at least `copies`."""
+
+    FIXED = "Fixed"
+    AUTO = "Auto"
 
 
 class PlacementSpec(ApiModel):
@@ -20,7 +29,24 @@ class PlacementSpec(ApiModel):
         default=1,
         ge=1,
         le=1000,
-        description="Replicas holding each adapter whose own spec.replicas is unset; at most the server's replicas.",
+        description="Replicas holding each adapter whose own spec.replicas is unset; at most the server's replicas. "
+        "With copiesMode Auto, the fewest.",
+    )
+    copies_mode: CopiesMode = Field(
+        default=CopiesMode.FIXED,
+        description="Auto: an adapter's copies follow its share of the server's load, as the agents observe it in "
+        "vLLM's vllm:lora_requests_info (status.replicas.<pod>.load): ceil(share x replicas x lora.maxCpuLoras), "
+        "within [copies, replicas]; a copy goes only once the adapter would need fewer even with half again its "
+        "load. An adapter's own spec.replicas still wins.",
+    )
+    adapters_per_cpu_lora: int = Field(
+        default=4,
+        ge=1,
+        le=100,
+        description="A replica holds at most this many times lora.maxCpuLoras (vLLM's default: maxLoras) "
+        "adapters, as well as at most its disk budget: past its CPU slots, a request may wait for its adapter to be "
+        "read from disk. Copies no replica has room for are reported in status.placement.short and in the "
+        "server's Degraded condition (reason PlacementShort).",
     )
     drain_seconds: int = Field(
         default=30,
@@ -43,4 +69,14 @@ class AdapterPlacement(ApiModel):
         default_factory=list,
         description="Old pods kept until every target pod reports it loaded (make-before-break).",
     )
-    short: int = Field(default=0, ge=0, description="Copies wanted that no pod had disk room for.")
+    short: int = Field(default=0, ge=0, le=1000, description="Copies wanted that no pod had room for (disk or count).")
+    copies: int | None = Field(
+        default=None, ge=1, le=1000, description="Copies the operator wants for it (its target, unless short)."
+    )
+    load: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e6,
+        description="With copiesMode Auto: its requests in flight, summed over the pods' reports, that the copies "
+        "were judged on.",
+    )

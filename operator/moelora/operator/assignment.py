@@ -28,6 +28,9 @@ class Server:
     copies: int  # spec.placement.copies: per adapter unless its own spec.replicas says otherwise
     disk_bytes: int | None  # spec.adapterCache.sizeLimit: each pod's budget
     drain_seconds: float = 0.0  # spec.placement.drainSeconds
+    max_adapters: int | None = None  # each pod's count: placement.adaptersPerCpuLora x lora.maxCpuLoras
+    auto: bool = False  # placement.copiesMode Auto: copies from the adapters' load
+    slots: int = 1  # lora.maxCpuLoras (vLLM's default: maxLoras), the warm slots Auto shares the load over
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +42,7 @@ class AdapterState:
     size_bytes: int = 0  # status.sizeBytes; 0 until an agent has read the files
     current: AdapterPlacement | None = None  # status.placement
     loaded_on: Mapping[str, float] = dataclasses.field(default_factory=dict)  # pod -> its loadedAt, epoch seconds
+    load: float = 0.0  # requests in flight, summed over its assigned pods' status.replicas.<pod>.load
 
     @property
     def assigned(self) -> tuple[str, ...]:
@@ -56,9 +60,19 @@ def assign(
     """Adapter -> its placement at `now` (epoch seconds), for every adapter of the server; and when to judge again
     because an old home's drain time ends then (None: nothing waits on time)."""
     replicas = [
-        placement.Replica(name, disk_bytes=server.disk_bytes) for name in pod_names(server.name, server.replicas)
+        placement.Replica(name, disk_bytes=server.disk_bytes, max_adapters=server.max_adapters)
+        for name in pod_names(server.name, server.replicas)
     ]
-    wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or server.copies) for a in adapters]
+    copies = {a.name: server.copies for a in adapters}
+    if server.auto:
+        copies = placement.auto_copies(
+            {a.name: a.load for a in adapters},
+            current={a.name: a.current.copies for a in adapters if a.current is not None and a.current.copies},
+            replicas=server.replicas,
+            slots=server.slots,
+            minimum=server.copies,
+        )
+    wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or copies[a.name]) for a in adapters]
     target = placement.place(wanted, replicas)
     result, recheck = {}, None
     for adapter in adapters:
@@ -75,7 +89,12 @@ def assign(
             else:
                 recheck = until if recheck is None else min(recheck, until)
         result[adapter.name] = AdapterPlacement(
-            replicas=homes + draining, target=homes, draining=draining, short=target.short.get(adapter.name, 0)
+            replicas=homes + draining,
+            target=homes,
+            draining=draining,
+            short=target.short.get(adapter.name, 0),
+            copies=placement.clamp_count(adapter.copies or copies[adapter.name], server.replicas),
+            load=round(adapter.load, 2) if server.auto else None,
         )
     return result, recheck
 

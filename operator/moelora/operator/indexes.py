@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import kopf
+import pydantic
 
-from moelora.api import AdapterPlacement
+from moelora.api import AdapterPlacement, CopiesMode, LoRASpec, PlacementSpec
 from moelora.operator import naming
 from moelora.operator.assignment import AdapterState, Server, pods_needed
 from moelora.operator.context import Context, ServerKey
@@ -74,6 +75,7 @@ def adapters_index(
             for pod, state in (status.get("replicas") or {}).items()
             if (state or {}).get("loaded")
         },
+        load=sum(float((state or {}).get("load") or 0) for state in (status.get("replicas") or {}).values()),
     )
     phase = status.get("phase") or "Pending"
     served = spec.get("servedName") or name
@@ -99,12 +101,21 @@ def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dic
         disk_bytes: int | None = quantity_bytes(str(cache))
     except ValueError:
         disk_bytes = None  # the reconcile reports the invalid spec; place without a budget meanwhile
+    try:
+        lora = LoRASpec.model_validate(spec.get("lora") or {})
+    except pydantic.ValidationError:  # the reconcile reports the invalid spec; vLLM's defaults meanwhile
+        lora = LoRASpec()
+    slots = lora.max_cpu_loras or lora.max_loras  # vLLM's default CPU slots are maxLoras
+    per_slot = int(placement.get("adaptersPerCpuLora") or PlacementSpec.model_fields["adapters_per_cpu_lora"].default)
     server = Server(
         name=name,
         replicas=int(spec.get("replicas", 1)),
         copies=int(placement.get("copies") or 1),
         disk_bytes=disk_bytes,
         drain_seconds=float(placement.get("drainSeconds", 30)),
+        max_adapters=slots * per_slot,
+        auto=placement.get("copiesMode") == CopiesMode.AUTO.value,
+        slots=slots,
     )
     return {(namespace, name): server}
 
@@ -156,6 +167,17 @@ def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[
     for gone in set(written) - {entry.name for entry in entries}:
         del written[gone]
     return [entry._replace(phase=written[entry.name]) if entry.name in written else entry for entry in entries]
+
+
+def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> tuple[int, int]:
+    """(adapters, copies) of a placed server that no pod had room for, with this operator's latest writes."""
+    written = memo.written_placements[key]
+    shorts = []
+    for entry in entries:
+        current = written[entry.name] if entry.name in written else (entry.placed.current if entry.placed else None)
+        if current is not None and current.short:
+            shorts.append(current.short)
+    return len(shorts), sum(shorts)
 
 
 def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:

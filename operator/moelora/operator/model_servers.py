@@ -160,6 +160,7 @@ def render_status(
     problem: SpecProblem | None,
     adapters: list[AdapterEntry],
     now: datetime.datetime,
+    placement_short: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """The whole status on the wire, from the observation, the Deployment as stored and the adapters' phases."""
     body = observation.body
@@ -178,6 +179,7 @@ def render_status(
         previous=status.stored_server_status(body.get("status") or {}),
         now=now,
         model_cache=observation.surroundings.model_cache.status if observation.surroundings.model_cache else None,
+        placement_short=placement_short,
     ).to_wire()
 
 
@@ -230,18 +232,35 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
-    new = render_status(observation, deployment=stored_deployment, problem=problem, adapters=adapters, now=wall_clock())
+    short = indexes.placement_short(memo, key, adapters)
+    new = render_status(
+        observation,
+        deployment=stored_deployment,
+        problem=problem,
+        adapters=adapters,
+        now=wall_clock(),
+        placement_short=short,
+    )
     stored = observation.body.get("status") or {}
-    if problem is not None and status.degraded_reason(stored) != problem.reason:
+    verdict = problem or _short_verdict(new)
+    if verdict is not None and status.degraded_reason(stored) != verdict.reason:
         try:
-            kopf.event(dict(observation.body), type="Warning", reason=problem.reason, message=problem.message)
+            kopf.event(dict(observation.body), type="Warning", reason=verdict.reason, message=verdict.message)
         except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
             when = wall_clock().isoformat().replace("+00:00", "Z")
-            event = {"type": "Warning", "reason": problem.reason, "message": problem.message}
+            event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
             apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
     if any(stored.get(field) != value for field, value in new.items()):
         apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
     return problem
+
+
+def _short_verdict(new_status: Mapping[str, Any]) -> SpecProblem | None:
+    """Placement's lack of room, once the status says it (a Warning Event goes with it, as with a spec problem)."""
+    for condition in new_status.get("conditions") or []:
+        if condition.get("type") == "Degraded" and condition.get("reason") == status.PLACEMENT_SHORT:
+            return SpecProblem(status.PLACEMENT_SHORT, str(condition.get("message") or ""))
+    return None
 
 
 async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:

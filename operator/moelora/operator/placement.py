@@ -11,9 +11,10 @@ That holds only if a replica keeps its name for life: StatefulSet ordinals (`<ms
 restarts and rescheduling, whereas a Deployment's random pod names would make every restarted pod a stranger and
 reshuffle its share of adapters (a full re-download of each) on every rollout.
 
-Capacity: a replica holds adapters up to its disk budget. Copies are placed in rounds (every adapter's first copy,
-then every second copy, ...) so that when the fleet is short of room, extra copies are dropped before any adapter's
-only copy; within a round adapters go in an order fixed by a hash of their names. A copy whose best-ranked replica
+Capacity: a replica holds adapters up to its disk budget and up to a count (a multiple of vLLM's CPU slots).
+Copies are placed in rounds (every adapter's first copy, then every second copy, ...) so that when the fleet is
+short of room, extra copies are dropped before any adapter's only copy; within a round adapters go in an order
+fixed by a hash of their names. A copy whose best-ranked replica
 is full spills to the next-ranked one with room; a copy no replica can take is reported in `Placement.short`.
 
 Moves are make-before-break (`plan`): every new copy loads first, and an adapter's old copies are unloaded only
@@ -37,6 +38,7 @@ class Replica:
 
     name: str
     disk_bytes: int | None = None  # None: no disk budget
+    max_adapters: int | None = None  # None: no limit on the count
     weight: float = 1.0  # relative share of adapters it should attract, e.g. for larger disks
 
 
@@ -106,11 +108,42 @@ def replica_counts(
     return counts
 
 
+def auto_copies(
+    loads: Mapping[str, float],
+    *,
+    current: Mapping[str, int],
+    replicas: int,
+    slots: int,
+    minimum: int = 1,
+    keep_margin: float = 1.5,
+) -> dict[str, int]:
+    """Copies per adapter from its share of the observed load (requests in flight, any unit): an adapter gets a
+    copy for every warm slot's share of the fleet's load, `ceil(share x replicas x slots)`, clamped to
+    [minimum, replicas] (`replica_counts` with copy_rate = total / (replicas x slots), the fleet simulator's rule).
+
+    Hysteresis against flapping: more copies are taken at once, but a copy is given back only when the adapter
+    would need fewer copies even with `keep_margin` times its load, and then only down to that count. `current`:
+    the copies decided last time (absent: none yet, the rule's count is taken as it is).
+    """
+    total = sum(loads.values())
+    counts = {}
+    for adapter, load in loads.items():
+        share = load / total if total > 0 else 0.0
+        wanted = clamp_count(max(minimum, math.ceil(share * replicas * slots)), replicas)
+        before = current.get(adapter)
+        if before is not None and wanted < before:
+            kept = clamp_count(max(minimum, math.ceil(share * keep_margin * replicas * slots)), replicas)
+            wanted = kept if kept < before else min(before, replicas)
+        counts[adapter] = wanted
+    return counts
+
+
 def place(adapters: Sequence[Adapter], replicas: Sequence[Replica]) -> Placement:
     """Assign each adapter its copies: best-ranked replicas first, spilling past replicas without room."""
     if not replicas:
         return Placement(homes={adapter.name: () for adapter in adapters}, short={})
     used = {replica.name: 0 for replica in replicas}
+    held = {replica.name: 0 for replica in replicas}
     wanted = {adapter.name: clamp_count(adapter.replicas, len(replicas)) for adapter in adapters}
     prefs = {adapter.name: ranking(adapter.name, replicas) for adapter in adapters}
     cursor = dict.fromkeys(wanted, 0)  # a replica passed over as full stays full, so each list is walked once
@@ -125,8 +158,11 @@ def place(adapters: Sequence[Adapter], replicas: Sequence[Replica]) -> Placement
             while cursor[adapter.name] < len(pref):
                 replica = pref[cursor[adapter.name]]
                 cursor[adapter.name] += 1
-                if replica.disk_bytes is None or used[replica.name] + adapter.size_bytes <= replica.disk_bytes:
+                fits_disk = replica.disk_bytes is None or used[replica.name] + adapter.size_bytes <= replica.disk_bytes
+                fits_count = replica.max_adapters is None or held[replica.name] < replica.max_adapters
+                if fits_disk and fits_count:
                     used[replica.name] += adapter.size_bytes
+                    held[replica.name] += 1
                     homes[adapter.name].append(replica.name)
                     break
             else:

@@ -3,7 +3,8 @@
 Every event of a server's adapters (an agent reporting loaded, an adapter added, deleted or resized) and of the
 server itself (a scale) leads to `place_server`, which recomputes every adapter's assignment from kopf's indexes
 and writes only those that changed. When the pods the assignments name change (a scale-down whose moves have
-finished), the server is reconciled so its StatefulSet follows. A drain time that ends brings no event, so a timer
+finished), or the copies no pod has room for, the server is reconciled so its StatefulSet and its Degraded
+condition follow. A drain time that ends brings no event, so a timer
 per server runs it again then.
 """
 
@@ -72,6 +73,7 @@ async def place_server(
             for state in states
         ]
         before = assignment.pods_needed((state.assigned for state in states), server=key[1])
+        short_before = {state.name: state.current.short for state in states if state.current and state.current.short}
         new: dict[str, AdapterPlacement | None]
         recheck = None
         if server is None:  # placement turned off (or the server gone): clear what an earlier one assigned
@@ -81,6 +83,7 @@ async def place_server(
             new = dict(assigned)
         changes = {state.name: new[state.name] for state in states if state.current != new[state.name]}
         after = assignment.pods_needed((p.replicas for p in new.values() if p is not None), server=key[1])
+        short_after = {name: p.short for name, p in new.items() if p is not None and p.short}
         # A pod newly assigned has not loaded the adapter: an entry it left from an earlier stint is stale.
         by_name = {state.name: state for state in states}
         cleared = {
@@ -98,7 +101,8 @@ async def place_server(
             logger.info("placement of %d adapter(s) of %s/%s written", len(done), *key)
     if recheck is not None:
         _judge_again(memo=memo, key=key, at=recheck, placement_index=placement_index, adapters_index=adapters_index)
-    if server is not None and before != after:
+    # The StatefulSet follows the pods the assignments name; the server's Degraded condition, the copies short.
+    if server is not None and (before != after or short_before != short_after):
         await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
 
 

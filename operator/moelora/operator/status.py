@@ -14,6 +14,8 @@ ModelServer condition reasons (all conditions carry observedGeneration):
 | Progressing | Creating, RollingOut (True); RolledOut (False) | the Deployment moving to the current spec, or done |
 | Progressing, Degraded | ProgressDeadlineExceeded | the rollout stalled (the Deployment's own verdict) |
 | Degraded | FailedCreate (or the Deployment's ReplicaFailure reason) | pods cannot be created (quota, admission) |
+| Degraded | PlacementShort | with spec.placement: copies of adapters that no pod has room for (disk budget or
+  placement.adaptersPerCpuLora x lora.maxCpuLoras adapters per pod); those adapters run on fewer pods |
 | Degraded | AsExpected (False) | nothing to fix |
 
 The operator's verdicts on a spec (Degraded=True and Progressing=False with the same reason, plus one Warning
@@ -59,6 +61,8 @@ from moelora.api.common import set_condition
 from moelora.operator import multinode, naming
 from moelora.operator.errors import SpecProblem
 
+PLACEMENT_SHORT = "PlacementShort"
+
 
 def pod_ready(pod_status: Mapping[str, Any]) -> bool:
     """Whether a pod's status says Ready."""
@@ -100,9 +104,11 @@ def model_server_status(
     previous: ModelServerStatus,
     now: datetime.datetime,
     model_cache: ModelCacheStatus | None = None,
+    placement_short: tuple[int, int] = (0, 0),
 ) -> ModelServerStatus:
     """The whole ModelServer status. `previous` keeps lastTransitionTime of conditions that did not flip;
-    `model_cache`: the shared cache's state (spec.model.cache), which also gives the ModelCacheReady condition."""
+    `model_cache`: the shared cache's state (spec.model.cache), which also gives the ModelCacheReady condition;
+    `placement_short`: (adapters, copies) placement found no room for."""
     desired = spec.replicas
     dep_status = (deployment or {}).get("status") or {}
     ready = int(dep_status.get("readyReplicas") or 0)
@@ -173,6 +179,12 @@ def model_server_status(
         degraded = cond(
             "Degraded", True, str(failure.get("reason") or "ReplicaFailure"), str(failure.get("message") or "")
         )
+    elif placement_short[0]:
+        message = (
+            f"{placement_short[1]} copies of {placement_short[0]} adapter(s) fit on no pod (disk budget or adapters "
+            "per pod): raise replicas, adapterCache.sizeLimit, lora.maxCpuLoras or placement.adaptersPerCpuLora"
+        )
+        degraded = cond("Degraded", True, PLACEMENT_SHORT, message)
     else:
         degraded = cond("Degraded", False, "AsExpected", "")
 
