@@ -8,9 +8,10 @@ kill; the operator is its own process, started again after each kill. Around it 
 other actors: ready pods for each Deployment, agents reporting each adapter Loaded (Failed when its source lies
 under bad/), the garbage collector. A driver thread changes the objects meanwhile, also while the operator is down.
 Each kill comes 0.2-3 s (uniform) after the operator answered its liveness probe. After the last kill the driver
-stops and the operator starts once more; then, checked 10 times a second (chaos_cluster.violations): each server owns
-exactly the children its spec asks for and no more, nothing the operator labels lacks an owner, every count and
-phase is right, no object is held by a finalizer; and it must stay so until `settle_s` after that restart.
+makes 10 more changes and stops, and the operator starts once more; then, checked 10 times a second
+(chaos_cluster.violations): each server owns exactly the children its spec asks for and no more, nothing the
+operator labels lacks an owner, every count and phase is right, no object is held by a finalizer; and it must stay
+so until `settle_s` after that restart.
 Prints a Markdown table; tests/chaos/test_operator_kills.py asserts the same, at full size and reduced.
 """
 
@@ -51,6 +52,7 @@ class Report:
     operations: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     ready_s: list[float] = dataclasses.field(default_factory=list)  # each start (the final one too) to liveness OK
     consistent_s: float | None = None  # the final start until the first consistent snapshot
+    violations_at_restart: int = 0  # what the final start has to put right
     violations: list[str] = dataclasses.field(default_factory=list)  # at the end, or after consistency was reached
     world: dict[str, int] = dataclasses.field(default_factory=dict)
     finalizers_seen: int = 0  # objects that carried a finalizer at any check
@@ -192,6 +194,7 @@ def run(
     seed: int = 17,
     up_s: tuple[float, float] = (0.2, 3.0),
     settle_s: float = 30.0,
+    final_changes: int = 10,
     log_dir: pathlib.Path | None = None,
 ) -> Report:
     """The chaos run; `settle_s` after the final start the checks end (the state must hold until then)."""
@@ -211,7 +214,13 @@ def run(
                 report.ready_s.append(operator.start())
                 time.sleep(rng.uniform(*up_s))
                 operator.kill()
-            driver.stop()  # from here on only the operator (and the cluster around it) changes anything
+            driver.stop()
+            # Changes the operator has not seen, so the final start has work to do; after them only the operator
+            # (and the cluster around it) changes anything.
+            for _ in range(final_changes):
+                driver.step(snapshot(kube))
+            time.sleep(1.0)  # the cluster's actors answer them (agents report new adapters) meanwhile
+            report.violations_at_restart = len(violations(snapshot(kube)))
             start = time.monotonic()
             report.ready_s.append(operator.start())
             _settle(kube, report, start=start, settle_s=settle_s, operator=operator)
@@ -259,6 +268,7 @@ def table(report: Report) -> str:
         ("SIGKILLs of the operator", str(report.kills)),
         ("changes applied (refused: 404/409 races)", f"{changes} ({ops['refused']}): {by_kind}"),
         ("restart to liveness OK, median / max", f"{statistics.median(ready):.2f} s / {max(ready):.2f} s"),
+        ("violations when the operator starts the last time", str(report.violations_at_restart)),
         ("final restart to consistent state", consistent),
         ("violations (at the end, or after consistency)", str(len(report.violations))),
         ("objects that ever carried a finalizer (final checks)", str(report.finalizers_seen)),

@@ -101,6 +101,7 @@ def _assert_recovered(report: Any, *, within_s: float) -> None:
     assert report.violations == [], table(report)
     assert report.consistent_s is not None and report.consistent_s <= within_s, table(report)
     assert report.finalizers_seen == 0
+    assert report.violations_at_restart > 0  # the last start had something to put right
     assert sum(report.operations.values()) >= 3 * report.kills  # the objects really changed around the kills
 
 
