@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -22,10 +23,12 @@ __all__ = [
     "EXPAND_PARAMETERS",
     "EXPERTS_APPLY_PARAMETERS",
     "KERNEL_WARMUP_PARAMETERS",
+    "KINDS",
     "PARAMETERS",
     "PINNED_VERSIONS",
     "SELECT_BACKEND_PARAMETERS",
     "SHRINK_PARAMETERS",
+    "Touchpoint",
     "W13_PARAMETERS",
     "W2_PARAMETERS",
     "check_function",
@@ -171,6 +174,23 @@ SELECT_BACKEND_PARAMETERS = ("moe_config",)
 # Parameters model_warmup needs (a subset: vLLM adds others between releases, which it leaves at their defaults).
 DUMMY_RUN_PARAMETERS = frozenset({"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"})
 KERNEL_WARMUP_PARAMETERS = frozenset({"worker"})
+
+
+# How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).
+KINDS = ("params", "members", "fields", "returns", "op", "imports", "route", "env", "flag", "text")
+
+
+@dataclass(frozen=True)
+class Touchpoint:
+    """One thing moelora relies on in vLLM: `target` of `kind`, looked for in `files` (paths inside the vllm
+    package, each a known home of it), with what `expect`s, and the moelora code that `used_by` it."""
+
+    name: str
+    kind: str
+    files: tuple[str, ...]
+    target: str
+    expect: tuple[str, ...] | frozenset[str] = ()
+    used_by: str = ""
 
 
 def check_version(version: str) -> str | None:

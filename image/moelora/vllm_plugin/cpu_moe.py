@@ -8,7 +8,8 @@ kernels, which a CPU cannot run ("triton.language has no attribute float32"), an
   on a CPU when LoRA is on;
 - `add_lora_w13` / `add_lora_w2` for `PunicaWrapperCPU`, which call `torch.ops.vllm.fused_moe_lora` — by then our
   kernel (install.py) — with vLLM's naive routing form (expert_ids = topk_ids).
-Pinned to 0.32 (`contract.py` checks the op; `check()` here checks the signatures these patches rely on).
+Written against 0.32 (`contract.py` checks the op; `check()` here checks the signatures these patches rely on,
+which 0.26 and 0.33 share: docs/vllm-contract.md).
 """
 
 from __future__ import annotations
