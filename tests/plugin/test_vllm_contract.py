@@ -288,3 +288,21 @@ def test_params_at_least_accepts_additions_but_not_removals(tmp_path: pathlib.Pa
 def test_the_static_parameter_reader_sees_keyword_only_parameters() -> None:
     node = ast.parse("def f(a, /, b, *args, c, **kwargs): pass").body[0]
     assert source_check._parameters(node) == ("a", "b", "c")
+
+
+def test_the_documented_table_lists_every_touchpoint_and_the_installed_column_is_current() -> None:
+    """docs/vllm-contract.md holds the checker's table for 0.26.0, 0.32.0 and 0.33.0 (the other two are read from
+    their wheels, which the test run does not download): every touchpoint must have its row, in order, and the
+    installed release's column must be what the checker says now."""
+    doc = (ROOT / "docs" / "vllm-contract.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and " | " in line]
+    start = next(i for i, line in enumerate(rows) if line.startswith("| touchpoint | kind | used by |"))
+    header = [cell.strip() for cell in rows[start].strip("|").split("|")]
+    documented = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in rows[start + 1 :]]
+    documented = documented[: len(TOUCHPOINTS)]
+    assert [row[0] for row in documented] == [t.name for t in TOUCHPOINTS], "regenerate the table in the doc"
+    column = header.index(f"vLLM {source_check.version_of(VLLM)}")
+    now, _ = source_check.table([VLLM])
+    current = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in now.splitlines()[2:]]
+    assert [row[column] for row in documented] == [row[3] for row in current]
+    assert [row[1:3] for row in documented] == [row[1:3] for row in current]  # kinds and users as listed

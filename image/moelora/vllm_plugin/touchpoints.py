@@ -67,7 +67,14 @@ HOOKS: tuple[Touchpoint, ...] = (
         ('"vllm.general_plugins"',),
         "pyproject.toml [project.entry-points]",
     ),
-    Touchpoint("fused_moe_lora function", "params", (_FUSED_OP,), "_fused_moe_lora", PARAMETERS, "install, op"),
+    Touchpoint(
+        "fused_moe_lora function",
+        "params",
+        (_FUSED_OP,),
+        "_fused_moe_lora",
+        PARAMETERS,
+        "install, op; kernels.tools.vllm_configs (the tuner calls it positionally)",
+    ),
     Touchpoint("fused_moe_lora op", "op", (_FUSED_OP,), "fused_moe_lora", ("_fused_moe_lora", "output"), "install"),
     Touchpoint(
         "platform",
@@ -132,7 +139,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_META,),
         "LoRAKernelMeta.make",
         frozenset({"max_loras", "max_num_tokens", "device"}),
-        "dense_warmup",
+        "dense_warmup, kernels.tools.tune_dense",
     ),
     Touchpoint(
         "LoRAKernelMeta.prepare_tensors",
@@ -157,7 +164,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("lora/ops/triton_ops/lora_shrink_op.py",),
         "_lora_shrink",
         SHRINK_PARAMETERS,
-        "dense_warmup",
+        "dense_warmup, kernels.tools.tune_dense",
     ),
     Touchpoint(
         "lora_shrink op",
@@ -173,7 +180,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("lora/ops/triton_ops/lora_expand_op.py",),
         "_lora_expand",
         EXPAND_PARAMETERS,
-        "dense_warmup",
+        "dense_warmup, kernels.tools.tune_dense",
     ),
     Touchpoint(
         "lora_expand op",
