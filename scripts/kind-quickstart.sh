@@ -9,7 +9,7 @@
 #
 # Settings (environment):
 #   CLUSTER_NAME  kind cluster name (default moelora)
-#   VLLM_IMAGE    base of the server image; kind has no GPUs, so vLLM's CPU image of the pinned version
+#   VLLM_IMAGE    base of the server image; kind has no GPUs, so vLLM's CPU image of the Dockerfile's VLLM_VERSION
 #   PYTHON        Python with moelora.local's dependencies (default .venv/bin/python, made by `make bootstrap`)
 #   S3_URL        use this S3 endpoint for the upload instead of port-forwarding the in-cluster one
 #   SKIP_BUILD=1  reuse moelora/operator:dev and moelora/server:dev-cpu already in the local Docker
@@ -17,7 +17,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLUSTER_NAME=${CLUSTER_NAME:-moelora}
-VLLM_IMAGE=${VLLM_IMAGE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.26.0}
+# The server image's vLLM is stated once, in the Dockerfile; kind runs vLLM's CPU image of the same release.
+VLLM_VERSION=$(sed -n 's/^ARG VLLM_VERSION=//p' Dockerfile)
+[ -n "$VLLM_VERSION" ] || { printf 'error: no ARG VLLM_VERSION in the Dockerfile\n' >&2; exit 1; }
+VLLM_IMAGE=${VLLM_IMAGE:-public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v${VLLM_VERSION}}
 PYTHON=${PYTHON:-.venv/bin/python}
 SKIP_BUILD=${SKIP_BUILD:-0}
 S3_URL=${S3_URL:-}

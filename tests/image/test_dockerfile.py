@@ -65,6 +65,45 @@ def test_the_server_is_built_on_the_one_vllm_version() -> None:
     assert any(vllm_version().startswith(prefix) for prefix in PINNED_VERSIONS)
 
 
+# Where the server image's vLLM version may be restated (tags, base images, a shell variable in the README): each
+# must be the Dockerfile's. Tests and the dated benchmark record are left out (their versions are fixtures or history).
+RESTATEMENTS = (
+    re.compile(r"-vllm(\d+\.\d+\.\d+)"),
+    re.compile(r"vllm-openai:v(\d+\.\d+\.\d+)"),
+    re.compile(r"vllm-cpu-release-repo:v(\d+\.\d+\.\d+)"),
+    re.compile(r"^VLLM=(\d+\.\d+\.\d+)", re.MULTILINE),
+)
+SCANNED = ("Dockerfile", "README.md", "image", "charts", "docs", "scripts", "examples", ".github", "operator")
+
+
+def restated_versions(text: str) -> list[str]:
+    return [match.group(1) for pattern in RESTATEMENTS for match in pattern.finditer(text)]
+
+
+def scanned_files() -> list[pathlib.Path]:
+    tracked = subprocess.run(["git", "ls-files", *SCANNED], cwd=ROOT, capture_output=True, text=True, check=True)
+    paths = [ROOT / line for line in tracked.stdout.splitlines()]
+    return [p for p in paths if p.suffix in {"", ".md", ".yaml", ".yml", ".sh", ".py", ".txt", ".json"} and p.is_file()]
+
+
+def test_every_restatement_of_the_vllm_version_agrees_with_the_dockerfile() -> None:
+    found: dict[str, list[str]] = {}
+    for path in scanned_files():
+        if path.name == "benchmarks.md":
+            continue
+        versions = restated_versions(path.read_text(errors="replace"))
+        if versions:
+            found[str(path.relative_to(ROOT))] = versions
+    assert {"Dockerfile", "README.md", "charts/moelora/values.yaml"} <= set(found)  # the scan reaches them
+    wrong = {path: v for path, v in found.items() if any(version != vllm_version() for version in v)}
+    assert wrong == {}, f"these restate another vLLM version than the Dockerfile's {vllm_version()}: {wrong}"
+
+
+def test_the_restatement_scan_sees_each_form() -> None:
+    text = "tag: 0.1.0-vllm0.27.0\nFROM vllm/vllm-openai:v0.27.1\nvllm-cpu-release-repo:v0.27.2\nVLLM=0.27.3\n"
+    assert restated_versions(text) == ["0.27.0", "0.27.1", "0.27.2", "0.27.3"]
+
+
 def test_chart_pins_the_same_vllm_version() -> None:
     values = yaml.safe_load((ROOT / "charts" / "moelora" / "values.yaml").read_text())
     chart = yaml.safe_load((ROOT / "charts" / "moelora" / "Chart.yaml").read_text())

@@ -27,6 +27,8 @@ import yaml
 from moelora.api import LoRAAdapter, ModelServer
 from moelora.api.crd import custom_resource_definitions
 
+from .conftest import global_args
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kind-quickstart.sh"
 EXAMPLES = ROOT / "examples" / "kind"
@@ -139,7 +141,9 @@ def test_steps_run_in_order(run: tuple[list[list[str]], str, str]) -> None:
     assert not [c for c in commands if "port-forward" in c and "service/s3" in c]
     assert all("kind-moelora" in c for c in commands if c[0] == "kubectl")  # never the user's current context
     server_build = commands[order[2]]
-    assert "VLLM_IMAGE=public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.26.0" in server_build
+    # vLLM's CPU image of the Dockerfile's VLLM_VERSION, read from the Dockerfile, not restated in the script.
+    cpu_image = f"public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v{global_args()['VLLM_VERSION']}"
+    assert f"VLLM_IMAGE={cpu_image}" in server_build
 
 
 def test_queries_the_base_model_and_each_adapter(run: tuple[list[list[str]], str, str]) -> None:

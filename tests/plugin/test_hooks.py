@@ -385,6 +385,43 @@ def test_model_warmup_skips_a_runner_without_the_pinned_dummy_run(plugin_log):
     assert runner.calls == [] and any("num_active_loras" in line for line in plugin_log)
 
 
+def test_model_warmup_skips_the_v2_model_runner(plugin_log):
+    """vLLM 0.32 and 0.33 pick the V2 model runner for MoE models by default (0.26 did not for GPT-OSS or Qwen3-MoE);
+    its `_dummy_run` takes the token count but no LoRA parameters (it swallows unknown keywords), so the warm-up,
+    which needs every LoRA slot active, must not run it."""
+    from moelora.vllm_plugin.model_warmup import warm_model
+
+    class V2Runner(_Runner):
+        def _dummy_run(self, num_tokens, *args, skip_attn=True, uniform_decode=False, skip_eplb=False, **kwargs):
+            self.calls.append(num_tokens)
+
+    runner = V2Runner()
+    worker = _worker(runner)
+    worker.use_v2_model_runner = True
+    warm_model(worker)
+    assert runner.calls == [] and runner.removed == 0
+    assert any("model warm-up skipped (not vLLM's V1 GPU model runner)" in line for line in plugin_log)
+    v1 = _Runner()
+    worker = _worker(v1)
+    worker.use_v2_model_runner = False  # VLLM_USE_V2_MODEL_RUNNER=0 keeps V1, and the warm-up runs
+    warm_model(worker)
+    assert v1.calls and v1.removed == 1
+
+
+def test_model_warmup_needs_a_kernel_warmup_that_takes_the_worker(monkeypatch):
+    from vllm.model_executor.warmup import kernel_warmup as warmup_module
+
+    from moelora.vllm_plugin import model_warmup
+
+    def renamed(runner, process_local_only=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(warmup_module, "kernel_warmup", renamed)
+    patches = Patches()
+    assert model_warmup.install_model_warmup(patches) == "vLLM's kernel_warmup takes no worker"
+    assert warmup_module.kernel_warmup is renamed and patches.done == []
+
+
 def test_dense_warmup_waits_for_a_batch_with_adapters_and_caps_its_scratch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     x = SimpleNamespace(device=torch.device("cuda"))  # only its device is looked at

@@ -136,7 +136,16 @@ def test_unknown_value_keeps_vllm(monkeypatch, clean_plugin, plugin_log):
 
 @pytest.mark.parametrize(
     "version, pinned",
-    [("0.26.0", True), ("0.32.0", True), ("0.32.3+cpu", True), ("0.26.1", False), ("0.33.0", False), ("0.3.2", False)],
+    [
+        ("0.26.0", True),
+        ("0.32.0", True),
+        ("0.32.3+cpu", True),
+        ("0.33.0", True),
+        ("0.26.1", False),
+        ("0.33.1", False),
+        ("0.34.0", False),
+        ("0.3.2", False),
+    ],
 )
 def test_pinned_versions(version, pinned):
     from moelora.vllm_plugin.contract import check_version

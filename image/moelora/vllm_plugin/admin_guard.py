@@ -35,7 +35,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# What a tenant's client may call: inference, tokenization, the model list, health and metrics (vLLM 0.32 paths).
+# What a tenant's client may call: inference, tokenization, the model list, health and metrics (vLLM 0.32 paths,
+# and /v1/decisions, an inference route 0.33 adds).
 CLIENT_ROUTES = frozenset(
     {
         "/health",
@@ -63,6 +64,7 @@ CLIENT_ROUTES = frozenset(
         "/v1/audio/translations",
         "/v1/realtime",
         "/v1/systemone",
+        "/v1/decisions",
         "/v2/embed",
         "/v2/rerank",
         "/cohere/v2/chat",

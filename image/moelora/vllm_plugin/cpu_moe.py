@@ -8,7 +8,8 @@ kernels, which a CPU cannot run ("triton.language has no attribute float32"), an
   on a CPU when LoRA is on;
 - `add_lora_w13` / `add_lora_w2` for `PunicaWrapperCPU`, which call `torch.ops.vllm.fused_moe_lora` — by then our
   kernel (install.py) — with vLLM's naive routing form (expert_ids = topk_ids).
-Pinned to 0.32 (`contract.py` checks the op; `check()` here checks the signatures these patches rely on).
+Written against 0.32 (`contract.py` checks the op; `check()` here checks the signatures these patches rely on,
+which 0.26 and 0.33 share: docs/vllm-contract.md).
 """
 
 from __future__ import annotations
@@ -23,75 +24,10 @@ from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as
 from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 from vllm.model_executor.layers.fused_moe.oracle.unquantized import UnquantizedMoeBackend
 
+from .contract import EXPERTS_APPLY_PARAMETERS, SELECT_BACKEND_PARAMETERS, W2_PARAMETERS, W13_PARAMETERS
 from .patches import Patches
 
 __all__ = ["TorchLoRAExperts", "check", "install_cpu_moe"]
-
-_APPLY = (
-    "self",
-    "output",
-    "hidden_states",
-    "w1",
-    "w2",
-    "topk_weights",
-    "topk_ids",
-    "activation",
-    "global_num_experts",
-    "expert_map",
-    "a1q_scale",
-    "a2_scale",
-    "workspace13",
-    "workspace2",
-    "expert_tokens_meta",
-    "apply_router_weight_on_input",
-)
-_W13 = (
-    "self",
-    "y",
-    "x",
-    "lora_a_stacked",
-    "lora_b_stacked",
-    "topk_ids",
-    "topk_weights",
-    "expert_map",
-    "w1",
-    "w2",
-    "num_tokens",
-    "top_k_num",
-    "max_loras",
-    "adapter_enabled",
-    "local_num_experts",
-    "top_k",
-    "num_slices",
-    "fully_sharded",
-    "use_tuned_config",
-    "add_inputs",
-    "token_lora_mapping",
-)
-_W2 = (
-    "self",
-    "y",
-    "x",
-    "lora_a_stacked",
-    "lora_b_stacked",
-    "topk_weights",
-    "sorted_token_ids_lora",
-    "expert_ids_lora",
-    "num_tokens_post_padded_lora",
-    "token_lora_mapping",
-    "num_tokens",
-    "w1",
-    "w2",
-    "top_k_num",
-    "max_loras",
-    "adapter_enabled",
-    "top_k",
-    "fully_sharded",
-    "tp_rank",
-    "use_tuned_config",
-    "add_inputs",
-)
-_SELECT = ("moe_config",)
 
 # Launch parameters of the op's signature; our torch path ignores them.
 _BLOCKS = (16, 64, 32, 8, 4, 3, 1)
@@ -100,10 +36,10 @@ _BLOCKS = (16, 64, 32, 8, 4, 3, 1)
 def check() -> str | None:
     """None when every vLLM function these patches stand in for has the parameters they were written against."""
     for func, want in (
-        (TritonExperts.apply, _APPLY),
-        (PunicaWrapperBase.add_lora_w13, _W13),
-        (PunicaWrapperBase.add_lora_w2, _W2),
-        (method_mod.select_unquantized_moe_backend, _SELECT),
+        (TritonExperts.apply, EXPERTS_APPLY_PARAMETERS),
+        (PunicaWrapperBase.add_lora_w13, W13_PARAMETERS),
+        (PunicaWrapperBase.add_lora_w2, W2_PARAMETERS),
+        (method_mod.select_unquantized_moe_backend, SELECT_BACKEND_PARAMETERS),
     ):
         got = tuple(inspect.signature(func).parameters)
         if got != want:

@@ -20,39 +20,12 @@ from collections.abc import Callable
 import torch
 
 from . import warmups_on
+from .contract import EXPAND_PARAMETERS, SHRINK_PARAMETERS
 
 __all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "warm_ms"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
-# vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py, identical in 0.26.0 and 0.32.0.
-SHRINK_PARAMETERS = (
-    "inputs",
-    "lora_a_weights",
-    "output_tensor",
-    "token_lora_mapping",
-    "token_indices_sorted_by_lora_ids",
-    "num_tokens_per_lora",
-    "lora_token_start_loc",
-    "lora_ids",
-    "no_lora_flag_cpu",
-    "num_active_loras",
-    "scaling",
-)
-EXPAND_PARAMETERS = (
-    "inputs",
-    "lora_b_weights",
-    "output_tensor",
-    "token_lora_mapping",
-    "token_indices_sorted_by_lora_ids",
-    "num_tokens_per_lora",
-    "lora_token_start_loc",
-    "lora_ids",
-    "no_lora_flag_cpu",
-    "num_active_loras",
-    "offset_start",
-    "add_inputs",
-)
 # vLLM's defaults switch at 128 tokens (get_lora_op_configs).
 _DEFAULT_SWITCH = (1, 128)
 

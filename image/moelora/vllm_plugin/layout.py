@@ -1,6 +1,6 @@
 """From vLLM's routing arguments back to the one thing our kernels need: each pair's expert, `topk_ids` (M, top_k).
 
-vLLM hands its fused MoE-LoRA op the routing in one of two forms (punica_gpu.add_lora_w13, 0.26 and 0.32 alike):
+vLLM hands its fused MoE-LoRA op the routing in one of two forms (punica_gpu.add_lora_w13, 0.26, 0.32 and 0.33 alike):
 - naive (few tokens): `sorted_token_ids is None` and `expert_ids` is topk_ids flattened, (M * top_k,);
 - blocked: per adapter slot l, `sorted_token_ids[l]` lists pair ids p = t * top_k + k grouped by expert in blocks of
   block_m (padding entries hold P = M * top_k), `expert_ids[l, b]` is block b's expert and `num_tokens_post_padded[l]`

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from . import warmups_on
+from .contract import DUMMY_RUN_PARAMETERS, KERNEL_WARMUP_PARAMETERS
 from .patches import Patches
 
 __all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "warm_token_counts"]
@@ -33,7 +34,6 @@ ANCHORS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072,
 # M % 16 == 0; odd M (M and M x top_k both "other"); M = 2 mod 4 (M x 8 a multiple of 16, M x 4 not);
 # M = 4 mod 16 (M x 4 a multiple of 16, M not).
 OFFSETS = (0, 1, 2, 4)
-_DUMMY_RUN_PARAMETERS = {"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"}
 
 _original: dict[str, Callable[..., object]] = {}
 WORKER_MODULE = "vllm.v1.worker.gpu_worker"  # binds kernel_warmup by name when it is imported
@@ -54,7 +54,7 @@ def warm_model(worker: object) -> None:
     if getattr(worker, "use_v2_model_runner", False) or not hasattr(runner, "_dummy_run"):
         log.info("moelora: model warm-up skipped (not vLLM's V1 GPU model runner)")
         return
-    missing = _DUMMY_RUN_PARAMETERS - set(inspect.signature(runner._dummy_run).parameters)
+    missing = DUMMY_RUN_PARAMETERS - set(inspect.signature(runner._dummy_run).parameters)
     if missing or not hasattr(runner, "maybe_remove_all_loras"):
         log.info(
             "moelora: model warm-up skipped (vLLM's model runner lacks %s)",
@@ -119,7 +119,7 @@ def install_model_warmup(patches: Patches) -> str | None:
     original = getattr(module, "kernel_warmup", None)
     if original is None:
         return "vLLM has no kernel_warmup"
-    if "worker" not in inspect.signature(original).parameters:
+    if not KERNEL_WARMUP_PARAMETERS <= set(inspect.signature(original).parameters):
         return "vLLM's kernel_warmup takes no worker"
     if "kernel_warmup" in _original:
         return None

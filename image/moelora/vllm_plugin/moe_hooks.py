@@ -23,59 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from . import warmups_on
+from .contract import W2_PARAMETERS, W13_PARAMETERS
 from .patches import Patches
 
 __all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
-# PunicaWrapperGPU's methods as read in vLLM 0.26.0 and 0.32.0 (identical).
-W13_PARAMETERS = (
-    "self",
-    "y",
-    "x",
-    "lora_a_stacked",
-    "lora_b_stacked",
-    "topk_ids",
-    "topk_weights",
-    "expert_map",
-    "w1",
-    "w2",
-    "num_tokens",
-    "top_k_num",
-    "max_loras",
-    "adapter_enabled",
-    "local_num_experts",
-    "top_k",
-    "num_slices",
-    "fully_sharded",
-    "use_tuned_config",
-    "add_inputs",
-    "token_lora_mapping",
-)
-W2_PARAMETERS = (
-    "self",
-    "y",
-    "x",
-    "lora_a_stacked",
-    "lora_b_stacked",
-    "topk_weights",
-    "sorted_token_ids_lora",
-    "expert_ids_lora",
-    "num_tokens_post_padded_lora",
-    "token_lora_mapping",
-    "num_tokens",
-    "w1",
-    "w2",
-    "top_k_num",
-    "max_loras",
-    "adapter_enabled",
-    "top_k",
-    "fully_sharded",
-    "tp_rank",
-    "use_tuned_config",
-    "add_inputs",
-)
 _MAX_RANK = 128
 
 _originals: dict[str, Callable[..., object]] = {}

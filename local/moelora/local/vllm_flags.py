@@ -6,11 +6,40 @@ operator keeps just the data file and its reader (`moelora.operator.vllm_flags`)
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 import pathlib
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from moelora.operator.vllm_flags import ANY, FLAGS_FILE, NONE, ONE
+
+# Where vLLM keeps its OpenAI server's argument parser, newest home first: common/ (0.33), launchers/ (0.32),
+# openai/ (0.26). It moves between releases, so the first module that exists and has it is used.
+PARSER_MODULES = (
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+)
+
+
+def find_make_arg_parser(modules: tuple[str, ...] = PARSER_MODULES) -> tuple[str, Callable[[Any], Any]]:
+    """(module name, make_arg_parser) from the first of `modules` that exists and defines it.
+
+    Only a missing module itself is skipped: a module that exists but fails to import raises, so a broken install
+    is not mistaken for an older layout."""
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+                continue
+            raise
+        make = getattr(module, "make_arg_parser", None)
+        if callable(make):
+            return name, make
+    raise ImportError(f"no make_arg_parser in any of {', '.join(modules)}")
 
 
 def _arity(nargs: object) -> str:
@@ -24,9 +53,9 @@ def flags_from_vllm() -> tuple[str, dict[str, str]]:
     for optional in ("torchaudio", "torchcodec"):
         sys.modules.setdefault(optional, None)  # type: ignore[arg-type]
     import vllm
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    _, make_arg_parser = find_make_arg_parser()
     parser = make_arg_parser(FlexibleArgumentParser())
     flags = {option: _arity(action.nargs) for action in parser._actions for option in action.option_strings}
     return vllm.__version__, dict(sorted(flags.items()))
