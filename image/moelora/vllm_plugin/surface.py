@@ -88,6 +88,14 @@ SURFACE: tuple[Touchpoint, ...] = (
         "agent.vllm, probes",
     ),
     Touchpoint(
+        "GET /metrics",
+        "text",
+        ("entrypoints/serve/instrumentator/metrics.py",),
+        "/metrics (a mounted Prometheus app, not a decorated route)",
+        ('Mount("/metrics"',),
+        "agent.usage (placement's load samples)",
+    ),
+    Touchpoint(
         "load request body",
         "fields",
         (_LORA_PROTOCOL,),
