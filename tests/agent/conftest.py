@@ -233,22 +233,27 @@ def get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+def agent_settings(cache_dir: pathlib.Path, **changes: Any) -> Settings:
+    """An agent's settings for a pod `POD` of server `srv` over `BASE_MODEL`, with `changes` on top."""
+    values: dict[str, Any] = {
+        "namespace": "ns",
+        "pod_name": POD,
+        "model_server": "srv",
+        "base_model": BASE_MODEL,
+        "max_lora_rank": 16,
+        "target_modules": frozenset(),
+        "vllm_url": "http://127.0.0.1:1",
+        "cache_dir": cache_dir,
+        "cache_bytes": 1 << 30,
+        "port": 0,
+    }
+    return Settings(**(values | changes))
+
+
 @pytest.fixture
 def agent(s3_env: str, tmp_path: pathlib.Path) -> Iterator[tuple[Agent, MemoryDesired, MemoryKube]]:
     """An agent loop over moto S3 and in-memory Kubernetes, with no vLLM behind it (its URL answers nothing)."""
-    settings = Settings(
-        namespace="ns",
-        pod_name=POD,
-        model_server="srv",
-        base_model=BASE_MODEL,
-        max_lora_rank=16,
-        target_modules=frozenset(),
-        vllm_url=f"http://127.0.0.1:{process.free_port()}",
-        cache_dir=tmp_path / "cache",
-        cache_bytes=1 << 30,
-        port=0,
-        poll_seconds=0.2,
-    )
+    settings = agent_settings(tmp_path / "cache", vllm_url=f"http://127.0.0.1:{process.free_port()}", poll_seconds=0.2)
     kube, desired = MemoryKube(), MemoryDesired()
     agent = Agent(
         settings=settings,

@@ -17,10 +17,10 @@ from moelora.agent.errors import TransientError
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Record, Stage
 from moelora.agent.runner import Agent
-from moelora.agent.settings import Settings, from_env
+from moelora.agent.settings import from_env
 from moelora.agent.vllm import ADMIN_KEY_HEADER, LoadedAdapter, VllmClient, classify_load_error
 
-from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, eventually
+from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, agent_settings, eventually
 
 
 class FakeVllm:
@@ -44,19 +44,7 @@ class FakeVllm:
 
 @pytest.fixture
 def loop(tmp_path: pathlib.Path) -> Iterator[tuple[Agent, FakeVllm, MemoryDesired, MemoryKube]]:
-    settings = Settings(
-        namespace="ns",
-        pod_name=POD,
-        pod_uid="uid-pod",
-        model_server="srv",
-        base_model=BASE_MODEL,
-        max_lora_rank=16,
-        target_modules=frozenset(),
-        vllm_url="http://127.0.0.1:1",
-        cache_dir=tmp_path / "cache",
-        cache_bytes=1 << 30,
-        port=0,
-    )
+    settings = agent_settings(tmp_path / "cache", pod_uid="uid-pod")
     kube, desired, vllm = MemoryKube(), MemoryDesired(), FakeVllm()
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=vllm, metrics=Metrics())  # type: ignore[arg-type]
     desired.synced.set()

@@ -11,10 +11,9 @@ import time
 
 from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.settings import Settings
 from moelora.agent.vllm import HealthWatch, VllmClient
 
-from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, adapter_files, eventually, upload
+from .conftest import MemoryDesired, MemoryKube, adapter_files, agent_settings, eventually, upload
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
 from chaos_pods import FakeVllm  # noqa: E402
@@ -36,19 +35,7 @@ def test_a_dead_vllm_shows_within_a_second_and_a_back_one_gets_its_adapters(
 ) -> None:
     vllm = FakeVllm().start()
     poll = 30.0  # the loop's own poll alone would take this long to notice
-    settings = Settings(
-        namespace="ns",
-        pod_name=POD,
-        model_server="srv",
-        base_model=BASE_MODEL,
-        max_lora_rank=16,
-        target_modules=frozenset(),
-        vllm_url=vllm.url,
-        cache_dir=tmp_path / "cache",
-        cache_bytes=1 << 30,
-        port=0,
-        poll_seconds=poll,
-    )
+    settings = agent_settings(tmp_path / "cache", vllm_url=vllm.url, poll_seconds=poll)
     kube, desired = MemoryKube(), MemoryDesired()
     client = VllmClient(base_url=vllm.url, attempts=1)
     agent = Agent(settings=settings, kube=kube, desired=desired, vllm=client, metrics=Metrics())
