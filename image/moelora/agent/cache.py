@@ -3,7 +3,8 @@
 Use is recorded as the directory's mtime (touched whenever an adapter is loaded or found in the cache), so the
 order survives an agent restart. Directories vLLM has loaded are never evicted: vLLM re-reads an adapter's files
 when it falls out of its own CPU cache. Partial downloads (`.part-<version>`, kept for resuming) count too, and go
-first when room is needed, unless a download is working on them.
+first when room is needed, unless a download is working on them. The cache never counts on more than its disk
+has: a disk smaller than the limit (or shared with other files) bounds it instead.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class AdapterCache:
         """Bytes on disk, without the partials of `reserved` versions (their reservations count for them)."""
         return sum(e.size for e in self.entries()) + sum(e.size for e in self.partials() if e.version not in reserved)
 
+    def budget(self) -> int:
+        """Bytes the cache may hold now: its limit, or what it holds plus its disk's free space when that is less."""
+        self.root.mkdir(parents=True, exist_ok=True)  # its filesystem is the one asked
+        disk = os.statvfs(self.root)
+        return min(self.limit_bytes, self.total_bytes() + disk.f_bavail * disk.f_frsize)
+
     def touch(self, version: str) -> None:
         path = self.root / version
         if path.is_dir():
@@ -83,30 +90,34 @@ class AdapterCache:
                 if path.name.startswith(TEMP_PREFIX):
                     shutil.rmtree(path, ignore_errors=True)
 
-    def evict(self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = ()) -> list[str]:
+    def evict(
+        self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = (), limit: int | None = None
+    ) -> list[str]:
         """Remove partials, then least recently used entries, not in `keep` until the cache plus `room_for` fits
-        the limit; the partials of `reserved` versions are neither counted nor removed (in flight).
+        `limit` (default: the cache's limit); the partials of `reserved` versions are neither counted nor removed
+        (in flight).
 
         Returns the evicted versions (oldest first). Stops short when only kept entries remain.
         """
+        limit = self.limit_bytes if limit is None else limit
         kept = set(keep) | set(reserved)
         partials = [e for e in self.partials() if e.version not in reserved]
         entries = self.entries()
         total = sum(e.size for e in entries) + sum(e.size for e in partials)
         evicted = []
         for entry in partials + entries:
-            if total + room_for <= self.limit_bytes:
+            if total + room_for <= limit:
                 break
             if entry.version in kept:
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             total -= entry.size
             evicted.append(entry.version)
-        if total + room_for > self.limit_bytes:
+        if total + room_for > limit:
             logger.warning(
-                "adapter cache holds %d bytes of loaded adapters (+%d wanted), over its limit of %d",
+                "adapter cache holds %d bytes of loaded adapters (+%d wanted), over its room of %d",
                 total,
                 room_for,
-                self.limit_bytes,
+                limit,
             )
         return evicted
