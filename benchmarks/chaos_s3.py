@@ -509,11 +509,12 @@ class Scenario:
 
     def _judge_cache_full(self, pod: Pod, figures: PodFigures, states: Mapping[str, Mapping[str, Any]]) -> None:
         """A CacheFull is justified when the complete entries left no room for the adapter: under the limit, or on
-        the pod's filesystem (its free space, the agent's own partial downloads not counted as free)."""
+        the pod's filesystem (its free space, the agent's own partial downloads not counted as free). The disk's
+        room is what statvfs says is free, not its size less the entries' bytes: a tmpfs allocates whole pages, so
+        many small files take more of it than their sizes add up to."""
         entries = sum(f.stat().st_size for f in pod.view.glob("[!.]*/*") if f.is_file())
         stat = os.statvfs(pod.view)
-        disk = stat.f_blocks * stat.f_frsize
-        room = min(self.sizes.cache_limit_mib * MiB, disk) - entries
+        room = min(self.sizes.cache_limit_mib * MiB - entries, stat.f_bavail * stat.f_frsize)
         for name, state in states.items():
             if state.get("reason") == CACHE_FULL and not state.get("loaded"):
                 figures.cache_full += 1

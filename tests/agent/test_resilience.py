@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import os
 import pathlib
 import threading
 import time
@@ -199,6 +200,23 @@ def test_downloads_reserve_their_bytes_and_never_overrun_the_limit(
     assert len(full) == 1 and isinstance(full[0], TransientError) and full[0].reason is FailureReason.CACHE_FULL
     assert 0 < peak[0] <= limit
     assert prep.reserved_bytes() == 0  # released on completion and on failure
+
+
+def test_reservations_are_bounded_by_the_disk_as_well_as_the_limit(tmp_path: pathlib.Path) -> None:
+    """A cache limit larger than its disk (a restarted pod's small emptyDir): a reservation the disk cannot hold is
+    refused, naming the disk, and one that fits is still taken; the real filesystem of tmp_path is asked."""
+    disk = os.statvfs(tmp_path)
+    free = disk.f_bavail * disk.f_frsize
+    prep = preparer(tmp_path, cache_bytes=free + (1 << 40))  # the limit alone would take both
+    with pytest.raises(TransientError) as caught:
+        prep._reserve("big", free + (1 << 30))
+    assert caught.value.reason is FailureReason.CACHE_FULL and "its disk has room for only" in caught.value.message
+    prep._reserve("small", 4096)
+    assert prep.reserved_bytes() == 4096
+    bounded = preparer(tmp_path / "other", cache_bytes=1 << 20)  # the limit is what binds: the message says so
+    with pytest.raises(TransientError) as caught:
+        bounded._reserve("big", 2 << 20)
+    assert "its disk" not in caught.value.message and f"limit {1 << 20}" in caught.value.message
 
 
 def test_a_cancelled_download_stops_and_frees_its_bytes(

@@ -4,7 +4,8 @@ Use is recorded as the directory's mtime (touched whenever an adapter is loaded 
 order survives an agent restart. Directories vLLM has loaded are never evicted: vLLM re-reads an adapter's files
 when it falls out of its own CPU cache. Partial downloads (`.part-<version>`, kept for resuming) count too, and go
 first when room is needed, unless a download is working on them; one whose adapter is no longer desired (deleted,
-perhaps while the agent was down) goes at once, as its manifest names that adapter.
+perhaps while the agent was down) goes at once, as its manifest names that adapter. The cache never counts on more
+than its disk has: a disk smaller than the limit (or shared with other files) bounds it instead.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ class AdapterCache:
         """Bytes on disk, without the partials of `reserved` versions (their reservations count for them)."""
         return sum(e.size for e in self.entries()) + sum(e.size for e in self.partials() if e.version not in reserved)
 
+    def budget(self) -> int:
+        """Bytes the cache may hold now: its limit, or what it holds plus its disk's free space when that is less."""
+        self.root.mkdir(parents=True, exist_ok=True)  # its filesystem is the one asked
+        disk = os.statvfs(self.root)
+        return min(self.limit_bytes, self.total_bytes() + disk.f_bavail * disk.f_frsize)
+
     def touch(self, version: str) -> None:
         path = self.root / version
         if path.is_dir():
@@ -95,30 +102,34 @@ class AdapterCache:
                 removed.append(entry.version)
         return removed
 
-    def evict(self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = ()) -> list[str]:
+    def evict(
+        self, *, keep: Iterable[str], room_for: int = 0, reserved: Collection[str] = (), limit: int | None = None
+    ) -> list[str]:
         """Remove partials, then least recently used entries, not in `keep` until the cache plus `room_for` fits
-        the limit; the partials of `reserved` versions are neither counted nor removed (in flight).
+        `limit` (default: the cache's limit); the partials of `reserved` versions are neither counted nor removed
+        (in flight).
 
         Returns the evicted versions (oldest first). Stops short when only kept entries remain.
         """
+        limit = self.limit_bytes if limit is None else limit
         kept = set(keep) | set(reserved)
         partials = [e for e in self.partials() if e.version not in reserved]
         entries = self.entries()
         total = sum(e.size for e in entries) + sum(e.size for e in partials)
         evicted = []
         for entry in partials + entries:
-            if total + room_for <= self.limit_bytes:
+            if total + room_for <= limit:
                 break
             if entry.version in kept:
                 continue
             shutil.rmtree(entry.path, ignore_errors=True)
             total -= entry.size
             evicted.append(entry.version)
-        if total + room_for > self.limit_bytes:
+        if total + room_for > limit:
             logger.warning(
-                "adapter cache holds %d bytes of loaded adapters (+%d wanted), over its limit of %d",
+                "adapter cache holds %d bytes of loaded adapters (+%d wanted), over its room of %d",
                 total,
                 room_for,
-                self.limit_bytes,
+                limit,
             )
         return evicted

@@ -2,9 +2,9 @@
 
 The cache's bookkeeping lives here too (the versions in use, and those in flight on workers, are never evicted;
 a download reserves its listing's bytes before it starts, so downloads in flight never take the cache over its
-limit), since downloads are what fill the cache; the agent's loop tells it what vLLM serves and which downloads it
-has collected. So do the guards of one adapter's S3 trouble (guard.py): a cap per endpoint, deadlines, a rate
-floor, and cancellation when the adapter is deleted or changed.
+limit, nor over what its disk has free), since downloads are what fill the cache; the agent's loop tells it what
+vLLM serves and which downloads it has collected. So do the guards of one adapter's S3 trouble (guard.py): a cap
+per endpoint, deadlines, a rate floor, and cancellation when the adapter is deleted or changed.
 
 A new version refused by the checks is not the adapter's end when an earlier one was served (served.py): the
 result is then that earlier version, with the refusal beside it (UpdateRejected).
@@ -226,12 +226,16 @@ class Preparer:
             keep = self._protected | self._inflight | self.last_good.versions()
             others = set(self._reserved) | {version}
             pending = sum(self._reserved.values()) + size
-            self.cache.evict(keep=keep, room_for=pending, reserved=others)
+            budget = self.cache.budget()  # eviction frees disk as much as it shrinks the cache: asked once
+            self.cache.evict(keep=keep, room_for=pending, reserved=others, limit=budget)
             used = self.cache.used_bytes(reserved=others)
-            if used + pending > self.cache.limit_bytes:
+            if used + pending > budget:
+                short = f"limit {budget}"
+                if budget < self.cache.limit_bytes:
+                    short = f"its disk has room for only {budget} in all (limit {self.cache.limit_bytes})"
                 raise TransientError(
                     f"the adapter cache has no room for {size} bytes: {used} on disk and "
-                    f"{pending - size} reserved by downloads in flight, limit {self.cache.limit_bytes}",
+                    f"{pending - size} reserved by downloads in flight, {short}",
                     reason=FailureReason.CACHE_FULL,
                 )
             self._reserved[version] = size
