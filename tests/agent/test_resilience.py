@@ -219,6 +219,30 @@ def test_reservations_are_bounded_by_the_disk_as_well_as_the_limit(tmp_path: pat
     assert "its disk" not in caught.value.message and f"limit {1 << 20}" in caught.value.message
 
 
+def test_a_retry_refused_for_room_stays_cache_full_without_asking_s3(
+    proxy: FaultProxy, bucket: str, s3_env: str, tmp_path: pathlib.Path
+) -> None:
+    """In a full cache a retry's 5xx must not turn CacheFull into EndpointUnreachable (the S3 chaos run's flip)."""
+    upload(s3_env, bucket, "held/", big_files(1, seed=1))
+    upload(s3_env, bucket, "wait/", big_files(1, seed=2))
+    prep = preparer(tmp_path, proxy, cache_bytes=int(1.5 * MiB))  # room for one of the two
+    held = prep.prepare(item("held", f"s3://{bucket}/held/", proxy), None)
+    prep.protect({held.version})  # vLLM serves it: never evicted
+    waiting = item("wait", f"s3://{bucket}/wait/", proxy)
+    with pytest.raises(TransientError) as caught:
+        prep.prepare(waiting, None)
+    assert caught.value.reason is FailureReason.CACHE_FULL
+    proxy.rules.append(Rule(match="/", fault=Status(503)))  # every request fails from now on
+    asked = len(proxy.requests)
+    with pytest.raises(TransientError) as caught:
+        prep.prepare(waiting, None)
+    assert caught.value.reason is FailureReason.CACHE_FULL and len(proxy.requests) == asked
+    proxy.rules.clear()
+    prep.protect(set())  # no longer served: evictable, so the retry asks S3 again and loads
+    prep.release(held.version)
+    assert prep.prepare(waiting, None).version != held.version and len(proxy.requests) > asked
+
+
 def test_a_cancelled_download_stops_and_frees_its_bytes(
     proxy: FaultProxy, bucket: str, s3_env: str, tmp_path: pathlib.Path
 ) -> None:

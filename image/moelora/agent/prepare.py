@@ -86,6 +86,7 @@ class Preparer:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._reserved: dict[str, int] = {}  # version -> bytes its download may write
         self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
+        self._no_room: dict[str, tuple[str, int]] = {}  # uid -> (spec hash, bytes) of its last CacheFull refusal
 
     def protect(self, versions: set[str]) -> None:
         with self._lock:
@@ -142,6 +143,12 @@ class Preparer:
             allowed_endpoints=self.settings.allowed_s3_endpoints,
             allowed_buckets=self.settings.allowed_s3_buckets,
         )
+        refused = self._no_room.get(item.uid)
+        if refused is not None and refused[0] == item.spec_hash and self._room() < refused[1]:
+            # S3 is not asked while the answer cannot matter: a 5xx on the way would replace CacheFull in the status
+            raise TransientError(
+                f"the adapter cache still has no room for {refused[1]} bytes", reason=FailureReason.CACHE_FULL
+            )
         credentials = None
         if source.credentials_secret is not None:
             data = self.kube.read_secret(name=source.credentials_secret.name)
@@ -168,7 +175,12 @@ class Preparer:
                 config = parse_config(raw)
                 check_config(config, self.limits)
                 peft_moe.plan(config, base_model=self.limits.base_model)  # an unservable expert format fails here
-            self._reserve(version, listing.total_bytes)
+            try:
+                self._reserve(version, listing.total_bytes)
+            except TransientError:
+                self._no_room[item.uid] = (item.spec_hash, listing.total_bytes)
+                raise
+            self._no_room.pop(item.uid, None)
             try:
                 watch.start(f"downloading {location}", seconds=self.settings.download_timeout_seconds)
                 path = fetch(
@@ -200,8 +212,11 @@ class Preparer:
         return Prepared(version, path, info)
 
     def prune_partials(self, desired: set[str]) -> list[str]:
-        """Drop the partial downloads of adapters not in `desired` (uids), but none a worker is on."""
+        """Drop the partial downloads of adapters not in `desired` (uids), but none a worker is on, and what was
+        remembered of their cache refusals."""
         with self._lock:  # _reserve takes it too: a download cannot start on a partial being removed
+            for uid in set(self._no_room) - desired:
+                self._no_room.pop(uid, None)
             removed = self.cache.prune_partials(owners=desired, busy=self._inflight | set(self._reserved))
         for version in removed:
             logger.info("removed the partial download %s: its adapter is no longer desired", version)
@@ -239,6 +254,13 @@ class Preparer:
                     reason=FailureReason.CACHE_FULL,
                 )
             self._reserved[version] = size
+
+    def _room(self) -> int:
+        """Bytes a reservation could have now, once everything eviction may remove is removed."""
+        with self._lock:
+            held = self._protected | self._inflight | self.last_good.versions() | set(self._reserved)
+            kept = sum(e.size for e in self.cache.entries() if e.version in held)
+            return self.cache.budget() - kept - sum(self._reserved.values())
 
     def _client(self, config: ClientConfig) -> Any:
         with self._lock:
