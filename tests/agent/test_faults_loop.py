@@ -15,11 +15,18 @@ import pytest
 from moelora.agent.errors import TransientError
 from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.settings import Settings
 from moelora.agent.vllm import LoadedAdapter
 from moelora.local.faults import Drip, FaultProxy, Hang, Rule
 
-from .conftest import BASE_MODEL, KEYS, POD, MemoryDesired, MemoryKube, adapter_files, eventually, upload
+from .conftest import (
+    KEYS,
+    MemoryDesired,
+    MemoryKube,
+    adapter_files,
+    agent_settings,
+    eventually,
+    upload,
+)
 
 
 class FakeVllm:
@@ -45,24 +52,14 @@ class FakeVllm:
 
 class Loop:
     def __init__(self, cache: pathlib.Path, vllm: FakeVllm, kube: MemoryKube, desired: MemoryDesired, **changes: Any):
-        values: dict[str, Any] = {
-            "namespace": "ns",
-            "pod_name": POD,
-            "model_server": "srv",
-            "base_model": BASE_MODEL,
-            "max_lora_rank": 16,
-            "target_modules": frozenset(),
-            "vllm_url": "http://127.0.0.1:1",
-            "cache_dir": cache,
-            "cache_bytes": 1 << 30,
-            "port": 0,
+        small = {
             "poll_seconds": 0.2,
             "list_timeout_seconds": 1.0,
             "rate_window_seconds": 0.5,
             "min_bytes_per_second": 4096,
             "s3_read_timeout_seconds": 2.0,
         }
-        self.settings = Settings(**(values | changes))
+        self.settings = agent_settings(cache, **(small | changes))
         self.metrics = Metrics()
         self.agent = Agent(settings=self.settings, kube=kube, desired=desired, vllm=vllm, metrics=self.metrics)  # type: ignore[arg-type]
         desired.on_change = self.agent.wake.set

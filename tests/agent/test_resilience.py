@@ -29,7 +29,7 @@ from moelora.agent.validate import Limits
 from moelora.api import FailureReason
 from moelora.local.faults import Drip, FaultProxy, Hang, Reset, Rule, Status, Truncate
 
-from .conftest import BASE_MODEL, KEYS, POD, MemoryKube, adapter_files, upload
+from .conftest import BASE_MODEL, KEYS, MemoryKube, adapter_files, agent_settings, upload
 
 MiB = 1 << 20
 SMALL_PARTS = TransferConfig(multipart_threshold=MiB, multipart_chunksize=MiB, max_concurrency=2, io_chunksize=64 << 10)
@@ -41,25 +41,15 @@ def big_files(mib: float, *, seed: int = 0) -> dict[str, bytes]:
 
 
 def settings(cache: pathlib.Path, **changes: Any) -> Settings:
-    values: dict[str, Any] = {
-        "namespace": "ns",
-        "pod_name": POD,
-        "model_server": "srv",
-        "base_model": BASE_MODEL,
-        "max_lora_rank": 16,
-        "target_modules": frozenset(),
-        "vllm_url": "http://127.0.0.1:1",
-        "cache_dir": cache,
-        "cache_bytes": 1 << 30,
-        "port": 0,
+    """Small limits, so the faults' deadlines and rate floors are hit within a test."""
+    small = {
         "list_timeout_seconds": 1.0,
         "download_timeout_seconds": 20.0,
         "min_bytes_per_second": 4096,
         "rate_window_seconds": 0.5,
         "s3_read_timeout_seconds": 2.0,
-        **changes,
     }
-    return Settings(**values)
+    return agent_settings(cache, **(small | changes))
 
 
 def preparer(cache: pathlib.Path, proxy: FaultProxy | None = None, **changes: Any) -> Preparer:
