@@ -7,7 +7,8 @@
 # (results in OUTPUT_DIR/NAME). Needs the benchmark kit and its vLLM archive (benchmarks/vllm_e2e/README.md): KIT
 # (default .bundle/kit) and VLLM_ARCHIVE (default .bundle/vllm-site.tar.xz).
 # Env: MODE (plugin | tuned | stock | nolora | nolora-tuned: no LoRA, the bundled files mounted, i.e. the tuned base
-# fused-MoE configs), MODEL (gpt-oss: the kit's GPT-OSS-20B shape | qwen3: make_qwen3.py's Qwen3-30B-A3B shape),
+# fused-MoE configs), MODEL (gpt-oss: the kit's GPT-OSS-20B shape, bf16 | gpt-oss-mxfp4: the same, mxfp4 experts |
+# qwen3: make_qwen3.py's Qwen3-30B-A3B shape),
 # PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."), SERVER_ARGS (more vLLM flags, e.g.
 # --enable-logging-iteration-details), PASS_S (timeout per pass).
 set -uo pipefail
@@ -24,6 +25,9 @@ fi
 case ${MODEL:-gpt-oss} in
   gpt-oss) M=/tmp/m_bf16; L=/tmp/loras; SERVED=gpt-oss-20b
            [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M
+           [ -d $L ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py $L 8 32 --device cuda ;;
+  gpt-oss-mxfp4) M=/tmp/m_mxfp4; L=/tmp/loras; SERVED=gpt-oss-20b
+           [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M --mxfp4
            [ -d $L ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py $L 8 32 --device cuda ;;
   qwen3)   M=/tmp/m_qwen3; L=/tmp/loras_qwen3; SERVED=qwen3-30b-a3b
            [ -d $M ] || PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py model $M
