@@ -61,7 +61,7 @@ def test_vllm_files_cover_the_grid():
     files = {p.name: json.loads(p.read_text()) for p in VLLM_DIR.glob("*.json")}
     assert sorted(files) == sorted(
         [f"NVIDIA_H200_FUSED_MOE_LORA_{op}_{part}.json" for op in ("W13", "W2") for part in ("SHRINK", "EXPAND")]
-        + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json"]
+        + ["NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_FALSE.json", "NVIDIA_H200_EXPAND_TRUE.json"]
         + [base_file(shape) for shape in MODEL_PRESETS.values()]
     )
     missing = []
@@ -163,9 +163,15 @@ DENSE = [
 ]
 
 
-@pytest.mark.parametrize("op, slices, k, n", DENSE)
-def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
-    name = "NVIDIA_H200_SHRINK.json" if op == "shrink" else "NVIDIA_H200_EXPAND_TRUE.json"
+# The expand runs with add_inputs=False under vLLM's dual LoRA stream (what the operator deploys), True without it.
+DENSE_LOOKUPS = [
+    (*case, add_inputs) for case in DENSE for add_inputs in ((None,) if case[0] == "shrink" else (False, True))
+]
+
+
+@pytest.mark.parametrize("op, slices, k, n, add_inputs", DENSE_LOOKUPS)
+def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, add_inputs, vllm_lookup):
+    name = "NVIDIA_H200_SHRINK.json" if op == "shrink" else f"NVIDIA_H200_EXPAND_{str(add_inputs).upper()}.json"
     tree = json.loads((VLLM_DIR / name).read_text())
     with vllm_lookup(VLLM_DIR) as vllm_utils:
         for m in (1, 16, 64, 1024):
@@ -179,7 +185,7 @@ def test_vllms_own_lookup_reads_the_dense_files(op, slices, k, n, vllm_lookup):
                 hidden_size=hidden,
                 rank=rank,
                 num_slices=slices,
-                add_inputs=True if op == "expand" else None,
+                add_inputs=add_inputs,
             )
             assert got == want
             assert {"block_m", "block_n", "block_k", "num_warps", "num_ctas", "num_stages"} <= set(got)

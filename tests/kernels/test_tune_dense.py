@@ -17,13 +17,14 @@ def test_plan_covers_each_projection_once():
     assert td.projections(qkv.model)["qkv"] == (2880, (4096, 512, 512))
 
 
-@pytest.mark.parametrize("op", ["shrink", "expand"])
-def test_reference_matches_a_per_token_loop(op):
+@pytest.mark.parametrize("op, add_inputs", [("shrink", True), ("expand", True), ("expand", False)])
+def test_reference_matches_a_per_token_loop(op, add_inputs):
     small = td.DenseModel("small", hidden=8, q_size=6, kv_size=2, experts=3)
-    b = td.DenseBucket(small, "qkv", op, rank=4, max_loras=3, m=5)
+    b = td.DenseBucket(small, "qkv", op, rank=4, max_loras=3, m=5, add_inputs=add_inputs)
     inp = td.make_inputs(b, device=torch.device("cpu"), dtype=torch.float32, seed=1)
+    inp.out.normal_()  # what the adding epilogue adds to and the writing one overwrites
     inp.lora_map[2] = -1  # a token without an adapter is left alone
-    got = td.reference(inp, op, scale=0.5 if op == "shrink" else 1.0)
+    got = td.reference(inp, op, scale=0.5 if op == "shrink" else 1.0, add_inputs=add_inputs)
     want = torch.zeros_like(got) if op == "shrink" else inp.out.double().clone()
     for t in range(b.m):
         lora = int(inp.lora_map[t])
@@ -35,7 +36,8 @@ def test_reference_matches_a_per_token_loop(op):
                 want[s, t] = 0.5 * (w[lora, 0].double() @ inp.x[t].double())
             else:
                 n = w.shape[2]
-                want[t, col : col + n] += w[lora, 0].double() @ inp.x[s, t].double()
+                product = w[lora, 0].double() @ inp.x[s, t].double()
+                want[t, col : col + n] = product + (want[t, col : col + n] if add_inputs else 0)
                 col += n
     torch.testing.assert_close(got, want)
 
@@ -51,34 +53,42 @@ def test_written_files_are_read_back_by_vllm(tmp_path, vllm_lookup):
         "num_ctas": 1,
         "num_stages": 3,
     }
-    leaf_e = {"block_m": 16, "block_n": 128, "block_k": 32, "num_warps": 4, "num_ctas": 1, "num_stages": 2}
+    adding = {"block_m": 16, "block_n": 128, "block_k": 32, "num_warps": 4, "num_ctas": 1, "num_stages": 2}
+    writing = {"block_m": 16, "block_n": 64, "block_k": 16, "num_warps": 2, "num_ctas": 1, "num_stages": 3}
+    qkv = {"rank": 32, "max_loras": 8, "k": 2880, "slices": [4096, 512, 512]}
     state = {
         "buckets": {
-            "a": {
-                "result": {"config": leaf_s},
-                "bucket": {"op": "shrink", "rank": 32, "max_loras": 8, "m": 16, "k": 2880, "slices": [4096, 512, 512]},
-            },
-            "b": {
-                "result": {"config": leaf_e},
-                "bucket": {"op": "expand", "rank": 32, "max_loras": 8, "m": 16, "k": 2880, "slices": [4096, 512, 512]},
-            },
+            "a": {"result": {"config": leaf_s}, "bucket": {"op": "shrink", "m": 16, **qkv}},
+            # the tuner's first runs measured the adding epilogue and wrote no `add_inputs`
+            "b": {"result": {"config": adding}, "bucket": {"op": "expand", "m": 16, **qkv}},
+            "c": {"result": {"config": adding}, "bucket": {"op": "expand", "m": 64, **qkv}},
+            "d": {"result": {"config": writing}, "bucket": {"op": "expand", "m": 16, "add_inputs": False, **qkv}},
         }
     }
     files = td.write_dense_files(out_dir=tmp_path, state=state, device_name="NVIDIA H200")
-    assert sorted(f.name for f in files) == ["NVIDIA_H200_EXPAND_TRUE.json", "NVIDIA_H200_SHRINK.json"]
+    assert sorted(f.name for f in files) == [
+        "NVIDIA_H200_EXPAND_FALSE.json",
+        "NVIDIA_H200_EXPAND_TRUE.json",
+        "NVIDIA_H200_SHRINK.json",
+    ]
+
+    def expand(vllm_utils, batch: int, add_inputs: bool) -> dict:
+        return vllm_utils.get_lora_op_configs(
+            "expand", max_loras=9, batch=batch, hidden_size=4096, rank=32, num_slices=3, add_inputs=add_inputs
+        )
+
     with vllm_lookup(tmp_path) as vllm_utils:
         # exactly as vLLM's ops ask: max_loras = len(lora_ids) = 9, nearest m
         assert (
             vllm_utils.get_lora_op_configs("shrink", max_loras=9, batch=20, hidden_size=2880, rank=32, num_slices=3)
             == leaf_s
         )
-        assert (
-            vllm_utils.get_lora_op_configs(
-                "expand", max_loras=9, batch=16, hidden_size=4096, rank=32, num_slices=3, add_inputs=True
-            )
-            == leaf_e
-        )
-    assert json.loads(files[0].read_text())  # valid JSON on disk
+        # each epilogue reads its own measurement, and the other's where it has none
+        assert expand(vllm_utils, 16, add_inputs=False) == writing
+        assert expand(vllm_utils, 16, add_inputs=True) == adding
+        assert expand(vllm_utils, 64, add_inputs=False) == adding
+        assert expand(vllm_utils, 64, add_inputs=True) == adding
+    assert all(json.loads(f.read_text()) for f in files)  # valid JSON on disk
 
 
 def test_cli_plans_and_refuses_without_cuda(tmp_path, capsys):

@@ -7,7 +7,12 @@ too; those run on vLLM's dense punica kernels, whose defaults are far from the b
 (docs/benchmarks.md has the served-model figures). Per projection x rank x
 max_loras x token bucket this runs the same coordinate descent as tune.py on vLLM's own op (the candidate config is
 handed to it in place of get_lora_op_configs), checks every candidate against a float64 reference, and writes
-vLLM's `{gpu}_SHRINK.json` and `{gpu}_EXPAND_TRUE.json` (add_inputs=True, the serving path).
+vLLM's `{gpu}_SHRINK.json`, `{gpu}_EXPAND_FALSE.json` and `{gpu}_EXPAND_TRUE.json`.
+
+The expand is measured as it is served: with vLLM's dual LoRA stream (VLLM_LORA_ENABLE_DUAL_STREAM=1, which the
+operator sets) each dense layer's LoRA writes into a buffer of its own (add_inputs=False, the EXPAND_FALSE file);
+without it the expand adds into the layer's output (add_inputs=True). Both epilogues run the same kernel with the
+same launch parameters, so a bucket measured with one fills the other's file where that has no measurement.
 
 File format (vllm/lora/ops/triton_ops/utils.py, get_lora_op_configs): data[max_loras][num_slices][m][k][n] with
 string keys, nearest key taken at every level except num_slices. vLLM's max_loras key here is the length of its
@@ -71,11 +76,14 @@ class DenseBucket:
     rank: int
     max_loras: int
     m: int
+    add_inputs: bool = False  # the expand's epilogue (module docstring); the shrink has none
 
     @property
     def key(self) -> str:
         k, slices = projections(self.model)[self.proj]
-        return f"dense|{self.op}|k{k}|n{'+'.join(map(str, slices))}|r{self.rank}|L{self.max_loras}|m{self.m}"
+        # Measurements of the adding epilogue (the tuner's first runs) keep their keys; the writing one is new.
+        epilogue = "|write" if self.op == "expand" and not self.add_inputs else ""
+        return f"dense|{self.op}|k{k}|n{'+'.join(map(str, slices))}|r{self.rank}|L{self.max_loras}|m{self.m}{epilogue}"
 
 
 def plan(*, models: list[DenseModel], ranks: list[int], max_loras: list[int], ms: list[int]) -> list[DenseBucket]:
@@ -179,9 +187,9 @@ def make_inputs(b: DenseBucket, *, device: torch.device, dtype: torch.dtype, see
     )
 
 
-def reference(inp: DenseInputs, op: str, scale: float = 1.0) -> torch.Tensor:
+def reference(inp: DenseInputs, op: str, scale: float = 1.0, *, add_inputs: bool = True) -> torch.Tensor:
     """The op's result in float64: shrink out[s] = scale * x @ A_s[lora]^T; expand out[:, slice s] += x[s] @
-    B_s[lora]^T (tokens mapped to -1 untouched)."""
+    B_s[lora]^T, or = without add_inputs (tokens mapped to -1 untouched either way)."""
     lora = inp.lora_map.long()
     has = lora >= 0
     if op == "shrink":
@@ -195,7 +203,8 @@ def reference(inp: DenseInputs, op: str, scale: float = 1.0) -> torch.Tensor:
     for s, bw in enumerate(inp.weights):
         n = bw.shape[2]
         w = bw[lora.clamp(min=0), 0].double()  # (M, N, r)
-        ref[has, col : col + n] += torch.einsum("mr,mnr->mn", inp.x[s].double(), w)[has]
+        product = torch.einsum("mr,mnr->mn", inp.x[s].double(), w)[has]
+        ref[has, col : col + n] = product + (ref[has, col : col + n] if add_inputs else 0)
         col += n
     return ref
 
@@ -240,7 +249,7 @@ class DenseVllmKernel:
             if self.b.op == "shrink":
                 self.fn(inp.x, inp.weights, out, *inp.meta, 1.0)
             else:
-                self.fn(inp.x, inp.weights, out, *inp.meta, offset_start=0, add_inputs=True)
+                self.fn(inp.x, inp.weights, out, *inp.meta, offset_start=0, add_inputs=self.b.add_inputs)
 
     def to_json(self, cand: tuple) -> dict:
         return dict(cand)
@@ -250,20 +259,35 @@ class DenseVllmKernel:
 
 
 def write_dense_files(*, out_dir: Path, state: dict, device_name: str) -> list[Path]:
-    """vLLM's SHRINK and EXPAND_TRUE files from the whole state (a rerun rewrites the same files)."""
-    trees: dict[str, dict] = {"shrink": {}, "expand": {}}
+    """vLLM's SHRINK, EXPAND_FALSE and EXPAND_TRUE files from the whole state (a rerun rewrites the same files).
+    An expand leaf measured with one epilogue only serves both files; a record without `add_inputs` was measured
+    adding (the tuner's first runs)."""
+    leaves: dict[tuple[str, bool], dict[tuple[str, ...], dict]] = {}
     for rec in state["buckets"].values():
         b = rec["bucket"]
         k, n = (b["k"], b["rank"]) if b["op"] == "shrink" else (b["rank"], max(b["slices"]))
-        node = trees[b["op"]]
-        for key in (b["max_loras"] + 1, len(b["slices"]), b["m"], k):
-            node = node.setdefault(str(key), {})
-        node[str(n)] = rec["result"]["config"]
-    names = {
-        "shrink": f"{gpu_prefix(device_name)}_SHRINK.json",
-        "expand": f"{gpu_prefix(device_name)}_EXPAND_TRUE.json",
+        epilogue = b["op"] == "expand" and b.get("add_inputs", True)
+        path = tuple(str(key) for key in (b["max_loras"] + 1, len(b["slices"]), b["m"], k, n))
+        leaves.setdefault((b["op"], epilogue), {})[path] = rec["result"]["config"]
+    adding, writing = leaves.get(("expand", True), {}), leaves.get(("expand", False), {})
+    prefix = gpu_prefix(device_name)
+    files = {
+        f"{prefix}_SHRINK.json": leaves.get(("shrink", False), {}),
+        f"{prefix}_EXPAND_FALSE.json": adding | writing,
+        f"{prefix}_EXPAND_TRUE.json": writing | adding,
     }
-    return [write_tree(out_dir / names[op], tree) for op, tree in trees.items() if tree]
+    return [write_tree(out_dir / name, _tree(paths)) for name, paths in files.items() if paths]
+
+
+def _tree(leaves: dict[tuple[str, ...], dict]) -> dict:
+    """vLLM's nested data[max_loras][num_slices][m][k][n] from (max_loras, num_slices, m, k, n) -> config."""
+    tree: dict = {}
+    for path, config in leaves.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = config
+    return tree
 
 
 def _forget_pointer_tables() -> None:
@@ -301,7 +325,7 @@ def tune_dense(
         first = make_inputs(b, device=device, dtype=dtype, seed=0)
         n_sets = max(1, min(8, math.ceil(3 * l2_bytes() / first.nbytes())))  # rotate inputs past the L2
         sets = [first] + [make_inputs(b, device=device, dtype=dtype, seed=s) for s in range(1, n_sets)]
-        refs = [reference(first, b.op)]
+        refs = [reference(first, b.op, add_inputs=b.add_inputs)]
         log(head)
         result = search(DenseVllmKernel(b), SPACE[b.op], sets, refs, cuda=True, log=log, passes=passes)
         k, slices = projections(b.model)[b.proj]
@@ -317,6 +341,7 @@ def tune_dense(
                 "m": b.m,
                 "k": k,
                 "slices": list(slices),
+                "add_inputs": b.add_inputs,
             },
         }
         save_state(state_path, state)
@@ -340,14 +365,18 @@ def report(state: dict) -> str:
     ]
     recs = sorted(
         state["buckets"].values(),
-        key=lambda r: tuple(r["bucket"][f] for f in ("model", "proj", "op", "rank", "max_loras", "m")),
+        key=lambda r: (
+            *(r["bucket"][f] for f in ("model", "proj", "op", "rank", "max_loras", "m")),
+            r["bucket"].get("add_inputs", True),
+        ),
     )
     for r in recs:
         b, res = r["bucket"], r["result"]
         d, us = res["default_us"], res["us"]
         gain = "-" if d is None else f"{d / us:.2f}x"
+        op = b["op"] if b["op"] == "shrink" else f"expand ({'+=' if b.get('add_inputs', True) else '='})"
         lines.append(
-            f"| {b['model']} | {b['proj']} | {b['op']} | {b['rank']} | {b['max_loras']} | {b['m']} | "
+            f"| {b['model']} | {b['proj']} | {op} | {b['rank']} | {b['max_loras']} | {b['m']} | "
             f"{'-' if d is None else f'{d:.1f}'} | {us:.1f} | {gain} |"
         )
     return "\n".join(lines)
