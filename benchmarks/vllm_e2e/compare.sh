@@ -2,10 +2,11 @@
 # Side by side in one call: one fresh server per mode (serve_passes.sh, same model, kit flags and load), then one
 # table of every pass with each row's median TPOT and output tokens/s against the first mode's first pass.
 # Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/compare.sh OUTPUT_DIR
-# Env: MODEL (gpt-oss | qwen3), MODES (default "nolora nolora-tuned plugin"), PASSES (default 1), BUDGET_S (the
+# Env: MODEL (gpt-oss | gpt-oss-mxfp4 | qwen3), MODES (default "nolora nolora-tuned plugin"), PASSES (default 1), BUDGET_S (the
 # whole run, default 585: a mode that cannot finish is not started), MODE_S (the least time a mode needs, default 200).
 # Plugin servers run with vLLM's dual LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/,
-# the table in OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines.
+# the table in OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines
+# (kernel_lines.txt) and their start-up timings (startup_lines.txt).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -20,7 +21,11 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   done
   log=$OUT/$MODEL-$mode/server.log
   [ -f "$log" ] && grep -E "Using .*MoE|MoE config|LoRA kernel config|moelora: (fused|model warm)|Error|error:" "$log" \
-    | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt" && rm -f "$log"
+    | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt"
+  # Where the start-up went (weights, torch.compile, profiling, graph capture, warm-ups), in the log's order.
+  [ -f "$log" ] && grep -E " took | takes |finished in|warm-up ran|Starting to load|Application startup complete" \
+    "$log" | cut -c1-300 | head -40 > "$OUT/$MODEL-$mode/startup_lines.txt"
+  rm -f "$log"
 done
 python3 - "$OUT" "$MODEL" "${MODES:-nolora nolora-tuned plugin}" <<'PY' | tee "$OUT/compare-$MODEL.md"
 import json, pathlib, sys
