@@ -21,7 +21,7 @@ VLLM_FILES = (
 )
 # vLLM's dense LoRA ops (attention and router projections): data[max_loras+1][num_slices][m][k][n] -> leaf, keyed by
 # sizes a MoE shape does not carry, so mounted whole, for the model whose hidden size they were tuned with.
-DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_TRUE.json")
+DENSE_FILES = ("NVIDIA_H200_SHRINK.json", "NVIDIA_H200_EXPAND_FALSE.json", "NVIDIA_H200_EXPAND_TRUE.json")
 
 
 def vllm_tree(*leaves: tuple[int, int, int]) -> dict:
@@ -90,8 +90,9 @@ def write_bundle(root: pathlib.Path) -> pathlib.Path:
     # (4096, 2880): another model with GPT-OSS' intermediate size, of a hidden size no one here has.
     (gpu / w2_shrink).write_text(json.dumps(vllm_tree((1, 2880, 2880), (1, 2048, 768), (1, 4096, 2880))))
     (gpu / w2_expand).write_text(json.dumps(vllm_tree((1, 2048, 768))))  # tuned for Qwen3 only
-    shrink, expand = DENSE_FILES
+    shrink, *expands = DENSE_FILES
     (gpu / shrink).write_text(json.dumps(dense_tree(2880, 16)))
-    (gpu / expand).write_text(json.dumps(dense_tree(16, 2880)))  # o_proj's output: GPT-OSS' hidden size
+    for expand in expands:
+        (gpu / expand).write_text(json.dumps(dense_tree(16, 2880)))  # o_proj's output: GPT-OSS' hidden size
     (gpu / "README.txt").write_text("not a config")
     return root
