@@ -18,6 +18,7 @@ from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, make_ready, manifest, patch_status, server_pod, wait_for
+from .conftest import running_operator
 
 NS = "counts"
 POD_FIRST = "counts-pod-first"
@@ -25,17 +26,10 @@ POD_FIRST = "counts-pod-first"
 LOADED_ON_THE_POD = {"replicas": {"qwen-moe-abc": {"loaded": True, "state": "Loaded"}}}
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        settings = Settings(
-            server_image="example.com/server:1",
-            agent_image="example.com/agent:1",
-            kubeconfig=str(api.kubeconfig),
-            resync_seconds=3600.0,
-        )
-        with OperatorThread(settings=settings):
-            yield api
+@pytest.fixture(scope="module", autouse=True)
+def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
+    with running_operator(kube) as running:
+        yield running
 
 
 def adapter_counts(kube: KubeAPI, namespace: str = NS) -> dict | None:

@@ -11,10 +11,10 @@ import pytest
 
 from moelora.local.apiserver import KubeAPI, Rest
 from moelora.local.apiserver.counting import CountingEmulator
-from moelora.local.operator_thread import OperatorThread
 from moelora.operator.settings import Settings
 
 from .cluster import LORA, server_pod
+from .conftest import running_operator
 
 OPERATOR = "openapi-generator"  # the operator's handlers (kopf's own watches say `kopf`)
 EVENTS = 8  # rounds of three pod events each
@@ -25,15 +25,8 @@ PER_EVENT = 1  # API calls a pod event may cost beyond the 1-adapter server's
 def kube() -> Iterator[KubeAPI]:
     api = KubeAPI()
     api.emulator = CountingEmulator()
-    with api:
-        settings = Settings(
-            server_image="example.com/server:1",
-            agent_image="example.com/agent:1",
-            kubeconfig=str(api.kubeconfig),
-            resync_seconds=3600.0,
-        )
-        with OperatorThread(settings=settings):
-            yield api
+    with api, running_operator(api):
+        yield api
 
 
 def counter(kube: KubeAPI) -> CountingEmulator:

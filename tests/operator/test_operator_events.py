@@ -11,9 +11,9 @@ import pytest
 
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator.settings import Settings
 
 from .cluster import LORA, apply, make_ready, manifest, patch_status, server_pod, wait_for
+from .conftest import running_operator
 
 POD = "qwen-moe-abc"
 DENIED = {"loaded": False, "state": "Failed", "reason": "AccessDenied", "lastError": "s3: 403 on GetObject"}
@@ -21,17 +21,10 @@ RETRYING = {"loaded": False, "state": "Downloading"}
 LOADED = {"loaded": True, "state": "Loaded"}
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        settings = Settings(
-            server_image="example.com/server:1",
-            agent_image="example.com/agent:1",
-            kubeconfig=str(api.kubeconfig),
-            resync_seconds=3600.0,
-        )
-        with OperatorThread(settings=settings):
-            yield api
+@pytest.fixture(scope="module", autouse=True)
+def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
+    with running_operator(kube) as running:
+        yield running
 
 
 def adapter_events(kube: KubeAPI, namespace: str) -> list[dict[str, Any]]:

@@ -20,27 +20,15 @@ import pytest
 from moelora.local import process
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, EXAMPLES, MS, PDBS, apply, condition, manifest, wait_for
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        yield api
+from .conftest import running_operator
 
 
 @pytest.fixture(scope="module")
 def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
-    settings = Settings(
-        server_image="example.com/server:1",
-        agent_image="example.com/agent:1",
-        kubeconfig=str(kube.kubeconfig),
-        resync_seconds=1.0,
-        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz",
-    )
-    with OperatorThread(settings=settings) as running:
+    liveness = f"http://127.0.0.1:{process.free_port()}/healthz"
+    with running_operator(kube, resync_seconds=1.0, liveness_endpoint=liveness) as running:
         yield running
 
 

@@ -12,15 +12,9 @@ import pytest
 
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, MS, apply, condition, manifest, wait_for
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        yield api
+from .conftest import running_operator
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +50,7 @@ def kernel_bundle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def operator(kube: KubeAPI, kernel_bundle: pathlib.Path) -> Iterator[OperatorThread]:
-    settings = Settings(
-        server_image="example.com/server:1",
-        agent_image="example.com/agent:1",
-        kubeconfig=str(kube.kubeconfig),
-        resync_seconds=1.0,
-        kernel_configs_dir=str(kernel_bundle),
-    )
-    with OperatorThread(settings=settings) as running:
+    with running_operator(kube, resync_seconds=1.0, kernel_configs_dir=str(kernel_bundle)) as running:
         yield running
 
 

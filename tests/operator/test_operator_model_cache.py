@@ -14,9 +14,9 @@ from moelora.local import process
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
 from moelora.operator import model_cache
-from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, MS, apply, condition, manifest, patch_status, wait_for
+from .conftest import running_operator
 
 CLAIMS = "v1/persistentvolumeclaims"
 JOBS = "batch/v1/jobs"
@@ -25,22 +25,10 @@ S3_MODEL = {"name": "Qwen/Qwen1.5-MoE-A2.7B-Chat", "source": "s3://models/qwen",
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        yield api
-
-
-@pytest.fixture(scope="module")
 def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
-    settings = Settings(
-        server_image="example.com/server:1",
-        agent_image="example.com/agent:1",
-        kubeconfig=str(kube.kubeconfig),
-        resync_seconds=1.0,
-        model_cache_unbound_seconds=UNBOUND_AFTER,
-        liveness_endpoint=f"http://127.0.0.1:{process.free_port()}/healthz",
-    )
-    with OperatorThread(settings=settings) as running:
+    liveness = f"http://127.0.0.1:{process.free_port()}/healthz"
+    overrides = {"resync_seconds": 1.0, "model_cache_unbound_seconds": UNBOUND_AFTER, "liveness_endpoint": liveness}
+    with running_operator(kube, **overrides) as running:
         yield running
 
 

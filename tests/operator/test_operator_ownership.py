@@ -16,35 +16,26 @@ import pytest
 
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, manifest, wait_for
+from .conftest import running_operator
 
 ROLES = "rbac.authorization.k8s.io/v1/roles"
 ROLE_BINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
 
 
-def operator_settings(kube: KubeAPI) -> Settings:
-    return Settings(
-        server_image="example.com/server:1",
-        agent_image="example.com/agent:1",
-        kubeconfig=str(kube.kubeconfig),
-        resync_seconds=1.0,
-        allowed_images=("example.com/server:*",),
-        allowed_service_accounts=("team-a-server",),
-        allowed_s3_endpoints=("https://s3.team-b.example.com",),
-    )
-
-
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        yield api
+# The platform's policy: the images, service accounts and S3 endpoints tenants may name.
+POLICY = {
+    "resync_seconds": 1.0,
+    "allowed_images": ("example.com/server:*",),
+    "allowed_service_accounts": ("team-a-server",),
+    "allowed_s3_endpoints": ("https://s3.team-b.example.com",),
+}
 
 
 @pytest.fixture(scope="module")
 def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
-    with OperatorThread(settings=operator_settings(kube)) as running:
+    with running_operator(kube, **POLICY) as running:
         yield running
 
 
@@ -149,7 +140,7 @@ def test_a_foreign_deployment_holds_back_what_serves_it(kube: KubeAPI, operator:
 
 def test_no_finalizer_so_deleting_while_the_operator_is_down_completes(kube: KubeAPI) -> None:
     ns = "no-finalizer"
-    with OperatorThread(settings=operator_settings(kube)):
+    with running_operator(kube, **POLICY):
         apply(kube, server(ns, "qwen-moe"))
         wait_for(lambda: (kube.get(MS, ns, "qwen-moe").get("status") or {}).get("endpoint"), what="reconciled")
         wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment")

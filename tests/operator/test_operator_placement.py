@@ -18,9 +18,9 @@ from moelora.local.apiserver.client import Rest
 from moelora.local.operator_thread import OperatorThread
 from moelora.operator import placement
 from moelora.operator.assignment import pod_names
-from moelora.operator.settings import Settings
 
 from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, manifest, server_pod
+from .conftest import running_operator
 
 NS = "placed"
 SERVER = "qwen-moe"
@@ -28,17 +28,10 @@ STATEFULSETS = "apps/v1/statefulsets"
 ADAPTERS = [f"team-{i}" for i in range(20)]
 
 
-@pytest.fixture(scope="module")
-def kube() -> Iterator[KubeAPI]:
-    with KubeAPI() as api:
-        settings = Settings(
-            server_image="example.com/server:1",
-            agent_image="example.com/agent:1",
-            kubeconfig=str(api.kubeconfig),
-            resync_seconds=3600.0,  # every step must follow from events, not from a resync
-        )
-        with OperatorThread(settings=settings):
-            yield api
+@pytest.fixture(scope="module", autouse=True)
+def operator(kube: KubeAPI) -> Iterator[OperatorThread]:
+    with running_operator(kube) as running:
+        yield running
 
 
 def eventually(check: Callable[[], Any], *, timeout: float = 20) -> Any:
