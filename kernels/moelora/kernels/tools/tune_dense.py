@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from .tune import _ints, load_state, save_state, search
-from .vllm_configs import gpu_prefix, write_tree
+from .vllm_configs import gpu_prefix, nest, write_tree
 
 __all__ = ["DENSE_MODELS", "DenseBucket", "DenseModel", "plan", "projections", "tune_dense", "write_dense_files"]
 
@@ -276,18 +276,7 @@ def write_dense_files(*, out_dir: Path, state: dict, device_name: str) -> list[P
         f"{prefix}_EXPAND_FALSE.json": adding | writing,
         f"{prefix}_EXPAND_TRUE.json": writing | adding,
     }
-    return [write_tree(out_dir / name, _tree(paths)) for name, paths in files.items() if paths]
-
-
-def _tree(leaves: dict[tuple[str, ...], dict]) -> dict:
-    """vLLM's nested data[max_loras][num_slices][m][k][n] from (max_loras, num_slices, m, k, n) -> config."""
-    tree: dict = {}
-    for path, config in leaves.items():
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = config
-    return tree
+    return [write_tree(out_dir / name, nest(paths)) for name, paths in files.items() if paths]
 
 
 def _forget_pointer_tables() -> None:

@@ -12,7 +12,7 @@ level except num_slices, which must match exactly: the w13 op is called with 2 s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ __all__ = [
     "gpu_prefix",
     "vllm_file_name",
     "vllm_op",
+    "nest",
     "write_tree",
     "write_vllm_files",
 ]
@@ -58,14 +59,23 @@ class VllmEntry:
 
 def write_vllm_files(*, out_dir: Path, device_name: str, entries: Iterable[VllmEntry]) -> list[Path]:
     """Write the four files from scratch (entries are the whole state, so a rerun rewrites the same files)."""
-    trees: dict[str, dict] = {op: {} for op in OPS}
+    leaves: dict[str, dict[tuple[str, ...], dict]] = {op: {} for op in OPS}
     for e in entries:
-        node = trees[e.op]
-        for key in (e.max_loras, e.num_slices, e.m, e.rank, e.hidden):
-            node = node.setdefault(str(key), {})
-        node[str(e.inter)] = {f: e.leaf[f] for f in LEAF_FIELDS}
+        path = tuple(str(key) for key in (e.max_loras, e.num_slices, e.m, e.rank, e.hidden, e.inter))
+        leaves[e.op][path] = {f: e.leaf[f] for f in LEAF_FIELDS}
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [write_tree(out_dir / vllm_file_name(device_name, op), tree) for op, tree in trees.items() if tree]
+    return [write_tree(out_dir / vllm_file_name(device_name, op), nest(by)) for op, by in leaves.items() if by]
+
+
+def nest(leaves: Mapping[tuple[str, ...], dict]) -> dict:
+    """vLLM's nested file layout from {key path: leaf}: one dict level per key, the leaf under the last."""
+    tree: dict = {}
+    for path, leaf in leaves.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf
+    return tree
 
 
 def write_tree(path: Path, tree: dict) -> Path:
