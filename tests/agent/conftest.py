@@ -22,7 +22,7 @@ from moelora.agent.reconcile import Desired
 from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo
-from moelora.agent.vllm import VllmClient
+from moelora.agent.vllm import LoadedAdapter, VllmClient
 from moelora.api import ReplicaAdapterState
 from moelora.local import process
 from moelora.local import s3 as local_s3
@@ -186,6 +186,25 @@ class MemoryKube:
         assert pod == POD
         with self.lock:
             self.events.append({"reason": reason, "message": message, "type": type})
+
+
+class FakeVllm:
+    """What the agent's loop asks of vLLM, in memory."""
+
+    def __init__(self) -> None:
+        self.served: dict[str, str] = {}
+        self.calls: list[tuple[str, str, str | None, bool]] = []
+
+    def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
+        return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in self.served.items()}
+
+    def load(self, *, name: str, path: str, inplace: bool = False) -> None:
+        self.calls.append(("load", name, path, inplace))
+        self.served[name] = path
+
+    def unload(self, *, name: str) -> bool:
+        self.calls.append(("unload", name, None, False))
+        return self.served.pop(name, None) is not None
 
 
 class MemoryDesired:

@@ -18,28 +18,9 @@ from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Record, Stage
 from moelora.agent.runner import Agent
 from moelora.agent.settings import from_env
-from moelora.agent.vllm import ADMIN_KEY_HEADER, LoadedAdapter, VllmClient, classify_load_error
+from moelora.agent.vllm import ADMIN_KEY_HEADER, VllmClient, classify_load_error
 
-from .conftest import BASE_MODEL, POD, MemoryDesired, MemoryKube, agent_settings, eventually
-
-
-class FakeVllm:
-    """What the agent's loop asks of vLLM, in memory."""
-
-    def __init__(self) -> None:
-        self.served: dict[str, str] = {}
-        self.calls: list[tuple[str, str, str | None, bool]] = []
-
-    def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
-        return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in self.served.items()}
-
-    def load(self, *, name: str, path: str, inplace: bool = False) -> None:
-        self.calls.append(("load", name, path, inplace))
-        self.served[name] = path
-
-    def unload(self, *, name: str) -> bool:
-        self.calls.append(("unload", name, None, False))
-        return self.served.pop(name, None) is not None
+from .conftest import BASE_MODEL, POD, FakeVllm, MemoryDesired, MemoryKube, agent_settings, eventually
 
 
 @pytest.fixture

@@ -57,12 +57,8 @@ class Agent:
         metrics: Metrics,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.settings = settings
-        self.kube = kube
-        self.desired_source = desired
-        self.vllm = vllm
-        self.metrics = metrics
-        self.monotonic = monotonic
+        self.settings, self.kube, self.vllm, self.metrics = settings, kube, vllm, metrics
+        self.desired_source, self.monotonic = desired, monotonic
         self.limits = Limits(
             base_model=settings.base_model,
             max_rank=settings.max_lora_rank,
@@ -149,17 +145,18 @@ class Agent:
             self._prune_partials = False
             self.preparer.prune_partials(set(by_uid))
         for name in plan.unload:
-            self._unload(name)
+            if self._unload(name) and loaded is not None:
+                del loaded[name]
         for name in plan.foreign:
             if self._unload(name) and loaded is not None:
-                self.foreign.unloaded(name=name, path=loaded[name].path)
+                self.foreign.unloaded(name=name, path=loaded.pop(name).path)
+        self._protect(loaded)  # before the downloads start: they may evict what was just unloaded
         for uid in plan.prepare:
             self._start_prepare(by_uid[uid], refresh=False)
         for uid in plan.adopt:
             self._mark_loaded(self.records[uid], observe=False)
         for load in plan.load:
             self._load(self.records[load.uid], load)
-        self._protect(loaded)
         if self.usage is not None:  # only placement's copiesMode Auto reads the load
             self.usage.update(fetch=self.vllm.metrics_text, records=self.records.values(), now=now)
         self.publisher.publish(desired, self.records)

@@ -1,0 +1,47 @@
+"""Room in the adapter cache as the loop sees it (a fake vLLM, real S3): what a delete frees, and when."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import pathlib
+
+from moelora.agent.metrics import Metrics
+from moelora.agent.reconcile import Stage
+from moelora.agent.runner import Agent
+
+from .conftest import FakeVllm, MemoryDesired, MemoryKube, adapter_files, agent_settings, upload
+
+
+def _settle(agent: Agent) -> None:
+    """One pass, then wait for the downloads it started; the next pass takes them in and has vLLM load them."""
+    agent.step()
+    concurrent.futures.wait(list(agent.busy.values()), timeout=30)
+    agent.step()
+
+
+def test_a_deleted_adapters_files_make_room_in_the_same_pass(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
+    # Room for one adapter, not two: "c" fits only by evicting "a", which vLLM served until this very pass.
+    size = sum(len(b) for b in adapter_files().values())
+    for name, seed in (("a", 1), ("c", 2)):
+        upload(s3_env, bucket, f"{name}/", adapter_files(seed=seed))
+    settings = agent_settings(tmp_path / "cache", cache_bytes=int(1.5 * size))
+    kube, desired, vllm = MemoryKube(), MemoryDesired(), FakeVllm()
+    agent = Agent(settings=settings, kube=kube, desired=desired, vllm=vllm, metrics=Metrics())  # type: ignore[arg-type]
+    try:
+        desired.synced.set()
+        desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
+        _settle(agent)
+        assert set(vllm.served) == {"a"}
+        a_version = agent.records["uid-a"].version
+
+        desired.delete("a")
+        desired.put("c", {"source": {"uri": f"s3://{bucket}/c/"}})
+        _settle(agent)
+
+        c = agent.records["uid-c"]
+        assert (c.stage, c.reason, c.attempts) == (Stage.LOADED, None, 0)  # no CacheFull turn on the way
+        assert set(vllm.served) == {"c"}
+        entries = {p.name for p in settings.cache_dir.iterdir() if not p.name.startswith(".")}
+        assert entries == {c.version} and a_version not in entries
+    finally:
+        agent.stop()
