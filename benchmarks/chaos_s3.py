@@ -301,10 +301,14 @@ class Scenario:
         self._settle(pod, figures.first, sampler)
         self.say(f"[{self.backend}] probes beside the hanging endpoint ({drip.inflight} requests dripping)")
         figures.drip_inflight = drip.inflight
-        for name in [n for n, g in self.groups.items() if g == "big"]:  # room in the cache for the probes
+        big = [n for n, g in self.groups.items() if g == "big"]
+        for name in big:  # room in the cache for the probes
             self._delete(name)
+        # The probes measure the hanging endpoint, not how soon the pod hears of these deletes.
+        gone = lambda: not set(big) & local_vllm.models(url=pod.vllm.url).keys()  # noqa: E731
+        process.wait_for(gone, timeout=30, what="the big adapters unloaded", interval=0.2)
         figures.probe_beside = [self._probe(pod, f"probe-b-{i}") for i in range(s.probes)]
-        for name in [n for n, g in self.groups.items() if g == "big"]:
+        for name in big:
             self._create(name)
         if s.restart:
             self.say(f"[{self.backend}] restarting the pod (new tmpfs of {s.restart_tmpfs_mib} MiB)")
