@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
@@ -119,3 +121,21 @@ def test_policy_is_judged_before_anything_renders(settings: Settings) -> None:
     with pytest.raises(SpecProblem) as problem:
         render({"serviceAccountName": "default"}, Surroundings(), settings)
     assert problem.value.reason == "ServiceAccountNotAllowed"
+
+
+@pytest.mark.parametrize(
+    ("spec", "claim", "needed_by"),
+    [
+        ({"kernels": {"compileCache": {"claimName": "compiled"}}}, "compiled", "kernels.compileCache"),
+        ({"model": {"name": "org/m", "source": "pvc://weights/m"}}, "weights", "model.source"),
+    ],
+)
+def test_a_missing_claim_is_refused_naming_what_needs_it(
+    settings: Settings, spec: dict[str, Any], claim: str, needed_by: str
+) -> None:
+    with pytest.raises(SpecProblem) as problem:
+        render(spec, Surroundings(claims_exist={claim: False}), settings)
+    assert problem.value.reason == "ClaimNotFound"
+    assert needed_by in problem.value.message and repr(claim) in problem.value.message
+    for known in (True, None):  # None: the operator may not read claims there; the pods' events tell instead
+        assert kinds(render(spec, Surroundings(claims_exist={claim: known}), settings))[0] == "Deployment"

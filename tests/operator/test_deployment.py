@@ -314,3 +314,43 @@ def test_the_agent_reads_the_base_config_from_the_model_volume(source: str, conf
     agent = obj["spec"]["template"]["spec"]["containers"][1]
     assert {e["name"]: e.get("value") for e in agent["env"]}["MOELORA_BASE_MODEL_CONFIG"] == config
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in agent["volumeMounts"]
+
+
+def test_a_compile_cache_claim_holds_each_images_compiled_kernels(settings: Settings) -> None:
+    def render(**spec: Any) -> tuple[dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+        """The vLLM container, its compile-cache mount and the pod's compile-cache volume (None: absent)."""
+        obj = dep.deployment(make_spec(**spec), name="srv", namespace="ns", settings=settings)
+        k8s_valid(obj)
+        vllm = containers(obj)["vllm"]
+        mount = next((m for m in vllm["volumeMounts"] if m["name"] == "compile-cache"), None)
+        volume = next((v for v in obj["spec"]["template"]["spec"]["volumes"] if v["name"] == "compile-cache"), None)
+        return vllm, mount, volume
+
+    cached = {"kernels": {"compileCache": {"claimName": "compiled"}}}
+    vllm, mount, volume = render(**cached)
+    assert volume == {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "compiled"}}  # read-write
+    assert mount is not None and mount["mountPath"] == "/var/cache/moelora/compile" and not mount.get("readOnly")
+    assert mount["subPath"].startswith("image-") and render(**cached)[1] == mount  # the same image, the same directory
+    other = render(**cached, image="example.com/server:2")[1]
+    assert other is not None and other["subPath"] != mount["subPath"]  # another image, another directory
+    env = env_of(vllm)
+    assert env["VLLM_CACHE_ROOT"] == "/var/cache/moelora/compile/vllm"
+    assert env["TRITON_CACHE_DIR"] == "/var/cache/moelora/compile/triton"
+
+    plain, mount, volume = render()
+    assert mount is None and volume is None
+    assert not {"VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"} & set(env_of(plain))
+
+
+def test_the_compile_cache_variables_are_the_users_unless_compile_cache_is_set(settings: Settings) -> None:
+    mine = [{"name": "TRITON_CACHE_DIR", "value": "/home/moelora/triton"}]
+    obj = dep.deployment(make_spec(env=mine), name="srv", namespace="ns", settings=settings)
+    assert env_of(containers(obj)["vllm"])["TRITON_CACHE_DIR"] == "/home/moelora/triton"
+    with pytest.raises(SpecProblem) as problem:
+        dep.deployment(
+            make_spec(env=mine, kernels={"compileCache": {"claimName": "compiled"}}),
+            name="srv",
+            namespace="ns",
+            settings=settings,
+        )
+    assert problem.value.reason == "ManagedEnvVar" and "compileCache" in problem.value.message

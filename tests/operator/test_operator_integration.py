@@ -324,3 +324,25 @@ def test_kubectl_scale_goes_through_the_scale_subresource(kube: KubeAPI, operato
     kube.kubectl("scale", "ms/qwen-moe", "-n", ns, "--replicas=1")
     wait_for(lambda: kube.get(PDBS, ns, "qwen-moe") is None or None, what="the budget deleted at one replica")
     assert kube.get(DEPLOYMENTS, ns, "qwen-moe")["spec"]["replicas"] == 1
+
+
+def test_a_compile_cache_claim_is_mounted_once_it_exists(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "compiled"
+    server = manifest("modelserver.yaml", namespace=ns, kernels={"compileCache": {"claimName": "kernels"}})
+    server["metadata"]["name"] = "cached"
+    apply(kube, server)
+    degraded = wait_for(
+        lambda: (c := condition(kube.get(MS, ns, "cached"), "Degraded")) and c["status"] == "True" and c, what="why"
+    )
+    assert degraded["reason"] == "ClaimNotFound" and "kernels.compileCache" in degraded["message"]
+    assert kube.get(DEPLOYMENTS, ns, "cached") is None
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "kernels", "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(claim))
+    rendered = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "cached"), what="the Deployment after the claim appeared")
+    volumes = rendered["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "compile-cache", "persistentVolumeClaim": {"claimName": "kernels"}} in volumes

@@ -30,6 +30,7 @@ SPECS = {
         "s3": {"credentialsSecret": {"name": "creds"}},
     },
     "pvc-model": {"model": {"name": "org/m", "source": "pvc://weights/m"}},
+    "compile-cache": {"kernels": {"implementation": "moelora", "compileCache": {"claimName": "compiled"}}},
     "cpu-moelora-kernel": {"gpus": 0, "kernels": {"implementation": "moelora"}},
     "every-knob-and-allowed-overrides": {
         "model": {"name": "org/gated", "tokenSecret": {"name": "hf"}},

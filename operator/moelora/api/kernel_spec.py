@@ -41,6 +41,18 @@ class MoeShape(ApiModel):
     )
 
 
+class CompileCacheSpec(ApiModel):
+    """A PersistentVolumeClaim of the user's that keeps compiled kernels across pods and restarts."""
+
+    claim_name: str = Field(
+        pattern=DNS_SUBDOMAIN,
+        max_length=253,
+        description="PersistentVolumeClaim in the server's namespace that holds Triton's and vLLM's compile caches, "
+        "mounted read-write by every replica (ReadWriteMany where replicas run on several nodes). Each server image "
+        "gets its own directory in it, so an upgrade never reads another version's artifacts.",
+    )
+
+
 class KernelSpec(ApiModel):
     """Tuned fused MoE-LoRA kernel configs, and which kernel runs them."""
 
@@ -76,4 +88,9 @@ class KernelSpec(ApiModel):
     implementation: KernelImplementation = Field(
         default=KernelImplementation.VLLM,
         description="vllm: vLLM's own fused MoE-LoRA kernel. moelora: ours, through the moelora vLLM plugin.",
+    )
+    compile_cache: CompileCacheSpec | None = Field(
+        default=None,
+        description="Set: Triton's and vLLM's compile caches live on this claim instead of the pod's own disk, so a "
+        "new replica or a restarted pod reuses what an earlier pod of the same image compiled.",
     )

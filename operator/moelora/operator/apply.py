@@ -201,8 +201,17 @@ def secret_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str
     The chart grants no cluster-wide Secret read unless asked (`operator.secretAccess`); then the check is
     skipped, and a missing Secret surfaces as the pods' own SecretNotFound instead. Its data is never kept.
     """
+    return _exists(api, f"/api/v1/namespaces/{namespace}/secrets/{name}")
+
+
+def claim_exists(*, api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool | None:
+    """Whether the PersistentVolumeClaim exists; None when the operator may not read claims there (403)."""
+    return _exists(api, f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{name}")
+
+
+def _exists(api: kubernetes.client.ApiClient, path: str) -> bool | None:
     try:
-        return _get(api, f"/api/v1/namespaces/{namespace}/secrets/{name}") is not None
+        return _get(api, path) is not None
     except ApiException as exc:
         if exc.status == 403:
             return None

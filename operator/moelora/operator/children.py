@@ -21,7 +21,7 @@ from moelora.operator import (
 )
 from moelora.operator.deployment import deployment
 from moelora.operator.disruption import disruption_budget
-from moelora.operator.engine import required_secrets
+from moelora.operator.engine import required_claims, required_secrets
 from moelora.operator.errors import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
@@ -71,6 +71,8 @@ class Surroundings:
     # Secret name -> whether it exists, for each Secret the pod needs (engine.required_secrets); None (or absent)
     # when the operator may not read Secrets there, so the pods' own events tell instead.
     secrets_exist: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
+    # The same for each PersistentVolumeClaim of the user's the pod mounts (engine.required_claims).
+    claims_exist: Mapping[str, bool | None] = dataclasses.field(default_factory=dict)
     # The ConfigMap named by kernels.configMapName; None when absent or not named.
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
@@ -99,6 +101,11 @@ def desired_children(
     for secret, needed_by in required_secrets(spec):
         if surroundings.secrets_exist.get(secret) is False:
             raise SpecProblem("SecretNotFound", f"{needed_by} Secret {secret!r} does not exist in {namespace}")
+    for claim, needed_by in required_claims(spec):
+        if surroundings.claims_exist.get(claim) is False:
+            raise SpecProblem(
+                "ClaimNotFound", f"{needed_by} PersistentVolumeClaim {claim!r} does not exist in {namespace}"
+            )
     volume = kernel_configs.volume(
         spec,
         name=name,

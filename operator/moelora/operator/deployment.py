@@ -211,6 +211,18 @@ def deployment(
                 "volumeMounts": [{"name": "models", "mountPath": engine.MODELS_DIR}],
             }
         )
+    image = spec.image or settings.server_image
+    if spec.kernels.compile_cache is not None:
+        volumes.append(
+            {"name": "compile-cache", "persistentVolumeClaim": {"claimName": spec.kernels.compile_cache.claim_name}}
+        )
+        vllm_mounts.append(
+            {
+                "name": "compile-cache",
+                "mountPath": engine.COMPILE_CACHE_DIR,
+                "subPath": engine.compile_cache_path(image),
+            }
+        )
     template_annotations: dict[str, str] = {}
     if kernel_configs is not None:
         config_map: dict[str, Any] = {"name": kernel_configs.config_map_name}
@@ -222,7 +234,7 @@ def deployment(
 
     vllm: dict[str, Any] = {
         "name": VLLM_CONTAINER,
-        "image": spec.image or settings.server_image,
+        "image": image,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": engine.vllm_args(spec, name=name),
         "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None) + _streamer_s3_env(spec),

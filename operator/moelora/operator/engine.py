@@ -7,6 +7,7 @@ silently fight the operator; flags vLLM does not know are refused too, before a 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from typing import Any
 
@@ -17,6 +18,10 @@ from moelora.operator.errors import SpecProblem
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
 KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
+# spec.kernels.compileCache: the image's directory of the claim. vLLM keeps torch.compile's artifacts under its cache
+# root and points Triton there once it compiles; Triton's own variable covers kernels built before that.
+COMPILE_CACHE_DIR = "/var/cache/moelora/compile"
+COMPILE_CACHE_ENV = {"VLLM_CACHE_ROOT": f"{COMPILE_CACHE_DIR}/vllm", "TRITON_CACHE_DIR": f"{COMPILE_CACHE_DIR}/triton"}
 # The per-pod key the agent writes and vLLM's admin guard reads: an in-memory volume only the two containers mount.
 ADMIN_KEY_DIR = "/var/run/moelora/admin"
 ADMIN_KEY_FILE = f"{ADMIN_KEY_DIR}/key"
@@ -46,6 +51,7 @@ MANAGED_FLAGS = frozenset(
 )
 # Where a refused flag or variable is set instead, when that is not simply "the spec".
 _INSTEAD = {
+    **dict.fromkeys(COMPILE_CACHE_ENV, "spec.kernels.compileCache sets it"),
     "--api-key": "set spec.apiKeySecret, which the adapter agent also uses",
     "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
 }
@@ -144,8 +150,14 @@ def check_engine_args(engine_args: list[str]) -> None:
             raise SpecProblem("EngineArgValue", f"engineArgs: {name} takes exactly one value")
 
 
+def compile_cache_path(image: str) -> str:
+    """The claim's directory for one server image: what one build of vLLM and moelora compiled stays apart."""
+    return "image-" + hashlib.sha256(image.encode()).hexdigest()[:16]
+
+
 def check_env(spec: ModelServerSpec) -> None:
     managed = MANAGED_ENV | ({TOKEN_ENV} if spec.model.token_secret else set())
+    managed |= set(COMPILE_CACHE_ENV) if spec.kernels.compile_cache else set()
     for var in spec.env:
         if var.name in managed:
             instead = _INSTEAD.get(var.name, "moelora sets it from the spec")
@@ -174,6 +186,17 @@ def required_secrets(spec: ModelServerSpec) -> list[tuple[str, str]]:
     for index, source in enumerate(spec.env_from):
         if source.secret_ref is not None and not source.secret_ref.optional:
             needed.append((source.secret_ref.name, f"envFrom[{index}]"))
+    return needed
+
+
+def required_claims(spec: ModelServerSpec) -> list[tuple[str, str]]:
+    """(PersistentVolumeClaim name, what needs it) for every claim of the user's the pod mounts."""
+    needed: list[tuple[str, str]] = []
+    model = model_ref(spec)
+    if model.scheme == "pvc" and model.claim is not None:
+        needed.append((model.claim, "model.source"))
+    if spec.kernels.compile_cache is not None:
+        needed.append((spec.kernels.compile_cache.claim_name, "kernels.compileCache"))
     return needed
 
 
@@ -253,6 +276,8 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
         env.append({"name": "VLLM_API_KEY", "valueFrom": api_key_source(spec)})
     if kernel_configs:
         env.append({"name": "VLLM_TUNED_CONFIG_FOLDER", "value": KERNEL_CONFIGS_DIR})
+    if spec.kernels.compile_cache is not None:
+        env += [{"name": name, "value": value} for name, value in COMPILE_CACHE_ENV.items()]
     if spec.kernels.implementation == KernelImplementation.MOELORA:
         env.append({"name": "MOELORA_KERNEL", "value": "moelora"})
         if spec.gpus > 0:

@@ -29,7 +29,7 @@ from moelora.operator.children import (
     desired_children,
 )
 from moelora.operator.context import Context, ServerKey, wall_clock
-from moelora.operator.engine import required_secrets
+from moelora.operator.engine import required_claims, required_secrets
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.indexes import AdapterEntry
 from moelora.operator.settings import Settings
@@ -62,6 +62,9 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey, settings: Setti
         secret: apply.secret_exists(api=api, namespace=namespace, name=secret)
         for secret in dict(required_secrets(spec))
     }
+    claims_exist = {
+        claim: apply.claim_exists(api=api, namespace=namespace, name=claim) for claim in dict(required_claims(spec))
+    }
     config_map = None
     if spec.kernels.config_map_name:
         config_map = apply.get_config_map(api=api, namespace=namespace, name=spec.kernels.config_map_name)
@@ -78,7 +81,9 @@ def observe(*, api: kubernetes.client.ApiClient, key: ServerKey, settings: Setti
         body=body,
         spec=spec,
         problem=None,
-        surroundings=Surroundings(secrets_exist=secrets_exist, kernel_config_map=config_map, model_cache=cache),
+        surroundings=Surroundings(
+            secrets_exist=secrets_exist, claims_exist=claims_exist, kernel_config_map=config_map, model_cache=cache
+        ),
     )
 
 

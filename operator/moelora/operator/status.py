@@ -22,8 +22,10 @@ The operator's verdicts on a spec (Degraded=True and Progressing=False with the 
 Event; the running Deployment is left as it was): UnknownEngineFlag, ManagedEngineFlag (engineArgs sets what the
 spec sets), EngineArgValue (a value that does not fit its flag), ManagedEnvVar,
 SecretNotFound (a Secret the pod needs: spec.s3.credentialsSecret, model.tokenSecret, env or envFrom),
-ConfigMapNotFound (kernels.configMapName), PodSecurityViolation and InvalidSecurityContext (podSecurityContext or
-securityContext), ReservedPodLabel, ReservedPodAnnotation, InvalidTopologySpread,
+ConfigMapNotFound (kernels.configMapName),
+ClaimNotFound (a PersistentVolumeClaim of the user's: a pvc:// model.source or kernels.compileCache),
+PodSecurityViolation and InvalidSecurityContext (podSecurityContext or securityContext), ReservedPodLabel,
+ReservedPodAnnotation, InvalidTopologySpread,
 GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), ModelShapeUnknown (auto for a
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
 model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse),
