@@ -119,6 +119,16 @@ def test_transient_failure_is_retried_after_its_backoff() -> None:
     assert run([a], [failed], vllm(), now=151.0).prepare == [a.uid]
 
 
+def test_only_a_refusal_for_room_is_retried_early_once_it_fits() -> None:
+    a, b = desired("a"), desired("b")
+    full = record(a, Stage.FAILED, reason=FailureReason.CACHE_FULL, permanent=True, retrying=True, retry_at=150.0)
+    down = record(b, Stage.FAILED, reason=FailureReason.ENDPOINT_UNREACHABLE, permanent=False, retry_at=150.0)
+    fits = {a.uid, b.uid}  # b's size would fit too, but room is not what it waits for
+    result = plan(desired=[a, b], records={r.uid: r for r in (full, down)}, loaded=vllm(), busy=(), now=100, roomy=fits)
+    assert result.prepare == [a.uid]
+    assert run([a, b], [full, down], vllm(), now=100.0).prepare == []
+
+
 def test_vllm_down_means_no_loads_and_no_unloads() -> None:
     a, gone = desired("a"), desired("gone")
     result = run([a], [record(a, Stage.READY), record(gone, Stage.LOADED)], None)

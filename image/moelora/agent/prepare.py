@@ -86,7 +86,9 @@ class Preparer:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._reserved: dict[str, int] = {}  # version -> bytes its download may write
         self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
-        self._no_room: dict[str, tuple[str, int]] = {}  # uid -> (spec hash, bytes) of its last CacheFull refusal
+        # uid -> (spec hash, bytes, room then) of its last CacheFull refusal
+        self._no_room: dict[str, tuple[str, int, int]] = {}
+        self._room_checked = float("-inf")
 
     def protect(self, versions: set[str]) -> None:
         with self._lock:
@@ -100,6 +102,17 @@ class Preparer:
     def reserved_bytes(self) -> int:
         with self._lock:
             return sum(self._reserved.values())
+
+    def refused_with_room(self, *, now: float) -> set[str]:
+        """The adapters refused for room that fit now, the room having grown since (a delete, a failed download):
+        their retry need not wait out its backoff. Walks the cache at most once a poll, and only while any wait."""
+        with self._lock:
+            waiting = dict(self._no_room)
+        if not waiting or now < self._room_checked + self.settings.poll_seconds:
+            return set()
+        self._room_checked = now
+        room = self._room()
+        return {uid for uid, (_, size, then) in waiting.items() if then < room and size <= room}
 
     def cancel_stale(self, wanted: Mapping[str, str]) -> list[str]:
         """Cancel preparations of adapters no longer desired (uid -> spec hash), or desired with another spec;
@@ -178,7 +191,7 @@ class Preparer:
             try:
                 self._reserve(version, listing.total_bytes)
             except TransientError:
-                self._no_room[item.uid] = (item.spec_hash, listing.total_bytes)
+                self._no_room[item.uid] = (item.spec_hash, listing.total_bytes, self._room())
                 raise
             self._no_room.pop(item.uid, None)
             try:

@@ -196,6 +196,7 @@ def plan(
     loaded: Mapping[str, LoadedAdapter] | None,  # None: vLLM is down, do not touch it
     busy: Collection[str],  # uids being prepared right now
     now: float,
+    roomy: Collection[str] = (),  # uids refused for room that fit now: retried without waiting out the backoff
 ) -> Plan:
     result = Plan()
     chosen, result.conflicts = winners(desired)
@@ -211,7 +212,8 @@ def plan(
         ):
             result.prepare.append(item.uid)
         elif record.stage is Stage.FAILED:
-            if (record.retrying or not record.permanent) and now >= record.retry_at:
+            due = now >= record.retry_at or (item.uid in roomy and record.reason is FailureReason.CACHE_FULL)
+            if (record.retrying or not record.permanent) and due:
                 result.prepare.append(item.uid)
         elif record.stage in (Stage.PENDING, Stage.PREPARING):
             if now >= record.retry_at:  # deferred (its endpoint busy) until then

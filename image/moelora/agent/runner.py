@@ -136,6 +136,7 @@ class Agent:
             loaded=loaded,
             busy=set(self.busy),
             now=now,
+            roomy=self.preparer.refused_with_room(now=now),
         )
         for uid, winner in plan.conflicts.items():
             self._conflict(by_uid[uid], winner, now)
