@@ -1,124 +1,118 @@
-"""Room in the adapter cache as the loop sees it (a fake vLLM, real S3): what a delete frees, and when."""
+"""Room in the adapter cache as the loop sees it (a fake vLLM, real S3, a clock the test moves): what a delete
+frees, and when an adapter refused for room tries again."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import pathlib
+from collections.abc import Iterator
+
+import pytest
 
 from moelora.agent.metrics import Metrics
-from moelora.agent.reconcile import Stage
+from moelora.agent.reconcile import Record, Stage
 from moelora.agent.runner import Agent
 from moelora.api import FailureReason
 
 from .conftest import FakeVllm, MemoryDesired, MemoryKube, adapter_files, agent_settings, upload
 
 
-def _settle(agent: Agent) -> None:
-    """One pass, then wait for the downloads it started; the next pass takes them in and has vLLM load them."""
-    agent.step()
-    concurrent.futures.wait(list(agent.busy.values()), timeout=30)
-    agent.step()
+@dataclasses.dataclass
+class Loop:
+    """An agent whose cache has room for one of the adapters "a" and "c", not both; "a" is served."""
+
+    agent: Agent
+    desired: MemoryDesired
+    vllm: FakeVllm
+    bucket: str
+    clock: list[float]  # the agent's monotonic clock
+
+    @property
+    def now(self) -> float:
+        return self.clock[0]
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.clock[0] = value
+
+    def settle(self) -> None:
+        """One pass, then wait for the downloads it started; the next pass takes them in and has vLLM load them."""
+        self.agent.step()
+        concurrent.futures.wait(list(self.agent.busy.values()), timeout=30)
+        self.agent.step()
+
+    def put(self, name: str) -> None:
+        self.desired.put(name, {"source": {"uri": f"s3://{self.bucket}/{name}/"}})
+
+    def record(self, name: str) -> Record:
+        return self.agent.records[f"uid-{name}"]
 
 
-def test_a_deleted_adapters_files_make_room_in_the_same_pass(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> None:
-    # Room for one adapter, not two: "c" fits only by evicting "a", which vLLM served until this very pass.
-    size = sum(len(b) for b in adapter_files().values())
-    for name, seed in (("a", 1), ("c", 2)):
-        upload(s3_env, bucket, f"{name}/", adapter_files(seed=seed))
-    settings = agent_settings(tmp_path / "cache", cache_bytes=int(1.5 * size))
-    kube, desired, vllm = MemoryKube(), MemoryDesired(), FakeVllm()
-    agent = Agent(settings=settings, kube=kube, desired=desired, vllm=vllm, metrics=Metrics())  # type: ignore[arg-type]
-    try:
-        desired.synced.set()
-        desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
-        _settle(agent)
-        assert set(vllm.served) == {"a"}
-        a_version = agent.records["uid-a"].version
-
-        desired.delete("a")
-        desired.put("c", {"source": {"uri": f"s3://{bucket}/c/"}})
-        _settle(agent)
-
-        c = agent.records["uid-c"]
-        assert (c.stage, c.reason, c.attempts) == (Stage.LOADED, None, 0)  # no CacheFull turn on the way
-        assert set(vllm.served) == {"c"}
-        entries = {p.name for p in settings.cache_dir.iterdir() if not p.name.startswith(".")}
-        assert entries == {c.version} and a_version not in entries
-    finally:
-        agent.stop()
-
-
-def test_an_adapter_refused_for_room_retries_within_a_poll_once_a_delete_makes_room(
-    s3_env: str, bucket: str, tmp_path: pathlib.Path
-) -> None:
+@pytest.fixture
+def loop(s3_env: str, bucket: str, tmp_path: pathlib.Path) -> Iterator[Loop]:
     size = sum(len(b) for b in adapter_files().values())
     for name, seed in (("a", 1), ("c", 2)):
         upload(s3_env, bucket, f"{name}/", adapter_files(seed=seed))
     settings = agent_settings(tmp_path / "cache", cache_bytes=int(1.5 * size), poll_seconds=1.0)
-    kube, desired, vllm, clock = MemoryKube(), MemoryDesired(), FakeVllm(), [1000.0]
+    desired, vllm, clock = MemoryDesired(), FakeVllm(), [1000.0]
     agent = Agent(
         settings=settings,
-        kube=kube,
+        kube=MemoryKube(),
         desired=desired,
         vllm=vllm,  # type: ignore[arg-type]
         metrics=Metrics(),
         monotonic=lambda: clock[0],
     )
-    try:
-        desired.synced.set()
-        desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
-        _settle(agent)
-        desired.put("c", {"source": {"uri": f"s3://{bucket}/c/"}})
-        c = None
-        for _ in range(6):  # "a" is served, so "c" is refused again and again: its backoff grows to half a minute
-            if c is not None:
-                clock[0] = c.retry_at
-            _settle(agent)
-            c = agent.records["uid-c"]
-            assert (c.stage, c.reason) == (Stage.FAILED, FailureReason.CACHE_FULL)
-        assert c is not None and c.retry_at - clock[0] >= 16.0
-
-        desired.delete("a")
-        agent.step()  # unloads "a": its files may go
-        clock[0] += settings.poll_seconds
-        _settle(agent)
-        assert clock[0] < c.retry_at  # well before its backoff ends ...
-        assert agent.records["uid-c"].stage is Stage.LOADED and set(vllm.served) == {"c"}  # ... it is served
-    finally:
-        agent.stop()
+    state = Loop(agent=agent, desired=desired, vllm=vllm, bucket=bucket, clock=clock)
+    desired.synced.set()
+    state.put("a")
+    state.settle()
+    assert set(vllm.served) == {"a"}
+    yield state
+    agent.stop()
 
 
-def test_a_refused_adapter_keeps_to_its_backoff_while_nothing_makes_room(
-    s3_env: str, bucket: str, tmp_path: pathlib.Path
-) -> None:
-    size = sum(len(b) for b in adapter_files().values())
-    for name, seed in (("a", 1), ("c", 2)):
-        upload(s3_env, bucket, f"{name}/", adapter_files(seed=seed))
-    settings = agent_settings(tmp_path / "cache", cache_bytes=int(1.5 * size), poll_seconds=0.1)
-    kube, desired, vllm, clock = MemoryKube(), MemoryDesired(), FakeVllm(), [1000.0]
-    agent = Agent(
-        settings=settings,
-        kube=kube,
-        desired=desired,
-        vllm=vllm,  # type: ignore[arg-type]
-        metrics=Metrics(),
-        monotonic=lambda: clock[0],
-    )
-    try:
-        desired.synced.set()
-        desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
-        _settle(agent)
-        desired.put("c", {"source": {"uri": f"s3://{bucket}/c/"}})
-        _settle(agent)
-        early = 0
-        for _ in range(30):  # passes every 0.2 s: many before each retry is due, a few after
-            c = agent.records["uid-c"]
-            due, attempts = c.retry_at, c.attempts
-            clock[0] += 0.2
-            _settle(agent)
-            if clock[0] < due:
-                early += 1
-                assert agent.records["uid-c"].attempts == attempts  # not retried before its time
-        assert early >= 10 and agent.records["uid-c"].reason is FailureReason.CACHE_FULL
-    finally:
-        agent.stop()
+def test_a_deleted_adapters_files_make_room_in_the_same_pass(loop: Loop) -> None:
+    a_version = loop.record("a").version
+    loop.desired.delete("a")
+    loop.put("c")
+    loop.settle()
+
+    c = loop.record("c")
+    assert (c.stage, c.reason, c.attempts) == (Stage.LOADED, None, 0)  # no CacheFull turn on the way
+    assert set(loop.vllm.served) == {"c"}
+    cache = loop.agent.settings.cache_dir
+    assert {p.name for p in cache.iterdir() if not p.name.startswith(".")} == {c.version} != {a_version}
+
+
+def test_an_adapter_refused_for_room_retries_within_a_poll_once_a_delete_makes_room(loop: Loop) -> None:
+    loop.put("c")
+    loop.settle()
+    for _ in range(5):  # "a" is served, so "c" is refused again and again: its backoff grows to half a minute
+        loop.now = loop.record("c").retry_at
+        loop.settle()
+        assert (loop.record("c").stage, loop.record("c").reason) == (Stage.FAILED, FailureReason.CACHE_FULL)
+    retry_at = loop.record("c").retry_at
+    assert retry_at - loop.now >= 16.0
+
+    loop.desired.delete("a")
+    loop.agent.step()  # unloads "a": its files may go
+    loop.now += loop.agent.settings.poll_seconds
+    loop.settle()
+    assert loop.now < retry_at  # well before its backoff ends ...
+    assert loop.record("c").stage is Stage.LOADED and set(loop.vllm.served) == {"c"}  # ... it is served
+
+
+def test_a_refused_adapter_keeps_to_its_backoff_while_nothing_makes_room(loop: Loop) -> None:
+    loop.put("c")
+    loop.settle()
+    early = 0
+    for _ in range(30):  # passes 0.2 s apart: many before each retry is due, a few after
+        due, attempts = loop.record("c").retry_at, loop.record("c").attempts
+        loop.now += 0.2
+        loop.settle()
+        if loop.now < due:
+            early += 1
+            assert loop.record("c").attempts == attempts  # not retried before its time
+    assert early >= 10 and loop.record("c").reason is FailureReason.CACHE_FULL
