@@ -180,3 +180,19 @@ def test_a_taken_leader_worker_set_name_keeps_the_deployment(
     _, problem = model_servers.apply_children(api=None, children=children, owner=owner)  # type: ignore[arg-type]
     assert problem is not None and problem.reason == "NameTaken"
     assert "Deployment" not in deleted
+
+
+def test_leaders_and_workers_share_the_compile_cache_claim(settings: Settings) -> None:
+    lws = render(settings, kernels={"compileCache": {"claimName": "compiled"}})["LeaderWorkerSet"]
+    group = lws["spec"]["leaderWorkerTemplate"]
+    subpaths = set()
+    for template in (group["leaderTemplate"], group["workerTemplate"]):  # workers compile too: Ray runs vLLM there
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["compile-cache"]["persistentVolumeClaim"] == {"claimName": "compiled"}
+        vllm = containers(template)["vllm"]
+        (mount,) = [m for m in vllm["volumeMounts"] if m["name"] == "compile-cache"]
+        subpaths.add(mount["subPath"])
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        assert env["TRITON_CACHE_DIR"].startswith(mount["mountPath"])
+        assert env["VLLM_CACHE_ROOT"].startswith(mount["mountPath"])
+    assert len(subpaths) == 1  # one image, one directory
