@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import re
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping
@@ -53,11 +54,24 @@ def _expired(message: str) -> dict[str, Any]:
     return {"type": "ERROR", "object": {**status, "code": 410, "message": message}}
 
 
-class _FastDispatch(kmock.KubernetesScaffold):
-    """Serve plain object requests straight from the emulator's handlers.
+# kmock's discovery fallbacks, by path: (pattern, the scaffold's method serving it).
+_DISCOVERY = (
+    (re.compile(r"/apis/[^/]+/[^/]+"), "_serve_version"),
+    (re.compile(r"/apis/[^/]+"), "_serve_group"),
+    (re.compile(r"/api/[^/]+"), "_serve_version"),
+    (re.compile(r"/version"), "_serve_server_version"),
+    (re.compile(r"/apis"), "_serve_apis"),
+    (re.compile(r"/api"), "_serve_api"),
+    (re.compile(r"/"), "_serve_root"),
+)
 
-    kmock matches every request against its DSL reactions, which is slow; with no reactions of our own only its
-    fallbacks would match, so object requests go to them directly (discovery still takes the DSL path).
+
+class _FastDispatch(kmock.KubernetesScaffold):
+    """Serve object and discovery requests straight from the emulator's handlers.
+
+    kmock matches every request against its DSL reactions, and the matching walks every request served so far, so
+    it slows as a run goes on (a discovery request took seconds in the operator chaos run). With no reactions of our
+    own only kmock's fallbacks would match, so these requests go to them directly; anything else takes the DSL path.
     Placed between KubernetesEmulator and KubernetesScaffold in the MRO, below the emulator's state tracking.
     """
 
@@ -74,11 +88,18 @@ class _FastDispatch(kmock.KubernetesScaffold):
                 kmock_enums.action.DELETE: "_serve_delete",
             }.get(request.action)
             if request.resource is not None and request.resource.plural
-            else None
+            else _discovery(request)
         )
         if serve is None:
             return await super()._handle(request)
         return await kmock_rendering.Response(payload=getattr(self, serve))(request)
+
+
+def _discovery(request: kmock_rendering.Request) -> str | None:
+    """The discovery method serving a GET of `request`'s path, as kmock's fallbacks route it; None for others."""
+    if request.method != kmock_enums.method.GET:
+        return None
+    return next((serve for pattern, serve in _DISCOVERY if pattern.fullmatch(request.url.path)), None)
 
 
 @attrs.define(kw_only=True)
