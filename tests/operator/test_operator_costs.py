@@ -156,3 +156,40 @@ async def test_recounts_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) 
     )
     memo.executor.shutdown()
     assert len(seen) <= 2 and seen[-1] == dict.fromkeys(names, "Failed")
+
+
+async def test_a_servers_adapters_are_rejudged_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod event's re-judgement patches a server's adapters concurrently, never more than ROLLUP_CONCURRENCY at
+    once (the executor stays open to other handlers), and reports each adapter's new phase."""
+    import concurrent.futures
+    import threading
+
+    from moelora.operator import lora_adapters
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
+
+    key = ("ns", "srv")
+    names = [f"a{i}" for i in range(40)]
+    meta = {"namespace": "ns", "resourceVersion": "1"}
+    entries = [AdapterEntry(name=name, phase="Pending", body={"metadata": {**meta, "name": name}}) for name in names]
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def fake_rollup(*, memo: Context, body: dict, server_exists: bool, pods: dict) -> str | None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return "Loaded" if int(body["metadata"]["name"][1:]) % 2 else None
+
+    monkeypatch.setattr(lora_adapters, "rollup_adapter", fake_rollup)
+    monkeypatch.setattr(lora_adapters, "resolve_pods", lambda **_: {})
+    executor = concurrent.futures.ThreadPoolExecutor(16)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=executor)
+    phases = await lora_adapters.rollup_server_adapters(
+        memo=memo, key=key, adapters=entries, server_exists=True, pods={"srv-0": True}
+    )
+    executor.shutdown()
+    assert phases == {name: "Loaded" for name in names if int(name[1:]) % 2}
+    assert peak[0] == lora_adapters.ROLLUP_CONCURRENCY

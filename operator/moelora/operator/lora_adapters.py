@@ -6,6 +6,7 @@ A phase change also reconciles the server at once, so its adapter counts follow 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 from collections.abc import Collection, Mapping
@@ -19,6 +20,9 @@ from moelora.api import AdapterSource, S3Spec
 from moelora.operator import apply, events, indexes, metrics, model_servers, naming, policy, status
 from moelora.operator.context import Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
+
+# Status patches of one server's adapters in flight at once (the executor has 16 threads for every handler).
+ROLLUP_CONCURRENCY = 8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -157,21 +161,27 @@ def observe_and_rollup(
     return rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods=observed)
 
 
-def rollup_server_adapters(
+async def rollup_server_adapters(
     *, memo: Context, key: ServerKey, adapters: list[AdapterEntry], server_exists: bool, pods: Mapping[str, bool]
 ) -> dict[str, str]:
     """Re-judge every adapter of one server from the index's copies; the new phase of each whose phase changed.
-    API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter that changed."""
+    API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter that changed. The
+    patches run `ROLLUP_CONCURRENCY` at a time on the executor: one after another, a server's thousand adapters
+    would wait a thousand round trips; more at once would leave the executor no thread for other handlers."""
     bodies = [freshest(memo, entry.body) for entry in adapters if entry.body is not None and not _deleting(entry.body)]
     missing = set().union(*map(named_pods, bodies)) - set(pods)
-    resolved = resolve_pods(api=memo.api, namespace=key[0], server=key[1], names=missing)
-    new_phases = {}
-    for body in bodies:
+    resolved = await memo.call(resolve_pods, api=memo.api, namespace=key[0], server=key[1], names=missing)
+    slots = asyncio.Semaphore(ROLLUP_CONCURRENCY)
+
+    async def one(body: Mapping[str, Any]) -> str | None:
         own = {pod: ready for pod, ready in resolved.items() if pod in named_pods(body)}
-        phase = rollup_adapter(memo=memo, body=body, server_exists=server_exists, pods={**pods, **own})
-        if phase:
-            new_phases[body["metadata"]["name"]] = phase
-    return new_phases
+        async with slots:
+            return await memo.call(
+                rollup_adapter, memo=memo, body=body, server_exists=server_exists, pods={**pods, **own}
+            )
+
+    phases = await asyncio.gather(*(one(body) for body in bodies))
+    return {body["metadata"]["name"]: phase for body, phase in zip(bodies, phases, strict=True) if phase}
 
 
 def _deleting(body: Mapping[str, Any]) -> bool:
@@ -218,8 +228,7 @@ async def _rejudge_server_adapters(
     pods_index: indexes.PodsIndex,
 ) -> None:
     servers = indexes.servers(model_servers_index, key)
-    new_phases = await memo.call(
-        rollup_server_adapters,
+    new_phases = await rollup_server_adapters(
         memo=memo,
         key=key,
         adapters=indexes.adapters(adapters_index, key),
