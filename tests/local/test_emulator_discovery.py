@@ -7,7 +7,7 @@ import kmock
 import pytest
 
 from moelora.local.apiserver import KubeAPI, Rest
-from moelora.local.apiserver import emulator as emulator_module
+from moelora.local.apiserver import dispatch as emulator_module
 
 PATHS = ["/", "/api", "/api/v1", "/apis", "/apis/moelora.io", "/apis/moelora.io/v1alpha1", "/apis/apps/v1", "/version"]
 

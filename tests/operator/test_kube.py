@@ -71,8 +71,10 @@ def test_status_subresource_is_separate(kube: KubeAPI) -> None:
         "-p",
         '{"spec": {"replicas": 5}, "status": {"readyReplicas": 1}}',
     )
-    obj = kube.get(MS, "k", "sub")
-    assert obj["status"]["readyReplicas"] == 1 and obj["spec"]["replicas"] == 2  # /status writes only status
+    written = kube.get(MS, "k", "sub")
+    assert written["status"]["readyReplicas"] == 1 and written["spec"]["replicas"] == 2  # /status writes only status
+    # A status write is a write: a new resourceVersion (the operator orders its own status writes by it).
+    assert int(written["metadata"]["resourceVersion"]) > int(obj["metadata"]["resourceVersion"])
 
 
 def test_invalid_objects_are_refused_with_422(kube: KubeAPI) -> None:

@@ -13,7 +13,7 @@ What `Emulator` adds to kmock 0.8:
 - the scale subresource of our ModelServer (autoscaling/v1 Scale on /scale: `kubectl scale`, HPAs);
 - kubectl get's server-side printing: Tables with our CRDs' printer columns (`tables`, `printers`); OpenAPI v3 for
   kubectl explain and for strict field validation, unknown fields refused with 400 BadRequest (`openapi`);
-- speed: object requests skip kmock's reaction matching, which is slow per request.
+- speed: object and discovery requests skip kmock's reaction matching (`dispatch`), which slows as requests pile up.
 Still missing (do not lean on it): resourceVersion conflicts (optimistic locking), PUT, strategic-merge list merging
 (lists are replaced), server-side apply field ownership, admission/defaulting of built-in kinds, the Namespace
 resource, any controller (Deployments get no ReplicaSets or pods; moelora.local.kubelet plays that part).
@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-import re
 import secrets
 import uuid
 from collections.abc import Iterator, Mapping
@@ -41,6 +40,7 @@ from kmock._internal import rendering as kmock_rendering
 from moelora.api.crd import custom_resource_definitions
 from moelora.local.apiserver import selectors
 from moelora.local.apiserver.crds import crd_resources
+from moelora.local.apiserver.dispatch import FastDispatch
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
@@ -54,56 +54,8 @@ def _expired(message: str) -> dict[str, Any]:
     return {"type": "ERROR", "object": {**status, "code": 410, "message": message}}
 
 
-# kmock's discovery fallbacks, by path: (pattern, the scaffold's method serving it).
-_DISCOVERY = (
-    (re.compile(r"/apis/[^/]+/[^/]+"), "_serve_version"),
-    (re.compile(r"/apis/[^/]+"), "_serve_group"),
-    (re.compile(r"/api/[^/]+"), "_serve_version"),
-    (re.compile(r"/version"), "_serve_server_version"),
-    (re.compile(r"/apis"), "_serve_apis"),
-    (re.compile(r"/api"), "_serve_api"),
-    (re.compile(r"/"), "_serve_root"),
-)
-
-
-class _FastDispatch(kmock.KubernetesScaffold):
-    """Serve object and discovery requests straight from the emulator's handlers.
-
-    kmock matches every request against its DSL reactions, and the matching walks every request served so far, so
-    it slows as a run goes on (a discovery request took seconds in the operator chaos run). With no reactions of our
-    own only kmock's fallbacks would match, so these requests go to them directly; anything else takes the DSL path.
-    Placed between KubernetesEmulator and KubernetesScaffold in the MRO, below the emulator's state tracking.
-    """
-
-    __slots__ = ()
-
-    async def _handle(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
-        serve = (
-            {
-                kmock_enums.action.LIST: "_serve_list",
-                kmock_enums.action.WATCH: "_serve_watch",
-                kmock_enums.action.FETCH: "_serve_fetch",
-                kmock_enums.action.CREATE: "_serve_create",
-                kmock_enums.action.UPDATE: "_serve_update",
-                kmock_enums.action.DELETE: "_serve_delete",
-            }.get(request.action)
-            if request.resource is not None and request.resource.plural
-            else _discovery(request)
-        )
-        if serve is None:
-            return await super()._handle(request)
-        return await kmock_rendering.Response(payload=getattr(self, serve))(request)
-
-
-def _discovery(request: kmock_rendering.Request) -> str | None:
-    """The discovery method serving a GET of `request`'s path, as kmock's fallbacks route it; None for others."""
-    if request.method != kmock_enums.method.GET:
-        return None
-    return next((serve for pattern, serve in _DISCOVERY if pattern.fullmatch(request.url.path)), None)
-
-
 @attrs.define(kw_only=True)
-class Emulator(kmock.KubernetesEmulator, _FastDispatch):
+class Emulator(kmock.KubernetesEmulator, FastDispatch):
     """kmock's emulator with server-filled metadata, status subresource, schema checks, GC and kubectl fixes."""
 
     validate: bool = True
@@ -213,8 +165,8 @@ class Emulator(kmock.KubernetesEmulator, _FastDispatch):
             new = copy.deepcopy(old)
             set_path(new, self._scales[request.resource]["specReplicasPath"], replicas)
         elif info is not None and "status" in info.subresources:
-            if request.subresource == "status":
-                new = {**old, "status": new.get("status")}
+            if request.subresource == "status":  # its own metadata: a shared one would hide the version bump below
+                new = {**old, "metadata": dict(old.get("metadata") or {}), "status": new.get("status")}
                 if new["status"] is None:
                     del new["status"]
             else:
