@@ -129,6 +129,12 @@ def test_adapter_phase_and_server_counts_roll_up(kube: KubeAPI) -> None:
     assert gone["status"] == "False" and kube.get(LORA, ns, "support-bot")["status"]["phase"] == "Failed"
 
 
+def _stored(name: str, *, version: int, phase: str = "Pending") -> dict:
+    """An adapter as the API server holds it (what the index keeps as an entry's body)."""
+    meta = {"name": name, "namespace": "ns", "resourceVersion": str(version)}
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
 async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two adapters fail at once; the index has seen neither write yet. Whichever reconcile runs last must count
     both: it reads the phases under the server's lock, with every phase the operator has written so far."""
@@ -141,7 +147,7 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
     from moelora.operator.indexes import AdapterEntry
 
     key = ("ns", "srv")
-    index = {key: [AdapterEntry(name="a", phase="Pending"), AdapterEntry(name="b", phase="Pending")]}
+    index = {key: [AdapterEntry(name=name, phase="Pending", body=_stored(name, version=1)) for name in ("a", "b")]}
     seen: list[dict[str, str]] = []
     first_started, release_first = threading.Event(), threading.Event()
 
@@ -153,15 +159,51 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
+    memo.written_statuses[("ns", "a")] = (2, {"phase": "Failed"})  # as rollup_adapter records its write
     first = asyncio.create_task(
-        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"a": "Failed"})
+        lora_adapters.recount(memo=memo, servers=[key], adapters_index=index, new_phases={"a": "Failed"})
     )
     await asyncio.get_running_loop().run_in_executor(None, first_started.wait, 5)
+    memo.written_statuses[("ns", "b")] = (3, {"phase": "Failed"})
     second = asyncio.create_task(
-        lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={"b": "Failed"})
+        lora_adapters.recount(memo=memo, servers=[key], adapters_index=index, new_phases={"b": "Failed"})
     )
     await asyncio.sleep(0.05)
     release_first.set()
     await asyncio.gather(first, second)
     memo.executor.shutdown()
     assert seen[-1] == {"a": "Failed", "b": "Failed"}, seen
+
+
+def test_the_later_status_write_counts_whichever_finishes_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two roll-ups of one adapter in flight (a pod event's re-judgement and the adapter's own event): the one the
+    API server stored later decides the phase a recount reads, even when the earlier one finishes last; once the
+    index holds a copy at least as new as the write, the index decides."""
+    import concurrent.futures
+
+    from moelora.operator import apply, events, indexes, lora_adapters
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
+
+    key = ("ns", "srv")
+    stored_as = {"Failed": 12, "Loaded": 10}  # the Failed write reached the API server after the Loaded one
+
+    def fake_patch(*, api, plural, namespace, name, status):
+        return {"metadata": {"name": name, "resourceVersion": str(stored_as[status["phase"]])}, "status": status}
+
+    monkeypatch.setattr(lora_adapters, "render_status_patch", lambda observation, now: dict(observation.body["want"]))
+    monkeypatch.setattr(apply, "patch_status", fake_patch)
+    monkeypatch.setattr(events, "adapter_transition", lambda old, patch: None)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(1))
+    for phase in ("Failed", "Loaded"):  # the later write's roll-up finishes first
+        body = {**_stored("a", version=5), "want": {"phase": phase}}
+        lora_adapters.rollup_adapter(memo=memo, body=body, server_exists=False, pods={})
+    memo.executor.shutdown()
+
+    def phase_with_index_at(version: int, phase: str) -> str:
+        index = {key: [AdapterEntry(name="a", phase=phase, body=_stored("a", version=version, phase=phase))]}
+        return indexes.adapter_phases(memo, index, key)[0].phase
+
+    assert phase_with_index_at(5, "Pending") == "Failed"
+    assert phase_with_index_at(11, "Loaded") == "Failed"
+    assert phase_with_index_at(13, "Ready") == "Ready"

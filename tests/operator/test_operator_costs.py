@@ -139,7 +139,10 @@ async def test_recounts_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) 
 
     key = ("ns", "srv")
     names = [f"a{i}" for i in range(100)]
-    index = {key: [AdapterEntry(name=name, phase="Pending") for name in names]}
+    meta = {"namespace": "ns", "resourceVersion": "1"}
+    index = {
+        key: [AdapterEntry(name=name, phase="Pending", body={"metadata": {**meta, "name": name}}) for name in names]
+    }
     seen: list[dict[str, str]] = []
 
     def fake_reconcile(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry]) -> None:
@@ -148,9 +151,11 @@ async def test_recounts_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
+    for name in names:  # as rollup_adapter records each write
+        memo.written_statuses[("ns", name)] = (2, {"phase": "Failed"})
     await asyncio.gather(
         *(
-            lora_adapters.recount(memo=memo, key=key, servers=[key], adapters_index=index, new_phases={name: "Failed"})
+            lora_adapters.recount(memo=memo, servers=[key], adapters_index=index, new_phases={name: "Failed"})
             for name in names
         )
     )

@@ -10,6 +10,7 @@ import dataclasses
 import datetime
 import functools
 import pathlib
+import threading
 from collections.abc import Callable
 from importlib.resources.abc import Traversable
 from typing import Any, ParamSpec, TypeVar
@@ -34,9 +35,15 @@ def wall_clock() -> datetime.datetime:
     return datetime.datetime.now(tz=datetime.UTC).replace(microsecond=0)
 
 
+# Threads doing blocking API work for the handlers, and as many pooled connections (the client's default pool is
+# 5 per CPU, so on a small node threads beyond it opened and dropped a connection per request).
+API_THREADS = 16
+
+
 def kube_configuration(settings: Settings) -> kubernetes.client.Configuration:
     """The API client configuration: in-cluster service account, else the kubeconfig. Touches no global state."""
     configuration = kubernetes.client.Configuration()
+    configuration.connection_pool_maxsize = API_THREADS
     if settings.kubeconfig is None:
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
@@ -60,15 +67,12 @@ class Context:
     locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
-    # Server -> {adapter: the phase this operator last wrote}; see indexes.adapter_phases.
-    written_phases: collections.defaultdict[ServerKey, dict[str, str]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(dict)
-    )
     # Server -> its pods -> ready when its adapters were last re-judged for a pod event; see lora_adapters.pod_event.
     judged_pods: dict[ServerKey, dict[str, bool]] = dataclasses.field(default_factory=dict)
-    # (namespace, adapter) -> (resourceVersion, status) of this operator's last status write; see
-    # lora_adapters.freshest.
+    # (namespace, adapter) -> (resourceVersion, status) of this operator's latest status write; see
+    # lora_adapters.freshest and indexes.adapter_phases. Written from the executor's threads under its lock.
     written_statuses: dict[ServerKey, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    written_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
     recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
 
@@ -109,7 +113,7 @@ class Context:
             settings=settings,
             kernel_bundle=bundle,
             api=kubernetes.client.ApiClient(kube_configuration(settings)),
-            executor=concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="moelora-api"),
+            executor=concurrent.futures.ThreadPoolExecutor(max_workers=API_THREADS, thread_name_prefix="moelora-api"),
         )
 
     def close(self) -> None:

@@ -157,16 +157,25 @@ def served_adapters(entries: list[AdapterEntry]) -> frozenset[str]:
     return frozenset(entry.served or entry.name for entry in entries if entry.phase != "Failed")
 
 
+def resource_version(body: Mapping[str, Any]) -> int:
+    """The object's resourceVersion as the integer every API server issues (an etcd revision); 0 when it is not one."""
+    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
+    return int(value) if value.isdigit() else 0
+
+
 def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:
-    """A server's adapters with their latest phases: the index's, except where this operator has written a newer
-    phase whose watch event has not come back yet (the index learns a write only then). Without this, two adapters
-    failing at once could each be counted from an index that lacks the other, and the last status write would
-    keep the stale count until the next resync: nothing else prompts a recount once the events have come back."""
-    written = memo.written_phases[key]
-    entries = adapters(index, key)
-    for gone in set(written) - {entry.name for entry in entries}:
-        del written[gone]
-    return [entry._replace(phase=written[entry.name]) if entry.name in written else entry for entry in entries]
+    """A server's adapters with their latest phases: the index's, except where this operator's last status write
+    (lora_adapters.rollup_adapter) is newer than the index's copy, whose watch event has not come back yet. Without
+    this, two adapters failing at once could each be counted from an index that lacks the other, and the last
+    status write would keep the stale count until the next resync. Judged by resourceVersion, so a write that
+    finished late but was made earlier (two roll-ups of one adapter in flight) never hides the later one."""
+    phased = []
+    for entry in adapters(index, key):
+        written = memo.written_statuses.get((key[0], entry.name))
+        if written is not None and entry.body is not None and written[0] > resource_version(entry.body):
+            entry = entry._replace(phase=written[1].get("phase") or entry.phase)
+        phased.append(entry)
+    return phased
 
 
 def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> tuple[int, int]:

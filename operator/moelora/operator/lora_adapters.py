@@ -18,11 +18,11 @@ import pydantic
 
 from moelora.api import AdapterSource, S3Spec
 from moelora.operator import apply, events, indexes, metrics, model_servers, naming, policy, status
-from moelora.operator.context import Context, ServerKey, wall_clock
+from moelora.operator.context import API_THREADS, Context, ServerKey, wall_clock
 from moelora.operator.indexes import AdapterEntry
 
-# Status patches of one server's adapters in flight at once (the executor has 16 threads for every handler).
-ROLLUP_CONCURRENCY = 8
+# Status patches of one server's adapters in flight at once: half the executor's threads, the rest for other handlers.
+ROLLUP_CONCURRENCY = API_THREADS // 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,11 +79,6 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
     )
 
 
-def _version(body: Mapping[str, Any]) -> int:
-    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
-    return int(value) if value.isdigit() else 0
-
-
 def freshest(memo: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
     """The adapter with the status this operator last wrote, where that write is newer than `body` (an event or
     index copy from before the write's watch event came back); judged from the older copy, the roll-up would write
@@ -95,9 +90,11 @@ def freshest(memo: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
     if written is None:
         return body
     version, written_status = written
-    if version > _version(body):
+    if version > indexes.resource_version(body):
         return {**body, "status": written_status}
-    memo.written_statuses.pop(key, None)
+    with memo.written_lock:  # unless a later write has replaced it meanwhile
+        if memo.written_statuses.get(key) == written:
+            del memo.written_statuses[key]
     return body
 
 
@@ -138,8 +135,11 @@ def rollup_adapter(
     stored = apply.patch_status(
         api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
     )
-    if stored is not None and _version(stored):
-        memo.written_statuses[(meta["namespace"], meta["name"])] = (_version(stored), stored.get("status") or {})
+    if stored is not None and (version := indexes.resource_version(stored)):
+        key = (meta["namespace"], meta["name"])
+        with memo.written_lock:  # two roll-ups of one adapter may finish out of order: keep the later write
+            if version > memo.written_statuses.get(key, (0, {}))[0]:
+                memo.written_statuses[key] = (version, stored.get("status") or {})
     emission = events.adapter_transition(body.get("status") or {}, patch)
     if stored is not None and emission is not None:
         memo.events.record(api=memo.api, involved=events.adapter_reference(meta), emission=emission, now=wall_clock())
@@ -191,13 +191,12 @@ def _deleting(body: Mapping[str, Any]) -> bool:
 async def recount(
     *,
     memo: Context,
-    key: ServerKey,
     servers: list[ServerKey],
     adapters_index: indexes.AdaptersIndex,
     new_phases: Mapping[str, str],
 ) -> None:
     """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
-    new phases already: see indexes.adapter_phases).
+    phases just written, which the index may not have yet: see indexes.adapter_phases).
 
     Coalesced: while one recount of a server waits for its lock, later ones return at once, because the waiting
     one reads every phase written before it gets the lock. Hundreds of adapters changing phase together then cost
@@ -205,7 +204,6 @@ async def recount(
     processing of their next events, and with it the adapters' index)."""
     if not new_phases:
         return
-    memo.written_phases[key].update(new_phases)
     for server in servers:
         if server in memo.recounts_waiting:
             continue
@@ -235,7 +233,7 @@ async def _rejudge_server_adapters(
         server_exists=bool(servers),
         pods=indexes.pods(pods_index, key),
     )
-    await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
+    await recount(memo=memo, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
 async def regrant_secrets(
@@ -275,7 +273,7 @@ async def adapter_changed(
     new_phase = await memo.call(observe_and_rollup, memo=memo, body=dict(body), server_exists=bool(servers), pods=pods)
     if new_phase:
         new_phases = {body["metadata"]["name"]: new_phase}
-        await recount(memo=memo, key=key, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
+        await recount(memo=memo, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
 async def pod_event(
