@@ -136,7 +136,7 @@ def _stored(name: str, *, version: int, phase: str = "Pending") -> dict:
 
 
 async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two adapters fail at once; the index has seen neither write yet. Whichever reconcile runs last must count
+    """Two adapters fail at once; the index has seen neither write yet. Whichever count write runs last must count
     both: it reads the phases under the server's lock, with every phase the operator has written so far."""
     import asyncio
     import concurrent.futures
@@ -151,13 +151,13 @@ async def test_concurrent_phase_changes_are_all_counted(monkeypatch: pytest.Monk
     seen: list[dict[str, str]] = []
     first_started, release_first = threading.Event(), threading.Event()
 
-    def fake_reconcile(*, memo, key, adapters):  # holds the lock until the second recount is queued behind it
+    def fake_write_counts(*, memo, key, adapters):  # holds the lock until the second recount is queued behind it
         seen.append({entry.name: entry.phase for entry in adapters})
         if len(seen) == 1:
             first_started.set()
             release_first.wait(5)
 
-    monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
+    monkeypatch.setattr(model_servers, "write_counts", fake_write_counts)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
     memo.written_statuses[("ns", "a")] = (2, {"phase": "Failed"})  # as rollup_adapter records its write
     first = asyncio.create_task(
@@ -207,3 +207,27 @@ def test_the_later_status_write_counts_whichever_finishes_last(monkeypatch: pyte
     assert phase_with_index_at(5, "Pending") == "Failed"
     assert phase_with_index_at(11, "Loaded") == "Failed"
     assert phase_with_index_at(13, "Ready") == "Ready"
+
+
+def test_a_recount_writes_only_the_counts_and_only_when_they_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter's phase change rewrites `status.adapters` alone: one read of the server, no child read, and no
+    write when the counts are already right."""
+    import concurrent.futures
+
+    from moelora.operator import apply, model_servers
+    from moelora.operator.context import Context
+    from moelora.operator.indexes import AdapterEntry
+
+    stored = {"metadata": {"name": "srv", "namespace": "ns"}, "status": {"adapters": {"desired": 2, "loaded": 1}}}
+    reads: list[str] = []
+    writes: list[dict] = []
+    monkeypatch.setattr(apply, "get_model_server", lambda **kw: reads.append(kw["name"]) or stored)
+    monkeypatch.setattr(apply, "patch_status", lambda **kw: writes.append(kw["status"]) or stored)
+    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(1))
+    memo.executor.shutdown()
+    phases = [AdapterEntry(name="a", phase="Loaded"), AdapterEntry(name="b", phase="Failed")]
+    model_servers.write_counts(memo=memo, key=("ns", "srv"), adapters=phases)
+    assert writes == [{"adapters": {"desired": 2, "loaded": 1, "failed": 1}}] and reads == ["srv"]
+    stored["status"]["adapters"] = writes[0]["adapters"]
+    model_servers.write_counts(memo=memo, key=("ns", "srv"), adapters=phases)
+    assert len(writes) == 1 and reads == ["srv", "srv"]

@@ -75,6 +75,8 @@ class Context:
     written_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
     recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
+    # Servers with a Secret regrant waiting for their lock; see lora_adapters.regrant_secrets.
+    regrants_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
 
     # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
     written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(

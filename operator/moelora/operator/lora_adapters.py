@@ -1,7 +1,7 @@
 """LoRAAdapter handlers: the operator's share of an adapter's status, rolled up from the per-pod states its server's
 agents write, whenever the adapter, a server pod, or the server changes.
 
-A phase change also reconciles the server at once, so its adapter counts follow without waiting for a resync.
+A phase change also rewrites the server's adapter counts at once, so they follow without waiting for a resync.
 """
 
 from __future__ import annotations
@@ -195,12 +195,12 @@ async def recount(
     adapters_index: indexes.AdaptersIndex,
     new_phases: Mapping[str, str],
 ) -> None:
-    """Reconcile the servers whose adapters just changed phase, so their adapter counts follow at once (with the
+    """Rewrite the adapter counts of the servers whose adapters just changed phase, so they follow at once (with the
     phases just written, which the index may not have yet: see indexes.adapter_phases).
 
     Coalesced: while one recount of a server waits for its lock, later ones return at once, because the waiting
     one reads every phase written before it gets the lock. Hundreds of adapters changing phase together then cost
-    a couple of reconciles instead of one each, and their handlers do not queue on the lock (which held back kopf's
+    a couple of count writes instead of one each, and their handlers do not queue on the lock (which held back kopf's
     processing of their next events, and with it the adapters' index)."""
     if not new_phases:
         return
@@ -212,7 +212,7 @@ async def recount(
             async with memo.locks[server]:
                 memo.recounts_waiting.discard(server)  # from here on, phases are read: later ones need a recount
                 adapters = indexes.adapter_phases(memo, adapters_index, server)
-                await memo.call(model_servers.reconcile, memo=memo, key=server, adapters=adapters)
+                await memo.call(model_servers.write_counts, memo=memo, key=server, adapters=adapters)
         finally:
             memo.recounts_waiting.discard(server)
 
@@ -240,11 +240,21 @@ async def regrant_secrets(
     *, memo: Context, namespace: str, servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex
 ) -> None:
     """Reconcile the servers of the namespace whose adapters now name other Secrets than their Role grants (an
-    adapter added, deleted, moved to another server, or naming another Secret), so the Role follows at once."""
+    adapter added, deleted, moved to another server, or naming another Secret), so the Role follows at once.
+    Coalesced as recounts are: while one waits for the server's lock, the others go on at once, because the waiting
+    one reads the adapters when it gets the lock. Before a server's first reconcile in this process nothing is
+    granted yet, so after a restart every adapter event queued a whole reconcile ahead of its own roll-up."""
     for key in [key for key in servers_index if key[0] == namespace]:
         wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
-        if wanted != memo.granted_secrets.get(key, frozenset()):
-            await model_servers.reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
+        if wanted == memo.granted_secrets.get(key, frozenset()) or key in memo.regrants_waiting:
+            continue
+        memo.regrants_waiting.add(key)
+        try:
+            async with memo.locks[key]:
+                memo.regrants_waiting.discard(key)  # from here on, the adapters are read: later ones need another
+                await model_servers.reconcile_locked(memo=memo, key=key, adapters_index=adapters_index)
+        finally:
+            memo.regrants_waiting.discard(key)
 
 
 async def adapter_changed(

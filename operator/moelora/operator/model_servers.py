@@ -260,6 +260,21 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     return problem
 
 
+def write_counts(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> None:
+    """Only `status.adapters`, from the adapters' phases: all that an adapter's phase change alters. One read of the
+    server and a status patch when the counts moved, where a whole reconcile reads every kind of child; the rest of
+    the status follows the server's own reconciles (its events, its children's, the resync)."""
+    namespace, name = key
+    server = apply.get_model_server(api=memo.api, namespace=namespace, name=name)
+    if server is None:
+        return
+    counts = status.adapter_counts([entry.phase for entry in adapters]).to_wire()
+    if (server.get("status") or {}).get("adapters") != counts:
+        apply.patch_status(
+            api=memo.api, plural="modelservers", namespace=namespace, name=name, status={"adapters": counts}
+        )
+
+
 def _short_verdict(new_status: Mapping[str, Any]) -> SpecProblem | None:
     """Placement's lack of room, once the status says it (a Warning Event goes with it, as with a spec problem)."""
     for condition in new_status.get("conditions") or []:
@@ -273,9 +288,14 @@ async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: i
     Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
     before it."""
     async with memo.locks[key]:
-        adapters = indexes.adapter_phases(memo, adapters_index, key)
-        await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
-        memo.granted_secrets[key] = indexes.adapter_secrets(adapters)
+        await reconcile_locked(memo=memo, key=key, adapters_index=adapters_index)
+
+
+async def reconcile_locked(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
+    """reconcile_serially's work, for a caller that holds the server's lock already."""
+    adapters = indexes.adapter_phases(memo, adapters_index, key)
+    await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
+    memo.granted_secrets[key] = indexes.adapter_secrets(adapters)
 
 
 async def model_server_changed(
