@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Collection, Mapping
+import functools
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import kopf
@@ -205,16 +206,28 @@ async def recount(
     if not new_phases:
         return
     for server in servers:
-        if server in memo.recounts_waiting:
-            continue
-        memo.recounts_waiting.add(server)
-        try:
-            async with memo.locks[server]:
-                memo.recounts_waiting.discard(server)  # from here on, phases are read: later ones need a recount
-                adapters = indexes.adapter_phases(memo, adapters_index, server)
-                await memo.call(model_servers.write_counts, memo=memo, key=server, adapters=adapters)
-        finally:
-            memo.recounts_waiting.discard(server)
+
+        async def count(server: ServerKey = server) -> None:
+            adapters = indexes.adapter_phases(memo, adapters_index, server)
+            await memo.call(model_servers.write_counts, memo=memo, key=server, adapters=adapters)
+
+        await _coalesced(memo, memo.recounts_waiting, server, count)
+
+
+async def _coalesced(
+    memo: Context, waiting: set[ServerKey], key: ServerKey, work: Callable[[], Awaitable[None]]
+) -> None:
+    """`work` under the server's lock, unless a caller of the same `waiting` set is already waiting for the lock:
+    that one reads the state once it has the lock, after every change made so far, so this one returns at once."""
+    if key in waiting:
+        return
+    waiting.add(key)
+    try:
+        async with memo.locks[key]:
+            waiting.discard(key)  # from here on the state is read: later changes need another run
+            await work()
+    finally:
+        waiting.discard(key)
 
 
 async def _rejudge_server_adapters(
@@ -246,15 +259,9 @@ async def regrant_secrets(
     granted yet, so after a restart every adapter event queued a whole reconcile ahead of its own roll-up."""
     for key in [key for key in servers_index if key[0] == namespace]:
         wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
-        if wanted == memo.granted_secrets.get(key, frozenset()) or key in memo.regrants_waiting:
-            continue
-        memo.regrants_waiting.add(key)
-        try:
-            async with memo.locks[key]:
-                memo.regrants_waiting.discard(key)  # from here on, the adapters are read: later ones need another
-                await model_servers.reconcile_locked(memo=memo, key=key, adapters_index=adapters_index)
-        finally:
-            memo.regrants_waiting.discard(key)
+        if wanted != memo.granted_secrets.get(key, frozenset()):
+            work = functools.partial(model_servers.reconcile_locked, memo=memo, key=key, adapters_index=adapters_index)
+            await _coalesced(memo, memo.regrants_waiting, key, work)
 
 
 async def adapter_changed(
