@@ -102,3 +102,27 @@ def test_a_volume_at_tmp_does_not_rewrite_a_local_directory_twice() -> None:
     rewrite = kubelet_plan._rewriter(mounts={"/tmp": root / "tmp", "/models": root / "models"}, ports={})
     assert rewrite("/models/m") == f"{root}/models/m"
     assert rewrite("/tmp/x") == f"{root}/tmp/x"
+
+
+@pytest.mark.parametrize("checkout", ["/tmp/clone", "/home/moelora/src/clone", "/models/clone"])
+def test_paths_of_this_machine_are_never_rewritten(
+    checkout: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkout (and its .venv) under a folder the pod mounts over: /tmp, $HOME and /models are all mounted.
+    interpreter = f"{checkout}/.venv/bin/python"
+    monkeypatch.setattr(sys, "executable", interpreter)
+    source = f"{checkout}/operator:{checkout}/local"
+    plan = kubelet_plan.plan_pod(
+        pod=_pod(),
+        root=tmp_path,
+        ports={8000: 41000, 8081: 41001},
+        secret=lambda name, key: SECRETS.get((name, key)),
+        base_env={"PYTHONPATH": source, "TMPDIR": "/tmp"},
+        extra_env={"agent": {"KUBECONFIG": f"{checkout}/kubeconfig"}},
+    )
+    for container in (*plan.init_containers, *plan.containers):
+        assert container.argv[0] == interpreter, container.name
+        assert container.env["PYTHONPATH"] == source and container.env["TMPDIR"] == "/tmp"
+    assert plan.containers[1].env["KUBECONFIG"] == f"{checkout}/kubeconfig"
+    vllm_args = list(plan.containers[0].argv)
+    assert vllm_args[vllm_args.index("--model") + 1] == str(tmp_path / "volumes" / "models")  # the pod's own path

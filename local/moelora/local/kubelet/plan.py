@@ -3,6 +3,7 @@
 Each container runs exactly as rendered: its `command` and `args` and `env`, with only these translations from a
 pod to one machine:
 - `python3` as the first word of the command becomes this interpreter (`sys.executable`), so the local venv runs it;
+  paths of this machine (the interpreter, `base_env` and `extra_env`) are never rewritten, only the pod's own;
 - downward-API env (`fieldRef`) gets the Pod object's namespace, name, uid, and `127.0.0.1` for IPs;
 - `secretKeyRef` env is read through the caller's `secret` function (optional keys may be absent);
 - each volume is a directory: for a `persistentVolumeClaim` the local directory `claims` names, for any other kind
@@ -146,9 +147,11 @@ def plan_pod(
         command = list(container.get("command") or [])
         if not command:
             raise ValueError(f"container {container['name']}: no command (image entrypoints are not emulated)")
-        if command[0] in ("python3", "python"):
-            command[0] = sys.executable
         argv = tuple(rewrite(word) for word in [*command, *(container.get("args") or [])])
+        if command[0] in ("python3", "python"):
+            # After the rewrite: the venv is a path of this machine, not of the pod, wherever the checkout is (a
+            # clone under /tmp would otherwise land in the pod's /tmp emptyDir).
+            argv = (sys.executable, *argv[1:])
         env = dict(base_env)
         for var in container.get("env") or []:
             name, source = var["name"], var.get("valueFrom")
