@@ -334,8 +334,11 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     assert env["MOELORA_SERVER_IMAGE"] == "ghcr.io/moelora/moelora-server:0.1.0-vllm0.26.0"
     assert env["MOELORA_AGENT_IMAGE"] == env["MOELORA_SERVER_IMAGE"]
     assert env["MOELORA_SERVER_SERVICE_ACCOUNT"] == "moelora-server"
-    assert env["MOELORA_NAMESPACES"] == ""
-    assert env["MOELORA_PEERING"] == ""
+    # Unset settings are left out: the API server would store `value: ""` as no value at all.
+    for value_set in VALUE_SETS:
+        assert not [name for name, value in operator_env(render(value_set)).items() if value == ""], value_set
+    assert not {"MOELORA_NAMESPACES", "MOELORA_PEERING", "MOELORA_ALLOWED_SERVICE_ACCOUNTS"} & env.keys()
+    assert Settings.from_env({k: v for k, v in env.items() if isinstance(v, str)}).namespaces == ()
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # The liveness probe asks the endpoint the operator is told to serve (parsed the operator's own way).
     container = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
