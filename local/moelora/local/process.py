@@ -1,12 +1,14 @@
 """Local processes: free ports, start in their own process group, wait for an HTTP endpoint (or any probe), stop.
 
 Every server of the local stack that is not in-process (vLLM, the agent, s3rver) is a child process started here
-in a new session, so stopping it stops its whole tree (vLLM forks an engine core and workers).
+in a new session, so stopping it stops its whole tree (vLLM forks an engine core and workers), found by session id
+in /proc even once re-parented.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import signal
@@ -19,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger("moelora.local.process")
 
 
 def free_port() -> int:
@@ -45,21 +48,71 @@ def spawn(
         )
 
 
-def stop(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> int | None:
-    """SIGTERM the process's group, SIGKILL it after `timeout` s; return the exit code (None if it never exited)."""
+def session(sid: int) -> list[int]:
+    """The pids of the processes of session `sid` that have not exited (zombies excluded), read from /proc.
+
+    A container started by `spawn` leads its own session, and what it forks stays in it, also once re-parented to
+    init (vLLM's engine core, workers and multiprocessing's resource tracker) or moved to another process group.
+    """
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                line = stat.read()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and ")", so split after the last ")".
+        fields = line[line.rindex(b")") + 2 :].split()
+        if int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_session(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    # Children may outlive the leader (vLLM's engine core); the group id is still the leader's pid.
+            process.send_signal(sig)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=5)
-    return process.poll()
+        os.killpg(process.pid, sig)
+    for pid in session(process.pid):  # members that left the leader's process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(processes: Sequence[subprocess.Popen[bytes]], *, timeout: float) -> bool:
+    """Reap the leaders and wait until no member of their sessions is left; False if some are after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leaders = [p.poll() for p in processes]
+        if all(code is not None for code in leaders) and not any(session(p.pid) for p in processes):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def stop_all(processes: Sequence[subprocess.Popen[bytes]], *, timeout: float = 20.0) -> list[int | None]:
+    """Stop every process of the sessions `processes` lead (see `spawn`), together: SIGTERM to all of them, SIGKILL
+    to what is left after `timeout` s, then wait until none is left. Returns the leaders' exit codes (None if one
+    never exited). `timeout=0` kills at once, as the kernel does to a PID namespace whose init has exited
+    (pid_namespaces(7)): a container's other processes do not outlive its main one."""
+    if timeout > 0:
+        for proc in processes:
+            _signal_session(proc, signal.SIGTERM)
+    if timeout <= 0 or not _wait_gone(processes, timeout=timeout):
+        for proc in processes:
+            _signal_session(proc, signal.SIGKILL)
+        if not _wait_gone(processes, timeout=5):
+            left = {p.pid: session(p.pid) for p in processes}
+            log.error("processes left after SIGKILL (session -> pids): %s", left)
+    return [p.poll() for p in processes]
+
+
+def stop(process: subprocess.Popen[bytes], *, timeout: float = 20.0) -> int | None:
+    """`stop_all` of one process: its whole session, SIGTERM then SIGKILL after `timeout` s; its exit code."""
+    return stop_all([process], timeout=timeout)[0]
 
 
 def http_ok(url: str, *, timeout: float = 2.0) -> bool:

@@ -1,10 +1,12 @@
 """One pod's containers as local processes, supervised: init containers, restarts, probes.
 
 Init containers run first, one after another, and must exit 0. Containers that exit are restarted (the
-restartPolicy Always of a Deployment), counted in `restarts`. Probes: the startupProbe must pass before the
-readinessProbe is polled; readiness turns true on the first success and false after `failureThreshold`
-consecutive failures. Probes are polled every `PROBE_INTERVAL` s rather than `periodSeconds`, so tests are fast;
-liveness probes are not acted on (a crash is what restarts a container here).
+restartPolicy Always of a Deployment), counted in `restarts`. Each container leads a session of its own; before one
+restarts, whatever is left in its session is killed (vLLM's engine core and workers, which a container runtime kills
+with the container's PID namespace), and stopping the pod stops every process of every session. Probes: the
+startupProbe must pass before the readinessProbe is polled; readiness turns true on the first success and false after
+`failureThreshold` consecutive failures. Probes are polled every `PROBE_INTERVAL` s rather than `periodSeconds`, so
+tests are fast; liveness probes are not acted on (a crash is what restarts a container here).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class LocalPod:
         self.ready = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._supervise, name=f"pod-{plan.name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"pod-{plan.name}", daemon=True)
 
     @property
     def name(self) -> str:
@@ -81,9 +83,7 @@ class LocalPod:
         if self._thread.is_alive():
             self._thread.join(timeout=60)
         with self._lock:
-            for state in self.containers.values():
-                if state.process is not None:
-                    process.stop(state.process)
+            process.stop_all([s.process for s in self.containers.values() if s.process is not None])
 
     def kill(self, container: str) -> None:
         """Kill one container's process group (SIGKILL), as an OOM kill would; the supervisor restarts it."""
@@ -97,6 +97,21 @@ class LocalPod:
         state.started = state.plan.startup is None
         state.ready = False
         state.failures = 0
+
+    def _run(self) -> None:
+        """The supervisor; if it dies (a container that cannot even be started), the pod's `error` says why and
+        its containers are stopped, since nothing would restart or probe them any more."""
+        try:
+            self._supervise()
+        except BaseException as exc:  # noqa: BLE001 - the thread's end: reported through `error`, not lost
+            log.exception("pod %s: supervisor failed", self.name)
+            # RunContainerError: the kubelet's reason when the runtime cannot start a container's process.
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.waiting_reason = "RunContainerError"
+            self.ready = False
+            with self._lock:
+                process.stop_all([s.process for s in self.containers.values() if s.process is not None])
+            self.on_change()
 
     def _supervise(self) -> None:
         for init in self.plan.init_containers:
@@ -127,6 +142,7 @@ class LocalPod:
                             state.plan.name,
                             state.process.returncode,
                         )
+                        process.stop(state.process, timeout=0)  # what it forked dies with it, as in a container
                         self._spawn(state)
                         state.restarts += 1  # after _spawn: a visible restart count implies the reset state
                         changed = True
