@@ -7,6 +7,7 @@ conversion, and `custom_resource_definitions` adds what only a CRD has (scope, s
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -44,11 +45,13 @@ _KEPT = {
     "x-kubernetes-list-map-keys",
 }
 
-# The API server's own fields of every object, described as `kubectl explain` shows them.
+# The API server's own fields of every object, described as `kubectl explain` shows them. metadata may say nothing
+# but its type: apiextensions refuses a CRD whose metadata schema has anything else (even a description), since the
+# server validates metadata itself (apiextensions-apiserver pkg/apiserver/schema/validation.go).
 _OBJECT_FIELDS = {
     "apiVersion": {"type": "string", "description": "The API group and version of this object: moelora.io/v1alpha1."},
     "kind": {"type": "string", "description": "The object's kind."},
-    "metadata": {"type": "object", "description": "The standard object metadata: name, namespace, labels..."},
+    "metadata": {"type": "object"},
 }
 
 
@@ -56,7 +59,37 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON Schema (camelCase, as serialised) converted into a structural openAPIV3Schema."""
     schema = model.model_json_schema(by_alias=True, mode="serialization")
     definitions = schema.pop("$defs", {})
-    return _convert(schema, definitions)
+    return _with_full_defaults(_convert(schema, definitions))
+
+
+def _with_full_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every object default holding its nested defaults, as the server would fill them.
+
+    The API server checks each `default` as written against the x-kubernetes-validations rules of its node, without
+    defaulting it first (apiextensions-apiserver pkg/apiserver/schema/defaulting/validation.go), so `{}` fails a
+    rule that reads a field the server would default. Filling them in changes nothing for stored objects: the server
+    defaults the fields of an applied default as well.
+    """
+    node = dict(node)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            node[key] = _with_full_defaults(node[key])
+    if "properties" in node:
+        node["properties"] = {key: _with_full_defaults(sub) for key, sub in node["properties"].items()}
+    if isinstance(node.get("default"), dict) and "properties" in node:
+        node["default"] = _defaulted(node["default"], node)
+    return node
+
+
+def _defaulted(value: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    """`value` with the defaults of `node`'s properties added where absent (their own already full)."""
+    result = dict(value)
+    for key, sub in node["properties"].items():
+        if key not in result and "default" in sub:
+            result[key] = copy.deepcopy(sub["default"])
+        elif isinstance(result.get(key), dict) and "properties" in sub:
+            result[key] = _defaulted(result[key], sub)
+    return result
 
 
 def _convert(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
