@@ -3,8 +3,9 @@
 The server pods and Services are the operator's, not the chart's, so the monitors are checked against what the
 operator's own builders render: their selector must match those labels and every scraped port name must exist there.
 The operator's own monitor is checked against the chart's operator Deployment (and, for a ServiceMonitor, the
-Service the chart adds for it). The monitors themselves are checked against the Prometheus Operator's published CRD
-facts (CRD_FACTS below), and the dashboard's queries may name only metrics that exist: the agent's and the
+Service the chart adds for it). The monitors themselves are admitted against the Prometheus Operator's published CRDs
+(vendored in moelora.local.apiserver, loaded as published: schema, CEL rules, and no field the server would prune),
+and the dashboard's queries may name only metrics that exist: the agent's and the
 operator's, from their registries, and vLLM's (VLLM_METRICS).
 """
 
@@ -19,13 +20,13 @@ import re
 from typing import Any
 
 import helm_python as helm
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from moelora.agent.metrics import Metrics
 from moelora.api import ModelServerSpec
+from moelora.local.apiserver import upstream
 from moelora.operator import deployment, naming, service
 from moelora.operator.metrics import Metrics as OperatorMetrics
 from moelora.operator.settings import Settings
@@ -43,67 +44,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
     },
     "service-monitor": {"monitoring": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}}},
-}
-
-# The Prometheus Operator's monitoring.coreos.com/v1 CRDs as published (example/prometheus-operator-crd/ of
-# prometheus-operator, 0.84 and 0.91): the fields the chart writes, with their types, the required ones, and the
-# duration pattern. Closed objects, so a misspelt field (which the API server would silently prune) fails here.
-_DURATION = {
-    "type": "string",
-    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
-}
-_RELABEL = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"sourceLabels": {"type": "array", "items": {"type": "string"}}, "targetLabel": {"type": "string"}},
-}
-_ENDPOINT = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["port"],  # not required by the CRD, but without a port name nothing names what to scrape
-    "properties": {
-        "port": {"type": "string"},
-        "path": {"type": "string"},
-        "interval": _DURATION,
-        "scrapeTimeout": _DURATION,
-        "relabelings": {"type": "array", "items": _RELABEL},
-    },
-}
-_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
-}
-_NAMESPACE_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}},
-}
-
-
-def _monitor_schema(endpoints: str, required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": required,
-                "properties": {
-                    "selector": _SELECTOR,
-                    "namespaceSelector": _NAMESPACE_SELECTOR,
-                    endpoints: {"type": "array", "items": _ENDPOINT, "minItems": 1},
-                },
-            },
-        },
-    }
-
-
-CRD_FACTS = {
-    "PodMonitor": _monitor_schema("podMetricsEndpoints", ["selector"]),
-    "ServiceMonitor": _monitor_schema("endpoints", ["endpoints", "selector"]),
 }
 
 # vLLM's metrics the dashboard reads, with their types: the V1 engine's PrometheusStatLogger
@@ -170,9 +110,24 @@ def test_monitor_follows_the_prometheus_operator_crd(value_set: str, kind: str) 
     objects = render(value_set)
     for suffix in ("-servers", "-operator"):
         monitor = one(objects, kind, suffix)
-        jsonschema.validate(monitor, CRD_FACTS[kind])
+        admission = upstream.admission(monitor)
+        assert (admission.errors, admission.pruned) == ([], []), admission.message or admission.pruned
+        endpoints = monitor["spec"]["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]
+        assert endpoints and all(endpoint.get("port") for endpoint in endpoints)  # a port name says what to scrape
         assert monitor["metadata"]["namespace"] == NAMESPACE
     assert not [obj for obj in objects if obj["kind"] in {"PodMonitor", "ServiceMonitor"} - {kind}]
+
+
+def test_the_published_crd_refuses_a_bad_duration_and_drops_a_misspelt_field() -> None:
+    monitor = copy.deepcopy(one(render("pod-monitor"), "PodMonitor", "-servers"))
+    monitor["spec"]["podMetricsEndpoints"][0]["interval"] = "30 s"
+    monitor["spec"]["podMetricsEndpoints"][0]["scrapeTimeOut"] = "10s"
+    admission = upstream.admission(monitor)
+    assert [str(error) for error in admission.errors] == [
+        'spec.podMetricsEndpoints[0].interval: Invalid value: "30 s": spec.podMetricsEndpoints[0].interval in body '
+        "should match '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'"
+    ]
+    assert admission.pruned == ["spec.podMetricsEndpoints[0].scrapeTimeOut"]
 
 
 def test_pod_monitor_scrapes_the_agent_and_vllm_ports_of_the_operators_pods() -> None:

@@ -15,12 +15,15 @@ from moelora.operator.errors import SpecProblem
 from moelora.operator.settings import Settings
 from moelora.operator.status import model_server_status
 
-from . import published_schemas as facts
 from .conftest import k8s_valid, make_spec
-from .schema_check import problems
+from .published import problems
 
+# kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go: WorkerIndexLabelKey, "0" on the leader.
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+# kubernetes-sigs/lws site docs (reference: labels, annotations and environment variables): the leader's address.
+LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 MULTI = {"nodes": 2, "gpus": 8, "replicas": 3}
-LEADERS = {"moelora.io/model-server": "srv", facts.LWS_WORKER_INDEX_LABEL: "0"}
+LEADERS = {"moelora.io/model-server": "srv", LWS_WORKER_INDEX_LABEL: "0"}
 
 
 def render(settings: Settings, **overrides: object) -> dict[str, dict]:
@@ -48,7 +51,7 @@ def test_a_leader_worker_set_replaces_the_deployment(settings: Settings) -> None
     assert "Deployment" not in children
     assert ("apps/v1", "Deployment") in OPTIONAL_CHILDREN  # so the single-node one is deleted
     lws = children["LeaderWorkerSet"]
-    assert problems(lws, facts.LEADER_WORKER_SET) == []
+    assert problems(lws) == []  # the published LeaderWorkerSet CRD stores it as rendered
     group = lws["spec"]["leaderWorkerTemplate"]
     assert (lws["spec"]["replicas"], group["size"]) == (3, 2)
     for template in (group["leaderTemplate"], group["workerTemplate"]):
@@ -86,7 +89,7 @@ def test_workers_join_the_leader_and_carry_no_agent(settings: Settings) -> None:
     worker = render(settings)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]["workerTemplate"]
     assert set(containers(worker)) == {"vllm"}
     vllm = containers(worker)["vllm"]
-    assert f"${facts.LWS_LEADER_ADDRESS_ENV}:6379" in vllm["command"][2] and "--block" in vllm["command"][2]
+    assert f"${LWS_LEADER_ADDRESS_ENV}:6379" in vllm["command"][2] and "--block" in vllm["command"][2]
     assert "args" not in vllm and "readinessProbe" not in vllm
     assert "kube-api-access" not in {volume["name"] for volume in worker["spec"]["volumes"]}
 
@@ -96,7 +99,7 @@ def test_the_service_pool_and_scale_selector_pick_leaders_only(settings: Setting
     children = render(settings, **routed)
     assert children["Service"]["spec"]["selector"] == LEADERS
     assert children["InferencePool"]["spec"]["selector"]["matchLabels"] == LEADERS
-    assert multinode.WORKER_INDEX_LABEL == facts.LWS_WORKER_INDEX_LABEL
+    assert multinode.WORKER_INDEX_LABEL == LWS_WORKER_INDEX_LABEL
     status = model_server_status(
         make_spec(**MULTI),
         name="srv",
@@ -108,7 +111,7 @@ def test_the_service_pool_and_scale_selector_pick_leaders_only(settings: Setting
         previous=ModelServerStatus(),
         now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
     )
-    assert status.selector == f"moelora.io/model-server=srv,{facts.LWS_WORKER_INDEX_LABEL}=0"
+    assert status.selector == f"moelora.io/model-server=srv,{LWS_WORKER_INDEX_LABEL}=0"
 
 
 def test_one_node_stays_a_deployment(settings: Settings) -> None:
@@ -130,17 +133,19 @@ def test_the_groups_readiness_reads_as_replicas() -> None:
     }
 
 
-def test_the_checker_catches_a_broken_leader_worker_set(settings: Settings) -> None:
+def test_the_published_crd_refuses_a_broken_leader_worker_set(settings: Settings) -> None:
     lws = copy.deepcopy(render(settings)["LeaderWorkerSet"])
     group = lws["spec"]["leaderWorkerTemplate"]
     group["restartPolicy"] = "Always"
-    group["size"] = 0
+    group["sizeOfGroup"] = 2
     del group["workerTemplate"]
-    assert problems(lws, facts.LEADER_WORKER_SET) == [
-        ".spec.leaderWorkerTemplate: workerTemplate is required",
-        ".spec.leaderWorkerTemplate.size: 0 < 1",
-        ".spec.leaderWorkerTemplate.restartPolicy: 'Always' is not one of "
-        "['Default', 'RecreateGroupOnPodRestart', 'None']",
+    assert problems(lws) == [
+        "spec.leaderWorkerTemplate.workerTemplate: Required value",
+        'spec.leaderWorkerTemplate.restartPolicy: Unsupported value: "Always": supported values: "Default", '
+        '"RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"',
+        "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct "
+        "the existing errors to complete validation",
+        "spec.leaderWorkerTemplate.sizeOfGroup: pruned (not in the schema)",
     ]
 
 
