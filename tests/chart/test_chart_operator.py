@@ -22,6 +22,7 @@ import aiohttp.web
 import attrs
 import helm_python as helm
 import kmock
+import pytest
 import yaml
 
 from moelora.local import process
@@ -294,12 +295,20 @@ def test_credentials_secret_without_secret_access() -> None:
         assert any("core/secrets" in request for request in emulator.denied)  # the refused path was taken
 
 
-def test_two_replicas_one_works() -> None:
+@pytest.mark.parametrize(
+    ("values", "peering"),
+    [
+        ({"watchNamespaces": [SERVING], "operator": {"replicas": 2}}, ("kopf.dev/v1/kopfpeerings", SERVING)),
+        # All namespaces: one ClusterKopfPeering, which the chart's cluster-wide RBAC must let both replicas use.
+        ({"server": {"namespaces": [SERVING]}, "operator": {"replicas": 2}}, ("kopf.dev/v1/clusterkopfpeerings", None)),
+    ],
+    ids=["watched-namespaces", "all-namespaces"],
+)
+def test_two_replicas_one_works(values: dict[str, Any], peering: tuple[str, str | None]) -> None:
     # kopf pauses every peer when it sees another of the same priority: the replicas must get different ones.
-    values = {"watchNamespaces": [SERVING], "operator": {"replicas": 2}}
     with stack(values, operators=2) as (api, emulator, objects, settings):
         wait_for(
-            lambda: len((api.get("kopf.dev/v1/kopfpeerings", SERVING, "moelora") or {}).get("status") or {}) == 2,
+            lambda: len((api.get(*peering, "moelora") or {}).get("status") or {}) == 2,
             what="keep-alives of both replicas",
         )
         api.kubectl("apply", "-f", "-", stdin=json.dumps(example("modelserver.yaml", namespace=SERVING)))
