@@ -8,8 +8,8 @@ validation), `crds` (our CRDs as kmock resources), `dispatch` (the requests serv
 matching), `emulator` (kmock's emulator with those added), `server` (`KubeAPI`: the emulator over HTTP in its own
 thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a small REST client), `crd_rules` and
 `crd_defaults` (what the server refuses in a CustomResourceDefinition's schemas), `fielderrors` (field errors and
-the 422 Invalid, worded as the server words them). What runs against it (the operator, the kubelet) lives beside
-this package, not in it.
+the 422 Invalid, worded as the server words them), `dryrun` (server-side dry runs). What runs against it (the
+operator, the kubelet) lives beside this package, not in it.
 """
 
 from moelora.local.apiserver.client import Rest

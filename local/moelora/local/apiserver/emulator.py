@@ -6,7 +6,7 @@ What `Emulator` adds to kmock 0.8:
 - the status subresource: a write to `/status` changes only status, a write to the object never changes it;
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - CustomResourceDefinitions refused as the server refuses their schemas, with its messages (`crd_rules`);
-- server-side dry runs (`?dryRun=All`): a create, patch or delete is checked and answered, never stored;
+- server-side dry runs: a create, patch or delete is checked and answered, never stored (`dryrun`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
   ending in a bookmark (kubectl >= 1.35 waits that way), label and field selectors on lists and watches (`selectors`);
@@ -40,7 +40,7 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
-from moelora.local.apiserver import crd_rules, selectors
+from moelora.local.apiserver import crd_rules, dryrun, selectors
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.dispatch import FastDispatch
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
@@ -48,14 +48,6 @@ from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
 from moelora.local.apiserver.tables import Tables
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
-
-_WRITES = (kmock_enums.action.CREATE, kmock_enums.action.UPDATE, kmock_enums.action.DELETE)
-
-
-def _is_dry_run(request: kmock_rendering.Request) -> bool:
-    """Whether a write asks for a dry run: `?dryRun=All`, or a delete's DeleteOptions `dryRun: [All]` (kubectl's)."""
-    options = request.data if request.action == kmock_enums.action.DELETE and isinstance(request.data, dict) else {}
-    return request.params.get("dryRun") == "All" or options.get("dryRun") == ["All"]
 
 
 def _expired(message: str) -> dict[str, Any]:
@@ -210,10 +202,10 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
                         self._prepare_create(request)
                     elif request.action == kmock_enums.action.UPDATE and request.name is not None:
                         self._prepare_update(request)
+                    if dryrun.requested(request):  # checked like the write itself, then answered unstored
+                        return dryrun.answer(request, objects=self.objects)
             except kmock.KubernetesError as exc:
                 return await self._render_error(exc)
-            if request.action in _WRITES and _is_dry_run(request):
-                return await self._dry_run(request)
         # A DELETE, or a PATCH that drops the last finalizer, can remove an object: collect its dependents then.
         may_delete = request.name is not None and request.action in (
             kmock_enums.action.DELETE,
@@ -224,25 +216,6 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
         if before is not None and self._current(request) is None:
             await self._collect_garbage({before.get("metadata", {}).get("uid")})
         return response
-
-    async def _dry_run(self, request: kmock_rendering.Request) -> aiohttp.web.StreamResponse:
-        """What a dry run answers once the write passed every check: the object it would store, storing nothing."""
-        if request.action == kmock_enums.action.CREATE and isinstance(request.data, dict):
-            meta = request.data.get("metadata") or {}
-            key = (request.resource, meta.get("namespace"), meta.get("name"))
-            if key in self.objects and not self.objects[key].deleted:
-                plural = request.resource.plural
-                group = f"{plural}.{request.resource.group}" if request.resource.group else plural
-                message = f'{group} "{key[2]}" already exists'
-                exists = kmock.KubernetesError(status=409, reason="AlreadyExists", message=message)
-                return await self._render_error(exists)
-            return aiohttp.web.json_response(request.data, status=201)
-        current = self._current(request)
-        if request.name is None or current is None:
-            return await self._render_error(kmock.KubernetesNotFoundError())
-        if request.action == kmock_enums.action.UPDATE and isinstance(request.data, dict):
-            current = dict(kmock_dicts.patch_dict(current, request.data))
-        return aiohttp.web.json_response(current)
 
     async def _collect_garbage(self, gone: set[str]) -> None:
         """Delete the dependents of the objects just deleted whose owners are all gone (background propagation)."""
