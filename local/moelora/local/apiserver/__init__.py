@@ -1,15 +1,15 @@
 """A Kubernetes API on loopback for the tests and the local stack: kmock's emulator with what kopf and kubectl need.
 
 What belongs here is the API server and the ways to reach it, one concern a module: `schema` (the checks a real
-server makes on custom objects), `objects` (pure helpers on stored objects), `selectors` (label and field selectors
-as a real server parses them), `watchlog` (the event log that lets a watch resume from a list), `tables` and
-`printers` (the Tables `kubectl get` prints), `openapi` (OpenAPI v3 for `kubectl explain` and strict field
-validation), `crds` (our CRDs as kmock resources), `dispatch` (the requests served without kmock's reaction
-matching), `emulator` (kmock's emulator with those added), `server` (`KubeAPI`: the emulator over HTTP in its own
-thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a small REST client), `crd_rules` and
-`crd_defaults` (what the server refuses in a CustomResourceDefinition's schemas), `fielderrors` (field errors and
-the 422 Invalid, worded as the server words them), `dryrun` (server-side dry runs). What runs against it (the
-operator, the kubelet) lives beside this package, not in it.
+server makes on custom objects), `encoding` (built-in objects as the server stores them), `objects` (pure helpers on
+stored objects), `selectors` (label and field selectors as a real server parses them), `watchlog` (the event log
+that lets a watch resume from a list), `tables` and `printers` (the Tables `kubectl get` prints), `openapi` (OpenAPI
+v3 for `kubectl explain` and strict field validation), `crds` (our CRDs as kmock resources), `dispatch` (the
+requests served without kmock's reaction matching), `emulator` (kmock's emulator with those added), `server`
+(`KubeAPI`: the emulator over HTTP in its own thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a
+small REST client), `crd_rules` and `crd_defaults` (what the server refuses in a CustomResourceDefinition's
+schemas), `fielderrors` (field errors and the 422 Invalid, worded as the server words them), `dryrun` (server-side
+dry runs). What runs against it (the operator, the kubelet) lives beside this package, not in it.
 """
 
 from moelora.local.apiserver.client import Rest

@@ -7,6 +7,7 @@ What `Emulator` adds to kmock 0.8:
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - CustomResourceDefinitions refused as the server refuses their schemas, with its messages (`crd_rules`);
 - server-side dry runs: a create, patch or delete is checked and answered, never stored (`dryrun`);
+- built-in objects stored as the server re-encodes them, empty `omitempty` fields dropped (`encoding`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
   ending in a bookmark (kubectl >= 1.35 waits that way), label and field selectors on lists and watches (`selectors`);
@@ -43,6 +44,7 @@ from moelora.api.crd import custom_resource_definitions
 from moelora.local.apiserver import crd_rules, dryrun, selectors
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.dispatch import FastDispatch
+from moelora.local.apiserver.encoding import store_as_encoded
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, schema_errors
@@ -129,6 +131,11 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
                 details={"causes": [{"message": error} for error in errors]},
             )
 
+    def _encode(self, resource: Any, obj: dict[str, Any]) -> None:
+        """A built-in object as the server stores it (`encoding`); custom objects stay as sent."""
+        if resource not in self._schemas:
+            store_as_encoded(obj, group=resource.group, version=resource.version, kind=self._kind(resource))
+
     def _prepare_create(self, request: kmock_rendering.Request) -> None:
         self._openapi.check_strict(request, self._kind(request.resource))
         obj = request.data
@@ -152,6 +159,7 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
         if info is not None and "status" in info.subresources:
             obj.pop("status", None)  # a create never sets the status of a kind with a status subresource
         fold_string_data(obj)
+        self._encode(request.resource, obj)
         self._check(request.resource, obj)
 
     def _prepare_update(self, request: kmock_rendering.Request) -> None:
@@ -184,6 +192,7 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
         if request.subresource != "status":
             fold_string_data(new)
             self._check(request.resource, new)
+        self._encode(request.resource, new)
         body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
             k: v for k, v in old.items() if k not in ("metadata", "status")
         }
