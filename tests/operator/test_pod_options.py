@@ -114,6 +114,11 @@ def test_env_value_from_and_env_from_are_rendered_as_given(settings: Settings) -
     assert "envFrom" not in container(render(settings), "vllm")
 
 
+def test_an_empty_env_value_is_rendered_as_the_api_server_stores_it(settings: Settings) -> None:
+    vllm = container(render(settings, env=[{"name": "EMPTY", "value": ""}, {"name": "BARE"}]), "vllm")
+    assert vllm["env"][-2:] == [{"name": "EMPTY"}, {"name": "BARE"}]  # defined and empty, without a "" to drop
+
+
 def test_home_is_managed(settings: Settings) -> None:
     assert refused(settings, env=[{"name": "HOME", "value": "/"}]).reason == "ManagedEnvVar"
 

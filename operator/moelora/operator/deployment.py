@@ -7,6 +7,7 @@ operator can refuse (engine flags, env).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -127,6 +128,11 @@ def _agent_env(
     def field(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
+    def listed(env_name: str, values: Iterable[str]) -> list[dict[str, Any]]:
+        # Absent, not "": the API server drops an empty value, which would read as drift on every reconcile.
+        joined = ",".join(values)
+        return [{"name": env_name, "value": joined}] if joined else []
+
     return [
         {"name": "MOELORA_NAMESPACE", **field("metadata.namespace")},
         {"name": "MOELORA_POD_NAME", **field("metadata.name")},
@@ -135,7 +141,7 @@ def _agent_env(
         {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
         *([{"name": "MOELORA_BASE_MODEL_CONFIG", "value": base_config}] if base_config else []),
         {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
-        {"name": "MOELORA_TARGET_MODULES", "value": ",".join(spec.lora.target_modules or [])},
+        *listed("MOELORA_TARGET_MODULES", spec.lora.target_modules or []),
         {"name": "MOELORA_VLLM_URL", "value": f"http://127.0.0.1:{engine.VLLM_PORT}"},
         {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
         {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
@@ -143,8 +149,8 @@ def _agent_env(
         {"name": engine.ADMIN_KEY_FILE_ENV, "value": engine.ADMIN_KEY_FILE},
         *([{"name": AGENT_API_KEY_ENV, "valueFrom": engine.api_key_source(spec)}] if spec.api_key_secret else []),
         # The operator's S3 policy, which the agent applies too (moelora.api.AdapterSource.refusal).
-        {"name": "MOELORA_ALLOWED_S3_ENDPOINTS", "value": ",".join(settings.allowed_s3_endpoints)},
-        {"name": "MOELORA_ALLOWED_S3_BUCKETS", "value": ",".join(settings.allowed_s3_buckets)},
+        *listed("MOELORA_ALLOWED_S3_ENDPOINTS", settings.allowed_s3_endpoints),
+        *listed("MOELORA_ALLOWED_S3_BUCKETS", settings.allowed_s3_buckets),
         *s3_env(spec),
     ]
 

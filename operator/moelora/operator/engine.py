@@ -214,8 +214,10 @@ def user_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
     for var in spec.env:
         if var.value_from is not None:
             env.append({"name": var.name, "valueFrom": var.value_from.to_wire()})
-        else:
-            env.append({"name": var.name, "value": var.value or ""})
+        elif var.value:
+            env.append({"name": var.name, "value": var.value})
+        else:  # defined and empty: the API server stores an empty value this way
+            env.append({"name": var.name})
     return env
 
 
