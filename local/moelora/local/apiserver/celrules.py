@@ -13,6 +13,7 @@ Not emulated: cost budgets, `optionalOldSelf` rules (skipped).
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -117,42 +118,63 @@ def _field_path(path: str, relative: str) -> str:
     return path
 
 
-def cel_errors(value: Any, schema: Mapping[str, Any], path: str = "", old: Any = MISSING) -> Iterator[FieldError]:
-    """Every x-kubernetes-validations rule's failure, each rule evaluated at its own node."""
+def _judge(rule: Mapping[str, Any], value: Any, schema: Mapping[str, Any], old: Any) -> tuple[bool, str] | None:
+    """None when the rule holds at this node; else (True, the error text) when it failed to evaluate, or (False, its
+    message) when it evaluated to false."""
+    bindings = {"self": to_cel(value, schema)}
+    if old is not MISSING:
+        bindings["oldSelf"] = to_cel(old, schema)
+    try:
+        passed = compiled(rule["rule"]).evaluate(bindings)
+    except celpy.CELEvalError as exc:
+        return True, f"{_error_text(exc)} evaluating rule: {rule.get('message') or rule['rule']}"
+    return None if bool(passed) else (False, _message(rule, bindings))
+
+
+def cel_errors(
+    value: Any,
+    schema: Mapping[str, Any],
+    path: str = "",
+    old: Any = MISSING,
+    verdicts: dict[tuple[int, str], tuple[bool, str] | None] | None = None,
+) -> Iterator[FieldError]:
+    """Every x-kubernetes-validations rule's failure, each rule evaluated at its own node. `verdicts` remembers each
+    rule's verdict on each value it saw (rules are pure), so a thousand identical nodes cost one evaluation."""
     if old is not MISSING and old == value:
         return  # ratcheting: an unchanged node stays as it was accepted
+    verdicts = {} if verdicts is None else verdicts
     kind = schema.get("type", "")
+    seen = None
     for rule in schema.get("x-kubernetes-validations") or []:
         transition = _uses_old_self(rule["rule"])
         if (transition and old is MISSING) or rule.get("optionalOldSelf"):
             continue
-        bindings = {"self": to_cel(value, schema)}
-        if transition:
-            bindings["oldSelf"] = to_cel(old, schema)
-        try:
-            passed = compiled(rule["rule"]).evaluate(bindings)
-        except celpy.CELEvalError as exc:
-            detail = f"{_error_text(exc)} evaluating rule: {rule.get('message') or rule['rule']}"
-            yield FieldError(INVALID, path, kind, detail)
+        if seen is None:
+            seen = json.dumps([value, None if old is MISSING else old], sort_keys=True, default=str)
+        key = (id(rule), seen)
+        if key not in verdicts:
+            verdicts[key] = _judge(rule, value, schema, old if transition else MISSING)
+        if (verdict := verdicts[key]) is None:
             continue
-        if bool(passed):
+        failed_to_evaluate, text = verdict
+        if failed_to_evaluate:
+            yield FieldError(INVALID, path, kind, text)
             continue
-        where, message = _field_path(path, rule.get("fieldPath") or ""), _message(rule, bindings)
-        reason = rule.get("reason") or INVALID
+        where, reason = _field_path(path, rule.get("fieldPath") or ""), rule.get("reason") or INVALID
         if reason in (FORBIDDEN, REQUIRED):
-            yield FieldError(reason, where, detail=message)
+            yield FieldError(reason, where, detail=text)
         elif reason == DUPLICATE:
             yield FieldError(DUPLICATE, where, kind)
         else:
-            yield FieldError(INVALID, where, kind, message)
+            yield FieldError(INVALID, where, kind, text)
     old_map = old if isinstance(old, dict) else {}
     if isinstance(value, dict):
         properties, extra = schema.get("properties") or {}, schema.get("additionalProperties")
-        for key, item in value.items():
-            if key in properties:
-                yield from cel_errors(item, properties[key], child(path, key), old_map.get(key, MISSING))
+        for name, item in value.items():
+            if name in properties:
+                yield from cel_errors(item, properties[name], child(path, name), old_map.get(name, MISSING), verdicts)
             elif isinstance(extra, dict):
-                yield from cel_errors(item, extra, f"{path}[{key}]", old_map.get(key, MISSING))
+                yield from cel_errors(item, extra, f"{path}[{name}]", old_map.get(name, MISSING), verdicts)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
-            yield from cel_errors(item, schema["items"], f"{path}[{index}]", old_item(old, item, schema))
+            yield from cel_errors(item, schema["items"], f"{path}[{index}]", old_item(old, item, schema), verdicts)

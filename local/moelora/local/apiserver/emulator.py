@@ -6,6 +6,8 @@ What `Emulator` adds to kmock 0.8:
 - the status subresource: a write to `/status` changes only status, a write to the object never changes it;
 - our CRDs' openAPIV3Schema: defaults applied, invalid objects refused with 422 Invalid (`schema`);
 - CustomResourceDefinitions refused as the server refuses their schemas, with its messages (`crd_rules`);
+- other projects' kinds once a test or the stack declares them (`serve_published`), admitted as their published CRDs
+  say: pruning, defaults, schema and every CEL rule, 422 Invalid in the server's words (`upstream`);
 - server-side dry runs: a create, patch or delete is checked and answered, never stored (`dryrun`);
 - built-in objects stored as the server re-encodes them, empty `omitempty` fields dropped (`encoding`);
 - garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
@@ -41,7 +43,7 @@ from kmock._internal import enums as kmock_enums
 from kmock._internal import rendering as kmock_rendering
 
 from moelora.api.crd import custom_resource_definitions
-from moelora.local.apiserver import crd_rules, dryrun, selectors
+from moelora.local.apiserver import crd_rules, dryrun, selectors, upstream
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.dispatch import FastDispatch
 from moelora.local.apiserver.encoding import store_as_encoded
@@ -67,6 +69,7 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
     _openapi: OpenAPI = attrs.field(init=False)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    _published: dict[Any, upstream.ServedVersion] = attrs.field(factory=dict, init=False)
     _watchlog: WatchLog = attrs.field(init=False)
     _scales: dict[Any, dict[str, str]] = attrs.field(factory=dict, init=False)
     _selectable: dict[Any, frozenset[str]] = attrs.field(
@@ -97,6 +100,12 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
             namespaced=True, kind="KopfPeering", singular="kopfpeering", verbs=verbs
         )
 
+    def serve_published(self, *kinds: str) -> None:
+        """Serve these kinds (upstream.PUBLISHED's names) as a cluster with their published CRDs installed does."""
+        for served in (version for kind in kinds for version in upstream.served_versions(upstream.PUBLISHED[kind])):
+            self.resources[served.key] = served.info
+            self._published[kmock.resource(served.key)] = served
+
     # -- writes -----------------------------------------------------------------------------------------------------
     def _info(self, resource: Any) -> kmock.ResourceInfo | None:
         try:
@@ -113,9 +122,11 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
             return None
         return copy.deepcopy(self.objects[key].raw)
 
-    def _check(self, resource: Any, obj: dict[str, Any]) -> None:
+    def _check(self, resource: Any, obj: dict[str, Any], old: dict[str, Any] | None = None) -> None:
         if resource == crd_rules.RESOURCE and self.validate:
             crd_rules.check(obj)
+        if resource in self._published and self.validate:
+            self._published[resource].admit(obj, old)
         schema = self._schemas.get(resource)
         if schema is None or not self.validate:
             return
@@ -191,7 +202,7 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
                 meta[key] = old["metadata"][key]
         if request.subresource != "status":
             fold_string_data(new)
-            self._check(request.resource, new)
+            self._check(request.resource, new, old)
         self._encode(request.resource, new)
         body_changed = {k: v for k, v in new.items() if k not in ("metadata", "status")} != {
             k: v for k, v in old.items() if k not in ("metadata", "status")
