@@ -130,6 +130,7 @@ def test_the_published_crds_of_the_projects_we_render_for_are_accepted() -> None
 # -- structural schemas (apiextensions-apiserver pkg/apiserver/schema/validation.go) -----------------------------------
 
 OBJ = {"type": "object"}
+KEYED = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}
 
 STRUCTURAL = {
     "metadata with a description": (
@@ -191,7 +192,80 @@ STRUCTURAL = {
         {"type": "object", "nullable": True},
         [f"{P}.nullable: Forbidden: nullable cannot be true at the root"],
     ),
+    "apiVersion of another type": (
+        {"type": "object", "properties": {"apiVersion": {"type": "boolean"}}},
+        [f'{P}.properties[apiVersion].type: Invalid value: "boolean": must be string'],
+    ),
+    "an embedded resource that is a string": (
+        spec_schema({"type": "string", "x-kubernetes-embedded-resource": True}),
+        [
+            f"{P}.properties[spec].properties: Required value: must not be empty if x-kubernetes-embedded-resource "
+            "is true without x-kubernetes-preserve-unknown-fields",
+            f'{P}.properties[spec].type: Invalid value: "string": must be object if x-kubernetes-embedded-resource '
+            "is true",
+        ],
+    ),
+    "an embedded resource with additionalProperties": (
+        spec_schema(
+            {
+                "type": "object",
+                "x-kubernetes-embedded-resource": True,
+                "x-kubernetes-preserve-unknown-fields": True,
+                "additionalProperties": {"type": "string"},
+            }
+        ),
+        [
+            f"{P}.properties[spec].additionalProperties: Forbidden: "
+            "must not be used if x-kubernetes-embedded-resource is set"
+        ],
+    ),
+    "int-or-string that is also an embedded resource": (
+        spec_schema(
+            {
+                "type": "object",
+                "x-kubernetes-int-or-string": True,
+                "x-kubernetes-embedded-resource": True,
+                "x-kubernetes-preserve-unknown-fields": True,
+            }
+        ),
+        [
+            f"{P}.properties[spec].x-kubernetes-embedded-resource: Invalid value: true: "
+            "must be false if x-kubernetes-int-or-string is true",
+            f"{P}.properties[spec].x-kubernetes-preserve-unknown-fields: Invalid value: true: "
+            "must be false if x-kubernetes-int-or-string is true",
+        ],
+    ),
+    "metadata under anyOf": (
+        spec_schema(
+            {"type": "object", "properties": {"a": {"type": "string"}}, "anyOf": [{"properties": {"metadata": {}}}]}
+        ),
+        [f"{P}.properties[spec].anyOf[0].properties[metadata]: Forbidden: must not be specified in a nested context"],
+    ),
 }
+
+NESTED_FORBIDDEN = {
+    "type": ("string", "must be empty to be structural"),
+    "additionalProperties": ({"type": "string"}, "must be undefined to be structural"),
+    "default": ("x", "must be undefined to be structural"),
+    "title": ("T", "must be empty to be structural"),
+    "description": ("D", "must be empty to be structural"),
+    "nullable": (True, "must be false to be structural"),
+    "x-kubernetes-preserve-unknown-fields": (True, "must be false to be structural"),
+    "x-kubernetes-embedded-resource": (True, "must be false to be structural"),
+    "x-kubernetes-int-or-string": (True, "must be false to be structural"),
+    "x-kubernetes-list-map-keys": (["k"], "must be empty to be structural"),
+    "x-kubernetes-list-type": ("atomic", "must be undefined to be structural"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(NESTED_FORBIDDEN))
+def test_what_a_schema_under_a_junctor_may_not_say(key: str) -> None:
+    value, detail = NESTED_FORBIDDEN[key]
+    for junctor, under in (("oneOf", [{key: value}]), ("not", {key: value})):
+        schema = spec_schema({"type": "string", junctor: under})
+        where = f"{P}.properties[spec].{junctor}" + ("[0]" if junctor == "oneOf" else "")
+        # The list-type rules of the OpenAPI checks apply under junctors too; the structural refusal is one.
+        assert [m for m in messages(widget(schema)) if "Forbidden" in m] == [f"{where}.{key}: Forbidden: {detail}"]
 
 
 @pytest.mark.parametrize("case", sorted(STRUCTURAL))
@@ -270,6 +344,73 @@ OPENAPI = {
         spec_schema({"type": "object", "x-kubernetes-validations": [{"rule": " "}]}),
         [f"{P}.properties[spec].x-kubernetes-validations[0].rule: Required value: rule is not specified"],
     ),
+    "properties with additionalProperties false": (
+        spec_schema({"type": "object", "properties": {"a": OBJ}, "additionalProperties": False}),
+        [
+            f"{P}.properties[spec].additionalProperties: Forbidden: "
+            "additionalProperties and properties are mutual exclusive"
+        ],
+    ),
+    "type null": (
+        spec_schema({"type": "null"}),
+        [
+            f'{P}.properties[spec].type: Unsupported value: "null": supported values: "array", "boolean", '
+            '"integer", "number", "object", "string"',
+            f"{P}.properties[spec].type: Forbidden: type cannot be set to null, use nullable as an alternative",
+        ],
+    ),
+    "items as a list": (
+        spec_schema({"type": "array", "items": [{"type": "string"}]}),
+        [f"{P}.properties[spec].items: Forbidden: items must be a schema object and not an array"],
+    ),
+    "preserve-unknown-fields false": (
+        spec_schema({"type": "object", "x-kubernetes-preserve-unknown-fields": False}),
+        [f"{P}.properties[spec].x-kubernetes-preserve-unknown-fields: Invalid value: false: must be true or undefined"],
+    ),
+    "an unknown list type": (
+        spec_schema({"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "bag"}),
+        [
+            f'{P}.properties[spec].x-kubernetes-list-type: Unsupported value: "bag": supported values: "atomic", '
+            '"set", "map"'
+        ],
+    ),
+    "map keys without a list type": (
+        spec_schema({"type": "array", "items": KEYED, "x-kubernetes-list-map-keys": ["k"]}),
+        [
+            f"{P}.properties[spec].x-kubernetes-list-type: Required value: "
+            "must be map if x-kubernetes-list-map-keys is non-empty"
+        ],
+    ),
+    "map keys on a set": (
+        spec_schema(
+            {"type": "array", "items": KEYED, "x-kubernetes-list-type": "set", "x-kubernetes-list-map-keys": ["k"]}
+        ),
+        [
+            f'{P}.properties[spec].x-kubernetes-list-type: Invalid value: "set": '
+            "must be map if x-kubernetes-list-map-keys is non-empty"
+        ],
+    ),
+    "a blank message": (
+        spec_schema({"type": "object", "x-kubernetes-validations": [{"rule": "true", "message": "  "}]}),
+        [
+            f'{P}.properties[spec].x-kubernetes-validations[0].message: Invalid value: "  ": '
+            "message must be non-empty if specified"
+        ],
+    ),
+    "a message on two lines": (
+        spec_schema({"type": "object", "x-kubernetes-validations": [{"rule": "true", "message": "a\nb"}]}),
+        [
+            f'{P}.properties[spec].x-kubernetes-validations[0].message: Invalid value: "a\\nb": '
+            "message must not contain line breaks"
+        ],
+    ),
+    "a rule on two lines without a message": (
+        spec_schema({"type": "object", "x-kubernetes-validations": [{"rule": "true &&\ntrue"}]}),
+        [
+            f"{P}.properties[spec].x-kubernetes-validations[0].message: Required value: "
+            "message must be specified if rule contains line breaks"
+        ],
+    ),
     "a rule with an unknown reason": (
         spec_schema({"type": "object", "x-kubernetes-validations": [{"rule": "true", "reason": "Nope"}]}),
         [
@@ -284,6 +425,14 @@ OPENAPI = {
 def test_openapi_schema_rules(case: str) -> None:
     schema, expected = OPENAPI[case]
     assert messages(widget(schema)) == expected
+
+
+@pytest.mark.parametrize("key", ["id", "additionalItems", "patternProperties", "definitions", "dependencies"])
+def test_unsupported_json_schema_keywords(key: str) -> None:
+    value = "x" if key == "id" else {"a": {"type": "string"}}
+    assert messages(widget(spec_schema({"type": "object", key: value}))) == [
+        f"{P}.properties[spec].{key}: Forbidden: {key} is not supported"
+    ]
 
 
 # -- defaults (pkg/apiserver/schema/defaulting/validation.go, pkg/apiserver/schema/cel/validation.go) ------------------
@@ -333,6 +482,39 @@ DEFAULTS = {
             }
         ),
         [f"{P}.properties[spec].default.size: Forbidden: size is below 3"],
+    ),
+    "a rule with a messageExpression": (
+        spec_schema(
+            {
+                "type": "object",
+                "properties": {"size": {"type": "integer"}},
+                "x-kubernetes-validations": [{**SIZE_RULE, "messageExpression": "'size is ' + string(self.size)"}],
+                "default": {"size": 5},
+            }
+        ),
+        [f"{P}.properties[spec].default: Invalid value: size is 5"],
+    ),
+    "a rule with reason Required": (
+        spec_schema(
+            {
+                "type": "object",
+                "properties": {"size": {"type": "integer"}},
+                "x-kubernetes-validations": [{**SIZE_RULE, "fieldPath": ".size", "reason": "FieldValueRequired"}],
+                "default": {"size": 5},
+            }
+        ),
+        [f"{P}.properties[spec].default.size: Required value: size is below 3"],
+    ),
+    "a rule with reason Duplicate": (
+        spec_schema(
+            {
+                "type": "object",
+                "properties": {"size": {"type": "integer"}},
+                "x-kubernetes-validations": [{**SIZE_RULE, "reason": "FieldValueDuplicate"}],
+                "default": {"size": 5},
+            }
+        ),
+        [f"{P}.properties[spec].default: Duplicate value"],
     ),
     "a nested rule against the outer default": (
         spec_schema(
