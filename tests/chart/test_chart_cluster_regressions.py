@@ -21,8 +21,9 @@ import kubernetes.watch
 
 from moelora.agent.kube import Kube
 from moelora.local.apiserver import KubeAPI
+from moelora.local.operator_thread import OperatorThread
 
-from .test_chart_operator import MS, SERVING, example, stack, wait_for
+from .test_chart_operator import MS, SERVING, example, own_liveness_port, stack, wait_for
 
 VALUES = {"server": {"namespaces": [SERVING]}}  # the defaults (all namespaces), server pods in SERVING
 # Every kind the operator makes for a server, by the API path the emulator's client takes.
@@ -89,52 +90,57 @@ def everything(api: KubeAPI) -> dict[tuple[str, str], str]:
 
 
 def test_deleting_a_server_collects_everything_it_owns_and_nothing_else() -> None:
-    with stack(VALUES) as (api, emulator, _, _settings):
-        for name in ("server-s3", "team-a-s3"):
-            apply(api, secret(name))
-        credentials = {"s3": {"credentialsSecret": {"name": "server-s3"}}}
-        # Placed on a StatefulSet (its headless Service), two replicas (the budget), an adapter with its own Secret
-        # (the Role and RoleBinding granting it to the pods).
-        apply(api, server("gone", replicas=2, placement={"copies": 1}, **credentials))
-        apply(api, adapter("gone-adapter", "gone", credentialsSecret={"name": "team-a-s3"}))
-        # A model cache: its claim and the Job that fills it.
-        cached = server("cached")
-        cached["spec"]["model"]["cache"] = {"size": "10Gi"}
-        apply(api, cached)
-        # One that stays, with its own Deployment, Service and budget.
-        apply(api, server("kept", replicas=2))
-        apply(api, adapter("kept-adapter", "kept"))
+    with stack(VALUES, operators=0) as (api, emulator, _, settings):
+        with OperatorThread(settings=own_liveness_port(settings)):
+            for name in ("server-s3", "team-a-s3"):
+                apply(api, secret(name))
+            credentials = {"s3": {"credentialsSecret": {"name": "server-s3"}}}
+            # Placed on a StatefulSet (its headless Service), two replicas (the budget), an adapter with its own Secret
+            # (the Role and RoleBinding granting it to the pods).
+            apply(api, server("gone", replicas=2, placement={"copies": 1}, **credentials))
+            apply(api, adapter("gone-adapter", "gone", credentialsSecret={"name": "team-a-s3"}))
+            # A model cache: its claim and the Job that fills it.
+            cached = server("cached")
+            cached["spec"]["model"]["cache"] = {"size": "10Gi"}
+            apply(api, cached)
+            # One that stays, with its own Deployment, Service and budget.
+            apply(api, server("kept", replicas=2))
+            apply(api, adapter("kept-adapter", "kept"))
 
-        expected = {
-            "gone": {
-                ("StatefulSet", "gone"),
-                ("Service", "gone"),
-                ("Service", "gone-pods"),
-                ("PodDisruptionBudget", "gone"),
-                ("Role", "gone-adapter-secrets"),
-                ("RoleBinding", "gone-adapter-secrets"),
-            },
-            "cached": {"PersistentVolumeClaim", "Job"},
-            "kept": {("Deployment", "kept"), ("Service", "kept"), ("PodDisruptionBudget", "kept")},
-        }
-        uids = {
-            name: wait_for(lambda n=name: api.get(MS, SERVING, n), what=name)["metadata"]["uid"] for name in expected
-        }
-        wait_for(lambda: expected["gone"] <= owned(api, uids["gone"]) or None, what="the placed server's children")
-        wait_for(
-            lambda: {kind for kind, _ in owned(api, uids["cached"])} >= expected["cached"] or None,
-            what="the model cache's claim and Job",
-        )
-        wait_for(lambda: owned(api, uids["kept"]) == expected["kept"] or None, what="the kept server's children")
-        assert owned(api, uids["gone"]) == expected["gone"]
-        # What the garbage collector follows: one controller reference, to the server by kind, name and uid.
-        for name, uid in uids.items():
-            for kind, child in owned(api, uid):
-                refs = api.get(CHILD_KINDS[kind], SERVING, child)["metadata"]["ownerReferences"]
-                assert [
-                    (ref["apiVersion"], ref["kind"], ref["name"], ref["uid"], ref.get("controller")) for ref in refs
-                ] == [("moelora.io/v1alpha1", "ModelServer", name, uid, True)], (kind, child)
+            expected = {
+                "gone": {
+                    ("StatefulSet", "gone"),
+                    ("Service", "gone"),
+                    ("Service", "gone-pods"),
+                    ("PodDisruptionBudget", "gone"),
+                    ("Role", "gone-adapter-secrets"),
+                    ("RoleBinding", "gone-adapter-secrets"),
+                },
+                "cached": {"PersistentVolumeClaim", "Job"},
+                "kept": {("Deployment", "kept"), ("Service", "kept"), ("PodDisruptionBudget", "kept")},
+            }
+            uids = {
+                name: wait_for(lambda n=name: api.get(MS, SERVING, n), what=name)["metadata"]["uid"]
+                for name in expected
+            }
+            wait_for(lambda: expected["gone"] <= owned(api, uids["gone"]) or None, what="the placed server's children")
+            wait_for(
+                lambda: {kind for kind, _ in owned(api, uids["cached"])} >= expected["cached"] or None,
+                what="the model cache's claim and Job",
+            )
+            wait_for(lambda: owned(api, uids["kept"]) == expected["kept"] or None, what="the kept server's children")
+            assert owned(api, uids["gone"]) == expected["gone"]
+            # What the garbage collector follows: one controller reference, to the server by kind, name and uid.
+            for name, uid in uids.items():
+                for kind, child in owned(api, uid):
+                    refs = api.get(CHILD_KINDS[kind], SERVING, child)["metadata"]["ownerReferences"]
+                    assert [
+                        (ref["apiVersion"], ref["kind"], ref["name"], ref["uid"], ref.get("controller")) for ref in refs
+                    ] == [("moelora.io/v1alpha1", "ModelServer", name, uid, True)], (kind, child)
 
+        # Deleted with the operator stopped: a reconcile in flight could make a child again after the delete, which
+        # a real garbage collector also collects (its owner's uid is gone) but the emulator's, run at deletion only,
+        # would not.
         children = {name: owned(api, uid) for name, uid in uids.items()}
         before = everything(api)
         api.kubectl("delete", "ms", "gone", "cached", "-n", SERVING, "--wait=true", "--timeout=20s")
