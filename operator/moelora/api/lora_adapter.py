@@ -36,6 +36,8 @@ class FailureReason(str, enum.Enum):
     RANK_TOO_HIGH = "RankTooHigh"
     BASE_MODEL_MISMATCH = "BaseModelMismatch"
     UNSUPPORTED_TARGET_MODULES = "UnsupportedTargetModules"
+    UNKNOWN_TARGET_MODULES = "UnknownTargetModules"
+    UNSUPPORTED_FEATURE = "UnsupportedFeature"
     UNSAFE_WEIGHTS_FORMAT = "UnsafeWeightsFormat"
     WEIGHTS_MISSING = "WeightsMissing"
     TOO_LARGE = "TooLarge"
@@ -45,6 +47,8 @@ class FailureReason(str, enum.Enum):
     LOAD_FAILED = "LoadFailed"
     WEIGHTS_INVALID = "WeightsInvalid"
     WEIGHTS_MISMATCH = "WeightsMismatch"
+    WEIGHTS_NON_FINITE = "WeightsNonFinite"
+    WEIGHTS_OUT_OF_RANGE = "WeightsOutOfRange"
     CACHE_FULL = "CacheFull"
     ENDPOINT_UNREACHABLE = "EndpointUnreachable"
     UPDATE_REJECTED = "UpdateRejected"  # a new version was refused; the pod keeps serving the last good one
