@@ -42,6 +42,14 @@ def fused(*, experts: int = 4, rank: int = 8, hidden: int = 32, inter: int = 16)
     return tensors
 
 
+def poisoned(value: float, *, tensor: int = 1, dtype: type = np.float32) -> dict[str, np.ndarray]:
+    """The attention adapter with one element of its `tensor`-th tensor (in file order) set to `value`."""
+    tensors = {k: v.astype(dtype) for k, v in sorted(attention().items())}
+    name = sorted(tensors)[tensor]
+    tensors[name].flat[5] = value
+    return tensors
+
+
 def many_tensors(count: int) -> bytes:
     """`count` zero-size tensors for layers the model does not have (the 12.9 MB file that stalled inference)."""
     header = {
@@ -320,11 +328,11 @@ CASES: list[tuple[str, Any, Any, dict[str, Any] | None, FailureReason, str]] = [
     ),
     (
         "a module the server does not allow",
-        lora("model.layers.0.self_attn.q_proj.lm"),
-        config(modules=["lm"]),
+        lora("lm_head", dims=(32, 100)),
+        config(modules=["lm_head"]),
         LLAMA,
         FailureReason.UNSUPPORTED_TARGET_MODULES,
-        "lm",
+        "lm_head",
     ),
     (
         "fused experts, wrong expert count",
@@ -378,6 +386,35 @@ CASES: list[tuple[str, Any, Any, dict[str, Any] | None, FailureReason, str]] = [
         "not a config",
     ),
     ("config with NaN", attention(), b'{"r": NaN}', LLAMA, FailureReason.CONFIG_INVALID, "NaN"),
+    ("NaN weight", poisoned(np.nan), config(), LLAMA, FailureReason.WEIGHTS_NON_FINITE, "lora_B.weight' holds nan"),
+    ("Inf weight", poisoned(np.inf, dtype=np.float16), config(), LLAMA, FailureReason.WEIGHTS_NON_FINITE, "inf"),
+    ("1e30 weight", poisoned(1e30, tensor=0), config(), LLAMA, FailureReason.WEIGHTS_OUT_OF_RANGE, "1e+30"),
+    ("lora_alpha 1e30", attention(), config(lora_alpha=1e30), LLAMA, FailureReason.WEIGHTS_OUT_OF_RANGE, "scaling"),
+    (
+        "lora_alpha 1e400 (inf once parsed)",
+        attention(),
+        json.dumps(config(lora_alpha=12345)).replace("12345", "1e400").encode(),
+        LLAMA,
+        FailureReason.CONFIG_INVALID,
+        "inf",
+    ),
+    ("target_modules '.*'", attention(), config(modules=".*"), LLAMA, FailureReason.UNKNOWN_TARGET_MODULES, "'model'"),
+    (
+        "target_modules naming no module",
+        attention(),
+        config(modules=["q_proj", "v_proj", "w1"]),
+        LLAMA,
+        FailureReason.UNKNOWN_TARGET_MODULES,
+        "'w1'",
+    ),
+    (
+        "modules_to_save",
+        attention(),
+        config(modules_to_save=["lm_head", "embed_tokens"]),
+        LLAMA,
+        FailureReason.UNSUPPORTED_FEATURE,
+        "modules_to_save",
+    ),
     (
         "config with a newline in peft_type",
         attention(),

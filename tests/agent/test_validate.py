@@ -57,7 +57,6 @@ def test_missing_config(tmp_path: pathlib.Path) -> None:
         json.dumps({"r": "8", "target_modules": ["q_proj"]}).encode(),
         json.dumps({"r": 8, "target_modules": []}).encode(),
         json.dumps({"r": 8, "target_modules": ["q_proj"], "peft_type": "IA3"}).encode(),
-        json.dumps({"r": 8, "target_modules": ["q_proj"], "use_dora": True}).encode(),
         json.dumps({"r": 8, "target_modules": ["q_proj"], "rank_pattern": {"q": 0}}).encode(),
     ],
 )

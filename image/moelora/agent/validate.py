@@ -9,7 +9,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from moelora.agent import basemodel, safetensors_header, tensors
+from moelora.agent import basemodel, safetensors_header, targets, tensors, values
 from moelora.agent.errors import AdapterError, quote
 from moelora.agent.source import CONFIG_FILE, CONFIG_LIMIT, UNSAFE_SUFFIXES, WEIGHTS_FILE
 from moelora.agent.strictjson import load_json
@@ -101,6 +101,38 @@ def parse_config(text: bytes) -> dict[str, Any]:
     return config
 
 
+# peft's initialisations that only set the starting weights; the others (PiSSA, OLoRA, CorDA, LoftQ) change the base
+# model's weights, so the adapter is wrong on the base model served. vLLM 0.32's PEFTHelper accepts these too.
+PLAIN_INITS = frozenset({"gaussian", "eva", "orthogonal", "mica", "lora_ga"})
+
+
+def unsupported_features(config: dict[str, Any]) -> list[str]:
+    """The peft features in the config that vLLM does not serve (vLLM's PEFTHelper refuses each at load time)."""
+    found = []
+    saved = config.get("modules_to_save")
+    if saved:
+        found.append(
+            f"modules_to_save {quote(saved)} (vLLM serves none for a generative model: it has no full-weight "
+            "modules in an adapter)"
+        )
+    if config.get("use_dora"):
+        found.append("DoRA (use_dora)")
+    if config.get("lora_bias"):
+        found.append("LoRA bias (lora_bias)")
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower() not in PLAIN_INITS:
+        found.append(f"init_lora_weights {quote(init)} (it changes the base model's weights)")
+    if config.get("alora_invocation_tokens"):
+        found.append("Activated LoRA (alora_invocation_tokens)")
+    if config.get("layer_replication"):
+        found.append("layer_replication")
+    if config.get("use_bdlora"):
+        found.append("block-diagonal LoRA (use_bdlora)")
+    if config.get("use_qalora"):
+        found.append("QALoRA (use_qalora)")
+    return found
+
+
 def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tuple[str, ...]]:
     """(rank, base model, target modules) if the config is one this server can serve; else AdapterError.
 
@@ -110,8 +142,9 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
     peft_type = config.get("peft_type", "LORA")
     if not isinstance(peft_type, str) or peft_type.upper() != "LORA":
         raise AdapterError(FailureReason.CONFIG_INVALID, f"peft_type is {quote(peft_type)}, only LORA is served")
-    if config.get("use_dora"):
-        raise AdapterError(FailureReason.CONFIG_INVALID, "DoRA adapters (use_dora) are not supported by vLLM")
+    features = unsupported_features(config)
+    if features:
+        raise AdapterError(FailureReason.UNSUPPORTED_FEATURE, f"vLLM does not serve {'; '.join(features)}")
     rank = adapter_rank(config)
     modules = adapter_target_modules(config)
     base = config.get("base_model_name_or_path")
@@ -129,19 +162,10 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
             FailureReason.BASE_MODEL_MISMATCH,
             f"trained on {quote(base)}, this server serves {quote(limits.base_model)}",
         )
-    if limits.target_modules:
-        if isinstance(config.get("target_modules"), str) and modules[0] not in limits.target_modules:
-            raise AdapterError(
-                FailureReason.UNSUPPORTED_TARGET_MODULES,
-                f"target_modules is the pattern {quote(modules[0])}; this server allows only "
-                f"{sorted(limits.target_modules)}: list the modules explicitly",
-            )
-        extra = sorted(set(modules) - limits.target_modules)
-        if extra:
-            raise AdapterError(
-                FailureReason.UNSUPPORTED_TARGET_MODULES,
-                f"targets {quote(extra)}, this server allows only {sorted(limits.target_modules)}",
-            )
+    values.max_scaling(config)  # every alpha a finite number
+    targets.check(
+        config["target_modules"], base=basemodel.for_checks(limits.base_config), allowed=limits.target_modules
+    )
     return rank, base, modules
 
 
@@ -172,7 +196,9 @@ def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
 
 def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits) -> None:
     """The safetensors header parsed strictly, then every tensor checked against the config, the server's allowed
-    modules and (when known) the base model's modules and dims; AdapterError otherwise."""
+    modules and (when known) the base model's modules and dims, then every value (finite, bounded); AdapterError
+    otherwise."""
     base = basemodel.for_checks(limits.base_config)
     header = safetensors_header.read(weights)
     tensors.check(header, config, allowed=limits.target_modules, base=base)
+    values.check(weights, header, values.bounds(config))
