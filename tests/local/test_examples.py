@@ -54,6 +54,21 @@ def test_example_text_points_at_this_runs_s3() -> None:
     assert "http://127.0.0.1:41234" in text and EXAMPLE_S3 not in text
 
 
+def test_servers_are_applied_before_their_adapters_whatever_the_file_names(tmp_path: pathlib.Path) -> None:
+    kinds = [o["kind"] for o in yaml.safe_load_all(_example_text("http://127.0.0.1:41234", folder=EXAMPLES))]
+    assert kinds == ["Secret", "ModelServer", "LoRAAdapter", "LoRAAdapter"]  # adapters.yaml sorts first by name
+    # Within one file too, and other kinds keep their place ahead of both.
+    (tmp_path / "a.yaml").write_text(
+        yaml.safe_dump_all([*(o for o in _objects() if o["kind"] != "Secret"), {"kind": "ConfigMap"}])
+    )
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(next(o for o in _objects() if o["kind"] == "Secret")))
+    objects = list(yaml.safe_load_all(_example_text("http://127.0.0.1:41234", folder=tmp_path)))
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Secret", "ModelServer", "LoRAAdapter", "LoRAAdapter"]
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "LoRAAdapter"] == list(ADAPTERS)
+    dense = [o["kind"] for o in yaml.safe_load_all(_example_text("http://127.0.0.1:41234", folder=None))]
+    assert dense.index("ModelServer") < dense.index("LoRAAdapter")
+
+
 def test_dense_variant_is_the_llama_without_the_plugin() -> None:
     objects = list(yaml.safe_load_all(_example_text("http://127.0.0.1:41234", folder=None)))
     server = next(o for o in objects if o["kind"] == "ModelServer")

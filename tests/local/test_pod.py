@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Callable
 
 import pytest
 
@@ -45,22 +46,6 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
-def _left_in(sid: int) -> list[int]:
-    """Running processes whose session or process group is `sid`, read from /proc."""
-    left = []
-    for proc in pathlib.Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if sid in (int(fields[2]), int(fields[3])) and fields[0] not in (b"Z", b"X"):
-            left.append(int(proc.name))
-    return left
-
-
 def _until(check, timeout: float = 20.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -80,7 +65,9 @@ def _trees(folder: pathlib.Path, count: int) -> list[list[int]]:
     return _until(complete)
 
 
-def test_a_restart_and_the_stop_leave_no_process_of_the_container(tmp_path: pathlib.Path) -> None:
+def test_a_restart_and_the_stop_leave_no_process_of_the_container(
+    tmp_path: pathlib.Path, running_in: Callable[[int], list[int]]
+) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
     plan = PodPlan(
@@ -99,10 +86,10 @@ def test_a_restart_and_the_stop_leave_no_process_of_the_container(tmp_path: path
         os.kill(leader, signal.SIGKILL)  # the main process only, as `kill -KILL <pid>` does
         _until(lambda: pod.containers["tree"].restarts == 1)
         ((new_leader, *_),) = [run for run in _trees(pids, 2) if run[0] != leader]
-        assert [pid for pid in forked if _alive(pid)] == [] and _left_in(leader) == []
+        assert [pid for pid in forked if _alive(pid)] == [] and running_in(leader) == []
     finally:
         pod.stop()
-    assert _left_in(new_leader) == [] and _left_in(leader) == []
+    assert running_in(new_leader) == [] and running_in(leader) == []
 
 
 def _deployment(containers: list[dict]) -> dict:

@@ -31,6 +31,17 @@ SERVER = "tiny-moe"
 DENSE_SERVER = "tiny-llama"
 ADAPTERS = ("alpha", "beta")
 EXAMPLE_S3 = "http://127.0.0.1:9000"  # what examples/local/modelserver.yaml names
+# Seconds vLLM and the agent get between SIGTERM and SIGKILL when the demo stops: a serving vLLM exits within about
+# two, and one still loading ignores SIGTERM, so a user who pressed Ctrl-C would otherwise wait the pods' full grace.
+STOP_GRACE = 2.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM received: the stack stops, whatever it was doing."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Progress:
@@ -43,20 +54,26 @@ class Progress:
         print(f"[{time.monotonic() - self.start:6.1f}s] {message}", flush=True)
 
 
-def _example_text(s3_endpoint: str, *, folder: pathlib.Path | None) -> str:
-    """The *.yaml of `folder` with the S3 endpoint of this run (moto may not have got port 9000); without a folder
-    (`--dense`, which has no YAML of its own), the dense Llama's objects from their builders."""
-    if folder is not None:
-        text = "\n---\n".join(path.read_text() for path in sorted(folder.glob("*.yaml")))
-    else:
-        import yaml
+# Servers before their adapters: an adapter applied first is refused as ModelServerNotFound until its server exists.
+APPLY_ORDER = {"ModelServer": 1, "LoRAAdapter": 2}  # any other kind (Secrets, ...) first
 
+
+def _example_text(s3_endpoint: str, *, folder: pathlib.Path | None) -> str:
+    """The objects of `folder`'s *.yaml, ordered by kind (`APPLY_ORDER`, not file names), with the S3 endpoint of
+    this run (moto may not have got port 9000); without a folder (`--dense`, which has no YAML of its own), the dense
+    Llama's objects from their builders."""
+    import yaml
+
+    if folder is not None:
+        objects = [o for path in sorted(folder.glob("*.yaml")) for o in yaml.safe_load_all(path.read_text()) if o]
+    else:
         objects = [
             manifests.s3_secret(access_key_id="AKIALOCALEXAMPLE", secret_access_key="local-secret-key-value"),
             manifests.model_server(name=DENSE_SERVER, s3_endpoint=EXAMPLE_S3, moe=False),
             *(manifests.adapter(name=n, model_server=DENSE_SERVER, uri=manifests.adapter_uri(n)) for n in ADAPTERS),
         ]
-        text = "\n---\n".join(yaml.safe_dump(o) for o in objects)
+    objects.sort(key=lambda o: APPLY_ORDER.get(o.get("kind", ""), 0))  # stable: file order within a kind
+    text = "\n---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
     return text.replace(EXAMPLE_S3, s3_endpoint)
 
 
@@ -164,9 +181,18 @@ def run(
     # Port 9000 keeps examples/local/ exactly as written; if it is taken, the endpoint is rewritten on the fly.
     s3_port = 9000 if _port_free(9000) else 0
     local = stack.Stack(root=root, progress=progress, s3_port=s3_port, moe=not dense)
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopping = threading.Event()
+
+    def interrupt(signum: int, _frame: object) -> None:
+        # Raised in the main thread, wherever it is (generating the model, kubectl, waiting for the pods, serving),
+        # so the `finally` below runs at once; during that shutdown further signals are ignored.
+        if not stopping.is_set():
+            stopping.set()
+            raise Interrupted(signum)
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+    serving = False
     try:
         progress(f"working directory {root}")
         local.start()
@@ -205,13 +231,17 @@ def run(
                 f"Logs under {root}. Press Ctrl-C to stop.",
                 flush=True,
             )
-            stop.wait()
+            serving = True
+            threading.Event().wait()  # until a signal raises Interrupted
         return 0
-    except KeyboardInterrupt:
-        return 130
+    except Interrupted as interrupted:
+        if serving:
+            return 0  # Ctrl-C is how a user ends a demo that runs
+        progress(f"{signal.Signals(interrupted.signum).name} during start-up")
+        return 128 + interrupted.signum
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short
-        local.stop()
+        stopping.set()  # a second Ctrl-C must not cut the shutdown short
+        local.stop(grace=STOP_GRACE)
         progress("stopped; everything it started has exited")
 
 
@@ -310,4 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything the demo started has exited by now; the interpreter's own teardown (torch, transformers, ...) takes
+    # seconds more on a busy machine, which a user who pressed Ctrl-C would wait through for nothing.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

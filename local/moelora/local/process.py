@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -70,6 +71,9 @@ def session(sid: int) -> list[int]:
     return found
 
 
+_gone: weakref.WeakSet[subprocess.Popen[bytes]] = weakref.WeakSet()  # leaders whose whole session has exited
+
+
 def _signal_session(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -98,15 +102,18 @@ def stop_all(processes: Sequence[subprocess.Popen[bytes]], *, timeout: float = 2
     to what is left after `timeout` s, then wait until none is left. Returns the leaders' exit codes (None if one
     never exited). `timeout=0` kills at once, as the kernel does to a PID namespace whose init has exited
     (pid_namespaces(7)): a container's other processes do not outlive its main one."""
+    # A session seen empty is not signalled again: its id may since have been given to an unrelated process.
+    running = [p for p in processes if p not in _gone]
     if timeout > 0:
-        for proc in processes:
+        for proc in running:
             _signal_session(proc, signal.SIGTERM)
-    if timeout <= 0 or not _wait_gone(processes, timeout=timeout):
-        for proc in processes:
+    if timeout <= 0 or not _wait_gone(running, timeout=timeout):
+        for proc in running:
             _signal_session(proc, signal.SIGKILL)
-        if not _wait_gone(processes, timeout=5):
-            left = {p.pid: session(p.pid) for p in processes}
+        if not _wait_gone(running, timeout=5):
+            left = {p.pid: session(p.pid) for p in running}
             log.error("processes left after SIGKILL (session -> pids): %s", left)
+    _gone.update(p for p in running if p.returncode is not None and not session(p.pid))
     return [p.poll() for p in processes]
 
 

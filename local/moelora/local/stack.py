@@ -137,14 +137,16 @@ class Stack:
         self._operator_log = handler
         # Cluster-wide: with a namespace list kopf also lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
         settings = Settings(kubeconfig=str(self.api.kubeconfig), allowed_s3_endpoints=self.allowed_s3_endpoints)
-        self._operator = OperatorThread(settings=settings).start()
+        self._operator = OperatorThread(settings=settings)  # kept before it starts, so an interrupted start stops it
+        self._operator.start()
 
-    def stop(self) -> None:
+    def stop(self, *, grace: float = kubelet.GRACE) -> None:
+        """Take it all down in reverse order; every process it started gets SIGTERM, and SIGKILL after `grace` s."""
         self.progress("stopping")
         if self.kubelet is not None:
-            self.kubelet.stop()
+            self.kubelet.stop(grace=grace)
         if isinstance(self._operator, subprocess.Popen):
-            process.stop(self._operator)
+            process.stop(self._operator, timeout=grace)
         elif self._operator is not None:
             self._operator.stop()
         if self._operator_log is not None:

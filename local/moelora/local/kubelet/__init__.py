@@ -7,6 +7,6 @@ what to run, where its volumes are, which local ports it uses), `pod` (one pod's
 
 from moelora.local.kubelet.controller import LocalKubelet
 from moelora.local.kubelet.plan import ContainerPlan, PodPlan, Probe, plan_pod
-from moelora.local.kubelet.pod import LocalPod
+from moelora.local.kubelet.pod import GRACE, LocalPod, stop_pods
 
-__all__ = ["ContainerPlan", "LocalKubelet", "LocalPod", "PodPlan", "Probe", "plan_pod"]
+__all__ = ["GRACE", "ContainerPlan", "LocalKubelet", "LocalPod", "PodPlan", "Probe", "plan_pod", "stop_pods"]

@@ -43,10 +43,6 @@ class LocalBatch:
         self._bind_claims()
         self._run_jobs()
 
-    def stop(self) -> None:
-        for run in self.runs.values():
-            run.stop()
-
     def _bind_claims(self) -> None:
         for claim in self.rest.items(path=f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims"):
             name = claim["metadata"]["name"]

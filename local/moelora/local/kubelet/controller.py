@@ -29,7 +29,7 @@ from moelora.local.apiserver.client import Rest
 from moelora.local.apiserver.objects import now
 from moelora.local.kubelet.batch import LocalBatch
 from moelora.local.kubelet.plan import LOCAL_NODE, PodPlan, container_ports, plan_pod, template_hash
-from moelora.local.kubelet.pod import LocalPod
+from moelora.local.kubelet.pod import GRACE, LocalPod, stop_pods
 
 log = logging.getLogger("moelora.local.kubelet")
 
@@ -104,14 +104,17 @@ class LocalKubelet:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, grace: float = GRACE) -> None:
+        """Stop every pod (and Job run) together, each container getting SIGTERM and SIGKILL after `grace` s, and
+        delete their Pod objects."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
         with self._lock:
+            running = [pod for pods in self.pods.values() for pod in pods.values()]
+            stop_pods([*running, *self.batch.runs.values()], grace=grace)
             for deployment in list(self.pods):
-                self._scale_to(deployment, [])
-        self.batch.stop()
+                self._scale_to(deployment, [])  # stopped already: this deletes their objects and volumes
 
     def pods_of(self, deployment: str) -> list[LocalPod]:
         with self._lock:

@@ -11,6 +11,7 @@ tests are fast; liveness probes are not acted on (a crash is what restarts a con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -18,7 +19,7 @@ import pathlib
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from moelora.local import process
 from moelora.local.kubelet.plan import ContainerPlan, PodPlan
@@ -26,6 +27,9 @@ from moelora.local.kubelet.plan import ContainerPlan, PodPlan
 log = logging.getLogger("moelora.local.kubelet")
 
 PROBE_INTERVAL = 0.5
+# Seconds from SIGTERM to SIGKILL when a pod is deleted (the rendered terminationGracePeriodSeconds is longer, but
+# vLLM exits within a few seconds of SIGTERM once it serves, and it ignores SIGTERM while it loads).
+GRACE = 20.0
 
 
 @dataclasses.dataclass
@@ -78,12 +82,9 @@ class LocalPod:
             path.mkdir(parents=True, exist_ok=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
-        with self._lock:
-            process.stop_all([s.process for s in self.containers.values() if s.process is not None])
+    def stop(self, *, grace: float = GRACE) -> None:
+        """Stop the supervisor, then every container: SIGTERM, and SIGKILL after `grace` s."""
+        stop_pods([self], grace=grace)
 
     def kill(self, container: str) -> None:
         """Kill one container's process group (SIGKILL), as an OOM kill would; the supervisor restarts it."""
@@ -174,3 +175,18 @@ class LocalPod:
             if not state.ready or state.failures >= probe.failure_threshold:
                 state.ready = False
         return state.ready != before
+
+
+def stop_pods(pods: Sequence[LocalPod], *, grace: float = GRACE) -> None:
+    """Stop pods together: their supervisors first, then every container of every pod at once (SIGTERM, SIGKILL
+    after `grace` s), so stopping many pods takes one grace period, not one each."""
+    for pod in pods:
+        pod._stop.set()
+    for pod in pods:
+        if pod._thread.is_alive():
+            pod._thread.join(timeout=60)
+    with contextlib.ExitStack() as locked:
+        for pod in pods:
+            locked.enter_context(pod._lock)
+        running = [s.process for pod in pods for s in pod.containers.values() if s.process is not None]
+        process.stop_all(running, timeout=grace)
