@@ -212,6 +212,29 @@ def test_rewrite_keeps_bfloat16(tmp_path: pathlib.Path) -> None:
     assert torch.equal(tensors["base_model.model.model.layers.0.mlp.experts.2.up_proj.lora_A.weight"], a[2])
 
 
+@pytest.mark.filterwarnings("ignore:The following alpha_pattern keys did not match:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_folded_scaling_is_torchs_bit_for_bit(tmp_path: pathlib.Path, dtype: torch.dtype) -> None:
+    """lora_B times the folded factor, computed on raw words without torch, equals torch's (t.float() * f).to(dtype)."""
+    _peft_adapter(tmp_path, hidden=16, inter=8, alpha_pattern={"down_proj": 3})
+    weights = tmp_path / "adapter_model.safetensors"
+    save_file({k: t.to(dtype) for k, t in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
+    out = _convert(tmp_path)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    converted = json.loads((out / "adapter_config.json").read_text())
+    experts = "model.layers.0.mlp.experts"
+    factor = (
+        peft_moe.rank_and_scaling(config, f"{experts}.down_proj")[1]
+        / peft_moe.rank_and_scaling(converted, f"{experts}.0.down_proj")[1]
+    )
+    assert factor != 1.0
+    down_b = load_file(str(weights))[f"base_model.model.{experts}.lora_B.weight"]  # down_proj wraps outermost
+    rewritten = load_file(str(out / "adapter_model.safetensors"))
+    for e in range(4):
+        want = (down_b.view(16, 4, 4)[:, :, e].float() * factor).to(dtype)
+        assert torch.equal(rewritten[f"base_model.model.{experts}.{e}.down_proj.lora_B.weight"], want)
+
+
 def test_wrappers_are_told_apart_by_shape_not_nesting(tmp_path: pathlib.Path) -> None:
     """A module registering down_proj first would nest it innermost: the shapes still say which is which."""
     model = _peft_adapter(tmp_path, hidden=24, inter=8)
@@ -262,7 +285,7 @@ def test_unreadable_weights_are_the_adapters_fault(tmp_path: pathlib.Path) -> No
     (tmp_path / "adapter_model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(AdapterError) as caught:
         _convert(tmp_path)
-    assert caught.value.reason is FailureReason.CONFIG_INVALID
+    assert caught.value.reason is FailureReason.WEIGHTS_INVALID  # the agent's own strict parser reads it
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -13,19 +14,23 @@ from moelora.agent.safetensors_stream import TensorSpec, write
 
 
 def test_round_trip_in_any_laid_out_order(tmp_path: pathlib.Path) -> None:
-    tensors = {
-        "z.first": torch.randn(3, 5),
-        "a.second": torch.randn(2, 7).to(torch.bfloat16),
-        "m.third": torch.randn(4, 4, dtype=torch.float64)[:, ::2],  # a strided view is written contiguously
-        "b.fourth": torch.randn(1).to(torch.float16),
+    rng = np.random.default_rng(0)
+    bf16 = torch.randn(2, 7).to(torch.bfloat16)
+    arrays = {
+        "z.first": rng.standard_normal((3, 5)).astype(np.float32),
+        "a.second": bf16.view(torch.int16).numpy().view(np.uint16),  # numpy has no bf16: its raw words
+        "m.third": np.ascontiguousarray(rng.standard_normal((4, 4))[:, ::2]),
+        "b.fourth": rng.standard_normal(1).astype(np.float16),
     }
-    dtypes = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float64: "F64", torch.float16: "F16"}
-    specs = [TensorSpec(name, dtypes[t.dtype], tuple(t.shape)) for name, t in tensors.items()]
+    dtypes = {"z.first": "F32", "a.second": "BF16", "m.third": "F64", "b.fourth": "F16"}
+    specs = [TensorSpec(name, dtypes[name], tuple(a.shape)) for name, a in arrays.items()]
     path = tmp_path / "out.safetensors"
-    write(path, specs, iter(tensors.items()), metadata={"format": "pt"})
+    write(path, specs, iter(arrays.items()), metadata={"format": "pt"})
     loaded = load_file(str(path))
-    assert set(loaded) == set(tensors)
-    assert all(torch.equal(loaded[name], t) for name, t in tensors.items())
+    assert set(loaded) == set(arrays)
+    assert torch.equal(loaded["a.second"], bf16)
+    for name in ("z.first", "m.third", "b.fourth"):
+        assert torch.equal(loaded[name], torch.from_numpy(arrays[name]))
     with safe_open(str(path), framework="pt") as reader:
         assert reader.metadata() == {"format": "pt"}
     assert (int.from_bytes(path.read_bytes()[:8], "little") + 8) % 8 == 0
@@ -34,12 +39,14 @@ def test_round_trip_in_any_laid_out_order(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize(
     "tensors",
     [
-        [("b", torch.zeros(2))],  # not the next laid out
-        [("a", torch.zeros(3))],  # wrong shape
-        [("a", torch.zeros(2, dtype=torch.float16))],  # wrong dtype
-        [("a", torch.zeros(2))],  # "b" never written
-        [("a", torch.zeros(2)), ("b", torch.zeros(1)), ("c", torch.zeros(1))],  # more than laid out
-        [("a", torch.zeros(2, dtype=torch.int64))],  # not a float tensor
+        [("b", np.zeros(2, np.float32))],  # not the next laid out
+        [("a", np.zeros(3, np.float32))],  # wrong shape
+        [("a", np.zeros((1, 2), np.float32))],  # same bytes, another shape
+        [("a", np.zeros(2, np.float16))],  # wrong item size
+        [("a", np.zeros(4, np.float32)[::2])],  # not contiguous
+        [("a", np.zeros(2, np.float32))],  # "b" never written
+        [("a", np.zeros(2, np.float32)), ("b", np.zeros(1, np.float32)), ("c", np.zeros(1, np.float32))],  # extra
+        [("a", np.zeros(2, np.int64))],  # 8-byte items for a 4-byte dtype
     ],
 )
 def test_refuses_tensors_that_break_the_layout(tmp_path: pathlib.Path, tensors: list) -> None:

@@ -24,8 +24,7 @@ RUNTIME = ("moelora.api", "moelora.operator", "moelora.agent", "moelora.vllm_plu
 # top of vLLM's image, which brings torch, triton and vLLM itself).
 IMAGES = {
     "operator": (("moelora.api", "moelora.operator"), "operator", set()),
-    # The agent runs in the server image: rewriting PEFT's fused experts uses vLLM's torch and safetensors there.
-    "agent": (("moelora.api", "moelora.agent"), "agent", {"torch", "safetensors"}),
+    "agent": (("moelora.api", "moelora.agent"), "agent", set()),
     "plugin": (("moelora.vllm_plugin", "moelora.kernels"), "", {"torch", "triton", "vllm"}),
 }
 

@@ -30,8 +30,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from moelora.agent import safetensors_stream
+import numpy as np
+
+from moelora.agent import safetensors_header, safetensors_stream, values
 from moelora.agent.errors import AdapterError
+from moelora.agent.safetensors_header import TensorInfo
 from moelora.agent.safetensors_stream import TensorSpec
 from moelora.agent.source import CONFIG_FILE, WEIGHTS_FILE
 from moelora.api import FailureReason
@@ -100,7 +103,7 @@ def servable(directory: pathlib.Path, *, base_model: str) -> pathlib.Path:
             converted = rewrite(directory / WEIGHTS_FILE, temp / WEIGHTS_FILE, config, the_plan)
         except (AdapterError, OSError):
             raise
-        except Exception as error:  # noqa: BLE001 - a file safetensors or torch cannot read is the adapter's fault
+        except Exception as error:  # noqa: BLE001 - a file that cannot be rewritten is the adapter's fault
             raise _invalid(f"cannot rewrite {WEIGHTS_FILE} per expert: {error}") from None
         (temp / CONFIG_FILE).write_text(json.dumps(converted, indent=2))
         try:
@@ -190,6 +193,7 @@ def _steps(
     if out_features % len(projections):
         raise _invalid(f"{module}.{parameter}: lora_B's {out_features} rows do not split into gate and up")
     part = out_features // len(projections)
+    b_bound = values.bounds(converted).b
     a_steps: list[tuple[TensorSpec, Callable[[Any], Any]]] = []
     b_steps: list[tuple[TensorSpec, Callable[[Any], Any]]] = []
     for e in range(experts):
@@ -199,22 +203,44 @@ def _steps(
             factor = scaling / rank_and_scaling(converted, f"{module}.{e}.{projection}")[1]
             a_spec = TensorSpec(f"{name}.lora_A.weight", dtypes[keys["A"]], (rank, in_features))
             b_spec = TensorSpec(f"{name}.lora_B.weight", dtypes[keys["B"]], (part, rank))
-            a_steps.append((a_spec, lambda t, e=e: t.view(experts, rank, in_features)[e]))
+            a_steps.append((a_spec, lambda t, e=e: t.reshape(experts, rank, in_features)[e]))
             b_steps.append(
                 (
                     b_spec,
-                    lambda t, e=e, i=i, f=factor: _scaled(
-                        t.view(out_features, rank, experts)[i * part : (i + 1) * part, :, e], f
+                    lambda t, e=e, i=i, f=factor, spec=b_spec: _scaled(
+                        t.reshape(out_features, rank, experts)[i * part : (i + 1) * part, :, e], f, spec, b_bound
                     ),
                 )
             )
     return [_Step(keys["A"], a_steps), _Step(keys["B"], b_steps)]
 
 
-def _scaled(tensor: Any, factor: float) -> Any:
+def _scaled(words: np.ndarray, factor: float, spec: TensorSpec, bound: float) -> np.ndarray:
+    """lora_B's raw words times `factor` as torch computes `(t.float() * factor).to(dtype)`: in float32, rounded to
+    nearest even; the result must pass the value checks under the new config's `bound` too (a small scaling of the
+    new names makes the stored values larger)."""
     if factor == 1.0:
-        return tensor
-    return (tensor.float() * factor).to(tensor.dtype)
+        return words
+    product = _as_float32(words, spec.dtype) * np.float32(factor)
+    if spec.dtype == "F32":
+        scaled = product.view(np.uint32)
+    elif spec.dtype == "F16":
+        scaled = product.astype(np.float16).view(np.uint16)
+    else:
+        bits = product.view(np.uint32)
+        scaled = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+            np.uint16
+        )
+    values.check_array(scaled, name=spec.name, dtype=spec.dtype, bound=bound)
+    return scaled
+
+
+def _as_float32(words: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "F32":
+        return words.view(np.float32)
+    if dtype == "F16":
+        return words.view(np.float16).astype(np.float32)
+    return (words.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def converted_config(config: dict[str, Any], projections: list[str]) -> dict[str, Any]:
@@ -241,55 +267,66 @@ def rewrite(source: pathlib.Path, target: pathlib.Path, config: dict[str, Any], 
     """Write `source`'s tensors to `target` with every fused expert LoRA split per expert; return the new config.
 
     Streams: each source tensor is read once and its pieces written before the next is read, so memory holds one
-    source tensor (one layer's fused A or B) at a time.
+    source tensor (one layer's fused A or B) at a time. Tensors are handled as their raw words (values.WORD), so the
+    split is exact for every dtype. `source` has passed validate(); the header is read by our own parser again.
     """
-    from safetensors import safe_open
-
-    with safe_open(str(source), framework="pt") as reader:
-        names = list(reader.keys())
-        shapes = {k: tuple(reader.get_slice(k).get_shape()) for k in names}
-        dtypes = {k: reader.get_slice(k).get_dtype() for k in names}
-        unknown = sorted({d for d in dtypes.values() if d not in ("F32", "F16", "BF16", "F64")})
-        if unknown:
-            raise _invalid(f"{WEIGHTS_FILE} holds tensors of dtype {unknown}, not LoRA weights")
-        fused: dict[tuple[str, str], dict[int, dict[str, str]]] = {}
-        plain = []
-        for key in names:
-            found = _EXPERT_KEY.match(key)
-            if found is None:
-                plain.append(key)
-                continue
-            full = found["module"]
-            prefix = _PEFT_PREFIX if full.startswith(_PEFT_PREFIX) else ""
-            depth = found["nest"].count(".base_layer")
-            fused.setdefault((prefix, full.removeprefix(prefix)), {}).setdefault(depth, {})[found["ab"]] = key
-        if not fused:
-            raise _invalid(f"target_parameters {list(the_plan.parameters)} but {WEIGHTS_FILE} has no fused expert LoRA")
-        plans = []
-        projections: set[str] = set()
-        for (prefix, module), by_depth in sorted(fused.items()):
-            keys = [by_depth[d] for d in sorted(by_depth, reverse=True)]  # innermost first
-            if any(set(k) != {"A", "B"} for k in keys) or sorted(by_depth) != list(range(len(keys))):
-                raise _invalid(f"{module}: incomplete fused expert LoRA tensors in {WEIGHTS_FILE}")
-            wrappers = [{ab: shapes[k[ab]] for ab in "AB"} for k in keys]
-            if any(len(s) != 2 for w in wrappers for s in w.values()):
-                raise _invalid(f"{module}: fused expert LoRA tensors must be 2D")
-            for parameter, wrapper, wkeys in zip(_assign(module, wrappers, the_plan.parameters), wrappers, keys):
-                plans.append((prefix, module, wrapper, parameter, wkeys))
-                projections.update(PROJECTIONS[parameter])
-        order = [p for p in ("gate_proj", "up_proj", "down_proj") if p in projections]
-        converted = converted_config(config, order)
-        steps = [_Step(k, [(TensorSpec(k, dtypes[k], shapes[k]), lambda t: t)]) for k in plain]
-        for prefix, module, wrapper, parameter, wkeys in plans:
-            steps += _steps(prefix, module, wrapper, parameter, config, converted, dtypes, wkeys)
-        specs = [spec for step in steps for spec, _ in step.outputs]
-        safetensors_stream.write(target, specs, _produce(reader, steps), metadata=reader.metadata())
+    header = safetensors_header.read(source)
+    infos = header.tensors
+    names = sorted(infos, key=lambda k: infos[k].begin)
+    shapes = {k: infos[k].shape for k in names}
+    dtypes = {k: infos[k].dtype for k in names}
+    fused: dict[tuple[str, str], dict[int, dict[str, str]]] = {}
+    plain = []
+    for key in names:
+        found = _EXPERT_KEY.match(key)
+        if found is None:
+            plain.append(key)
+            continue
+        full = found["module"]
+        prefix = _PEFT_PREFIX if full.startswith(_PEFT_PREFIX) else ""
+        depth = found["nest"].count(".base_layer")
+        fused.setdefault((prefix, full.removeprefix(prefix)), {}).setdefault(depth, {})[found["ab"]] = key
+    if not fused:
+        raise _invalid(f"target_parameters {list(the_plan.parameters)} but {WEIGHTS_FILE} has no fused expert LoRA")
+    plans = []
+    projections: set[str] = set()
+    for (prefix, module), by_depth in sorted(fused.items()):
+        keys = [by_depth[d] for d in sorted(by_depth, reverse=True)]  # innermost first
+        if any(set(k) != {"A", "B"} for k in keys) or sorted(by_depth) != list(range(len(keys))):
+            raise _invalid(f"{module}: incomplete fused expert LoRA tensors in {WEIGHTS_FILE}")
+        wrappers = [{ab: shapes[k[ab]] for ab in "AB"} for k in keys]
+        if any(len(s) != 2 for w in wrappers for s in w.values()):
+            raise _invalid(f"{module}: fused expert LoRA tensors must be 2D")
+        for parameter, wrapper, wkeys in zip(_assign(module, wrappers, the_plan.parameters), wrappers, keys):
+            plans.append((prefix, module, wrapper, parameter, wkeys))
+            projections.update(PROJECTIONS[parameter])
+    order = [p for p in ("gate_proj", "up_proj", "down_proj") if p in projections]
+    converted = converted_config(config, order)
+    steps = [_Step(k, [(TensorSpec(k, dtypes[k], shapes[k]), lambda t: t)]) for k in plain]
+    for prefix, module, wrapper, parameter, wkeys in plans:
+        steps += _steps(prefix, module, wrapper, parameter, config, converted, dtypes, wkeys)
+    specs = [spec for step in steps for spec, _ in step.outputs]
+    data_start = source.stat().st_size - header.data_bytes
+    with source.open("rb") as stream:
+        produced = _produce(stream, data_start, infos, steps)
+        safetensors_stream.write(target, specs, produced, metadata=header.metadata or None)
     return converted
 
 
-def _produce(reader: Any, steps: list[_Step]) -> Iterator[tuple[str, Any]]:
+def _read(stream: Any, data_start: int, info: TensorInfo) -> np.ndarray:
+    """One tensor's raw words, in its shape."""
+    stream.seek(data_start + info.begin)
+    raw = stream.read(info.end - info.begin)
+    if len(raw) != info.end - info.begin:
+        raise _invalid(f"{WEIGHTS_FILE} ended inside tensor {info.name}")
+    return np.frombuffer(raw, values.WORD[info.dtype]).reshape(info.shape)
+
+
+def _produce(
+    stream: Any, data_start: int, infos: dict[str, TensorInfo], steps: list[_Step]
+) -> Iterator[tuple[str, Any]]:
     for step in steps:
-        tensor = reader.get_tensor(step.source)
+        words = _read(stream, data_start, infos[step.source])
         for spec, make in step.outputs:
-            yield spec.name, make(tensor)
-        del tensor
+            yield spec.name, np.ascontiguousarray(make(words))
+        del words

@@ -10,9 +10,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-# safetensors' names for the dtypes adapters are stored in.
-DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
-_ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+ITEM_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 _ALIGN = 8  # safetensors pads its header so the data starts 8-byte aligned
 
 
@@ -27,15 +25,7 @@ class TensorSpec:
         count = 1
         for size in self.shape:
             count *= size
-        return count * _ITEM_BYTES[self.dtype]
-
-
-def dtype_name(tensor: Any) -> str:
-    """safetensors' dtype name of a torch tensor; ValueError for dtypes an adapter has no business holding."""
-    name = str(tensor.dtype).removeprefix("torch.")
-    if name not in DTYPE_NAMES:
-        raise ValueError(f"unsupported tensor dtype {name}")
-    return DTYPE_NAMES[name]
+        return count * ITEM_BYTES[self.dtype]
 
 
 def _header(specs: Sequence[TensorSpec], metadata: dict[str, str] | None) -> bytes:
@@ -63,7 +53,9 @@ def write(
     *,
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Write `tensors` (name, torch tensor), which must come exactly in `specs`' order and match them, to `path`."""
+    """Write `tensors` (name, array), which must come exactly in `specs`' order and match them, to `path`. An array is
+    anything with the buffer protocol (a numpy array), C-contiguous, of the spec's shape and item size: bf16 comes
+    as its raw 16-bit words, since numpy has no bf16."""
     header = _header(specs, metadata)
     expected = iter(specs)
     with path.open("wb") as stream:
@@ -73,15 +65,14 @@ def write(
             spec = next(expected, None)
             if spec is None or spec.name != name:
                 raise ValueError(f"tensor {name!r} is not the next one laid out ({spec.name if spec else 'none'})")
-            if tuple(tensor.shape) != spec.shape or dtype_name(tensor) != spec.dtype:
-                raise ValueError(f"tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}, laid out as {spec}")
-            stream.write(tensor.contiguous().reshape(-1).view(_byte_dtype()).numpy().tobytes())
+            view = memoryview(tensor)
+            if tuple(view.shape or ()) != spec.shape or view.itemsize != ITEM_BYTES[spec.dtype]:
+                raise ValueError(
+                    f"tensor {name!r} is {tuple(view.shape or ())} of {view.itemsize}-byte items, laid out as {spec}"
+                )
+            if not view.c_contiguous:
+                raise ValueError(f"tensor {name!r} is not contiguous")
+            stream.write(view.cast("B"))
         missing = next(expected, None)
         if missing is not None:
             raise ValueError(f"tensor {missing.name!r} was laid out but never written")
-
-
-def _byte_dtype() -> Any:
-    import torch
-
-    return torch.uint8
