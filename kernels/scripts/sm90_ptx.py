@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moelora.kernels import expand, routing, shrink
+from moelora.kernels import expand, onepass, routing, shrink
 
 TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {
@@ -45,9 +45,22 @@ POINTERS = {
     "counts_ptr": "*i32",
     "rank_ptr": "*i32",
     "group_end_ptr": "*i32",
+    "count_ptr": "*i32",
 }
 UNIT_STRIDES = {"stride_xk", "stride_ak", "stride_br", "stride_on"}
-NOT_DIVISIBLE = {"num_pairs", "max_blocks", "ready_len", "top_k", "num_experts", "max_loras", "rank", "stride_w"}
+NOT_DIVISIBLE = {
+    "num_pairs",
+    "max_blocks",
+    "ready_len",
+    "top_k",
+    "num_experts",
+    "max_loras",
+    "rank",
+    "stride_w",
+    "n_split",
+    "k_tiles",
+    "n_tiles",
+}
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 
@@ -140,6 +153,36 @@ def main() -> None:
                 f"per_pair={per_pair:d} a_before_wait={early:d}{tag}: "
                 + describe(compile_sm90(shrink._shrink_kernel, sliced(consts, "a1_ptr", slices), warps, stages))
             )
+    # The one-kernel op (onepass routing): the gate_up op (x per token, routing not yet settled, one or two slices)
+    # and the down op (x per pair, routed weights, settled), GPT-OSS's tiles.
+    for slices, per_pair, block_k, block_n, warps, stages in (
+        (1, False, 64, 256, 4, 2),
+        (2, False, 64, 256, 4, 2),
+        (1, True, 64, 256, 4, 2),
+        (1, False, 128, 128, 8, 3),
+        (1, True, 32, 64, 4, 4),
+    ):
+        consts = {
+            "X_PER_PAIR": per_pair,
+            "MUL_ROUTED_WEIGHT": per_pair,
+            "BLOCK_K": block_k,
+            "BLOCK_N": block_n,
+            "RANK_PAD": 32,
+            "SPLIT_PAD": onepass.SPLIT_PAD,
+            "EVEN_K": True,
+            "EVEN_N": False,
+            "EVEN_R": True,
+            "ROUTING_SETTLED": per_pair,
+            "USE_PDL": True,
+            "NUM_SLICES": slices,
+            "PHASE": 0,
+        }
+        if slices == 1:
+            consts.update(a1_ptr=None, b1_ptr=None)
+        print(
+            f"onepass per_pair={per_pair:d} block_k={block_k} block_n={block_n} warps={warps} stages={stages} "
+            f"slices={slices}: " + describe(compile_sm90(onepass._onepass_kernel, consts, warps, stages))
+        )
     # The routing kernels, as moe_lora_routing launches them at 256 pairs over 256 groups.
     print(
         "route tiny: "

@@ -213,3 +213,56 @@ def test_register_caps_change_no_bits(k):
         got = layer_from(bench, inp, base, capped)
         assert not torch.equal(expected[0], base[0])  # the layer did add something
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize(
+    "model, rank, adapters, m",
+    [
+        ("gpt-oss", 32, 8, 1),  # 4 pairs: many CTAs per pair, the partials handed over inside the kernel
+        ("gpt-oss", 32, 8, 16),
+        ("gpt-oss", 32, 8, 33),  # 132 pairs: about one CTA per pair
+        ("gpt-oss", 128, 2, 3),  # rank 128
+        ("qwen3", 32, 8, 1),
+        ("qwen3", 32, 8, 16),  # w13: 128 pairs x 2 slices, more CTAs than SMs
+        ("qwen3", 64, 4, 5),
+        ("gpt-oss", 16, 3, 300),  # 1200 pairs: too many to be resident at once, the two-kernel path runs
+    ],
+)
+def test_one_kernel_op_matches_reference(k, model, rank, adapters, m):
+    e13, e2 = layer_check(k, model, rank, adapters, m, route="onepass", seed=m + rank)
+    assert e13 < TOL and e2 < TOL, (e13, e2)
+
+
+@pytest.mark.parametrize("model, m", [("gpt-oss", 1), ("gpt-oss", 16), ("qwen3", 1), ("qwen3", 16)])
+def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
+    # Each CTA waits for the partial sums of its pair's other CTAs, and the counters must be back at zero for the
+    # next op: a replayed graph of the layer gives the eager bits every time, and leaves the counters at zero.
+    from moelora.kernels.onepass import _counters
+
+    _, bench = k
+    inp = bench.make_inputs(model, 32, 8, m, seed=10 + m)
+    base = inp.gate_up_out.clone(), inp.down_out.clone()
+    cfg = bench.default_layer_config(inp, route_method="onepass")
+    expected = layer_from(bench, inp, base, cfg)
+    assert not torch.equal(expected[0], base[0]) and not torch.equal(expected[1], base[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(4):  # four layers in a row on the same counters
+            bench.run_layer(inp, cfg)
+    for _ in range(5):
+        inp.gate_up_out.copy_(base[0])
+        inp.down_out.copy_(base[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        # four additions of the same contribution
+        once13, once2 = expected[0].double() - base[0].double(), expected[1].double() - base[1].double()
+        assert torch.allclose(inp.gate_up_out.double(), base[0].double() + 4 * once13, rtol=0.02, atol=0.02)
+        assert torch.allclose(inp.down_out.double(), base[1].double() + 4 * once2, rtol=0.02, atol=0.02)
+    assert not any(buf.any() for buf in _counters.values())
+    # and the same bits on every replay
+    first = inp.gate_up_out.clone(), inp.down_out.clone()
+    inp.gate_up_out.copy_(base[0])
+    inp.down_out.copy_(base[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(inp.gate_up_out, first[0]) and torch.equal(inp.down_out, first[1])

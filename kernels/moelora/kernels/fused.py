@@ -24,13 +24,16 @@ One op may carry two slices (vLLM's w13 for Qwen3-MoE: gate and up, each its own
 of both kernels picks the slice, so the slices share one routing and one launch of each kernel, and slice s writes
 output columns [s * N, (s + 1) * N). One slice compiles to the same code as before slices existed.
 
+At decode sizes the routing may ask for one kernel per op instead (`onepass` routing, onepass.py): direct routing's
+pairs, each split over several CTAs that hand the rank intermediate to each other inside the kernel.
+
 `fused_moe_lora` runs one op; `plan_op` validates the same arguments and returns an `OpPlan` whose `shrink()` and
-`expand()` launch the two kernels one at a time (the benchmark times them apart).
+`expand()` launch the two kernels one at a time (the benchmark times them apart), and `run()` the whole op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +42,7 @@ import triton
 from ._pdl import use_pdl
 from .expand import launch_expand
 from .launch_config import KernelConfig, default_config
+from .onepass import launch_onepass
 from .routing import MoeLoraRouting
 from .shrink import launch_shrink
 
@@ -70,6 +74,19 @@ class OpPlan:
     lora_a1: torch.Tensor | None = None  # slice 1's lora_a, None with one slice
     lora_b1: torch.Tensor | None = None  # slice 1's lora_b
     partials: torch.Tensor | None = None  # (slices, split_k, P, rank_pad) float32, written by shrink()
+
+    def run(self) -> None:
+        """The whole op: one kernel when the routing asks for it (one_pass) and its CTAs fit on the GPU at once,
+        else the shrink and the expand."""
+        if not (self.routing.one_pass and launch_onepass(self)):
+            self.shrink()
+            self.expand()
+
+    def launches(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """The op as two steps, for timing them apart: (shrink, expand), or (run, nothing) for a one-pass op."""
+        if self.routing.one_pass:
+            return self.run, lambda: None
+        return self.shrink, self.expand
 
     def shrink(self) -> None:
         """Launch the shrink kernel: x_rows @ A.T into this plan's partial sums."""
@@ -120,8 +137,7 @@ def fused_moe_lora(
         config=config,
     )
     if plan is not None:
-        plan.shrink()
-        plan.expand()
+        plan.run()
 
 
 def plan_op(

@@ -37,6 +37,15 @@ class KernelConfig:
     shrink_maxnreg: int | None = None
     expand_maxnreg: int | None = None
     pdl: bool | None = None  # None: on where supported (use_pdl)
+    # The one-kernel op (onepass routing, onepass.py): its K and N tiles, warps and pipeline stages, the resident
+    # CTAs per SM it spreads a batch over (capped by what the compiled kernel leaves room for), and at most this many
+    # CTAs per (pair, slice) (0: up to onepass.SPLIT_PAD).
+    one_pass_block_k: int = 64
+    one_pass_block_n: int = 256
+    one_pass_warps: int = 4
+    one_pass_stages: int = 2
+    one_pass_ctas_per_sm: int = 4
+    one_pass_max_split: int = 0
 
 
 def _num_sms(device: torch.device) -> int:

@@ -18,6 +18,10 @@ Or no grouping at all ("direct"): every pair is its own block, found by the comp
 token map themselves. No routing launch sits in front of the op; pairs that share an (adapter, expert) read its
 weights once each, the repeats mostly from L2. That pays only while few pairs share a group (decode).
 
+"onepass" is direct routing whose ops each run as one kernel (onepass.py): a pair's shrink split over several
+CTAs that hand the rank intermediate to each other inside the kernel, where the two-kernel path pays a second launch
+and a kernel boundary. It pays at decode sizes, where those dominate.
+
 Block capacity is static so the launch grids are known on the host: there are at most
 min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group plus full ones).
 
@@ -51,6 +55,8 @@ _TINY_AUTO = 32
 # while few pairs share a group's weights, skipping the grouping launch beats reading a shared slice once
 # (docs/benchmarks.md, Kernels: direct routing at decode).
 _DIRECT_MAX_SHARE = 0.5
+# `decode` runs ops as one kernel each (onepass) up to this many pairs.
+_ONE_PASS_DECODE = 128
 # Ops on one routing that get per-block readiness counters (a layer has two, or three when vLLM splits gate_up);
 # later ones wait for their shrink grid as a whole.
 READY_SLOTS = 4
@@ -65,6 +71,7 @@ class MoeLoraRouting:
     num_blocks: (1,) int32, the number of valid rows of block_table.
     topk_ids: (P,) the flattened expert ids; token_lora: (M,) the adapter slots (read by the kernels when direct).
     direct: no grouping was done; block b is pair b, and sorted_pairs / block_table / num_blocks are not read.
+    one_pass: direct, and each op runs as one kernel where its CTAs fit on the GPU at once (onepass.py).
     """
 
     sorted_pairs: torch.Tensor
@@ -79,6 +86,7 @@ class MoeLoraRouting:
     topk_ids: torch.Tensor
     token_lora: torch.Tensor
     direct: bool = False
+    one_pass: bool = False
     ready: torch.Tensor | None = None  # (READY_SLOTS, max_blocks) int32, zeroed by the grouping kernel
     _ops_begun: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
 
@@ -97,11 +105,14 @@ class MoeLoraRouting:
 
 def resolve_method(method: str, num_pairs: int, num_groups: int) -> str:
     """The routing method `method` stands for with this many (token, slot) pairs over this many (adapter, expert)
-    groups: "auto" is direct while pairs are at most _DIRECT_MAX_SHARE of the groups, else as "grouped"; "grouped"
-    is the first of tiny, single, multi that fits; any other name stands for itself."""
+    groups: "auto" is direct while pairs are at most _DIRECT_MAX_SHARE of the groups, else as "grouped"; "decode" is
+    onepass up to _ONE_PASS_DECODE pairs, else as "grouped"; "grouped" is the first of tiny, single, multi that
+    fits; any other name stands for itself."""
+    if method == "decode" and num_pairs <= _ONE_PASS_DECODE:
+        return "onepass"
     if method == "auto" and num_pairs <= _DIRECT_MAX_SHARE * num_groups:
         return "direct"
-    if method in ("auto", "grouped"):
+    if method in ("auto", "decode", "grouped"):
         return "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
     return method
 
@@ -133,10 +144,11 @@ def moe_lora_routing(
     token_lora_mapping: (M,) int32/int64 adapter slot per token, -1 for none (also skipped past max_loras);
     block_m: pairs per block, a power of two >= 16 (the compute kernels' BLOCK_M);
     pdl: programmatic dependent launch, None = where supported (see _pdl.use_pdl);
-    method: "direct" (no launch: one block per pair, see the module docstring), "tiny" (<= 256 pairs, one launch,
+    method: "direct" (no launch: one block per pair, see the module docstring), "onepass" (direct, each op one
+        kernel where it fits), "tiny" (<= 256 pairs, one launch,
         all in registers), "single" (<= 1024 pairs, one launch with global atomics), "multi" (two launches and a
         memset); "grouped": the first of tiny, single, multi that fits; "auto": direct while pairs are at most
-        half the groups (adapters x experts), else grouped.
+        half the groups (adapters x experts), else grouped; "decode": onepass up to 128 pairs, else grouped.
     The result can be shared by the gate_up and down ops of a layer (same routing, same block_m).
     """
     if topk_ids.dim() != 2 or token_lora_mapping.shape != (topk_ids.shape[0],):
@@ -153,7 +165,7 @@ def moe_lora_routing(
     topk_flat = topk_ids.contiguous().view(-1)
     lora = token_lora_mapping.contiguous()
     method = resolve_method(method, num_pairs, num_groups)
-    if method == "direct":
+    if method in ("direct", "onepass"):
         return MoeLoraRouting(
             sorted_pairs=topk_flat,
             block_table=topk_flat,
@@ -167,6 +179,7 @@ def moe_lora_routing(
             topk_ids=topk_flat,
             token_lora=lora,
             direct=True,
+            one_pass=method == "onepass",
         )
     max_blocks = max_blocks_for(num_pairs, num_groups, block_m)
     sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)

@@ -193,7 +193,8 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
         mul_routed_weight=True,
         config=cfg.w2,
     )
-    launches = [f for op in gate_up for f in (op.shrink, op.expand)] + [down.shrink, down.expand]
+    # A one-pass op is one launch: its whole time counts as its "shrink" stage.
+    launches = [f for op in gate_up for f in op.launches()] + list(down.launches())
     last = len(launches) - 2
     for launch in launches[: {1: 0, 2: 1, 3: last, 4: last + 1}[stages]]:
         launch()
@@ -315,24 +316,11 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
     """Coordinate descent over the launch parameters, one at a time, on the whole layer's graph time."""
     best, best_us = base, case.time(base)
     log(f"    sweep start {best_us:.1f} us {best}")
-    choices = {
-        "split_k": (1, 2, 4, 8, 16),
-        "shrink_block_k": (64, 128, 256),
-        "shrink_stages": (2, 3, 4, 5, 6),
-        "shrink_warps": (2, 4, 8),
-        "expand_block_n": (64, 128, 256, 512, 1024),
-        "expand_warps": (4, 8),
-        "expand_tiles": (1, 2, 4, 8, 16),
-        "expand_stages": (1, 2, 3, 4),
-        "wait_per_block": (False, True),
-        "shrink_maxnreg": (None, 64, 96, 128),
-        "expand_maxnreg": (None, 48, 56, 64, 72, 96),
-    }
     pairs = case.sets[0].topk_ids.numel()
     current = routing_method(best, case.sets[0])
-    methods = [m for m in ("direct", "tiny", "single", "multi") if method_takes(m, pairs)]
+    methods = [m for m in ("direct", "onepass", "tiny", "single", "multi") if method_takes(m, pairs)]
     if best.route_method != "auto":  # a named routing keeps its kind: a grouped sweep tunes the grouped entries
-        methods = [m for m in methods if (m == "direct") == (current == "direct")]
+        methods = [m for m in methods if _kind(m) == _kind(current)]
     for method in methods:
         if method == current:
             continue
@@ -340,6 +328,8 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
         log(f"    route {method}: {us:.1f} us")
         if us < best_us * 0.99:
             best, best_us = replace(best, route_method=method), us
+    one_pass = routing_method(best, case.sets[0]) == "onepass"
+    choices = ONE_PASS_CHOICES if one_pass else TWO_KERNEL_CHOICES
     for op, (field, values) in itertools.product(("w13", "w2"), choices.items()):
         for v in values:
             cand_op = replace(getattr(best, op), **{field: v})
@@ -353,6 +343,9 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
                 continue
             if us < best_us * 0.99:
                 best, best_us = cand, us
+    if one_pass:  # one kernel, no expand spans to move
+        log(f"    sweep best {best_us:.1f} us {best}")
+        return best, best_us
     # The expand's N loop is software-pipelined only with several tiles and stages together, a move that one
     # parameter at a time cannot find. Spans that divide N give every CTA of a block the same number of tiles.
     moves = [
@@ -372,6 +365,34 @@ def sweep(case: Case, base: LayerConfig, log) -> tuple[LayerConfig, float]:
             best, best_us = cand, us
     log(f"    sweep best {best_us:.1f} us {best}")
     return best, best_us
+
+
+def _kind(method: str) -> str:
+    """direct, onepass, or grouped (tiny, single and multi group the pairs alike)."""
+    return method if method in ("direct", "onepass") else "grouped"
+
+
+TWO_KERNEL_CHOICES = {
+    "split_k": (1, 2, 4, 8, 16),
+    "shrink_block_k": (64, 128, 256),
+    "shrink_stages": (2, 3, 4, 5, 6),
+    "shrink_warps": (2, 4, 8),
+    "expand_block_n": (64, 128, 256, 512, 1024),
+    "expand_warps": (4, 8),
+    "expand_tiles": (1, 2, 4, 8, 16),
+    "expand_stages": (1, 2, 3, 4),
+    "wait_per_block": (False, True),
+    "shrink_maxnreg": (None, 64, 96, 128),
+    "expand_maxnreg": (None, 48, 56, 64, 72, 96),
+}
+# The one-kernel op's own fields (onepass routing).
+ONE_PASS_CHOICES = {
+    "one_pass_block_k": (32, 128),
+    "one_pass_block_n": (128, 512),
+    "one_pass_warps": (2, 8),
+    "one_pass_stages": (1, 3),
+    "one_pass_ctas_per_sm": (1, 2, 8),
+}
 
 
 # (expand_block_n, expand_tiles, expand_stages) tried together by the sweep: the best w13 expands kernels/scripts/
@@ -401,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--route",
         default="auto",
-        choices=("auto", "grouped", "direct", "tiny", "single", "multi"),
+        choices=("auto", "decode", "grouped", "onepass", "direct", "tiny", "single", "multi"),
         help="routing method of every case (default: what the op picks)",
     )
     p.add_argument(
