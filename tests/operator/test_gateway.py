@@ -1,21 +1,30 @@
-"""The InferencePool and HTTPRoute of a ModelServer routed through an inference gateway."""
+"""The InferencePool, HTTPRoute and body-based router ConfigMap of a ModelServer routed through an inference gateway,
+judged by the published CRDs (tests/operator/published.py) and by the body-based router's own contract."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
+import yaml
 
+from moelora.local.apiserver import upstream
 from moelora.operator import gateway
-from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.errors import SpecProblem
 from moelora.operator.settings import Settings
 
-from . import published_schemas as facts
 from .conftest import k8s_valid, make_spec
-from .schema_check import problems
+from .published import problems
 
 ROUTED = {"routing": {"gateway": {"enabled": True, "parentRefs": [{"name": "inference-gw", "namespace": "gw"}]}}}
+# gateway-api-inference-extension api/v1 EndpointPickerRef and its inferencepool chart: the picker's gRPC port.
+EPP_DEFAULT_PORT = 9002
+# The HTTPRoute CRD's rule on spec.rules (gateway-api v1.6.1, standard channel), quoted as published.
+MATCHES_RULE_MESSAGE = (
+    "While 16 rules and 64 matches per rule are allowed, the total number of matches across all rules in a route "
+    "must be less than 128"
+)
 
 
 def render(settings: Settings, adapters: frozenset[str] = frozenset(), **overrides: object) -> dict[str, dict]:
@@ -30,16 +39,26 @@ def render(settings: Settings, adapters: frozenset[str] = frozenset(), **overrid
     return {child["kind"]: child for child in children}
 
 
+def bbr_mapping(config_map: dict) -> dict[str, str]:
+    """model name -> base model, as the body-based router's adapters store builds it from a ConfigMap
+    (pkg/bbr/plugins/basemodelextractor: `baseModel` trimmed, `adapters` a YAML list of names, blanks skipped)."""
+    data = config_map["data"]
+    base = data["baseModel"].strip()
+    adapters = [str(name).strip() for name in yaml.safe_load(data.get("adapters") or "[]") or []]
+    return {base: base, **{name: base for name in adapters if name}}
+
+
 def test_the_pool_selects_the_servers_pods_on_vllms_port_and_names_the_picker(settings: Settings) -> None:
     pool = render(settings)["InferencePool"]
-    assert problems(pool, facts.INFERENCE_POOL) == []
+    for release in upstream.INFERENCE_POOL_RELEASES:  # every Inference Extension release vendored stores it
+        assert problems(pool, file=release) == [], release
     assert pool["spec"]["selector"] == {"matchLabels": {"moelora.io/model-server": "srv"}}
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]
     assert pool["spec"]["endpointPickerRef"] == {
         "group": "",
         "kind": "Service",
         "name": "srv-epp",
-        "port": {"number": facts.EPP_DEFAULT_PORT},
+        "port": {"number": EPP_DEFAULT_PORT},
         "failureMode": "FailClose",
     }
 
@@ -52,73 +71,158 @@ def test_a_picker_of_the_users_choosing(settings: Settings) -> None:
     assert (ref["name"], ref["port"], ref["failureMode"]) == ("shared-epp", {"number": 9100}, "FailOpen")
 
 
-def test_the_route_matches_the_base_model_and_every_adapter_by_the_bbr_header(settings: Settings) -> None:
-    route = render(settings, adapters=frozenset({"team-b", "team-a"}))["HTTPRoute"]
-    assert problems(route, facts.HTTP_ROUTE) == []
+def test_one_match_on_the_base_model_header_however_many_adapters(settings: Settings) -> None:
+    adapters = frozenset(f"adapter-{index:04}" for index in range(1000))
+    route = render(settings, adapters=adapters)["HTTPRoute"]
+    assert problems(route) == []
     assert route["spec"]["parentRefs"] == [{"name": "inference-gw", "namespace": "gw"}]
     [rule] = route["spec"]["rules"]
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "srv"}]
-    headers = [match["headers"] for match in rule["matches"]]
-    assert headers == [
-        [{"type": "Exact", "name": facts.BBR_MODEL_HEADER, "value": model}] for model in ("srv", "team-a", "team-b")
-    ]
+    assert rule["matches"] == [{"headers": [{"type": "Exact", "name": "X-Gateway-Base-Model-Name", "value": "srv"}]}]
 
 
-def test_the_base_models_served_name_is_matched_once(settings: Settings) -> None:
-    route = render(settings, adapters=frozenset({"base"}), model={"name": "org/m", "servedName": "base"})["HTTPRoute"]
-    values = [m["headers"][0]["value"] for m in route["spec"]["rules"][0]["matches"]]
-    assert values == ["base"]
+def test_the_config_map_maps_every_adapter_to_the_base_model_as_bbr_reads_it(settings: Settings) -> None:
+    children = render(settings, adapters=frozenset({"team-b", "team-a/support", "1", "- odd: name"}))
+    config_map = children["ConfigMap"]
+    k8s_valid(config_map)
+    assert config_map["metadata"]["name"] == "srv-model-names"
+    assert config_map["metadata"]["labels"]["inference.networking.k8s.io/bbr-managed"] == "true"  # BBR's selector
+    assert bbr_mapping(config_map) == {
+        "srv": "srv",
+        "team-a/support": "srv",
+        "team-b": "srv",
+        "1": "srv",  # quoted, so YAML keeps it a string
+        "- odd: name": "srv",
+    }
+    route_value = children["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["headers"][0]["value"]
+    assert set(bbr_mapping(config_map).values()) == {route_value}  # every name BBR maps lands on this route
 
 
-def test_many_adapters_spread_over_rules_within_the_routes_limits(settings: Settings) -> None:
-    adapters = frozenset(f"adapter-{index:03}" for index in range(200))
-    route = render(settings, adapters=adapters)["HTTPRoute"]
-    assert problems(route, facts.HTTP_ROUTE) == []
-    assert [len(rule["matches"]) for rule in route["spec"]["rules"]] == [64, 64, 64, 9]
+def test_the_base_models_served_name_is_the_header_value_and_listed_once(settings: Settings) -> None:
+    children = render(settings, adapters=frozenset({"base", "a"}), model={"name": "org/m", "servedName": "base"})
+    assert children["ConfigMap"]["data"] == {"baseModel": "base", "adapters": "- a\n"}
+    assert children["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "base"
 
 
-def test_more_names_than_one_route_holds_are_refused(settings: Settings) -> None:
-    adapters = frozenset(f"a{index}" for index in range(64 * 16))
+def test_without_adapters_the_config_map_names_only_the_base_model(settings: Settings) -> None:
+    assert render(settings)["ConfigMap"]["data"] == {"baseModel": "srv"}
+
+
+def test_more_names_than_one_config_map_holds_are_refused(settings: Settings) -> None:
+    adapters = frozenset(f"{index:05}-" + "x" * 250 for index in range(4200))  # about 1.08 MB of names
     with pytest.raises(SpecProblem) as caught:
         render(settings, adapters=adapters)
     assert caught.value.reason == "TooManyModelNames"
+    render(settings, adapters=frozenset(list(adapters)[:4000]))  # about 1.03 MB: still fits
+
+
+def test_the_route_waits_for_its_config_map(settings: Settings) -> None:
+    order = list(render(settings))
+    assert order.index("InferencePool") < order.index("ConfigMap") < order.index("HTTPRoute")
+    assert {"InferencePool", "ConfigMap"} <= NEEDS["HTTPRoute"]
 
 
 def test_without_a_gateway_only_the_plain_service_routes(settings: Settings) -> None:
     children = render(settings, routing={})
-    assert "InferencePool" not in children and "HTTPRoute" not in children
+    assert not {"InferencePool", "HTTPRoute", "ConfigMap"} & set(children)
     assert children["Service"]["spec"]["selector"] == {"moelora.io/model-server": "srv"}
+    # So the operator deletes each once routing is turned off.
+    assert OPTIONAL_CHILDREN[("v1", "ConfigMap")][1]("srv") == "srv-model-names"
     for kind in ("InferencePool", "HTTPRoute"):
-        assert any(key[1] == kind for key in OPTIONAL_CHILDREN)  # so the operator deletes them once turned off
+        assert any(key[1] == kind for key in OPTIONAL_CHILDREN)
 
 
 def test_the_service_stays_beside_the_gateway(settings: Settings) -> None:
-    service = render(settings)["Service"]
-    k8s_valid(service)
+    k8s_valid(render(settings)["Service"])
 
 
-def test_the_builders_use_the_recorded_contracts() -> None:
-    assert gateway.MODEL_HEADER == facts.BBR_MODEL_HEADER
-    assert gateway.POOL_API_VERSION == facts.INFERENCE_POOL["properties"]["apiVersion"]["enum"][0]
-    assert gateway.ROUTE_API_VERSION == facts.HTTP_ROUTE["properties"]["apiVersion"]["enum"][0]
+def test_the_builders_use_the_published_api_versions() -> None:
+    for kind, api_version in (("InferencePool", gateway.POOL_API_VERSION), ("HTTPRoute", gateway.ROUTE_API_VERSION)):
+        storage = [v for v in upstream.served_versions(upstream.PUBLISHED[kind]) if v.version == "v1"]
+        assert [f"{v.group}/{v.version}" for v in storage] == [api_version]
 
 
-def test_the_checker_catches_broken_pools_and_routes(settings: Settings) -> None:
+# --- what the published CRDs refuse that the recorded facts let through --------------------------------------------
+
+
+def old_style_route(settings: Settings, matches: int) -> dict:
+    """A rendered route holding `matches` header matches in rules of 64, as one match per model name made them."""
+    route = copy.deepcopy(render(settings)["HTTPRoute"])
+    [rule] = route["spec"]["rules"]
+    header = rule["matches"][0]["headers"][0]
+    every = [{"headers": [{**header, "value": f"model-{index}"}]} for index in range(matches)]
+    route["spec"]["rules"] = [{**rule, "matches": every[i : i + 64]} for i in range(0, matches, 64)]
+    return route
+
+
+def test_a_route_over_the_matches_rule_is_refused(settings: Settings) -> None:
+    """The CEL rule on spec.rules sums the matches of all 16 possible rules and requires `<= 128`, though its message
+    says "less than 128": 128 matches pass, 129 are refused. One model name per match, as before, passed 129 at
+    128 adapters; the hand facts (64 per rule, 16 rules) let up to 1,024 through."""
+    assert problems(old_style_route(settings, 127)) == []
+    assert problems(old_style_route(settings, 128)) == []
+    assert problems(old_style_route(settings, 129)) == [f'spec.rules: Invalid value: "array": {MATCHES_RULE_MESSAGE}']
+    assert problems(old_style_route(settings, 1024)) == [f'spec.rules: Invalid value: "array": {MATCHES_RULE_MESSAGE}']
+
+
+def test_two_parent_refs_to_one_gateway_need_distinct_section_names(settings: Settings) -> None:
+    refs = [{"name": "gw", "namespace": "gw"}, {"name": "gw", "namespace": "gw"}]
+    route = render(settings, routing={"gateway": {"enabled": True, "parentRefs": refs}})["HTTPRoute"]
+    assert problems(route) == [
+        'spec.parentRefs: Invalid value: "array": sectionName must be unique when parentRefs includes 2 or more '
+        "references to the same parent"
+    ]
+    refs = [{**refs[0], "sectionName": "a"}, {**refs[1], "sectionName": "b"}]
+    assert problems(render(settings, routing={"gateway": {"enabled": True, "parentRefs": refs}})["HTTPRoute"]) == []
+
+
+def test_a_service_backend_needs_a_port(settings: Settings) -> None:
+    route = copy.deepcopy(render(settings)["HTTPRoute"])
+    route["spec"]["rules"][0]["backendRefs"] = [{"name": "srv"}]  # group "" and kind Service by default
+    assert problems(route) == [
+        'spec.rules[0].backendRefs[0]: Invalid value: "object": Must have port for Service reference'
+    ]
+
+
+def test_a_pool_needs_distinct_target_ports_since_v1_5(settings: Settings) -> None:
+    pool = copy.deepcopy(render(settings)["InferencePool"])
+    pool["spec"]["targetPorts"] = [{"number": 8000}, {"number": 8000}]
+    refused = problems(pool)
+    assert refused and "targetPorts" in refused[0]
+    assert problems(pool, file="gie-v1.0.0-inferencepools.yaml") != []  # v1.0.0 allows one port only
+
+
+def test_the_published_crds_refuse_a_broken_pool_and_route(settings: Settings) -> None:
     children = render(settings)
-    pool, route = children["InferencePool"], children["HTTPRoute"]
-    broken_pool = copy.deepcopy(pool)
+    broken_pool = copy.deepcopy(children["InferencePool"])
     del broken_pool["spec"]["targetPorts"]
     broken_pool["spec"]["endpointPickerRef"]["failureMode"] = "FailSoft"
-    assert problems(broken_pool, facts.INFERENCE_POOL) == [
-        ".spec: targetPorts is required",
-        ".spec.endpointPickerRef.failureMode: 'FailSoft' is not one of ['FailOpen', 'FailClose']",
+    broken_pool["spec"]["endpointPickerRef"]["kind"] = "Service"
+    del broken_pool["spec"]["endpointPickerRef"]["port"]
+    assert problems(broken_pool) == [
+        "spec.targetPorts: Required value",
+        'spec.endpointPickerRef.failureMode: Unsupported value: "FailSoft": supported values: "FailOpen", "FailClose"',
+        "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct "
+        "the existing errors to complete validation",
     ]
-    broken_route = copy.deepcopy(route)
+    del broken_pool["spec"]["endpointPickerRef"]["failureMode"]
+    broken_pool["spec"]["targetPorts"] = [{"number": 8000}]
+    assert problems(broken_pool) == [
+        "spec.endpointPickerRef: Invalid value: \"object\": port is required when kind is 'Service' or unspecified "
+        "(defaults to 'Service')"
+    ]
+    broken_route = copy.deepcopy(children["HTTPRoute"])
+    broken_route["spec"]["rules"][0]["matches"] = [
+        copy.deepcopy(broken_route["spec"]["rules"][0]["matches"][0]) for _ in range(65)
+    ]
     broken_route["spec"]["rules"][0]["matches"][0]["headers"][0]["type"] = "Prefix"
-    broken_route["spec"]["rules"][0]["matches"] *= 65
-    found = problems(broken_route, facts.HTTP_ROUTE)
-    assert ".spec.rules[0].matches: more than 64 items" in found
-    assert any("'Prefix' is not one of" in problem for problem in found)
+    assert problems(broken_route) == [
+        "spec.rules[0].matches: Too many: 65: must have at most 64 items",
+        'spec.rules[0].matches[0].headers[0].type: Unsupported value: "Prefix": supported values: "Exact", '
+        '"RegularExpression"',
+        "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct "
+        "the existing errors to complete validation",
+    ]
 
 
 def test_the_adapter_index_gives_the_served_names_of_all_but_failed_adapters() -> None:

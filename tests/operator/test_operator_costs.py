@@ -222,7 +222,7 @@ async def test_secret_regrants_of_one_server_coalesce(monkeypatch: pytest.Monkey
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
     await asyncio.gather(
         *(
-            lora_adapters.regrant_secrets(memo=memo, namespace="ns", servers_index={key: []}, adapters_index=index)
+            lora_adapters.follow_adapters(memo=memo, namespace="ns", servers_index={key: []}, adapters_index=index)
             for _ in range(100)
         )
     )

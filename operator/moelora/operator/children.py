@@ -26,26 +26,31 @@ from moelora.operator.errors import SpecProblem
 from moelora.operator.service import service
 from moelora.operator.settings import Settings
 
-# Children rendered only sometimes -> their name: when none of that kind and name is rendered, ours is deleted.
-OPTIONAL_CHILDREN: dict[tuple[str, str], Callable[[str], str]] = {
-    ("apps/v1", "Deployment"): lambda name: name,  # without spec.placement, or replaced by a LeaderWorkerSet
-    ("apps/v1", "StatefulSet"): lambda name: name,  # with spec.placement
-    ("v1", "Service"): statefulset.headless_service_name,  # with spec.placement
-    ("v1", "ConfigMap"): kernel_configs.owned_config_map_name,  # kernels.configs=auto
-    ("policy/v1", "PodDisruptionBudget"): lambda name: name,  # two replicas or more
-    (secret_access.RBAC_API_VERSION, "Role"): secret_access.name,  # adapters that name Secrets
-    (secret_access.RBAC_API_VERSION, "RoleBinding"): secret_access.name,
-    (multinode.LWS_API_VERSION, "LeaderWorkerSet"): lambda name: name,  # nodes > 1
-    (gateway.POOL_API_VERSION, "InferencePool"): lambda name: name,  # routing.gateway.enabled
-    (gateway.ROUTE_API_VERSION, "HTTPRoute"): lambda name: name,
-    (autoscaling.HPA_API_VERSION, "HorizontalPodAutoscaler"): lambda name: name,  # autoscaling.engine hpa
-    (autoscaling.KEDA_API_VERSION, "ScaledObject"): lambda name: name,  # autoscaling.engine keda
+# Children rendered only sometimes -> their names: when none of that kind and name is rendered, ours is deleted.
+OPTIONAL_CHILDREN: dict[tuple[str, str], tuple[Callable[[str], str], ...]] = {
+    ("apps/v1", "Deployment"): (lambda name: name,),  # without spec.placement, or replaced by a LeaderWorkerSet
+    ("apps/v1", "StatefulSet"): (lambda name: name,),  # with spec.placement
+    ("v1", "Service"): (statefulset.headless_service_name,),  # with spec.placement
+    ("v1", "ConfigMap"): (
+        kernel_configs.owned_config_map_name,  # kernels.configs=auto
+        gateway.model_names_config_map_name,  # routing.gateway.enabled
+    ),
+    ("policy/v1", "PodDisruptionBudget"): (lambda name: name,),  # two replicas or more
+    (secret_access.RBAC_API_VERSION, "Role"): (secret_access.name,),  # adapters that name Secrets
+    (secret_access.RBAC_API_VERSION, "RoleBinding"): (secret_access.name,),
+    (multinode.LWS_API_VERSION, "LeaderWorkerSet"): (lambda name: name,),  # nodes > 1
+    (gateway.POOL_API_VERSION, "InferencePool"): (lambda name: name,),  # routing.gateway.enabled
+    (gateway.ROUTE_API_VERSION, "HTTPRoute"): (lambda name: name,),
+    (autoscaling.HPA_API_VERSION, "HorizontalPodAutoscaler"): (lambda name: name,),  # autoscaling.engine hpa
+    (autoscaling.KEDA_API_VERSION, "ScaledObject"): (lambda name: name,),  # autoscaling.engine keda
 }
 # Kind -> the kinds it is applied only after (children are rendered in this order): when a name is taken by an
 # object that is not ours, what depends on it is left alone too. The pods would mount a foreign kernel ConfigMap;
 # the Service, budget and Secret grant exist for our pods; a RoleBinding to a foreign Role would grant what its
 # author chose. The rest still reconciles: each write touches only objects we own, and holding it back would let
-# anyone freeze a server by taking one name (a budget's, before the server scales to two).
+# anyone freeze a server by taking one name (a budget's, before the server scales to two). Of the two ConfigMaps,
+# the kernel configs' comes first and the body-based router's just before the HTTPRoute, the only kind after it that
+# needs a ConfigMap: a foreign one of that name holds back the route, never the workload.
 NEEDS: dict[str, set[str]] = {
     "Job": {"PersistentVolumeClaim"},  # never fill a claim someone else made
     "Deployment": {"ConfigMap", "PersistentVolumeClaim", "Job"},
@@ -53,7 +58,7 @@ NEEDS: dict[str, set[str]] = {
     "StatefulSet": {"ConfigMap", "PersistentVolumeClaim", "Job"},
     "Service": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "InferencePool": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
-    "HTTPRoute": {"InferencePool"},
+    "HTTPRoute": {"InferencePool", "ConfigMap"},  # no route for names a foreign ConfigMap would map
     "HorizontalPodAutoscaler": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "ScaledObject": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "PodDisruptionBudget": {"Deployment", "StatefulSet"},
@@ -77,7 +82,7 @@ class Surroundings:
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
     adapter_secrets: frozenset[str] = frozenset()
-    # The `model` names of the LoRAAdapters the server serves (the HTTPRoute matches them).
+    # The `model` names of the LoRAAdapters the server serves (the body-based router's ConfigMap lists them).
     served_adapters: frozenset[str] = frozenset()
     # The shared model cache as observed (model_cache.state); None without spec.model.cache.
     model_cache: model_cache.CacheState | None = None
@@ -138,8 +143,11 @@ def desired_children(
     if spec.placement is not None:
         children.append(statefulset.headless_service(name=name, namespace=namespace))
     if spec.routing.gateway.enabled:
-        children.append(gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector))
-        children.append(gateway.http_route(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters))
+        children += [
+            gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector),
+            gateway.model_names_config_map(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters),
+            gateway.http_route(spec, name=name, namespace=namespace),
+        ]
     scaler = autoscaling.autoscaler(spec, name=name, namespace=namespace)
     if scaler is not None:
         children.append(scaler)

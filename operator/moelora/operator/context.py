@@ -75,8 +75,8 @@ class Context:
     written_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
     recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
-    # Servers with a Secret regrant waiting for their lock; see lora_adapters.regrant_secrets.
-    regrants_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
+    # Servers with a reconcile for their adapters waiting for their lock; see lora_adapters.follow_adapters.
+    adapter_followers_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
 
     # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
     written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(
@@ -96,6 +96,9 @@ class Context:
 
     # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
     granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Server routed through a gateway -> the adapter names its last reconcile gave the body-based router (its
+    # ConfigMap); an adapter change that alters them reconciles it. Written by the reconcile, in the executor.
+    routed_adapters: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
 
     # LoRAAdapter Events, identical ones folded into one (events.py).
     events: Recorder = dataclasses.field(default_factory=Recorder)

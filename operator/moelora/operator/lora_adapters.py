@@ -249,19 +249,28 @@ async def _rejudge_server_adapters(
     await recount(memo=memo, servers=servers, adapters_index=adapters_index, new_phases=new_phases)
 
 
-async def regrant_secrets(
+def _follows_adapters(memo: Context, key: ServerKey, adapters: list[indexes.AdapterEntry]) -> bool:
+    """Whether the server's last reconcile rendered from the adapters as they are: its Role grants the Secrets they
+    name, and (routed through a gateway) its body-based router ConfigMap lists the names they are served by."""
+    if indexes.adapter_secrets(adapters) != memo.granted_secrets.get(key, frozenset()):
+        return False
+    routed = memo.routed_adapters.get(key)
+    return routed is None or routed == indexes.served_adapters(adapters)
+
+
+async def follow_adapters(
     *, memo: Context, namespace: str, servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex
 ) -> None:
-    """Reconcile the servers of the namespace whose adapters now name other Secrets than their Role grants (an
-    adapter added, deleted, moved to another server, or naming another Secret), so the Role follows at once.
-    Coalesced as recounts are: while one waits for the server's lock, the others go on at once, because the waiting
-    one reads the adapters when it gets the lock. Before a server's first reconcile in this process nothing is
-    granted yet, so after a restart every adapter event queued a whole reconcile ahead of its own roll-up."""
+    """Reconcile the servers of the namespace whose adapters changed what they render (an adapter added, deleted,
+    moved to another server, renamed, failed or recovered, or naming another Secret), so the Role grant and the
+    body-based router's adapter list follow at once. Coalesced as recounts are: while one waits for the server's
+    lock, the others go on at once, because the waiting one reads the adapters when it gets the lock. Before a
+    server's first reconcile in this process nothing is granted yet, so after a restart every adapter event queued a
+    whole reconcile ahead of its own roll-up."""
     for key in [key for key in servers_index if key[0] == namespace]:
-        wanted = indexes.adapter_secrets(indexes.adapters(adapters_index, key))
-        if wanted != memo.granted_secrets.get(key, frozenset()):
+        if not _follows_adapters(memo, key, indexes.adapters(adapters_index, key)):
             work = functools.partial(model_servers.reconcile_locked, memo=memo, key=key, adapters_index=adapters_index)
-            await _coalesced(memo, memo.regrants_waiting, key, work)
+            await _coalesced(memo, memo.adapter_followers_waiting, key, work)
 
 
 async def adapter_changed(
@@ -275,7 +284,7 @@ async def adapter_changed(
     pods_index: indexes.PodsIndex,
     **_: Any,
 ) -> None:
-    await regrant_secrets(
+    await follow_adapters(
         memo=memo, namespace=namespace, servers_index=model_servers_index, adapters_index=adapters_index
     )
     if event.get("type") == "DELETED":
