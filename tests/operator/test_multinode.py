@@ -165,7 +165,7 @@ def test_a_taken_leader_worker_set_name_keeps_the_deployment(
 
     deleted: list[str] = []
 
-    def ensure(*, api: object, desired: dict, owner_uid: str) -> tuple[dict, str]:
+    def ensure(*, api: object, desired: dict, owner_uid: str, create: bool = True) -> tuple[dict, str]:
         if desired["kind"] == "LeaderWorkerSet":
             raise apply.NotOwned("LeaderWorkerSet", "srv")
         return desired, "created"

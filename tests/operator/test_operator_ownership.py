@@ -9,6 +9,7 @@ the ownership tests also assert the cause directly: no ownerReference to the Mod
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,6 +75,12 @@ def foreign_service(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
+def ms_row(kube: KubeAPI, namespace: str, name: str) -> dict[str, str]:
+    """`kubectl get ms`'s row as {column: cell}."""
+    header, row = kube.kubectl("get", "ms", name, "-n", namespace).stdout.splitlines()
+    return dict(zip(header.split(), row.split(), strict=True))
+
+
 def test_a_foreign_service_is_never_taken_over(kube: KubeAPI, operator: OperatorThread) -> None:
     ns = "owner-svc"
     apply(kube, foreign_service(ns, "shop"))
@@ -84,17 +91,39 @@ def test_a_foreign_service_is_never_taken_over(kube: KubeAPI, operator: Operator
     assert condition(ms, "Degraded")["message"] == "Service shop exists and is not owned by ModelServer shop"
     [event] = wait_for(lambda: warnings(kube, ns, "shop", "NameTaken"), what="the Warning Event")
     assert event["type"] == "Warning"
-    # The Deployment is ours and still reconciles: it touches nobody else's object.
-    deployment = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "shop"), what="the Deployment")
-    assert deployment["metadata"]["ownerReferences"][0]["uid"] == ms["metadata"]["uid"]
-    wait_for(lambda: (kube.get(MS, ns, "shop").get("status") or {}).get("endpoint"), what="the status")
+    # What the server shows says so: Ready's reason (kubectl's STATUS column), and no endpoint naming their Service.
+    ready = condition(ms, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NameTaken") and ms_row(kube, ns, "shop")["STATUS"] == (
+        "NameTaken"
+    )
+    assert "endpoint" not in ms["status"]
+    time.sleep(1.5)  # a resync later: nothing created for a spec that is not applied
+    assert kube.list(DEPLOYMENTS, ns) == [] and kube.list("policy/v1/poddisruptionbudgets", ns) == []
     assert kube.get("v1/services", ns, "shop") == before  # byte for byte, resourceVersion included
 
     kube.kubectl("delete", "ms", "shop", "-n", ns, "--wait=true", "--timeout=20s")
-    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "shop") is None or None, what="our Deployment collected")
     after = kube.get("v1/services", ns, "shop")
     assert after == before
     assert not after["metadata"].get("ownerReferences")  # what would make a real garbage collector delete it
+
+
+def owned(obj: dict[str, Any] | None, owner: dict[str, Any]) -> bool:
+    return obj is not None and obj["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+
+
+def test_a_freed_name_lets_the_server_start(kube: KubeAPI, operator: OperatorThread) -> None:
+    ns = "owner-svc-freed"
+    apply(kube, foreign_service(ns, "shop"))
+    apply(kube, server(ns, "shop"))
+    wait_for(lambda: degraded_reason(kube, ns, "shop") == "NameTaken" or None, what="NameTaken")
+    kube.kubectl("delete", "service", "shop", "-n", ns)
+    deployment = wait_for(lambda: kube.get(DEPLOYMENTS, ns, "shop"), what="the Deployment, at the next resync")
+    ms = wait_for(
+        lambda: (m := kube.get(MS, ns, "shop")) and (m.get("status") or {}).get("endpoint") and m, what="the endpoint"
+    )
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == ms["metadata"]["uid"]
+    assert condition(ms, "Ready")["reason"] != "NameTaken" and degraded_reason(kube, ns, "shop") is None
+    assert owned(kube.get("v1/services", ns, "shop"), ms)
 
 
 def test_a_foreign_deployment_holds_back_what_serves_it(kube: KubeAPI, operator: OperatorThread) -> None:
@@ -128,7 +157,6 @@ def test_a_foreign_deployment_holds_back_what_serves_it(kube: KubeAPI, operator:
     before = kube.get(DEPLOYMENTS, ns, "shop")
     apply(kube, server(ns, "shop", replicas=2))
     wait_for(lambda: degraded_reason(kube, ns, "shop") == "NameTaken" or None, what="NameTaken")
-    wait_for(lambda: (kube.get(MS, ns, "shop").get("status") or {}).get("endpoint"), what="the status")
     ms = kube.get(MS, ns, "shop")
     assert "Deployment shop exists and is not owned by ModelServer shop" in condition(ms, "Degraded")["message"]
     assert kube.get(DEPLOYMENTS, ns, "shop") == before
@@ -136,6 +164,7 @@ def test_a_foreign_deployment_holds_back_what_serves_it(kube: KubeAPI, operator:
     assert kube.get("v1/services", ns, "shop") is None
     assert kube.get("policy/v1/poddisruptionbudgets", ns, "shop") is None
     assert condition(ms, "Ready")["status"] == "False" and ms["status"]["readyReplicas"] == 0
+    assert condition(ms, "Ready")["reason"] == "NameTaken" and "endpoint" not in ms["status"]
 
 
 def test_no_finalizer_so_deleting_while_the_operator_is_down_completes(kube: KubeAPI) -> None:
@@ -231,6 +260,7 @@ def test_a_foreign_role_of_the_grants_name_is_never_bound(kube: KubeAPI, operato
     apply(kube, foreign)
     before = kube.get(ROLES, ns, "qwen-moe-adapter-secrets")
     apply(kube, server(ns, "qwen-moe"))
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "qwen-moe"), what="the Deployment, before any adapter names a Secret")
     apply(kube, adapter(ns, "a", credentialsSecret={"name": "team-a-s3"}))
     wait_for(lambda: degraded_reason(kube, ns, "qwen-moe") == "NameTaken" or None, what="NameTaken")
     message = condition(kube.get(MS, ns, "qwen-moe"), "Degraded")["message"]
@@ -240,7 +270,9 @@ def test_a_foreign_role_of_the_grants_name_is_never_bound(kube: KubeAPI, operato
     assert kube.get(DEPLOYMENTS, ns, "qwen-moe") is not None  # what does not depend on the Role still reconciles
 
 
-def test_a_foreign_budget_only_costs_the_budget(kube: KubeAPI, operator: OperatorThread) -> None:
+def test_a_foreign_budget_holds_back_new_children_but_never_a_running_server(
+    kube: KubeAPI, operator: OperatorThread
+) -> None:
     ns = "owner-pdb"
     foreign = {
         "apiVersion": "policy/v1",
@@ -248,9 +280,20 @@ def test_a_foreign_budget_only_costs_the_budget(kube: KubeAPI, operator: Operato
         "metadata": {"name": "shop", "namespace": ns},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "shop"}}},
     }
+    apply(kube, server(ns, "shop", replicas=1))
+    wait_for(lambda: kube.get("v1/services", ns, "shop"), what="the server's children")
     apply(kube, foreign)
     before = kube.get("policy/v1/poddisruptionbudgets", ns, "shop")
-    apply(kube, server(ns, "shop", replicas=2))
+    apply(kube, server(ns, "shop", replicas=2))  # two replicas want a budget of that name
     wait_for(lambda: degraded_reason(kube, ns, "shop") == "NameTaken" or None, what="NameTaken")
+    # Ours that exist keep reconciling (taking a name cannot freeze a server); the budget is left alone.
+    wait_for(lambda: kube.get(DEPLOYMENTS, ns, "shop")["spec"]["replicas"] == 2 or None, what="the scale-up")
     assert kube.get("policy/v1/poddisruptionbudgets", ns, "shop") == before
-    assert kube.get(DEPLOYMENTS, ns, "shop") is not None and kube.get("v1/services", ns, "shop") is not None
+    ms = kube.get(MS, ns, "shop")
+    assert condition(ms, "Ready")["reason"] == "NameTaken" and "endpoint" not in ms["status"]
+    # A new server whose budget's name is taken gets nothing at all.
+    apply(kube, {**foreign, "metadata": {"name": "fresh", "namespace": ns}})
+    apply(kube, server(ns, "fresh", replicas=2))
+    wait_for(lambda: degraded_reason(kube, ns, "fresh") == "NameTaken" or None, what="NameTaken")
+    time.sleep(1.5)  # a resync later
+    assert kube.get(DEPLOYMENTS, ns, "fresh") is None and kube.get("v1/services", ns, "fresh") is None

@@ -134,6 +134,20 @@ def test_spec_problem_keeps_ready_from_the_running_deployment() -> None:
     assert "--bogus" in next(c.message for c in fresh.conditions if c.type == "Degraded")
 
 
+def test_a_taken_name_shows_in_ready_and_withdraws_the_endpoint() -> None:
+    taken = SpecProblem("NameTaken", "Service srv exists and is not owned by ModelServer srv")
+    assert ms_status(deployment()).endpoint is not None
+    serving = ms_status(deployment(), problem=taken)  # ours, created before the name was taken, still serves
+    assert reasons(serving)["Ready"] == ("True", "NameTaken") and serving.endpoint is None
+    fresh = ms_status(None, problem=taken)
+    assert reasons(fresh) == {
+        "Ready": ("False", "NameTaken"),
+        "Progressing": ("False", "NameTaken"),
+        "Degraded": ("True", "NameTaken"),
+    }
+    assert fresh.endpoint is None
+
+
 def test_transition_time_kept_when_status_does_not_flip() -> None:
     first = ms_status(deployment())
     again = ms_status(deployment(), previous=first, now=T1)

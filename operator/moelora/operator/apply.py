@@ -355,10 +355,12 @@ def _owned_fields(desired: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any], owner_uid: str) -> tuple[dict[str, Any], str]:
+def ensure(
+    *, api: kubernetes.client.ApiClient, desired: dict[str, Any], owner_uid: str, create: bool = True
+) -> tuple[dict[str, Any] | None, str]:
     """Create `desired` or bring the existing object in line. Returns (the object as stored,
-    'created'|'patched'|'unchanged'); raises NotOwned, writing nothing, when an object of that name exists whose
-    controller is not `owner_uid`.
+    'created'|'patched'|'unchanged'), or (None, 'absent') when it does not exist and `create` is False; raises
+    NotOwned, writing nothing, when an object of that name exists whose controller is not `owner_uid`.
 
     `desired` must already carry its ownerReferences and namespace.
     """
@@ -368,6 +370,8 @@ def ensure(*, api: kubernetes.client.ApiClient, desired: dict[str, Any], owner_u
     collection = _PATHS[(desired["apiVersion"], desired["kind"])].format(namespace=metadata["namespace"])
     path = f"{collection}/{metadata['name']}"
     actual = _get(api, path)
+    if actual is None and not create:
+        return None, "absent"
     if actual is None:
         try:
             return _request(api, "POST", collection, body=desired), "created"

@@ -47,8 +47,9 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], tuple[Callable[[str], str], ...]] = {
 # Kind -> the kinds it is applied only after (children are rendered in this order): when a name is taken by an
 # object that is not ours, what depends on it is left alone too. The pods would mount a foreign kernel ConfigMap;
 # the Service, budget and Secret grant exist for our pods; a RoleBinding to a foreign Role would grant what its
-# author chose. The rest still reconciles: each write touches only objects we own, and holding it back would let
-# anyone freeze a server by taking one name (a budget's, before the server scales to two). Of the two ConfigMaps,
+# author chose. While a name is taken nothing new is created (model_servers.apply_children), but what exists of ours
+# still reconciles: each write touches only objects we own, and holding it back would let anyone freeze a running
+# server by taking one name (a budget's, before the server scales to two). Of the two ConfigMaps,
 # the kernel configs' comes first and the body-based router's just before the HTTPRoute, the only kind after it that
 # needs a ConfigMap: a foreign one of that name holds back the route, never the workload.
 NEEDS: dict[str, set[str]] = {

@@ -97,7 +97,8 @@ def apply_children(
     """Create or patch every child, delete the optional ones no longer rendered (but the `held` kinds, left as they
     are). Returns the Deployment as stored
     (None unless it is ours) and the problem to report: names taken by objects that are not ours (left untouched,
-    with what depends on them), or Secret grants the API server refused the operator."""
+    with what depends on them, and nothing new created meanwhile), or Secret grants the API server refused the
+    operator."""
     meta = owner["metadata"]
     # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels onto
     # the children, so a label edit on the server would rewrite every child.)
@@ -106,29 +107,39 @@ def apply_children(
     taken: list[str] = []
     forbidden: list[str] = []
     not_applied: set[str] = set()
-    for child in children:
-        kind, child_name = child["kind"], child["metadata"]["name"]
-        if NEEDS.get(kind, set()) & not_applied:
-            not_applied.add(kind)
-            continue
-        try:
-            obj, action = apply.ensure(api=api, desired=child, owner_uid=meta["uid"])
-        except apply.NotOwned:
-            taken.append(f"{kind} {child_name}")
-            not_applied.add(kind)
-            continue
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 403 or kind not in SECRET_GRANT_KINDS:
-                raise
-            forbidden.append(f"{kind} {child_name}")  # RBAC's escalation check: see secret_access.py
-            not_applied.add(kind)
-            continue
-        if action != "unchanged":
-            logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
-        if kind in WORKLOAD_KINDS:
-            stored_deployment = obj
-        elif kind == "LeaderWorkerSet":
-            stored_deployment = multinode.status_view(obj)
+    absent: list[dict[str, Any]] = []
+    for phase in ("existing", "absent"):
+        # What exists first: ours is patched, someone else's reported. Then what is missing is created, unless a name
+        # is taken: a new server would otherwise run pods, or be announced on someone else's Service, for a spec its
+        # status says is not applied. Ours that exist keep reconciling, so taking a name cannot freeze a server.
+        for child in children if phase == "existing" else ([] if taken else absent):
+            kind, child_name = child["kind"], child["metadata"]["name"]
+            if NEEDS.get(kind, set()) & not_applied:
+                not_applied.add(kind)
+                continue
+            try:
+                obj, action = apply.ensure(api=api, desired=child, owner_uid=meta["uid"], create=phase == "absent")
+            except apply.NotOwned:
+                taken.append(f"{kind} {child_name}")
+                not_applied.add(kind)
+                continue
+            except kubernetes.client.ApiException as exc:
+                if exc.status != 403 or kind not in SECRET_GRANT_KINDS:
+                    raise
+                forbidden.append(f"{kind} {child_name}")  # RBAC's escalation check: see secret_access.py
+                not_applied.add(kind)
+                continue
+            if obj is None:
+                absent.append(child)
+                continue
+            if action != "unchanged":
+                logger.info("%s %s/%s %s", kind, meta["namespace"], child_name, action)
+            if kind in WORKLOAD_KINDS:
+                stored_deployment = obj
+            elif kind == "LeaderWorkerSet":
+                stored_deployment = multinode.status_view(obj)
+    if taken:
+        not_applied |= {child["kind"] for child in absent}
     rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
     workloads = WORKLOAD_KINDS | {"LeaderWorkerSet"}
     for (api_version, kind), optional_names in OPTIONAL_CHILDREN.items():
@@ -152,7 +163,7 @@ def apply_children(
     if taken:
         server = f"ModelServer {meta['name']}"
         return stored_deployment, SpecProblem(
-            "NameTaken", "; ".join(f"{what} exists and is not owned by {server}" for what in taken)
+            status.NAME_TAKEN, "; ".join(f"{what} exists and is not owned by {server}" for what in taken)
         )
     if forbidden:
         return stored_deployment, SpecProblem(
@@ -264,8 +275,12 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             when = wall_clock().isoformat().replace("+00:00", "Z")
             event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
             apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
-    if any(stored.get(field) != value for field, value in new.items()):
-        apply.patch_status(api=memo.api, plural="modelservers", namespace=namespace, name=name, status=new)
+    # A merge patch keeps what it does not name: an endpoint withdrawn (a child's name taken) is nulled explicitly.
+    withdrawn = {field: None for field in ("endpoint",) if field in stored and field not in new}
+    if withdrawn or any(stored.get(field) != value for field, value in new.items()):
+        apply.patch_status(
+            api=memo.api, plural="modelservers", namespace=namespace, name=name, status={**new, **withdrawn}
+        )
     return problem
 
 

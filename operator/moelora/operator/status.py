@@ -11,6 +11,8 @@ ModelServer condition reasons (all conditions carry observedGeneration):
 |---|---|---|
 | Ready | AllReplicasReady / SomeReplicasReady | all / some of spec.replicas pods are ready (True) |
 | Ready | NoReplicasReady, ScaledToZero, DeploymentNotFound | nothing serves (False) |
+| Ready | NameTaken | a child's name is someone else's object: True only while pods of ours already serve; no
+  status.endpoint, which could name someone else's Service |
 | Progressing | Creating, RollingOut (True); RolledOut (False) | the Deployment moving to the current spec, or done |
 | Progressing, Degraded | ProgressDeadlineExceeded | the rollout stalled (the Deployment's own verdict) |
 | Degraded | FailedCreate (or the Deployment's ReplicaFailure reason) | pods cannot be created (quota, admission) |
@@ -64,6 +66,7 @@ from moelora.operator import multinode, naming
 from moelora.operator.errors import SpecProblem
 
 PLACEMENT_SHORT = "PlacementShort"
+NAME_TAKEN = "NameTaken"  # the problem of a child's name held by an object the server does not own
 
 
 def pod_ready(pod_status: Mapping[str, Any]) -> bool:
@@ -128,7 +131,10 @@ def model_server_status(
         )
 
     # Ready: is anything serving?
-    if deployment is None and problem is None and model_cache is not None:
+    name_taken = problem is not None and problem.reason == NAME_TAKEN
+    if name_taken and deployment is not None:  # ours, created before the name was taken
+        ready_cond = cond("Ready", ready > 0, NAME_TAKEN, f"{problem.message}; {ready}/{desired} replicas ready")
+    elif deployment is None and problem is None and model_cache is not None:
         ready_cond = cond("Ready", False, f"ModelCache{model_cache.phase.value}", model_cache.message)
     elif deployment is None:
         ready_cond = cond(
@@ -207,7 +213,7 @@ def model_server_status(
         ready_replicas=ready,
         # The scale subresource's selector: an HPA averages its Pods metric over these, the pods serving requests.
         selector=",".join(f"{key}={value}" for key, value in multinode.serving_selector(spec, name=name).items()),
-        endpoint=naming.endpoint(name, namespace),
+        endpoint=None if name_taken else naming.endpoint(name, namespace),
         adapters=adapters,
     )
 
