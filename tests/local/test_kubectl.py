@@ -102,6 +102,44 @@ def test_get_prints_built_in_kinds_columns(kube: KubeAPI) -> None:
     assert [_cells(row)[:3] for row in secrets[:2]] == [["NAME", "TYPE", "DATA"], ["local-s3", "Opaque", "2"]]
 
 
+def test_get_events_prints_what_happened_to_which_object(kube: KubeAPI) -> None:
+    """The columns of kube-apiserver's event printer: wide ones only with -o wide, the reporting component standing
+    in for an empty source, a singleton without a count counted once."""
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "qwen-moe.1", "namespace": "events"},
+        "involvedObject": {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "qwen-moe"},
+        "type": "Warning",
+        "reason": "NameTaken",
+        "message": "Service qwen-moe exists and is not owned by this ModelServer \n",
+        "eventTime": "2020-01-01T00:00:00.000000Z",
+        "reportingComponent": "moelora",
+        "reportingInstance": "op-1",
+    }
+    kube.kubectl("create", "-f", "-", stdin=json.dumps(event))
+    rows = _table(kube.kubectl("get", "events", "-n", "events").stdout)
+    assert _cells(rows[0]) == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    last_seen, *rest = _cells(rows[1])
+    assert last_seen.endswith(("d", "y")) and rest == [  # since eventTime, as firstTimestamp is unset
+        "Warning",
+        "NameTaken",
+        "modelserver/qwen-moe",
+        "Service qwen-moe exists and is not owned by this ModelServer",
+    ]
+    wide = _table(kube.kubectl("get", "events", "-n", "events", "-o", "wide").stdout)
+    assert _cells(wide[0]) == [
+        "LAST SEEN", "TYPE", "REASON", "OBJECT", "SUBOBJECT", "SOURCE", "MESSAGE", "FIRST SEEN", "COUNT", "NAME",
+    ]  # fmt: skip
+    assert _cells(wide[1])[4:] == [
+        "moelora, op-1",  # no SUBOBJECT: the empty cell leaves no text
+        "Service qwen-moe exists and is not owned by this ModelServer",
+        last_seen,
+        "1",
+        "qwen-moe.1",
+    ]
+
+
 def _watch_lines(kube: KubeAPI, *args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
     env = {**clean_env(), "KUBECONFIG": str(kube.kubeconfig)}
     process = subprocess.Popen(

@@ -195,7 +195,54 @@ def _selector(obj: Mapping[str, Any], _: datetime.datetime) -> str:
     return ",".join(f"{key}={value}" for key, value in labels.items()) or "<none>"
 
 
+def _event_times(event: Mapping[str, Any], now: datetime.datetime) -> tuple[str, str, int]:
+    """(last seen, first seen, count) as printEvent reckons them: eventTime when firstTimestamp is unset, the first
+    for the last, a series' own last time and count, and 1 for a singleton without a count."""
+    first = age(event.get("firstTimestamp") or event.get("eventTime"), now)
+    last = age(event["lastTimestamp"], now) if event.get("lastTimestamp") else first
+    count = int(event.get("count") or 0)
+    if series := event.get("series"):
+        last, count = age(series.get("lastObservedTime"), now), int(series.get("count") or 0)
+    elif count == 0:
+        count = 1
+    return last, first, count
+
+
+def _event_object(event: Mapping[str, Any], _: datetime.datetime) -> str:
+    involved = event.get("involvedObject") or {}
+    kind = str(involved.get("kind") or "").lower()
+    return f"{kind}/{involved['name']}" if involved.get("name") else kind
+
+
+def _event_source(event: Mapping[str, Any], _: datetime.datetime) -> str:
+    source = event.get("source") or {}
+    component = source.get("component") or event.get("reportingComponent") or ""
+    instance = source.get("host") or event.get("reportingInstance") or ""
+    return f"{component}, {instance}" if instance else component
+
+
+# k8s.io/kubernetes pkg/printers/internalversion/printers.go: eventColumnDefinitions and printEvent (the server
+# prints the wide cells too; kubectl shows priority 1 only with -o wide).
+_EVENT_COLUMNS = [
+    Column(name="Last Seen", description="The time at which the most recent occurrence was recorded.",
+           cell=lambda event, now: _event_times(event, now)[0]),
+    Column(name="Type", description="Type of this event (Normal, Warning).", cell=_at("type", default="")),
+    Column(name="Reason", description="Why the event was emitted, in CamelCase.", cell=_at("reason", default="")),
+    Column(name="Object", description="The object this event is about.", cell=_event_object),
+    Column(name="Subobject", priority=1, description="The part of the object (fieldPath).",
+           cell=_at("involvedObject", "fieldPath", default="")),
+    Column(name="Source", priority=1, description="The component reporting this event.", cell=_event_source),
+    Column(name="Message", description="A human-readable description of the status of this operation.",
+           cell=lambda event, _: str(event.get("message") or "").strip()),
+    Column(name="First Seen", priority=1, description="The time at which the event was first recorded.",
+           cell=lambda event, now: _event_times(event, now)[1]),
+    Column(name="Count", priority=1, description="The number of times this event has occurred.",
+           cell=lambda event, now: _event_times(event, now)[2]),
+    Column(name="Name", priority=1, format="name", description=NAME.description, cell=NAME.cell),
+]  # fmt: skip
+
 BUILTIN_COLUMNS: dict[tuple[str, str | None], list[Column]] = {
+    ("", "Event"): _EVENT_COLUMNS,
     ("", "Pod"): [
         NAME,
         Column(name="Ready", description="Ready containers of all containers.", cell=_pod_ready),
