@@ -9,7 +9,9 @@ requests served without kmock's reaction matching), `emulator` (kmock's emulator
 (`KubeAPI`: the emulator over HTTP in its own thread), `kubectl` (kubeconfig and the kubectl binary), `client` (a
 small REST client), `crd_rules` and `crd_defaults` (what the server refuses in a CustomResourceDefinition's
 schemas), `fielderrors` (field errors and the 422 Invalid, worded as the server words them), `dryrun` (server-side
-dry runs). What runs against it (the operator, the kubelet) lives beside this package, not in it.
+dry runs), `upstream` (other projects' CRDs, vendored in `upstream_crds/` as published, served once declared),
+`crvalidation`, `celrules`, `crfields` and `celib` (a custom object admitted as the server admits it: pruning,
+defaults, the OpenAPI schema, CEL rules with the Kubernetes CEL libraries, field errors). What runs against it (the operator, the kubelet) lives beside this package, not in it.
 """
 
 from moelora.local.apiserver.client import Rest
