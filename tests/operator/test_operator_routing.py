@@ -79,6 +79,10 @@ def test_the_config_map_follows_the_adapters(kube: KubeAPI) -> None:
     wait_for(lambda: kube.get(LORA, NS, "beta") is None, what="beta gone")
     wait_for_adapters(kube, ["alpha"])
 
+    kube.kubectl("delete", "lora", "alpha", "-n", NS)
+    wait_for_adapters(kube, [])
+    assert "adapters" not in kube.get(CONFIG_MAPS, NS, "qwen-moe-model-names")["data"]  # the stale list removed
+
 
 def test_turning_routing_off_deletes_the_routing_children(kube: KubeAPI) -> None:
     kube.kubectl(
