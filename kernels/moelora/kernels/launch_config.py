@@ -40,7 +40,7 @@ class KernelConfig:
     # The one-kernel op (onepass routing, onepass.py): its K and N tiles, warps and pipeline stages, the resident
     # CTAs per SM it spreads a batch over (capped by what the compiled kernel leaves room for), and at most this many
     # CTAs per (pair, slice) (0: up to onepass.SPLIT_PAD).
-    one_pass_block_k: int = 64
+    one_pass_block_k: int = 128
     one_pass_block_n: int = 256
     one_pass_warps: int = 4
     one_pass_stages: int = 2

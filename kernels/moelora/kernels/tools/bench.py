@@ -527,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep:
             h, inter, e, _ = MODELS[model]
             for op, (k, n) in (("w13", (h, 2 * inter // W13_SLICES[model])), ("w2", (inter, h))):
-                direct = routing_method(cfg, case.sets[0]) == "direct"
+                # onepass routing is direct routing: the table looks its configs up among the direct entries
+                direct = routing_method(cfg, case.sets[0]) in ("direct", "onepass")
                 tuned.append(
                     {
                         "k": k,
