@@ -11,6 +11,8 @@ import pathlib
 import queue
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -215,6 +217,53 @@ def test_apply_validates_and_refuses_unknown_fields(kube: KubeAPI) -> None:
         "UP-TO-DATE",
         "AVAILABLE",
     ]
+
+
+def test_a_refused_object_names_each_invalid_field(kube: KubeAPI) -> None:
+    """The 422 is errors.NewInvalid's: kubectl prints the kind, the name, and each cause's field with its message."""
+    server = {
+        "apiVersion": "moelora.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "wrong", "namespace": "invalid"},
+        "spec": {"model": {"name": "org/m"}, "gpus": 99},
+    }
+    refused = kube.kubectl("apply", "-f", "-", stdin=json.dumps(server), check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        'The ModelServer "wrong" is invalid: spec.gpus: Invalid value: 99: spec.gpus in body should be less than or '
+        "equal to 16"
+    )
+    server["spec"] = {"model": {"name": "org/m"}, "lora": {"maxLoras": 8, "maxCpuLoras": 4}}  # a CEL rule's refusal
+    refused = kube.kubectl("create", "-f", "-", stdin=json.dumps(server), check=False)
+    assert refused.stderr.strip() == (
+        'The ModelServer "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: "object": maxCpuLoras must be at '
+        "least maxLoras"
+    )
+    request = urllib.request.Request(
+        f"{kube.url}/apis/moelora.io/v1alpha1/namespaces/invalid/modelservers",
+        data=json.dumps(server).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refusal:
+        urllib.request.urlopen(request, timeout=30)
+    assert refusal.value.code == 422
+    status = json.loads(refusal.value.read())
+    assert status["message"] == (
+        'ModelServer.moelora.io "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: "object": maxCpuLoras must '
+        "be at least maxLoras"
+    )
+    assert status["details"]["causes"] == [
+        {
+            "reason": "FieldValueInvalid",
+            "message": 'Invalid value: "object": maxCpuLoras must be at least maxLoras',
+            "field": "spec.lora.maxCpuLoras",  # the rule's fieldPath
+        }
+    ]
+    assert (status["details"]["kind"], status["details"]["group"], status["details"]["name"]) == (
+        "ModelServer",
+        "moelora.io",
+        "wrong",
+    )
 
 
 def test_apply_accepts_what_the_local_stack_applies(kube: KubeAPI) -> None:

@@ -49,7 +49,7 @@ from moelora.local.apiserver.dispatch import FastDispatch
 from moelora.local.apiserver.encoding import store_as_encoded
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.openapi import OpenAPI
-from moelora.local.apiserver.schema import apply_defaults, schema_errors
+from moelora.local.apiserver.schema import apply_defaults, refuse_invalid
 from moelora.local.apiserver.tables import Tables
 from moelora.local.apiserver.watchlog import Expired, RecordingBuses, WatchLog
 
@@ -131,16 +131,7 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
         if schema is None or not self.validate:
             return
         apply_defaults(obj, schema)
-        errors = schema_errors(obj, schema)
-        if errors:
-            kind = obj.get("kind", "object")
-            name = (obj.get("metadata") or {}).get("name", "")
-            raise kmock.KubernetesError(
-                status=422,
-                reason="Invalid",
-                message=f"{kind} {name!r} is invalid: " + "; ".join(errors),
-                details={"causes": [{"message": error} for error in errors]},
-            )
+        refuse_invalid(obj, schema, group=resource.group, kind=self._kind(resource) or "", old=old)
 
     def _encode(self, resource: Any, obj: dict[str, Any]) -> None:
         """A built-in object as the server stores it (`encoding`); custom objects stay as sent."""

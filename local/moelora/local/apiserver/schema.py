@@ -1,4 +1,8 @@
-"""What a real API server checks on a custom object: the CRD's structural defaults, its JSON Schema, its CEL rules."""
+"""What a real API server checks on a custom object: the CRD's structural defaults, its JSON Schema, its CEL rules.
+
+`schema_errors` says why in short (for tests of the CRDs); `refuse_invalid` answers as kube-apiserver does
+(`crvalidation`'s field errors in an errors.NewInvalid Status), so clients such as kubectl print each field.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jsonschema
+import kmock
+
+from moelora.local.apiserver import crfields, crvalidation
 
 
 def apply_defaults(obj: Any, schema: Mapping[str, Any]) -> Any:
@@ -39,6 +46,24 @@ def schema_errors(obj: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str
     if errors:
         return errors  # CEL rules assume a schema-valid object, as the API server does
     return list(_cel_errors(obj, schema, ""))
+
+
+def refuse_invalid(
+    obj: Mapping[str, Any], schema: Mapping[str, Any], *, group: str, kind: str, old: Mapping[str, Any] | None = None
+) -> None:
+    """Raise the 422 Invalid kube-apiserver answers for a custom object its CRD's schema or rules refuse: message
+    `<Kind>.<group> "<name>" is invalid: <field>: <body>`, details naming the object and one cause per field error
+    (apimachinery pkg/api/errors NewInvalid). `old`, on an update, ratchets unchanged nodes as the server does."""
+    errors = crvalidation.validate(obj, schema, crfields.MISSING if old is None else old)
+    if not errors:
+        return
+    name = (obj.get("metadata") or {}).get("name", "")
+    raise kmock.KubernetesError(
+        status=422,
+        reason="Invalid",
+        message=crfields.invalid_message(kind=kind, group=group, name=name, errors=errors),
+        details=crfields.invalid_details(kind=kind, group=group, name=name, errors=errors),
+    )
 
 
 @functools.cache
