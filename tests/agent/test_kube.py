@@ -118,6 +118,21 @@ def test_each_replica_patches_only_its_own_key(client: kubernetes.client.ApiClie
     assert kube.patch_replica(name="gone", pod="srv-0", state=loaded, info=None) is False
 
 
+def test_a_refusal_reports_the_rank_it_read_in_kubectls_rank_column(
+    api: KubeAPI, client: kubernetes.client.ApiClient
+) -> None:
+    custom = kubernetes.client.CustomObjectsApi(client)
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, adapter("big"))
+    refused = ReplicaAdapterState(state=AdapterPhase.FAILED, reason="RankTooHigh", last_error="rank 64 is above 16")
+    facts = AdapterInfo(rank=64, base_model="org/m", target_modules=("q_proj",))  # refused before the download
+    assert Kube(client=client, namespace=NS).patch_replica(name="big", pod="srv-0", state=refused, info=facts)
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "big")["status"]
+    assert status["rank"] == 64 and "sizeBytes" not in status
+    header, row = api.kubectl("get", "lora", "big", "-n", NS).stdout.splitlines()
+    start = header.index("RANK")  # cells are aligned under their headers; empty ones (LOADED...) print nothing
+    assert row[start:].split()[0] == "64"
+
+
 def test_read_secret(client: kubernetes.client.ApiClient) -> None:
     core = kubernetes.client.CoreV1Api(client)
     data = {"AWS_ACCESS_KEY_ID": "AKID", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}

@@ -19,6 +19,9 @@ def test_a_bad_config_fails_before_the_weights_are_downloaded(
     desired.synced.set()
     desired.put("big", {"source": {"uri": f"s3://{bucket}/big/"}})
     eventually(lambda: "big" in kube.status and kube.status["big"][0].reason == "RankTooHigh")
+    # The rank it read is reported (kubectl's RANK column), though no weights were fetched to size.
+    _, facts = kube.status["big"]
+    assert facts is not None and (facts.rank, facts.size_bytes) == (64, None)
     assert loop.metrics.registry.get_sample_value("moelora_adapter_downloaded_bytes_total", {"adapter": "big"}) in (
         None,
         0.0,

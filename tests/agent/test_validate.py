@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import Limits, same_base_model, validate
+from moelora.agent.validate import AdapterInfo, Limits, same_base_model, validate
 from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL, adapter_files
@@ -67,6 +67,12 @@ def test_unparseable_or_malformed_config(tmp_path: pathlib.Path, text: bytes) ->
 
 def test_rank_above_max(tmp_path: pathlib.Path) -> None:
     assert reason_of(write(tmp_path, adapter_files(rank=32))) is FailureReason.RANK_TOO_HIGH
+
+
+def test_a_refusal_after_the_rank_was_read_carries_what_the_config_said(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(AdapterError) as refused:
+        validate(write(tmp_path, adapter_files(rank=32, modules=["v_proj", "q_proj"])), LIMITS)
+    assert refused.value.facts == AdapterInfo(rank=32, base_model=BASE_MODEL, target_modules=("q_proj", "v_proj"))
 
 
 def test_rank_pattern_raises_the_rank(tmp_path: pathlib.Path) -> None:

@@ -17,6 +17,7 @@ class AdapterError(Exception):
         self.reason = reason
         self.message = message
         self.version: str | None = None  # the listed files it was judged on, when known
+        self.facts: Any = None  # validate.AdapterInfo: what the files said before the refusal (status.rank...)
 
 
 class TransientError(Exception):

@@ -106,19 +106,17 @@ class Kube:
         return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
 
     def patch_replica(self, *, name: str, pod: str, state: ReplicaAdapterState, info: AdapterInfo | None) -> bool:
-        """Merge-patch this pod's key of the adapter's status (and the file facts); False if the adapter is gone."""
+        """Merge-patch this pod's key of the adapter's status (and the file facts, those known); False if the adapter
+        is gone."""
         # Explicit nulls: a merge patch must delete a stale reason/lastError, not leave it.
         entry = state.model_dump(mode="json", by_alias=True)
         entry["observedAt"] = datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         # Stale until the operator rolls this change up: with the operator away, the phase shown says it is old.
         status: dict[str, Any] = {"replicas": {pod: entry}, "rollup": Rollup.STALE.value}
         if info is not None:
-            status.update(
-                rank=info.rank,
-                baseModel=info.base_model,
-                targetModules=list(info.target_modules),
-                sizeBytes=info.size_bytes,
-            )
+            status.update(rank=info.rank, baseModel=info.base_model, targetModules=list(info.target_modules))
+            if info.size_bytes is not None:
+                status["sizeBytes"] = info.size_bytes
         try:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT

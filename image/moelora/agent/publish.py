@@ -37,7 +37,12 @@ class StatusPublisher:
             if record is None:
                 continue
             state = record.state()
-            info = record.info if record.stage is Stage.LOADED else None
+            # The files' facts of what is served, or of what was refused for good (the rank a RankTooHigh read).
+            info = (
+                record.info
+                if record.stage is Stage.LOADED or (record.stage is Stage.FAILED and record.permanent)
+                else None
+            )
             key = (state.model_dump_json(exclude={"loaded_at"}), info)
             if self.written.get(item.uid) != key:
                 pending.append((item, state, info, key))

@@ -366,7 +366,7 @@ class Agent:
                     if outcome.refresh and error.reason is record.reason and error.version == record.failed_version:
                         continue  # the same verdict on the same files: nothing new to publish or count
                     self._fail(record, error.reason, error.message, permanent=True)
-                    record.failed_version = error.version
+                    record.failed_version, record.info = error.version, error.facts
                 elif isinstance(error, TransientError):
                     self._fail(record, error.reason, error.message, permanent=False)
                 else:

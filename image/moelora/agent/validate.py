@@ -34,7 +34,7 @@ class AdapterInfo:
     rank: int
     base_model: str
     target_modules: tuple[str, ...]  # sorted; a single regex string stays one entry
-    size_bytes: int
+    size_bytes: int | None = None  # None when refused on the config alone, before the weights were downloaded
 
 
 def normalize_model_id(name: str) -> str:
@@ -153,19 +153,23 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
             FailureReason.BASE_MODEL_MISMATCH,
             f"{CONFIG_FILE} names no base_model_name_or_path; this server serves {quote(limits.base_model)}",
         )
-    if rank > limits.max_rank:
-        raise AdapterError(
-            FailureReason.RANK_TOO_HIGH, f"rank {quote(rank)} is above this server's maxLoraRank {limits.max_rank}"
+    try:
+        if rank > limits.max_rank:
+            raise AdapterError(
+                FailureReason.RANK_TOO_HIGH, f"rank {quote(rank)} is above this server's maxLoraRank {limits.max_rank}"
+            )
+        if not same_base_model(limits.base_model, base):
+            raise AdapterError(
+                FailureReason.BASE_MODEL_MISMATCH,
+                f"trained on {quote(base)}, this server serves {quote(limits.base_model)}",
+            )
+        values.max_scaling(config)  # every alpha a finite number
+        targets.check(
+            config["target_modules"], base=basemodel.for_checks(limits.base_config), allowed=limits.target_modules
         )
-    if not same_base_model(limits.base_model, base):
-        raise AdapterError(
-            FailureReason.BASE_MODEL_MISMATCH,
-            f"trained on {quote(base)}, this server serves {quote(limits.base_model)}",
-        )
-    values.max_scaling(config)  # every alpha a finite number
-    targets.check(
-        config["target_modules"], base=basemodel.for_checks(limits.base_config), allowed=limits.target_modules
-    )
+    except AdapterError as error:  # the status shows what was read, so a refused rank is there to compare
+        error.facts = AdapterInfo(rank=rank, base_model=base, target_modules=modules)
+        raise
     return rank, base, modules
 
 
