@@ -24,7 +24,7 @@ from typing import Any
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
-from moelora.api import GROUP, VERSION
+from moelora.api import GROUP, VERSION, FailureReason
 from moelora.operator import apply
 
 COMPONENT = "moelora-operator"  # the "From" of `kubectl describe`, kopf's Events included (wiring.py)
@@ -49,12 +49,30 @@ def _failed_reason(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _refusal(status: Mapping[str, Any]) -> str | None:
+    """The refused version and why, from a Ready condition with reason UpdateRejected (status.py words it "<pod>
+    serves <v1> and refused <v2>: <error>"): a pod or a replica count more is the same refusal."""
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("reason") == FailureReason.UPDATE_REJECTED.value:
+            return str(condition.get("message") or "").split(" and refused ", 1)[-1]
+    return None
+
+
+def _ready_message(status: Mapping[str, Any]) -> str:
+    messages = [c.get("message") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    return str(messages[0] if messages and messages[0] else FailureReason.UPDATE_REJECTED.value)
+
+
 def adapter_transition(old: Mapping[str, Any], patch: Mapping[str, Any]) -> Emission | None:
     """The Event of one status write of the roll-up (`old` the stored status, `patch` the merge patch written):
     Loaded when it becomes Loaded, a Warning named by the failure reason when it becomes Failed or fails for
-    another reason, Unloaded when a Loaded adapter stops being loaded everywhere; None otherwise."""
+    another reason, a Warning UpdateRejected when a new version is refused while the last good one keeps serving,
+    Unloaded when a Loaded adapter stops being loaded everywhere; None otherwise."""
     new = {**old, **patch}
     before, after = old.get("phase"), new.get("phase")
+    refusal = _refusal(new)
+    if after == "Loaded" and refusal is not None and refusal != _refusal(old):
+        return Emission("Warning", FailureReason.UPDATE_REJECTED.value, _ready_message(new))
     if after == "Failed":
         reason = _failed_reason(new) or "Failed"
         if before == "Failed" and _failed_reason(old) == reason:

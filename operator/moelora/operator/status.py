@@ -293,6 +293,12 @@ def adapter_status_patch(
             "Downloading",
             f"loaded on {loaded} of {len(ready_pods)} ready pod(s)",
         )
+        # A retry under way keeps the reason of the attempt before it (an endpoint that hangs, a full cache).
+        retrying = [(pod, state) for pod, state in sorted(replicas.items()) if state.reason and not state.loaded]
+        if retrying:
+            pod, state = retrying[0]
+            reason = state.reason or reason
+            message = f"{message}; {pod}: {state.last_error or state.reason} (retried)"
     else:
         phase, reason = AdapterPhase.PENDING, "Pending"
         message = "waiting for a ready pod of the server" if not ready_pods else "waiting for the agents"
