@@ -101,8 +101,9 @@ def quiet(request: Any, client_address: Any) -> None:
 
 
 class FakeVllm:
-    """/health, /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter like vLLM answers them. `verify(path)`
-    returns a problem with a directory handed to a load (None: fine); problems are kept in `problems`."""
+    """/health, /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter like vLLM answers them, and a completion
+    with a finite logprob (the agent's output check). `verify(path)` returns a problem with a directory handed to a
+    load (None: fine); problems are kept in `problems`."""
 
     def __init__(self, verify: Callable[[str], str | None] = lambda path: None, *, port: int = 0) -> None:
         self.verify = verify
@@ -149,6 +150,10 @@ class FakeVllm:
                 if self.adapters.pop(name, None) is None:
                     return 404, {"message": f"The lora adapter '{name}' cannot be found."}
                 return 200, {}
+            if method == "POST" and path == "/v1/completions":  # the agent's output check of each load
+                if body.get("model") not in self.adapters:
+                    return 404, {"message": f"The model `{body.get('model')}` does not exist."}
+                return 200, {"choices": [{"text": "a", "logprobs": {"token_logprobs": [-0.5]}}]}
             return 404, {"message": "not found"}
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from moelora.agent.errors import AdapterError
 from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
 from moelora.agent.runner import Agent
 from moelora.agent.settings import Settings
 from moelora.agent.validate import AdapterInfo
-from moelora.agent.vllm import LoadedAdapter, VllmClient
-from moelora.api import ReplicaAdapterState
+from moelora.agent.vllm import CANARY_PREFIX, LoadedAdapter, VllmClient
+from moelora.api import FailureReason, ReplicaAdapterState
 from moelora.local import process
 from moelora.local import s3 as local_s3
 
@@ -189,20 +190,35 @@ class MemoryKube:
 
 
 class FakeVllm:
-    """What the agent's loop asks of vLLM, in memory."""
+    """What the agent's loop asks of vLLM, in memory. The output checks (names with CANARY_PREFIX) are kept apart
+    from `calls` and `served`, in `checks` (the paths checked); a path in `non_finite` fails its check."""
 
     def __init__(self) -> None:
         self.served: dict[str, str] = {}
         self.calls: list[tuple[str, str, str | None, bool]] = []
+        self.checks: list[str] = []
+        self.non_finite: set[str] = set()
+        self._checking: dict[str, str] = {}
 
     def adapters(self, *, poll: float | None = None) -> dict[str, LoadedAdapter]:
         return {name: LoadedAdapter(name=name, path=path, parent="base") for name, path in self.served.items()}
 
     def load(self, *, name: str, path: str, inplace: bool = False) -> None:
+        if name.startswith(CANARY_PREFIX):
+            self._checking[name] = path
+            return
         self.calls.append(("load", name, path, inplace))
         self.served[name] = path
 
+    def canary(self, *, name: str) -> None:
+        path = self._checking[name]
+        self.checks.append(path)
+        if path in self.non_finite:
+            raise AdapterError(FailureReason.OUTPUT_NON_FINITE, "vLLM computed the logprobs [nan] with this adapter")
+
     def unload(self, *, name: str) -> bool:
+        if name.startswith(CANARY_PREFIX):
+            return self._checking.pop(name, None) is not None
         self.calls.append(("unload", name, None, False))
         return self.served.pop(name, None) is not None
 

@@ -46,6 +46,10 @@ class FakeVllm:
             raise TransientError("vLLM is down")
         self.served[name] = path
 
+    def canary(self, *, name: str) -> None:
+        if not self.up:
+            raise TransientError("vLLM is down")
+
     def unload(self, *, name: str) -> bool:
         return self.served.pop(name, None) is not None
 

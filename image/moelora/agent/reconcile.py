@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from moelora.agent.validate import AdapterInfo
-from moelora.agent.vllm import LoadedAdapter
+from moelora.agent.vllm import CANARY_PREFIX, LoadedAdapter
 from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 
 _JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
@@ -61,6 +61,16 @@ class Stage(str, enum.Enum):
     FAILED = "Failed"
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Serving:
+    """The files vLLM serves under a record's name since this agent loaded (or adopted) them."""
+
+    version: str | None
+    path: str
+    info: AdapterInfo | None
+    loaded_at: datetime.datetime | None
+
+
 @dataclasses.dataclass(kw_only=True)
 class Record:
     """What this agent knows of one adapter. Mutable; only the runner's loop changes it."""
@@ -85,6 +95,8 @@ class Record:
     failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
     rejected: tuple[str, FailureReason, str] | None = None  # (version, reason, message) refused while serving another
     load: float | None = None  # requests in flight on this pod, on average (usage.py), while loaded
+    serving: Serving | None = None  # what vLLM serves for it since the last load: an update refused later falls back
+    checking: bool = False  # its spec changed while loaded: vLLM keeps the files until the new spec is checked
 
     def fail(
         self,
@@ -118,7 +130,8 @@ class Record:
         }
         phase = phases[self.stage]
         reason, message = (self.reason.value if self.reason else None, self.message)
-        if self.stage is not Stage.FAILED:
+        # A retry under way still says why the last attempt failed: the reason goes only once it succeeds.
+        if self.stage is not Stage.FAILED and not (self.stage is Stage.PREPARING and self.retrying):
             reason = message = None
         rejected = self.rejected if self.stage is Stage.LOADED else None
         if rejected is not None:
@@ -218,6 +231,9 @@ def plan(
         elif record.stage in (Stage.PENDING, Stage.PREPARING):
             if now >= record.retry_at:  # deferred (its endpoint busy) until then
                 result.prepare.append(item.uid)  # its worker is gone (or never started)
+        elif record.stage is Stage.LOADED and record.checking:
+            if now >= record.retry_at:  # the check of its new spec, again (it was deferred or failed for now)
+                result.prepare.append(item.uid)
         elif record.path is not None and loaded is not None:
             current = loaded.get(item.served_name)
             if current is None:
@@ -238,6 +254,7 @@ def plan(
             )
         }
         known = {record.served_name for record in records.values()}
+        known |= {name for name in loaded if name.startswith(CANARY_PREFIX)}  # a check whose unload failed
         result.unload = sorted(name for name in loaded if name not in wanted and name in known)
         result.foreign = sorted(name for name in loaded if name not in wanted and name not in known)
     desired_uids = {d.uid for d in desired}

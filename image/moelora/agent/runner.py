@@ -11,6 +11,7 @@ import concurrent.futures
 import datetime
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +25,11 @@ from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Outcome, Prepared, Preparer
 from moelora.agent.publish import StatusPublisher
 from moelora.agent.readiness import ReadyGate
-from moelora.agent.reconcile import Desired, Record, Stage
+from moelora.agent.reconcile import Desired, Record, Serving, Stage
 from moelora.agent.settings import Settings
 from moelora.agent.usage import LoadSampler
 from moelora.agent.validate import AdapterInfo, Limits
-from moelora.agent.vllm import AdapterPoller, Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.vllm import CANARY_PREFIX, AdapterPoller, Duplicate, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,14 @@ class Agent:
                 self.metrics.loaded.labels(record.name, record.served_name).set(0)
 
     def _load(self, record: Record, load: reconcile.Load) -> None:
+        try:
+            self._check_output(record, load.path)
+        except AdapterError as error:
+            self._refuse(record, load, error)
+            return
+        except TransientError as error:
+            self._fail(record, error.reason, error.message, permanent=False)
+            return
         inplace = load.inplace
         for _ in range(2):
             try:
@@ -215,12 +224,58 @@ class Agent:
             self._mark_loaded(record, observe=True)
             return
 
+    def _check_output(self, record: Record, path: str) -> None:
+        """Before the files are served under the adapter's name: vLLM loads them under a random name no client
+        knows, computes one token of a one-token prompt, and unloads them. A non-finite logprob raises
+        AdapterError(OutputNonFinite); files vLLM served under the name before are not checked again.
+
+        One token of one prompt token is the most the check may compute: vLLM-CPU reuses a freed KV-cache block
+        first, and its attention reads that block's stale slots (0 x NaN is NaN), so a poisoned completion changes
+        the tokens of the requests after it; the one slot this check writes is overwritten by any later request
+        before it is read (README, "Security")."""
+        if record.serving is not None and record.serving.path == path:
+            return
+        name = CANARY_PREFIX + secrets.token_hex(8)
+        self.vllm.load(name=name, path=path)
+        try:
+            self.vllm.canary(name=name)
+        finally:
+            self._unload(name)  # one left behind (vLLM unreachable) goes in a later pass: plan() knows the prefix
+
+    def _refuse(self, record: Record, load: reconcile.Load, error: AdapterError) -> None:
+        """Files vLLM refused, or whose output is not finite: an update is refused while vLLM keeps serving the
+        version it had under the name (UpdateRejected); anything else fails the adapter."""
+        serving = record.serving
+        current = self.poller.last.get(load.served_name) if self.poller.last is not None else None
+        if load.inplace and serving is not None and current is not None and current.path == serving.path:
+            refusal = (str(record.version), error.reason, redact(error.message, self.preparer.secrets))
+            logger.warning(
+                "adapter %s: version %s refused, keeps serving %s: %s",
+                record.name,
+                record.version,
+                serving.version,
+                refusal[2],
+            )
+            self.metrics.failures.labels(record.name, FailureReason.UPDATE_REJECTED.value).inc()
+            record.version, record.path, record.info = serving.version, serving.path, serving.info
+            record.rejected, record.failed_version = refusal, None
+            record.stage, record.loaded_at, record.started = Stage.LOADED, serving.loaded_at, None
+            self.metrics.loaded.labels(record.name, record.served_name).set(1)
+            return
+        self._fail(record, error.reason, error.message, permanent=True)
+        record.failed_version = record.version
+
     def _mark_loaded(self, record: Record, *, observe: bool) -> None:
+        # Adopting the files vLLM already served for it is no new load: its loadedAt stays.
+        kept = not observe and record.serving is not None and record.serving.path == record.path
         record.stage = Stage.LOADED
         record.reason = record.message = None
         record.attempts = 0
         record.permanent = False
-        record.loaded_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        if not kept or record.loaded_at is None:
+            record.loaded_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        assert record.path is not None
+        record.serving = Serving(version=record.version, path=record.path, info=record.info, loaded_at=record.loaded_at)
         if observe and record.started is not None:
             self.metrics.load_seconds.observe(self.monotonic() - record.started)
         record.started = None
@@ -306,8 +361,11 @@ class Agent:
                 uid=item.uid, name=item.name, served_name=item.served_name, spec_hash=item.spec_hash
             )
             if old is not None and old.served_name == item.served_name and old.stage is Stage.LOADED:
-                record.path, record.version = old.path, old.version  # still served while the new version comes
-        if not refresh:
+                # vLLM keeps serving these files while the new spec is checked: the status says Loaded, as it is
+                record.stage, record.checking = Stage.LOADED, True
+                record.path, record.version, record.info = old.path, old.version, old.info
+                record.loaded_at, record.serving = old.loaded_at, old.serving
+        if not refresh and record.stage is not Stage.LOADED:
             record.stage = Stage.PREPARING
             record.conflict_with = None
             record.started = self.monotonic()
@@ -346,6 +404,9 @@ class Agent:
                 self._prune_partials = True  # a partial it kept (a transient failure) is no one's now
                 continue  # deleted or changed while downloading: the plan starts over
             if isinstance(outcome.error, Deferred):
+                if record.stage is Stage.LOADED:  # still served: its check waits for the next resync or retry_at
+                    record.retry_at = self.monotonic() + (5.0 if outcome.error.stuck else 0.2)
+                    continue
                 if outcome.error.stuck:  # its endpoint hangs: say so rather than wait in silence
                     why = "every download slot of its S3 endpoint is held by a call that hangs"
                     self._fail(record, FailureReason.ENDPOINT_UNREACHABLE, why, permanent=False)
@@ -357,11 +418,15 @@ class Agent:
                 error = outcome.error
                 if isinstance(error, AdapterError) and error.version is not None:
                     self.preparer.release(error.version)
-                if outcome.refresh and record.stage is Stage.LOADED:
+                if record.stage is Stage.LOADED and (outcome.refresh or isinstance(error, TransientError)):
                     # Serving what was checked before beats dropping it over a new problem (S3 down, files gone).
                     why = redact(str(error), self.preparer.secrets)
                     logger.info("re-checking adapter %s failed, keeping what is loaded: %s", record.name, why)
+                    if record.checking:  # a changed spec is checked again with backoff, not only at the resync
+                        record.attempts += 1
+                        record.retry_at = self.monotonic() + min(60.0, 2.0 ** (record.attempts - 1))
                     continue
+                record.checking = False
                 if isinstance(error, AdapterError):
                     if outcome.refresh and error.reason is record.reason and error.version == record.failed_version:
                         continue  # the same verdict on the same files: nothing new to publish or count
@@ -374,6 +439,8 @@ class Agent:
                     self._fail(record, FailureReason.LOAD_FAILED, f"{type(error).__name__}: {error}", permanent=False)
                 continue
             if prepared is not None:
+                if record.checking:  # the changed spec passed its check: its backoff starts afresh
+                    record.checking, record.attempts = False, 0
                 self._accept(record, prepared)
 
     def _accept(self, record: Record, prepared: Prepared) -> None:

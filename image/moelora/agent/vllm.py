@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -22,6 +23,8 @@ from moelora.api import FailureReason
 
 # _request's status for a request that timed out: vLLM is there but busy (a dead one refuses the connection: 0).
 SLOW = -1
+# The served names of the agent's output checks (runner._check_output): random after it, never a client's to know.
+CANARY_PREFIX = "moelora-canary-"
 
 
 class VllmSlow(TransientError):
@@ -149,6 +152,31 @@ class VllmClient:
         )
         if status != 200:
             raise classify_load_error(status, _message(payload))
+
+    def canary(self, *, name: str) -> None:
+        """One greedy token of the one-token prompt [0] from adapter `name`, with its logprob; raises
+        AdapterError(OutputNonFinite) when that logprob is not finite, TransientError when vLLM cannot tell.
+
+        vLLM's JSON encoder refuses NaN and infinity: such a logprob comes back as HTTP 400 "Out of range float
+        values are not JSON compliant". A token-id prompt gets no BOS added, so it is one token on every model."""
+        body = {"model": name, "prompt": [0], "max_tokens": 1, "temperature": 0, "logprobs": 0}
+        status, payload = self._with_retries("POST", "/v1/completions", body)
+        message = _message(payload) if status != 200 else ""
+        if status == 400 and "out of range float" in message.lower():
+            raise AdapterError(
+                FailureReason.OUTPUT_NON_FINITE, f"vLLM computed a non-finite logprob with this adapter: {message}"
+            )
+        if status != 200:
+            raise TransientError(f"vLLM answered the adapter's output check with {status}: {message}")
+        try:
+            choice = json.loads(payload)["choices"][0]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise TransientError(f"vLLM answered the output check without logprobs: {quote(payload[:200])}") from None
+        if not logprobs or not all(math.isfinite(x) for x in logprobs):
+            raise AdapterError(
+                FailureReason.OUTPUT_NON_FINITE, f"vLLM computed the logprobs {quote(logprobs)} with this adapter"
+            )
 
     def unload(self, *, name: str) -> bool:
         """Unregister an adapter; False if vLLM did not have it, TransientError if vLLM is unreachable."""

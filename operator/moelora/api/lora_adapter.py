@@ -49,6 +49,7 @@ class FailureReason(str, enum.Enum):
     WEIGHTS_MISMATCH = "WeightsMismatch"
     WEIGHTS_NON_FINITE = "WeightsNonFinite"
     WEIGHTS_OUT_OF_RANGE = "WeightsOutOfRange"
+    OUTPUT_NON_FINITE = "OutputNonFinite"  # vLLM computed a NaN/inf logprob with it (the load-time output check)
     CACHE_FULL = "CacheFull"
     ENDPOINT_UNREACHABLE = "EndpointUnreachable"
     UPDATE_REJECTED = "UpdateRejected"  # a new version was refused; the pod keeps serving the last good one
