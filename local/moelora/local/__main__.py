@@ -223,6 +223,7 @@ def run(
         _wait_counts(local, server, timeout=5)
         print("\n" + _status_table(local, server) + "\n", flush=True)
         if keep_running:
+            serving = True  # before the line that invites Ctrl-C, which may follow it at once
             print(
                 f"The stack is running. Try:\n"
                 f"  KUBECONFIG={local.api.kubeconfig if local.api else ''} kubectl get loraadapters -o yaml\n"
@@ -231,7 +232,6 @@ def run(
                 f"Logs under {root}. Press Ctrl-C to stop.",
                 flush=True,
             )
-            serving = True
             threading.Event().wait()  # until a signal raises Interrupted
         return 0
     except Interrupted as interrupted:
