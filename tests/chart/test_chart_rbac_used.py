@@ -314,6 +314,10 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             lambda: any(use.resource == "events" and use.account == emulator.operator for use in emulator.used),
             what="the NameTaken Warning Event",
         )
+        # Nothing of it is created while its Service's name is someone else's; freed, it all is.
+        assert api.get(DEPLOYMENTS, SERVING, "taken") is None
+        api.kubectl("delete", "service", "taken", "-n", SERVING)
+        api.kubectl("annotate", "ms", "taken", "-n", SERVING, "example.com/freed=yes")  # reconciled now, not at resync
         wait_for(lambda: api.get(DEPLOYMENTS, SERVING, "taken"), what="the other server's Deployment")
         # spec.placement on and off again: the StatefulSet and its headless Service replace the Deployment, and back.
         placement = json.dumps({"spec": {"placement": {"copies": 1}}})
