@@ -5,7 +5,7 @@
 # Usage, from the repo root: bash kernels/scripts/onepass_h200.sh OUTPUT_DIR [STEP...]
 # Steps: tests (the one-kernel GPU tests), decode (M = 1, 16 on grouped / onepass / direct), more (onepass at
 #   M = 4, 32, 64), sweep (onepass M = 1, 16 swept), table (all M: TABLE_ROUTES, default grouped and decode), mid
-#   (M = 2, 8, 32: grouped and decode), floor (kernels/scripts/launch_floor.py), alltests (tests/gpu).
+#   (M = 2, 8, 32: grouped and decode), ladder (M = 1 to 32: LADDER_ROUTES, default onepass and direct), floor (kernels/scripts/launch_floor.py), alltests (tests/gpu).
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=kernels:image${PYTHONPATH:+:$PYTHONPATH}
 OUT=${1:?usage: onepass_h200.sh OUTPUT_DIR [STEP...]}; shift
@@ -28,6 +28,8 @@ for step in $steps; do
         timeout ${TABLE_S:-170} $B --route $r --json "$R/table_$r.json" 2>"$R/table_$r.err" | tee "$R/table_$r.md"; done ;;
     mid) for r in grouped decode; do
         timeout ${MID_S:-60} $B --m 2,8,32 --route $r --json "$R/mid_$r.json" 2>"$R/mid_$r.err" | tee "$R/mid_$r.md"; done ;;
+    ladder) for r in ${LADDER_ROUTES:-onepass direct}; do
+        timeout ${LADDER_S:-60} $B --m 1,2,4,8,16,32 --route $r --json "$R/ladder_$r.json" 2>"$R/ladder_$r.err" | tee "$R/ladder_$r.md"; done ;;
     floor) timeout ${FLOOR_S:-60} python3 kernels/scripts/launch_floor.py 2>&1 | tee "$R/floor.txt" ;;
     alltests) timeout ${ALLTESTS_S:-200} $P tests/gpu 2>&1 | tail -25 | tee "$R/tests_all.log" ;;
   esac

@@ -235,10 +235,10 @@ def test_one_kernel_op_matches_reference(k, model, rank, adapters, m):
 
 @pytest.mark.parametrize("model, m", [("gpt-oss", 1), ("gpt-oss", 16), ("qwen3", 1), ("qwen3", 16)])
 def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
-    # Each CTA waits for the partial sums of its pair's other CTAs, and the counters must be back at zero for the
-    # next op (a counter left above zero lets the next op read partial sums before they are written): four layer
-    # calls in a row on the same counters, captured in a graph and replayed five times, give the bits of four eager
-    # calls every time, and leave the counters at zero.
+    # Each CTA waits for the partial sums of its pair's other CTAs, and each row's base must move on to its arrival
+    # count for the next op (a base left behind lets the next op read partial sums before they are written): four
+    # layer calls in a row on the same counters, captured in a graph and replayed five times, give the bits of four
+    # eager calls every time.
     from moelora.kernels.onepass import _counters
 
     _, bench = k
@@ -264,4 +264,4 @@ def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
-    assert not any(buf.any() for buf in _counters.values())
+    assert all(torch.equal(buf[0::2], buf[1::2]) for buf in _counters.values())  # arrivals == base

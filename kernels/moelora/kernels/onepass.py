@@ -12,15 +12,16 @@ compiled kernel's occupancy and returns None (the caller then runs the two-kerne
 fit. A kernel launched after this one cannot take the room first: with programmatic dependent launch it starts only
 once every CTA of this grid has started.
 
-The counters are zero between ops: each CTA adds one when its partial is stored and one more when it has read the
-partials, and the CTA that brings the count to 2S sets it back to zero, after every CTA has passed its wait. They
-live in one buffer per device, zeroed once, which consecutive ops share: each waits for the previous kernel before
-it touches them. Two ops must not run at the same time on one device (on two streams): vLLM runs a model's MoE
-layers one after another on one stream.
+Each (pair, slice) has two words: an arrival count, which only grows (each CTA adds one once its partial is
+stored), and the count at which the current op starts (its base). A CTA waits until the count is S past the base;
+CTA 0 of the row moves the base on by S at its end, with a plain store, not an atomic round trip (the next op
+reads it only once this grid has finished). They live in one buffer per device, zeroed once, which consecutive ops
+share: each waits for the previous kernel before it touches them. Two ops must not run at the same time on one
+device (on two streams): vLLM runs a model's MoE layers one after another on one stream.
 
 TRITON_INTERPRET runs a grid's programs one after another, where a spinning CTA would wait forever for a sibling
-that runs after it: there the launcher runs the kernel twice, PHASE 1 (the shrinks) then PHASE 2 (the expands),
-the same code split at the wait.
+that runs after it: there the launcher runs the same code in three launches, split at the wait and before the base
+moves: PHASE 1 (the shrinks), PHASE 2 (the expands), PHASE 3 (the base).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _onepass_kernel(
     topk_ptr,  # (P,) expert ids
     lora_ptr,  # (M,) adapter slots
     part_ptr,  # (NUM_SLICES, P, SPLIT_PAD, RANK_PAD) float32 partial sums
-    count_ptr,  # (>= NUM_SLICES * P,) int32 counters, zero on entry and on exit
+    count_ptr,  # (>= 2 * NUM_SLICES * P,) int32: arrival count, base of each (pair, slice)
     # sizes
     K,
     N,
@@ -96,7 +97,7 @@ def _onepass_kernel(
     ROUTING_SETTLED: tl.constexpr,
     USE_PDL: tl.constexpr,
     NUM_SLICES: tl.constexpr,
-    PHASE: tl.constexpr,  # 0: the whole op; 1: shrinks only, 2: expands only (the interpreter)
+    PHASE: tl.constexpr,  # 0: the whole op; 1: shrinks, 2: expands, 3: the base moves on (the interpreter)
 ):
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -125,7 +126,7 @@ def _onepass_kernel(
     k_hi = tl.minimum(k_lo + k_tiles * BLOCK_K, K)
     n_lo = split * n_tiles * BLOCK_N
     n_hi = tl.minimum(n_lo + n_tiles * BLOCK_N, N)
-    counter = count_ptr + slice_id * num_pairs + pair
+    counter = count_ptr + 2 * (slice_id * num_pairs + pair)  # arrivals; counter + 1: the base
     part_row = part_ptr + ((slice_id * num_pairs + pair).to(tl.int64) * SPLIT_PAD) * RANK_PAD
 
     # B's first tile: weights only, in flight from here on, through the shrink and the wait.
@@ -139,10 +140,10 @@ def _onepass_kernel(
     b_mask = (n_lo + offs_n < n_hi)[None, :]
     if not EVEN_R:
         b_mask = b_mask & (offs_r < rank)[:, None]
-    if PHASE != 1:
+    if (PHASE == 0) | (PHASE == 2):
         bt = tl.load(b_ptrs, mask=b_mask, other=0.0)
 
-    if PHASE != 2:
+    if (PHASE == 0) | (PHASE == 1):
         if X_PER_PAIR:
             row = pair64
         else:
@@ -161,6 +162,7 @@ def _onepass_kernel(
         if USE_PDL and ROUTING_SETTLED:
             tl.extra.cuda.gdc_wait()  # x and the output come from earlier kernels
         xt = _load_x(x_ptrs, k_lo, offs_k, K, EVEN_K)
+        base = tl.load(counter + 1, cache_modifier=".cg")  # moved on by the previous op, which has finished
         # A (BLOCK_K, RANK_PAD) accumulator, reduced over K once at the end, not once per tile. The next tile's
         # loads go out before this tile's arithmetic, so two tiles are in flight (Triton does not pipeline this loop).
         acc2 = tl.zeros((BLOCK_K, RANK_PAD), dtype=tl.float32)
@@ -179,15 +181,18 @@ def _onepass_kernel(
             tl.debug_barrier()
             tl.atomic_add(counter, 1, sem="release", scope="gpu")
 
-    if PHASE != 1:
+    if (PHASE == 0) | (PHASE == 2):
         # The output's first tile (written by earlier kernels: the wait is behind us) and B's second go out before
         # this CTA waits for its siblings.
         out_ptrs = out_ptr + pair64 * stride_om + (n_lo + offs_n) * stride_on
         old = _load_out(out_ptrs, n_lo, offs_n, n_hi, EVEN_N)
         nxt = tl.load(b_ptrs + BLOCK_N * stride_bn, mask=b_mask & (n_lo + BLOCK_N + offs_n < n_hi)[None, :], other=0.0)
         offs_s = tl.arange(0, SPLIT_PAD)
+        if PHASE == 2:
+            base = tl.load(counter + 1)
         if (n_split > 1) | (PHASE != 0):
-            while tl.atomic_add(counter, 0, sem="acquire", scope="gpu") < n_split:
+            # The difference, not the count: it is right across the count's wrap-around.
+            while tl.atomic_add(counter, 0, sem="acquire", scope="gpu") - base < n_split:
                 pass
             parts = tl.load(
                 part_row + offs_s[:, None] * RANK_PAD + offs_r[None, :],
@@ -215,10 +220,12 @@ def _onepass_kernel(
                 b_ptrs + BLOCK_N * stride_bn, mask=b_mask & (n0 + BLOCK_N + offs_n < n_hi)[None, :], other=0.0
             )
             _add_tile(out_ptrs, old, bt, inter, w, n0, offs_n, n_hi, MUL_ROUTED_WEIGHT, EVEN_N)
-        if (n_split > 1) | (PHASE != 0):
-            # The last of the 2S adds: every CTA of this (pair, slice) has read the partials; zero for the next op.
-            if tl.atomic_add(counter, 1, sem="relaxed", scope="gpu") == 2 * n_split - 1:
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+    if PHASE == 3:
+        base = tl.load(counter + 1)
+    if (PHASE == 0) | (PHASE == 3):
+        if (split == 0) & ((n_split > 1) | (PHASE != 0)):
+            # All S have arrived (this CTA saw them); siblings still spinning keep the base they read.
+            tl.store(counter + 1, base + n_split)
 
 
 @triton.jit
@@ -288,7 +295,7 @@ _counters: dict[torch.device, torch.Tensor] = {}
 def _counter_buffer(device: torch.device, size: int) -> torch.Tensor | None:
     """The zeroed counters of this device, made at the first call outside CUDA-graph capture (a buffer made during
     capture would be zeroed only when that graph replays); None before then. Never reallocated on the GPU (captured
-    graphs keep its address): sized for one counter per CTA the GPU can hold."""
+    graphs keep its address): sized for two words per CTA the GPU can hold."""
     buf = _counters.get(device)
     if buf is None or buf.numel() < size:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -378,13 +385,13 @@ def launch_onepass(p: OpPlan) -> bool:
         split, k_tiles, n_tiles = onepass_split(
             units=units, room=units * max_split, k=p.k, n=p.n, block_k=block_k, block_n=block_n
         )
-        counters = _counter_buffer(dev, units)
-        for phase in (1, 2):
+        counters = _counter_buffer(dev, 2 * units)
+        for phase in (1, 2, 3):
             _onepass_kernel[(r.num_pairs, split, p.slices)](
                 *args(split, k_tiles, n_tiles, counters), PHASE=phase, **consts
             )
         return True
-    counters = _counter_buffer(dev, _sms(dev) * 32)  # 32: the most resident CTAs an SM holds
+    counters = _counter_buffer(dev, 2 * _sms(dev) * 32)  # 32: the most resident CTAs an SM holds
     if counters is None:
         return False
     resident = _resident_ctas(dev, args(1, 1, 1, counters), consts)
