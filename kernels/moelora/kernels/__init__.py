@@ -9,7 +9,7 @@ from .block_layout import topk_ids_from_blocks
 from .fused import OpPlan, fused_moe_lora, plan_op
 from .launch_config import KernelConfig, default_block_m, default_config, table_token_counts
 from .reference import moe_lora_layer_reference, moe_lora_reference
-from .routing import MoeLoraRouting, moe_lora_routing
+from .routing import MoeLoraRouting, moe_lora_routing, routing_switches
 
 __all__ = [
     "KernelConfig",
@@ -22,6 +22,7 @@ __all__ = [
     "moe_lora_reference",
     "moe_lora_routing",
     "plan_op",
+    "routing_switches",
     "table_token_counts",
     "topk_ids_from_blocks",
 ]

@@ -41,7 +41,7 @@ import triton
 from ._pdl import use_pdl
 from .routing_kernels import _route_count_kernel, _route_finish_kernel, _route_tiny_kernel
 
-__all__ = ["MoeLoraRouting", "moe_lora_routing"]
+__all__ = ["MoeLoraRouting", "moe_lora_routing", "routing_switches"]
 
 # Pairs handled by one CTA of the routing kernels; also the largest pair count the single-launch path takes
 # (M <= 256 tokens at top_k 4, M <= 128 at top_k 8).
@@ -87,7 +87,7 @@ class MoeLoraRouting:
     token_lora: torch.Tensor
     direct: bool = False
     one_pass: bool = False
-    ready: torch.Tensor | None = None  # (READY_SLOTS, max_blocks) int32, zeroed by the grouping kernel
+    ready: torch.Tensor | None = None  # (READY_SLOTS, >= max_blocks) int32, rows 16-byte aligned, zeroed by routing
     _ops_begun: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
 
     def begin_op(self, *, per_block_wait: bool) -> tuple[bool, torch.Tensor | None]:
@@ -115,6 +115,13 @@ def resolve_method(method: str, num_pairs: int, num_groups: int) -> str:
     if method in ("auto", "decode", "grouped"):
         return "tiny" if num_pairs <= _TINY_AUTO else "single" if num_pairs <= _ROUTE_BLOCK else "multi"
     return method
+
+
+def routing_switches() -> tuple[int, ...]:
+    """Pair counts P at which `grouped` or `decode` routing launches something else from P + 1 pairs on: the tiny
+    kernel's block doubles (16), tiny gives way to single (_TINY_AUTO), onepass to grouped (_ONE_PASS_DECODE),
+    single to multi (_ROUTE_BLOCK). A warm-up that runs P and P + 1 at each compiles both sides."""
+    return (16, _TINY_AUTO, _ONE_PASS_DECODE, _ROUTE_BLOCK)
 
 
 def method_takes(method: str, num_pairs: int) -> bool:
@@ -185,7 +192,9 @@ def moe_lora_routing(
     sorted_pairs = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
     block_table = torch.empty((3, max_blocks), dtype=torch.int32, device=dev)
     num_blocks = torch.empty(1, dtype=torch.int32, device=dev)
-    ready = torch.empty((READY_SLOTS, max_blocks), dtype=torch.int32, device=dev)
+    # Rows padded to 4 counters (16 bytes): Triton specialises a pointer on its 16-byte alignment, so an op's slot
+    # must be aligned whatever max_blocks (the token count) is, or a later op's kernels compile anew mid-serving.
+    ready = torch.empty((READY_SLOTS, triton.cdiv(max_blocks, 4) * 4), dtype=torch.int32, device=dev)
     group_end = torch.empty(num_groups, dtype=torch.int32, device=dev)
     groups_pad = triton.next_power_of_2(max(num_groups, 16))
     pdl = use_pdl(dev) if pdl is None else pdl
