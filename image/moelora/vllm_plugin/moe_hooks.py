@@ -9,8 +9,9 @@ and reuses the routing kept from it (the two calls follow each other on one stre
 CUDA-graph capture alike). Whatever we do not cover (expert parallelism, fully sharded LoRA, shared-expert-dim LoRA,
 rank > 128) goes to vLLM's own methods, whose fused_moe_lora op is still ours.
 
-The first eager call per layer shape also compiles every launch configuration the bundled table can pick for it
-(warm-up), so no request later pays a Triton compile.
+The first eager call per layer shape also compiles every kernel variant the layer can launch (warm-up): at each
+token count where a launch choice changes, one routing and on it the w13 op then the w2 op, as served, so no
+request later pays a Triton compile.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class _Kept:
     routing: object | None = None
     mapping_ptr: int = -1
     num_tokens: int = -1
+    # What the w2 call's warm-up needs of the w13 op: its (lora_a slices, lora_b slices), input dtype, ids dtype.
+    w13: tuple | None = None
 
 
 _kept = _Kept()
@@ -134,15 +137,6 @@ def add_lora_w13(
     ids = topk_ids.view(num_tokens, -1)
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int32)
-    _warm_up(
-        "w13",
-        lora_a=lora_a_stacked[0],
-        lora_b=lora_b_stacked[0],
-        slices=len(lora_a_stacked),
-        top_k=ids.shape[1],
-        x=x,
-        topk_weights=topk_weights,
-    )
     routing = route(
         topk_ids=ids,
         token_lora_mapping=mapping,
@@ -163,6 +157,7 @@ def add_lora_w13(
         mul_routed_weight=False,
     )
     _kept.routing, _kept.mapping_ptr, _kept.num_tokens = routing, mapping.data_ptr(), num_tokens
+    _kept.w13 = (tuple(lora_a_stacked), tuple(lora_b_stacked), x.dtype, ids.dtype)
     _once("moelora: MoE LoRA runs from topk_ids (vLLM's align kernel skipped)")
     return None, None, None, mapping
 
@@ -227,7 +222,13 @@ def add_lora_w2(
     routing, _kept.routing = _kept.routing, None
     top = routing.top_k
     _warm_up(
-        "w2", lora_a=lora_a_stacked[0], lora_b=lora_b_stacked[0], slices=1, top_k=top, x=x, topk_weights=topk_weights
+        w13=_kept.w13,
+        lora_a=lora_a_stacked[0],
+        lora_b=lora_b_stacked[0],
+        top_k=top,
+        x=x,
+        topk_weights=topk_weights,
+        mapping=token_lora_mapping,
     )
     out = y.view(num_tokens, top, -1)
     if not add_inputs:
@@ -245,21 +246,38 @@ def add_lora_w2(
 
 
 def _warm_up(
-    op: str,
     *,
+    w13: tuple,
     lora_a: torch.Tensor,
     lora_b: torch.Tensor,
-    slices: int,
     top_k: int,
     x: torch.Tensor,
     topk_weights: torch.Tensor,
+    mapping: torch.Tensor,
 ) -> None:
-    """Compile, once per op and layer shape and outside CUDA-graph capture, every configuration the table can pick:
-    one call on scratch buffers laid out as the real ones (w13: a `slices`-wide output, the one weight standing in
-    for every slice; w2: one input row per (token, slot)) at each token bucket of the table."""
-    if not warmups_on() or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    """Compile, once per layer shape and outside CUDA-graph capture, every kernel variant the layer can launch. At
+    each of _warm_ms, on scratch buffers laid out as the real ones: one routing, the w13 op on it, then the w2 op on
+    the same routing, as add_lora_w13 and add_lora_w2 run them. The w2 op must follow a w13 op: the second op on a
+    routing is another variant (it reads the settled routing before its wait, and uses the next readiness slot)."""
+    if not warmups_on() or not _compiles_on(x.device):
         return
-    key = (op, tuple(lora_a.shape), tuple(lora_b.shape), slices, top_k, x.dtype, topk_weights.dtype, x.device)
+    if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    a13, b13, x13_dtype, ids_dtype = w13
+    key = (
+        tuple(a13[0].shape),
+        tuple(b13[0].shape),
+        len(a13),
+        tuple(lora_a.shape),
+        tuple(lora_b.shape),
+        top_k,
+        x13_dtype,
+        ids_dtype,
+        x.dtype,
+        topk_weights.dtype,
+        mapping.dtype,
+        x.device,
+    )
     if key in _warmed:
         return
     _warmed.add(key)
@@ -267,51 +285,65 @@ def _warm_up(
 
     from .triton_path import route, run_triton
 
-    max_loras, experts, rank, k = lora_a.shape
-    n = lora_b.shape[2]
-    dev, dt = x.device, x.dtype
+    max_loras, experts, rank, k2 = lora_a.shape
+    k13, n13, n2 = a13[0].shape[3], b13[0].shape[2], lora_b.shape[2]
+    dev = x.device
     t0 = time.monotonic()
-    ms = _table_ms(device=dev)
+    ms = _warm_ms(top_k=top_k, device=dev)
     for m in ms:
         g = torch.Generator(device=dev).manual_seed(m)
-        ids = torch.randint(0, experts, (m, top_k), device=dev, generator=g, dtype=torch.int32)
-        mapping = torch.arange(m, device=dev, dtype=torch.int32) % max_loras
-        routing = route(topk_ids=ids, token_lora_mapping=mapping, num_experts=experts, max_loras=max_loras)
+        ids = torch.randint(0, experts, (m, top_k), device=dev, generator=g, dtype=ids_dtype)
+        slots = (torch.arange(m, device=dev) % max_loras).to(mapping.dtype)
+        routing = route(topk_ids=ids, token_lora_mapping=slots, num_experts=experts, max_loras=max_loras)
         weights = torch.full((m, top_k), 1.0 / top_k, device=dev, dtype=topk_weights.dtype)
-        if op == "w13":
-            out = torch.zeros(m, top_k, slices * n, device=dev, dtype=dt)
-            inp = torch.zeros(m, k, device=dev, dtype=dt)
-        else:
-            out = torch.zeros(m, top_k, n, device=dev, dtype=dt)
-            inp = torch.zeros(m, top_k, k, device=dev, dtype=dt)
         run_triton(
-            output=out,
-            x=inp,
-            lora_a=(lora_a,) * (slices if op == "w13" else 1),
-            lora_b=(lora_b,) * (slices if op == "w13" else 1),
+            output=torch.zeros(m, top_k, len(a13) * n13, device=dev, dtype=x13_dtype),
+            x=torch.zeros(m, k13, device=dev, dtype=x13_dtype),
+            lora_a=a13,
+            lora_b=b13,
             routing=routing,
             topk_weights=weights,
-            mul_routed_weight=op == "w2",
+            mul_routed_weight=False,
         )
-    torch.cuda.synchronize(dev)
+        run_triton(
+            output=torch.zeros(m, top_k, n2, device=dev, dtype=x.dtype),
+            x=torch.zeros(m, top_k, k2, device=dev, dtype=x.dtype),
+            lora_a=(lora_a,),
+            lora_b=(lora_b,),
+            routing=routing,
+            topk_weights=weights,
+            mul_routed_weight=True,
+        )
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
     log.info(
-        "moelora: MoE-LoRA %s kernels compiled for M in %s (E=%d, K=%d, N=%d, rank %d, %d adapters) in %.1f s",
-        op,
+        "moelora: MoE-LoRA kernels compiled for M in %s (E=%d, K=%d/%d, N=%d/%d, rank %d, %d adapters) in %.1f s",
         list(ms),
         experts,
-        k,
-        n,
+        k13,
+        k2,
+        n13,
+        n2,
         rank,
         max_loras,
         time.monotonic() - t0,
     )
 
 
-def _table_ms(*, device: torch.device) -> tuple[int, ...]:
-    """Token buckets of the config table default_config reads on this device (plus 1 and 16 if absent)."""
-    from moelora.kernels import table_token_counts
+def _compiles_on(device: torch.device) -> bool:
+    """Whether a launch on this device compiles a kernel (CUDA); Triton's interpreter compiles nothing."""
+    return device.type == "cuda"
 
-    return tuple(sorted({1, 16, *table_token_counts(device)}))
+
+def _warm_ms(*, top_k: int, device: torch.device) -> tuple[int, ...]:
+    """Token counts where a launch choice can change: the buckets of the config table default_config reads on this
+    device (plus 1 and 16 if absent), and each side of every routing switch (routing_switches, in pairs)."""
+    from moelora.kernels import routing_switches, table_token_counts
+
+    ms = {1, 16, *table_token_counts(device)}
+    for pairs in routing_switches():
+        ms |= {m for m in (pairs // top_k, pairs // top_k + 1) if m >= 1}
+    return tuple(sorted(ms))
 
 
 _seen: set[str] = set()
@@ -345,5 +377,5 @@ def install_moe_hooks(cls: type, patches: Patches) -> str | None:
 def _forget() -> None:
     """Drop what the hooks hold: vLLM's originals, the kept routing and the warmed shapes."""
     _originals.clear()
-    _kept.routing = None
+    _kept.routing = _kept.w13 = None
     _warmed.clear()
