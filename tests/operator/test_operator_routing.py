@@ -24,9 +24,7 @@ ROUTING = {"gateway": {"enabled": True, "parentRefs": [{"name": "inference-gw", 
 
 @pytest.fixture(scope="module")
 def kube() -> Iterator[KubeAPI]:
-    api = KubeAPI()
-    api.emulator.serve_published("InferencePool", "HTTPRoute")
-    with api:
+    with KubeAPI(published=("InferencePool", "HTTPRoute")) as api:
         yield api
 
 

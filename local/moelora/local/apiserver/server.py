@@ -22,7 +22,8 @@ class KubeAPI:
     """The emulated API server on 127.0.0.1 (a free port unless given), in a thread with its own event loop.
 
     Use as a context manager, or `start()`/`stop()`. `url`, `kubeconfig` (a file it writes), `emulator` (which a
-    test may replace with a subclass before starting).
+    test may replace with a subclass before starting). `published` names other projects' kinds whose published CRDs
+    the cluster has installed (`Emulator.serve_published`).
     """
 
     def __init__(
@@ -32,11 +33,13 @@ class KubeAPI:
         kubeconfig: pathlib.Path | None = None,
         validate: bool = True,
         namespace: str = "default",
+        published: tuple[str, ...] = (),
     ) -> None:
         self._port = port
         self._kubeconfig_path = kubeconfig
         self._namespace = namespace
         self.emulator = Emulator(validate=validate)
+        self.emulator.serve_published(*published)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="kube-api", daemon=True)
         self._started = threading.Event()
