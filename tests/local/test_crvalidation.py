@@ -8,7 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from moelora.local.apiserver import celrules, crfields, crvalidation
+from moelora.local.apiserver import celrules, crvalidation, fielderrors
+from moelora.local.apiserver.fielderrors import DUPLICATE
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -87,7 +88,7 @@ def test_a_valid_object_is_stored_pruned_and_defaulted() -> None:
 
 
 def test_rules_see_defaults_applied_first() -> None:
-    assert errors(obj(size=9)) == ['spec: Invalid value: "object": size may not exceed limit']
+    assert errors(obj(size=9)) == ["spec: Invalid value: size may not exceed limit"]
     assert errors(obj(size=9, limit=10)) == []
 
 
@@ -119,27 +120,25 @@ def test_a_non_blocking_schema_error_still_lets_the_rules_run() -> None:
     # A pattern failure is an Invalid value, not one of the blocking kinds: the rules are evaluated too.
     assert errors(obj(size=9, name="AB")) == [
         "spec.name: Invalid value: \"AB\": spec.name in body should match '^[a-z]+$'",
-        'spec: Invalid value: "object": size may not exceed limit',
+        "spec: Invalid value: size may not exceed limit",
     ]
 
 
 def test_lists_count_items_and_keys() -> None:
     many = [{"name": str(n)} for n in range(4)]
     assert errors(obj(size=1, items=many))[0] == "spec.items: Too many: 4: must have at most 3 items"
-    assert errors(obj(size=1, items=[{"name": "a"}, {"name": "a"}])) == [
-        'spec.items[1]: Duplicate value: map[string]interface {}{"name":"a"}'
-    ]
+    assert errors(obj(size=1, items=[{"name": "a"}, {"name": "a"}])) == ['spec.items[1]: Duplicate value: {"name":"a"}']
 
 
 def test_rules_run_on_list_items_and_map_values_with_their_paths() -> None:
     assert errors(obj(size=1, items=[{"name": "a"}, {"name": "b", "weight": 0}], labels={"x": "ok", "y": "long"})) == [
-        'spec.items[1]: Invalid value: "object": weight of b is not positive',  # messageExpression
-        'spec.labels[y]: Invalid value: "string": failed rule: self.size() < 4',  # no message: the rule
+        "spec.items[1]: Invalid value: weight of b is not positive",  # messageExpression; an object's value omitted
+        'spec.labels[y]: Invalid value: "long": failed rule: self.size() < 4',  # no message: the rule; a string shown
     ]
 
 
 def test_field_path_and_reason_shape_the_error() -> None:
-    assert errors(obj(size=1, pair={"a": 2, "b": 1})) == ['spec.pair.b: Invalid value: "object": b > a']
+    assert errors(obj(size=1, pair={"a": 2, "b": 1})) == ["spec.pair.b: Invalid value: b > a"]
     assert errors(obj(size=1, namespace="kube-system")) == ["spec: Forbidden: not kube-system"]
 
 
@@ -158,15 +157,13 @@ def test_transition_rules_wait_for_an_update() -> None:
     assert errors(created) == []  # oldSelf: not evaluated on create
     stored = copy.deepcopy(created)
     crvalidation.admit(stored, SCHEMA)
-    assert errors(obj(size=1, frozen="b"), old=stored) == ['spec.frozen: Invalid value: "string": frozen is immutable']
+    assert errors(obj(size=1, frozen="b"), old=stored) == ['spec.frozen: Invalid value: "b": frozen is immutable']
     assert errors(obj(size=1, frozen="a", limit=3), old=stored) == []
 
 
 def test_an_unchanged_invalid_value_is_ratcheted_on_update() -> None:
     stored = obj(size=9, limit=8)  # invalid now (say, accepted by an older CRD)
-    assert errors(obj(size=9, limit=8, mode="Fast"), old=stored) == [
-        'spec: Invalid value: "object": size may not exceed limit'
-    ]
+    assert errors(obj(size=9, limit=8, mode="Fast"), old=stored) == ["spec: Invalid value: size may not exceed limit"]
     labels = obj(size=1, labels={"y": "long"})
     assert errors(obj(size=1, labels={"y": "long"}, mode="Fast"), old=labels) == []  # the map value did not change
 
@@ -182,11 +179,51 @@ def test_a_rule_that_cannot_evaluate_says_so() -> None:
     assert [str(e) for e in found] == ['a: Invalid value: "object": no such key: b evaluating rule: b is one']
 
 
+def test_a_failed_rule_shows_a_simple_value_and_omits_an_object_or_an_array() -> None:
+    """kube-apiserver since 1.35 (kubernetes PRs #132798, #133832): a rule that evaluates to false reports a string,
+    number or boolean as itself and omits an object's or an array's value, whatever its reason; messages trimmed."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "x-kubernetes-validations": [{"rule": "self < 3", "message": " under 3 "}]},
+            "tag": {"type": "string", "x-kubernetes-validations": [{"rule": "self != 'x'", "reason": DUPLICATE}]},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string"},
+                "maxItems": 1,
+                "x-kubernetes-validations": [{"rule": "self.all(t, t != 'x')", "reason": DUPLICATE}],
+            },
+        },
+    }
+    assert [str(e) for e in crvalidation.admit({"count": 5, "tag": "x", "tags": ["x"]}, schema)] == [
+        "count: Invalid value: 5: under 3",
+        'tag: Duplicate value: "x"',
+        "tags: Duplicate value",
+    ]
+    assert [str(e) for e in crvalidation.admit({"tags": ["a", "b"]}, schema)][0] == (
+        "tags: Too many: 2: must have at most 1 item"  # field.TooMany's singular
+    )
+
+
+def test_an_error_keeps_its_identity_through_logical_operators() -> None:
+    """cel-go's `a || b` with both sides erroneous is the left error, not a missing overload as in cel-python."""
+    rule = {"rule": "(self.missing ? true : true) || self.other == 1", "message": "m"}
+    schema = {"type": "object", "properties": {"gate": {"type": "object", "x-kubernetes-validations": [rule]}}}
+    found = crvalidation.admit({"gate": {}}, schema)
+    assert [str(e) for e in found] == ['gate: Invalid value: "object": no such key: missing evaluating rule: m']
+
+
 def test_the_status_message_and_causes() -> None:
     found = crvalidation.admit(obj(size=9, mode="Quick"), SCHEMA)
-    message = crfields.invalid_message(kind="Thing", group="x.io", name="t", errors=found)
-    assert message.startswith('Thing.x.io "t" is invalid: [spec.mode: Unsupported value: "Quick": ')
-    details = crfields.invalid_details(kind="Thing", group="x.io", name="t", errors=found)
+    refusal = fielderrors.invalid_error(kind="Thing", group="x.io", name="t", errors=found)
+    assert refusal.status == 422 and refusal.reason == "Invalid"
+    assert refusal.message.startswith('Thing.x.io "t" is invalid: [spec.mode: Unsupported value: "Quick": ')
+    details = refusal.details
+    assert details["causes"][-1] == {
+        "reason": "FieldValueInvalid",
+        "message": f"Invalid value: null: {crvalidation.UNCHECKED}",
+        "field": "<nil>",
+    }
     assert details["causes"][0] == {
         "reason": "FieldValueNotSupported",
         "message": 'Unsupported value: "Quick": supported values: "Fast", "Slow"',

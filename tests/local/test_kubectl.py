@@ -236,8 +236,8 @@ def test_a_refused_object_names_each_invalid_field(kube: KubeAPI) -> None:
     server["spec"] = {"model": {"name": "org/m"}, "lora": {"maxLoras": 8, "maxCpuLoras": 4}}  # a CEL rule's refusal
     refused = kube.kubectl("create", "-f", "-", stdin=json.dumps(server), check=False)
     assert refused.stderr.strip() == (
-        'The ModelServer "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: "object": maxCpuLoras must be at '
-        "least maxLoras"
+        'The ModelServer "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: maxCpuLoras must be at least '
+        "maxLoras"
     )
     request = urllib.request.Request(
         f"{kube.url}/apis/moelora.io/v1alpha1/namespaces/invalid/modelservers",
@@ -249,13 +249,13 @@ def test_a_refused_object_names_each_invalid_field(kube: KubeAPI) -> None:
     assert refusal.value.code == 422
     status = json.loads(refusal.value.read())
     assert status["message"] == (
-        'ModelServer.moelora.io "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: "object": maxCpuLoras must '
-        "be at least maxLoras"
+        'ModelServer.moelora.io "wrong" is invalid: spec.lora.maxCpuLoras: Invalid value: maxCpuLoras must be at '
+        "least maxLoras"
     )
     assert status["details"]["causes"] == [
         {
             "reason": "FieldValueInvalid",
-            "message": 'Invalid value: "object": maxCpuLoras must be at least maxLoras',
+            "message": "Invalid value: maxCpuLoras must be at least maxLoras",  # an object's value is omitted
             "field": "spec.lora.maxCpuLoras",  # the rule's fieldPath
         }
     ]

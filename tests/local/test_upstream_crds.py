@@ -65,8 +65,8 @@ def test_the_gateway_apis_rules_use_what_plain_cel_lacks() -> None:
     same = {**route, "spec": {"parentRefs": [{"name": "gw", "namespace": "a"}, {"name": "gw", "namespace": "a"}]}}
     message = upstream.admission(same).message
     assert message == (
-        'HTTPRoute.gateway.networking.k8s.io "r" is invalid: spec.parentRefs: Invalid value: "array": sectionName '
-        "must be unique when parentRefs includes 2 or more references to the same parent"
+        'HTTPRoute.gateway.networking.k8s.io "r" is invalid: spec.parentRefs: Invalid value: sectionName must be '
+        "unique when parentRefs includes 2 or more references to the same parent"
     )
 
 

@@ -1,6 +1,6 @@
 """What kube-apiserver does to a custom object before it stores it, for a CRD loaded as published: prune unknown
 fields, drop nulls and fill defaults, then validate against the OpenAPI v3 schema and (`celrules`) every CEL rule,
-answering 422 Invalid with the server's field errors (`crfields`).
+answering 422 Invalid with the server's field errors (`fielderrors`).
 
 Sources, all in kubernetes/kubernetes' apiextensions-apiserver: pkg/apiserver/schema (pruning; defaulting: nulls of
 non-nullable fields are dropped before defaults, a default is filled wherever a field is absent and defaulting goes
@@ -17,28 +17,33 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from moelora.local.apiserver.celrules import cel_errors
-from moelora.local.apiserver.crfields import (
-    BLOCKING,
-    DUPLICATE,
-    INVALID,
-    MISSING,
+from moelora.local.apiserver.celrules import MISSING, cel_errors, list_key, old_item
+from moelora.local.apiserver.fielderrors import (
     REQUIRED,
     TOO_LONG,
     TOO_MANY,
     TYPE_INVALID,
-    UNCHECKED,
     UNSUPPORTED,
     FieldError,
     child,
-    go_value,
-    list_key,
-    old_item,
+    duplicate,
+    invalid,
+    not_supported,
+    required,
+    too_long,
+    too_many,
+    type_invalid,
+)
+
+# The field errors that stop the CEL rules from running (pkg/registry/customresource/strategy.go), and what says so.
+BLOCKING = {REQUIRED, UNSUPPORTED, TOO_LONG, TOO_MANY, TYPE_INVALID}
+UNCHECKED = (
+    "some validation rules were not checked because the object was invalid; correct the existing errors to complete "
+    "validation"
 )
 
 # --- pruning, nulls, defaults ------------------------------------------------------------------------------------
@@ -122,16 +127,15 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "", old: An
     name = path or "<nil>"
     if value is None:
         if not schema.get("nullable") and schema.get("type"):
-            yield FieldError(TYPE_INVALID, path, "null", f'{name} in body must be of type {schema["type"]}: "null"')
+            yield type_invalid(path, "null", f'{name} in body must be of type {schema["type"]}: "null"')
         return
     if not _type_ok(value, schema):
         expected = "integer,string" if schema.get("x-kubernetes-int-or-string") else schema["type"]
         actual = _type_name(value)
-        yield FieldError(TYPE_INVALID, path, actual, f'{name} in body must be of type {expected}: "{actual}"')
+        yield type_invalid(path, actual, f'{name} in body must be of type {expected}: "{actual}"')
         return
     if "enum" in schema and value not in schema["enum"]:
-        values = ", ".join(json.dumps(v if isinstance(v, str) else go_value(v)) for v in schema["enum"])
-        yield FieldError(UNSUPPORTED, path, value, f"supported values: {values}")
+        yield not_supported(path, value, schema["enum"])
     if isinstance(value, str):
         yield from _string_errors(value, schema, path)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -147,23 +151,22 @@ def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "", old: An
             passing = sum(1 for sub in branches if next(iter(schema_errors(value, sub, path)), None) is None)
             if passing == 0 or (keyword == "oneOf" and passing > 1):
                 how = "at least one schema" if keyword == "anyOf" else "one and only one schema"
-                yield FieldError(INVALID, path, value, f"{name} in body must validate {how} ({keyword})")
+                yield invalid(path, value, f"{name} in body must validate {how} ({keyword})")
 
 
 def _string_errors(value: str, schema: Mapping[str, Any], path: str) -> Iterator[FieldError]:
     name = path or "<nil>"
     if "maxLength" in schema and len(value) > schema["maxLength"]:
-        count = schema["maxLength"]
-        yield FieldError(TOO_LONG, path, value, f"may not be more than {count} {'byte' if count == 1 else 'bytes'}")
+        yield too_long(path, schema["maxLength"])
     if "minLength" in schema and len(value) < schema["minLength"]:
-        yield FieldError(INVALID, path, value, f"{name} in body should be at least {schema['minLength']} chars long")
+        yield invalid(path, value, f"{name} in body should be at least {schema['minLength']} chars long")
     if "pattern" in schema and not re.search(schema["pattern"], value):
-        yield FieldError(INVALID, path, value, f"{name} in body should match '{schema['pattern']}'")
+        yield invalid(path, value, f"{name} in body should match '{schema['pattern']}'")
     if schema.get("format") == "date-time":
         try:
             datetime.datetime.fromisoformat(value)
         except ValueError:
-            yield FieldError(TYPE_INVALID, path, value, f'{name} in body must be of type date-time: "{value}"')
+            yield type_invalid(path, value, f'{name} in body must be of type date-time: "{value}"')
 
 
 def _number_errors(value: float, schema: Mapping[str, Any], path: str) -> Iterator[FieldError]:
@@ -172,29 +175,29 @@ def _number_errors(value: float, schema: Mapping[str, Any], path: str) -> Iterat
         low, exclusive = schema["minimum"], schema.get("exclusiveMinimum")
         if value < low or (exclusive and value == low):
             how = "greater than" if exclusive else "greater than or equal to"
-            yield FieldError(INVALID, path, value, f"{name} in body should be {how} {low}")
+            yield invalid(path, value, f"{name} in body should be {how} {low}")
     if "maximum" in schema:
         high, exclusive = schema["maximum"], schema.get("exclusiveMaximum")
         if value > high or (exclusive and value == high):
             how = "less than" if exclusive else "less than or equal to"
-            yield FieldError(INVALID, path, value, f"{name} in body should be {how} {high}")
+            yield invalid(path, value, f"{name} in body should be {how} {high}")
     if (step := schema.get("multipleOf")) and value % step:
-        yield FieldError(INVALID, path, value, f"{name} in body should be a multiple of {step}")
+        yield invalid(path, value, f"{name} in body should be a multiple of {step}")
 
 
 def _list_errors(value: list[Any], schema: Mapping[str, Any], path: str, old: Any) -> Iterator[FieldError]:
     name = path or "<nil>"
     if "maxItems" in schema and len(value) > schema["maxItems"]:
-        yield FieldError(TOO_MANY, path, len(value), f"must have at most {schema['maxItems']} items")
+        yield too_many(path, len(value), schema["maxItems"])
     if "minItems" in schema and len(value) < schema["minItems"]:
-        yield FieldError(INVALID, path, len(value), f"{name} in body should have at least {schema['minItems']} items")
+        yield invalid(path, len(value), f"{name} in body should have at least {schema['minItems']} items")
     list_type, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys") or []
     if list_type in ("set", "map") or schema.get("uniqueItems"):
         seen: list[Any] = []
         for index, item in enumerate(value):
             key = list_key(item, keys) if list_type == "map" else item
             if key in seen:
-                yield FieldError(DUPLICATE, f"{path}[{index}]", key)
+                yield duplicate(f"{path}[{index}]", key)
             seen.append(key)
     items = schema.get("items")
     if isinstance(items, dict):
@@ -206,12 +209,12 @@ def _object_errors(value: dict[str, Any], schema: Mapping[str, Any], path: str, 
     name = path or "<nil>"
     for key in schema.get("required") or []:
         if key not in value:
-            yield FieldError(REQUIRED, child(path, key))
+            yield required(child(path, key))
     if "maxProperties" in schema and len(value) > schema["maxProperties"]:
-        yield FieldError(TOO_MANY, path, len(value), f"must have at most {schema['maxProperties']} items")
+        yield too_many(path, len(value), schema["maxProperties"])
     if "minProperties" in schema and len(value) < schema["minProperties"]:
         count = schema["minProperties"]
-        yield FieldError(INVALID, path, len(value), f"{name} in body should have at least {count} properties")
+        yield invalid(path, len(value), f"{name} in body should have at least {count} properties")
     properties, extra = schema.get("properties") or {}, schema.get("additionalProperties")
     old_map = old if isinstance(old, dict) else {}
     for key, item in value.items():
@@ -228,7 +231,7 @@ def validate(obj: Mapping[str, Any], schema: Mapping[str, Any], old: Any = MISSI
     """Every error of a pruned, defaulted object: the schema's, then (unless one of those blocks them) the rules'."""
     errors = list(schema_errors(obj, schema, "", old))
     if any(error.type in BLOCKING for error in errors):
-        return [*errors, FieldError(INVALID, "", None, UNCHECKED)]
+        return [*errors, invalid("", None, UNCHECKED)]
     return [*errors, *cel_errors(obj, schema, "", old)]
 
 

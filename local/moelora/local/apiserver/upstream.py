@@ -16,8 +16,8 @@ from typing import Any
 import kmock
 import yaml
 
-from moelora.local.apiserver import crfields, crvalidation
-from moelora.local.apiserver.crfields import FieldError
+from moelora.local.apiserver import crvalidation, fielderrors
+from moelora.local.apiserver.fielderrors import FieldError
 
 # Kind -> the file its CRD is served from by default: the newest release vendored.
 PUBLISHED = {
@@ -76,13 +76,7 @@ class ServedVersion:
         errors = crvalidation.admit(obj, self.schema, old)
         if errors:
             name = str((obj.get("metadata") or {}).get("name", ""))
-            where = {"kind": self.kind, "group": self.group, "name": name, "errors": errors}
-            raise kmock.KubernetesError(
-                status=422,
-                reason="Invalid",
-                message=crfields.invalid_message(**where),
-                details=crfields.invalid_details(**where),
-            )
+            raise fielderrors.invalid_error(kind=self.kind, group=self.group, name=name, errors=errors)
 
 
 def served_versions(file: str) -> list[ServedVersion]:
@@ -136,7 +130,7 @@ class Admission:
             return None
         name = str((self.stored.get("metadata") or {}).get("name", ""))
         kind, group = self.stored.get("kind", ""), str(self.stored.get("apiVersion", "")).rpartition("/")[0]
-        return crfields.invalid_message(kind=kind, group=group, name=name, errors=self.errors)
+        return fielderrors.invalid_message(kind=kind, group=group, name=name, errors=self.errors)
 
 
 def admission(obj: dict[str, Any], *, old: dict[str, Any] | None = None, file: str | None = None) -> Admission:
