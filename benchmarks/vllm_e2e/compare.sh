@@ -22,6 +22,10 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   log=$OUT/$MODEL-$mode/server.log
   [ -f "$log" ] && grep -E "Using .*MoE|MoE config|LoRA kernel config|moelora: (fused|model warm)|Error|error:" "$log" \
     | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt"
+  # The plugin's lines (warm-ups; with MOELORA_LOG_COMPILES=1 every Triton compile) and the line where serving
+  # began, so a compile under the first requests shows after "Application startup complete".
+  [ -f "$log" ] && grep -nE "moelora:|Application startup complete" "$log" | cut -c1-400 | head -600 \
+    > "$OUT/$MODEL-$mode/moelora_lines.txt"
   # Where the start-up went (weights, torch.compile, profiling, graph capture, warm-ups), in the log's order.
   [ -f "$log" ] && grep -E " took | takes |finished in|warm-up ran|Starting to load|Application startup complete" \
     "$log" | cut -c1-300 | head -40 > "$OUT/$MODEL-$mode/startup_lines.txt"

@@ -160,3 +160,82 @@ def test_one_variant_per_configuration_across_token_counts():
         run(m)
     torch.cuda.synchronize()
     assert variants() == before
+
+
+@pytest.mark.parametrize("method", ["grouped", "decode"])
+def test_after_the_warm_up_serving_compiles_nothing(method, monkeypatch):
+    """GPT-OSS-20B's layer through the hooks: the first call warms up; then no token count, in any order, compiles
+    another variant of any of our kernels (tests/plugin/test_moe_warmup.py checks the same on the CPU)."""
+    from moelora.kernels import expand, onepass, routing, shrink
+    from moelora.vllm_plugin import moe_hooks
+
+    monkeypatch.setenv("MOELORA_ROUTING", method)
+    monkeypatch.setattr(moe_hooks, "_warmed", set())
+    dev, dt, top_k, experts, loras, hidden, inter, rank = "cuda", torch.bfloat16, 4, 32, 8, 2880, 2880, 32
+    a13 = torch.zeros(loras, experts, rank, hidden, device=dev, dtype=dt)
+    b13 = torch.zeros(loras, experts, 2 * inter, rank, device=dev, dtype=dt)
+    a2 = torch.zeros(loras, experts, rank, inter, device=dev, dtype=dt)
+    b2 = torch.zeros(loras, experts, hidden, rank, device=dev, dtype=dt)
+    punica = SimpleNamespace(
+        lora_config=SimpleNamespace(specialize_active_lora=False),
+        token_mapping_meta=SimpleNamespace(meta_args=lambda n, spec: (None,) * 5 + (torch.tensor([False]), None)),
+    )
+    mapping_buffer = torch.zeros(4096, device=dev, dtype=torch.int32)  # vLLM's mapping: a view of one buffer
+
+    def serve(m: int) -> None:
+        ids = torch.randint(0, experts, (m, top_k), device=dev, dtype=torch.int32)
+        mapping = mapping_buffer[:m]
+        mapping.copy_(torch.arange(m, device=dev, dtype=torch.int32) % loras)
+        w = torch.rand(m, top_k, device=dev)
+        common = {"w1": None, "w2": None, "top_k_num": top_k, "max_loras": loras, "top_k": top_k}
+        common |= {"adapter_enabled": torch.ones(loras + 1, device=dev), "fully_sharded": False}
+        common |= {"use_tuned_config": False, "add_inputs": True, "num_tokens": m}
+        values = moe_hooks.add_lora_w13(
+            punica,
+            y=torch.zeros(m, top_k, 2 * inter, device=dev, dtype=dt),
+            x=torch.zeros(m, hidden, device=dev, dtype=dt),
+            lora_a_stacked=(a13,),
+            lora_b_stacked=(b13,),
+            topk_ids=ids,
+            topk_weights=w,
+            expert_map=None,
+            local_num_experts=experts,
+            num_slices=1,
+            token_lora_mapping=mapping,
+            **common,
+        )
+        assert values[0] is None  # ours, not vLLM's
+        moe_hooks.add_lora_w2(
+            punica,
+            y=torch.zeros(m, top_k, hidden, device=dev, dtype=dt),
+            x=torch.zeros(m * top_k, inter, device=dev, dtype=dt),
+            lora_a_stacked=(a2,),
+            lora_b_stacked=(b2,),
+            topk_weights=w,
+            sorted_token_ids_lora=values[0],
+            expert_ids_lora=values[1],
+            num_tokens_post_padded_lora=values[2],
+            token_lora_mapping=values[3],
+            tp_rank=0,
+            **common,
+        )
+
+    kernels = (
+        shrink._shrink_kernel,
+        expand._expand_kernel,
+        onepass._onepass_kernel,
+        routing._route_tiny_kernel,
+        routing._route_count_kernel,
+        routing._route_finish_kernel,
+    )
+
+    def variants() -> int:
+        return sum(len(c[0]) for k in kernels for c in k.device_caches.values())
+
+    serve(40)  # the first eager call: the warm-up runs inside it
+    torch.cuda.synchronize()
+    before = variants()
+    for m in [*range(1, 80), 128, 129, 255, 256, 257, 300, 511, 777, 1024, 1025, 1600, 2047]:
+        serve(m)
+    torch.cuda.synchronize()
+    assert variants() == before
