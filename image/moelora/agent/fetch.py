@@ -88,6 +88,8 @@ def read_config_object(*, client: Any, listing: Listing) -> bytes:
     try:
         response = client.get_object(Bucket=listing.location.bucket, Key=obj.key, IfMatch=obj.etag)
         return bytes(response["Body"].read(CONFIG_LIMIT + 1))
+    except Cancelled:
+        raise
     except Exception as error:  # noqa: BLE001 - classified, never swallowed
         raise classify_client_error(error, what=f"reading {CONFIG_FILE}") from None
 

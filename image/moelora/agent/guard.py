@@ -1,17 +1,21 @@
 """Keeping one adapter's S3 trouble its own: deadlines, a transfer-rate floor, cancellation, and a cap per endpoint.
 
 A `Watch` belongs to one preparation: its checks raise `Cancelled` (the adapter was deleted or changed), or a
-TransientError once the overall deadline passed or the transfer ran below the rate floor for a whole window.
+TransientError once the overall deadline passed or the transfer ran below the rate floor for a whole window. The S3
+connections its threads take (sockets.py) are attached to it, and cancelling it shuts their sockets down, so a call
+blocked in a read (a body that drips a byte at a time, under the read timeout) ends at once.
 `EndpointGates` lets at most K preparations use one S3 endpoint at a time; a preparation that finds its endpoint
 full is `Deferred` (no worker thread waits for a slot), so a hanging endpoint holds at most K workers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from moelora.agent.errors import TransientError
 from moelora.api import FailureReason
@@ -52,9 +56,36 @@ class Watch:
         self._what = ""
         self._window_start = clock()
         self._window_bytes = 0
+        self._connections: set[Any] = set()  # urllib3 connections its threads hold now
 
     def cancel(self) -> None:
+        """Stop the preparation and every call it made, also those it gave up on but that still run."""
         self.cancelled.set()
+        self.sever()
+
+    def attach(self, connection: Any) -> None:
+        """A connection one of its threads took from the pool; Cancelled once the preparation is."""
+        with self._lock:
+            if self.cancelled.is_set():
+                raise Cancelled()
+            self._connections.add(connection)
+
+    def detach(self, connection: Any) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+    def sever(self) -> int:
+        """Shut down the sockets of the connections its threads hold: a read blocked on one returns at once (a
+        close from another thread would not wake it). Returns how many."""
+        with self._lock:
+            held = [getattr(c, "sock", None) for c in self._connections]
+        count = 0
+        for sock in held:
+            if sock is not None:
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    sock.shutdown(socket.SHUT_RDWR)
+                    count += 1
+        return count
 
     def start(self, what: str, *, seconds: float) -> None:
         """A new phase (listing, download) with its own deadline; the rate window starts afresh."""
@@ -88,19 +119,40 @@ class Watch:
                 self._window_start, self._window_bytes = now, 0
 
 
+_working = threading.local()
+
+
+@contextlib.contextmanager
+def working_for(watch: Watch) -> Iterator[None]:
+    """The S3 connections this thread takes meanwhile are attached to `watch` (sockets.py)."""
+    previous = getattr(_working, "watch", None)
+    _working.watch = watch
+    try:
+        yield
+    finally:
+        _working.watch = previous
+
+
+def current() -> Watch | None:
+    """The watch of the preparation this thread works for, if any."""
+    return getattr(_working, "watch", None)
+
+
 def bounded(
     call: Callable[[], T], *, watch: Watch, poll: float = 0.05, on_exit: Callable[[], None] = lambda: None
 ) -> T:
     """`call()`'s result, given up on at the watch's deadline or cancellation (checked every `poll` seconds).
 
-    A blocking boto3 call cannot be interrupted: it runs on a daemon thread that is left to end on its own socket
-    timeout; `on_exit` runs when it does (releasing what it holds, e.g. its endpoint slot)."""
+    A blocking boto3 call cannot be interrupted: it runs on a daemon thread, attached to the watch, that is left to
+    end on its own socket timeout after a deadline, and at once after a cancellation (Watch.cancel shuts its socket
+    down); `on_exit` runs when it ends (releasing what it holds, e.g. its endpoint slot)."""
     done = threading.Event()
     box: dict[str, object] = {}
 
     def run() -> None:
         try:
-            box["result"] = call()
+            with working_for(watch):
+                box["result"] = call()
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             box["error"] = error
         finally:
@@ -158,7 +210,16 @@ class Slot:
         self._endpoint = endpoint
         self._users = 1
         self._orphaned = False  # the preparation is over, a call it gave up on still holds the slot
+        self._on_free: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+
+    def when_free(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the last user lets go (at once if none holds it)."""
+        with self._lock:
+            if self._users > 0:
+                self._on_free.append(callback)
+                return
+        callback()
 
     def hold(self) -> None:
         with self._lock:
@@ -176,7 +237,10 @@ class Slot:
         with self._lock:
             self._users -= 1
             last = self._users == 0
+            callbacks, self._on_free = (self._on_free, []) if last else ([], self._on_free)
         if last:
             if self._orphaned:
                 self._gates._orphan(self._endpoint, -1)
             self._gates._leave(self._endpoint)
+            for callback in callbacks:
+                callback()

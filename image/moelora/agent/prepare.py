@@ -86,6 +86,8 @@ class Preparer:
         self._inflight: set[str] = set()  # versions downloaded by workers, not yet collected by the loop
         self._reserved: dict[str, int] = {}  # version -> bytes its download may write
         self._watches: dict[str, tuple[str, Watch]] = {}  # uid -> (spec hash, its preparation's watch)
+        # uid -> (spec hash, watch) of preparations over whose calls still run (given up on at a deadline)
+        self._lingering: dict[str, list[tuple[str, Watch]]] = {}
         # uid -> (spec hash, bytes, room then) of its last CacheFull refusal
         self._no_room: dict[str, tuple[str, int, int]] = {}
         self._room_checked = float("-inf")
@@ -115,12 +117,17 @@ class Preparer:
         return {uid for uid, (_, size, then) in waiting.items() if then < room and size <= room}
 
     def cancel_stale(self, wanted: Mapping[str, str]) -> list[str]:
-        """Cancel preparations of adapters no longer desired (uid -> spec hash), or desired with another spec;
-        returns their uids."""
+        """Cancel preparations of adapters no longer desired (uid -> spec hash), or desired with another spec, and
+        the calls their earlier preparations gave up on: their sockets close, their endpoint slots free. Returns the
+        uids of the preparations cancelled."""
         with self._lock:
             stale = [uid for uid, (spec_hash, _) in self._watches.items() if wanted.get(uid) != spec_hash]
             for uid in stale:
                 self._watches[uid][1].cancel()
+            for uid, held in self._lingering.items():
+                for spec_hash, watch in held:
+                    if wanted.get(uid) != spec_hash:
+                        watch.cancel()
         return stale
 
     def prepare(self, item: Desired, known_bad: AdapterError | None) -> Prepared:
@@ -143,10 +150,21 @@ class Preparer:
                 served.version, path, validate(self.settings.cache_dir / served.version, self.limits), error
             )
         finally:
-            slot.leave()
             with self._lock:
                 if self._watches.get(item.uid, (None, None))[1] is watch:
                     del self._watches[item.uid]
+                self._lingering.setdefault(item.uid, []).append((item.spec_hash, watch))
+            slot.when_free(lambda: self._settled(item.uid, watch))
+            slot.leave()
+
+    def _settled(self, uid: str, watch: Watch) -> None:
+        """No call of that preparation runs any more: nothing of it is left to cancel."""
+        with self._lock:
+            held = [entry for entry in self._lingering.get(uid, []) if entry[1] is not watch]
+            if held:
+                self._lingering[uid] = held
+            else:
+                self._lingering.pop(uid, None)
 
     def _prepare(self, item: Desired, known_bad: AdapterError | None, watch: Watch, slot: Slot) -> Prepared:
         source = item.spec.source

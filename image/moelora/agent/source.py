@@ -20,7 +20,9 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from moelora.agent import sockets
 from moelora.agent.errors import AdapterError, TransientError, quote
+from moelora.agent.guard import Cancelled
 from moelora.api import AdapterSource, FailureReason
 
 CONFIG_FILE = "adapter_config.json"
@@ -122,7 +124,8 @@ class ClientConfig:
 
 def make_client(config: ClientConfig, *, max_connections: int = 16, read_timeout: float = 60.0) -> Any:
     """A boto3 S3 client; botocore retries throttling and 5xx itself (standard mode: exponential backoff with
-    jitter) before we see an error. `read_timeout` bounds one socket read; deadlines are the caller's (guard.py)."""
+    jitter) before we see an error. `read_timeout` bounds one socket read; deadlines are the caller's (guard.py), and
+    a cancelled preparation's connections are shut down (sockets.py)."""
     kwargs: dict[str, Any] = {}
     custom_endpoint = config.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if config.endpoint_url:
@@ -141,7 +144,7 @@ def make_client(config: ClientConfig, *, max_connections: int = 16, read_timeout
         # S3-compatible stores (MinIO, moto, a loopback IP) rarely serve virtual-host buckets; AWS itself needs no hint.
         s3={"addressing_style": "path"} if custom_endpoint else {},
     )
-    return boto3.session.Session().client("s3", config=botocore_config, **kwargs)
+    return sockets.track(boto3.session.Session().client("s3", config=botocore_config, **kwargs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +259,7 @@ def list_source(client: Any, *, location: S3Location, max_objects: int = 10000) 
                     raise AdapterError(
                         FailureReason.TOO_LARGE, f"{quote(str(location))} holds more than {max_objects} objects"
                     )
-    except AdapterError:
+    except (AdapterError, Cancelled):
         raise
     except Exception as error:  # noqa: BLE001 - classified, never swallowed
         raise classify_client_error(error, what=f"listing {quote(str(location))}") from None

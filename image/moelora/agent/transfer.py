@@ -26,7 +26,7 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig
 
 from moelora.agent.errors import AdapterError, TransientError, quote
-from moelora.agent.guard import Cancelled, Watch
+from moelora.agent.guard import Cancelled, Watch, working_for
 from moelora.agent.source import Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason
 
@@ -139,6 +139,10 @@ def download(
     manifest.save()  # before the first GET: a kill from here on leaves a partial that names its adapter
 
     def part(obj: RemoteObject, index: int, span: tuple[int, int]) -> None:
+        with working_for(watch):  # its connection is shut down if the preparation is cancelled
+            _part(obj, index, span)
+
+    def _part(obj: RemoteObject, index: int, span: tuple[int, int]) -> None:
         for attempt in range(PART_ATTEMPTS):
             try:
                 _get_part(client, listing, obj, span, into / obj.relpath, config, watch, abort, on_bytes)
@@ -169,10 +173,10 @@ def download(
     except BaseException:
         abort.set()
         manifest.close()
+        watch.sever()  # parts blocked in a read would hold their connections until the read timeout, or forever
         raise
     finally:
-        # Threads blocked in a socket read end on their own read timeout; nobody waits for them.
-        executor.shutdown(wait=False, cancel_futures=True)
+        executor.shutdown(wait=False, cancel_futures=True)  # the parts end on abort, or once their sockets are shut
 
 
 def _get_part(
