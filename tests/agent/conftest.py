@@ -218,7 +218,7 @@ class FakeVllm:
 
     def unload(self, *, name: str) -> bool:
         if name.startswith(CANARY_PREFIX):
-            return self._checking.pop(name, None) is not None
+            return (self._checking.pop(name, None) or self.served.pop(name, None)) is not None
         self.calls.append(("unload", name, None, False))
         return self.served.pop(name, None) is not None
 

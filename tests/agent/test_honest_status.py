@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from moelora.agent.metrics import Metrics
 from moelora.agent.runner import Agent
 from moelora.agent.validate import AdapterInfo
+from moelora.agent.vllm import CANARY_PREFIX
 from moelora.api import ReplicaAdapterState
 from moelora.local.faults import FaultProxy, Hang, Rule
 
@@ -188,3 +190,10 @@ class _NonFiniteAll(set[str]):
 
     def __contains__(self, path: object) -> bool:
         return path != self.except_path
+
+
+def test_a_check_left_loaded_in_vllm_is_unloaded_as_the_agents_own(loop: Loop) -> None:
+    loop.vllm.served = {CANARY_PREFIX + "0123456789abcdef": "/var/lib/moelora/adapters/x"}  # its unload failed once
+    eventually(lambda: not loop.vllm.served)
+    time.sleep(0.5)  # a foreign adapter's Event is written from a pool: give it time to show
+    assert loop.kube.events == []  # not reported as a foreign adapter
