@@ -4,17 +4,21 @@
 # Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/compare.sh OUTPUT_DIR
 # Env: MODEL (gpt-oss | gpt-oss-mxfp4 | qwen3), MODES (default "nolora nolora-tuned plugin"), PASSES (default 1), BUDGET_S (the
 # whole run, default 585: a mode that cannot finish is not started), MODE_S (the least time a mode needs, default 200).
-# Plugin servers run with vLLM's dual LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/,
-# the table in OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines
-# (kernel_lines.txt) and their start-up timings (startup_lines.txt).
+# MODES takes plugin-ROUTING too (plugin-decode: MOELORA_ROUTING=decode). Plugin servers run with vLLM's dual LoRA
+# stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/, the table in
+# OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines (kernel_lines.txt,
+# moelora_lines.txt) and their start-up timings (startup_lines.txt).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
 for mode in ${MODES:-nolora nolora-tuned plugin}; do
   left=$(( ${BUDGET_S:-585} - ($(date +%s) - T0) ))
   [ $left -gt ${MODE_S:-200} ] || { echo "skip $mode: ${left}s left"; continue; }
-  extra=""; [ "$mode" = plugin ] && extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
-  MODE=$mode PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" timeout $((left - 5)) \
+  # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
+  extra=""; kind=$mode
+  case $mode in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
+    [ "$mode" = plugin ] || extra="$extra MOELORA_ROUTING=${mode#plugin-}" ;; esac
+  MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
   for _ in $(seq 1 30); do  # the next server needs the memory this one held
     [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1
