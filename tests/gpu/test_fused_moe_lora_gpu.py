@@ -239,7 +239,7 @@ def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
     # count for the next op (a base left behind lets the next op read partial sums before they are written): four
     # layer calls in a row on the same counters, captured in a graph and replayed five times, give the bits of four
     # eager calls every time.
-    from moelora.kernels.onepass import _counters
+    from moelora.kernels.residency import _counters
 
     _, bench = k
     inp = bench.make_inputs(model, 32, 8, m, seed=10 + m)

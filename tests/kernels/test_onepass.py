@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
-from moelora.kernels.onepass import SPLIT_PAD, _counters, onepass_split
+from moelora.kernels.residency import SPLIT_PAD, _counters, onepass_split
 
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
 

@@ -5,8 +5,7 @@ Grid (P, S, slices): CTA (p, s) of direct routing's pair p reduces the s-th K ra
 sum of the rank, stores it and counts it on the pair's counter; once the counter shows all S partials it sums them
 and applies the s-th N range of B, adding into the output row. Every CTA fetches its B tile (weights only) before
 it waits, so the wait costs the exchange of the partials, not a B round trip. The two-kernel direct path pays a
-second kernel per op instead. Measured on an H200 (docs/benchmarks.md, Kernels, 2026-12-03): the exchange costs
-1.2 us, a dependent kernel boundary 0.5 us plus its loads, and the layer at M = 1 takes 7.4 us against 8.6.
+second kernel per op instead (docs/benchmarks.md has the costs).
 
 The wait spins on CTAs of the same grid, so every CTA must be resident at once: the launcher sizes S from the
 compiled kernel's occupancy and launches nothing (the caller then runs the two-kernel path) when even S = 1 does
@@ -34,16 +33,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .residency import SPLIT_PAD, counter_buffer, onepass_split, resident_room, sm_count
 from .shrink import launch_options
 
 if TYPE_CHECKING:
     from .fused import OpPlan
 
 __all__ = ["SPLIT_PAD", "launch_onepass", "onepass_split"]
-
-# Most CTAs per (pair, slice): the expand reads all S partials as one (SPLIT_PAD, RANK_PAD) tile, so S has a
-# compile-time bound that does not follow the token count.
-SPLIT_PAD = 32
 
 
 @triton.jit(do_not_specialize=["num_pairs", "n_split", "k_tiles", "n_tiles"])
@@ -276,49 +272,8 @@ def _load_x(x_ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
     return xt
 
 
-def onepass_split(*, units: int, room: int, k: int, n: int, block_k: int, block_n: int) -> tuple[int, int, int]:
-    """(S, K tiles per CTA, N tiles per CTA) for `units` (pair, slice) rows of CTAs in `room` resident CTAs: S as
-    large as the room, SPLIT_PAD and K's tiles allow, every CTA at least one K tile. S = 0 when units > room."""
-    if units > room:
-        return 0, 0, 0
-    k_tiles = triton.cdiv(k, block_k)
-    want = max(1, min(SPLIT_PAD, room // units, k_tiles))
-    k_span_tiles = triton.cdiv(k_tiles, want)
-    split = triton.cdiv(k_tiles, k_span_tiles)
-    n_tiles = triton.cdiv(n, block_n)
-    n_span_tiles = triton.cdiv(n_tiles, min(split, n_tiles))
-    return split, k_span_tiles, n_span_tiles
-
-
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _counter_buffer(device: torch.device, size: int) -> torch.Tensor | None:
-    """The zeroed counters of this device, made at the first call outside CUDA-graph capture (a buffer made during
-    capture would be zeroed only when that graph replays); None before then. Never reallocated on the GPU (captured
-    graphs keep its address): sized for two words per CTA the GPU can hold."""
-    buf = _counters.get(device)
-    if buf is None or buf.numel() < size:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        buf = torch.zeros(max(size, 1), dtype=torch.int32, device=device)
-        _counters[device] = buf
-    return buf
-
-
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _room(device_index: int, n_regs: int, shared: int, warps: int) -> int:
-    """CTAs of a kernel with these resources that the whole GPU holds at once."""
-    props = triton.runtime.driver.active.utils.get_device_properties(device_index)
-    # Registers are allocated per warp in units of 256.
-    regs_per_cta = warps * triton.cdiv(max(n_regs, 1) * 32, 256) * 256
-    per_sm = min(props["max_num_regs"] // regs_per_cta, 2048 // (32 * warps), 32)
-    if shared:
-        per_sm = min(per_sm, props["max_shared_mem"] // (shared + 1024))
-    return max(1, per_sm) * props["multiprocessor_count"]
 
 
 def launch_onepass(p: OpPlan) -> bool:
@@ -386,26 +341,22 @@ def launch_onepass(p: OpPlan) -> bool:
         split, k_tiles, n_tiles = onepass_split(
             units=units, room=units * max_split, k=p.k, n=p.n, block_k=block_k, block_n=block_n
         )
-        counters = _counter_buffer(dev, 2 * units)
+        counters = counter_buffer(dev, 2 * units)
         for phase in (1, 2, 3):
             _onepass_kernel[(r.num_pairs, split, p.slices)](
                 *args(split, k_tiles, n_tiles, counters), PHASE=phase, **consts
             )
         return True
-    counters = _counter_buffer(dev, 2 * _sms(dev) * 32)  # 32: the most resident CTAs an SM holds
+    counters = counter_buffer(dev, 2 * sm_count(dev) * 32)  # 32: the most resident CTAs an SM holds
     if counters is None:
         return False
     resident = _resident_ctas(dev, args(1, 1, 1, counters), consts)
-    room = min(resident, _sms(dev) * max(1, cfg.one_pass_ctas_per_sm), units * max_split)
+    room = min(resident, sm_count(dev) * max(1, cfg.one_pass_ctas_per_sm), units * max_split)
     split, k_tiles, n_tiles = onepass_split(units=units, room=room, k=p.k, n=p.n, block_k=block_k, block_n=block_n)
     if split == 0:
         return False
     _onepass_kernel[(r.num_pairs, split, p.slices)](*args(split, k_tiles, n_tiles, counters), PHASE=0, **consts)
     return True
-
-
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _resident: dict[tuple, int] = {}
@@ -427,5 +378,5 @@ def _resident_ctas(device: torch.device, args: tuple, consts: dict) -> int:
     if key not in _resident:
         kernel = _onepass_kernel.warmup(*args, grid=(1, 1, 1), PHASE=0, **consts)
         kernel._init_handles()
-        _resident[key] = _room(device.index or 0, kernel.n_regs, kernel.metadata.shared, consts["num_warps"])
+        _resident[key] = resident_room(device.index or 0, kernel.n_regs, kernel.metadata.shared, consts["num_warps"])
     return _resident[key]
