@@ -34,13 +34,6 @@ pytestmark = [
     pytest.mark.skipif(not _namespaces_allowed(), reason="needs unshare/nsenter and unprivileged user namespaces"),
 ]
 
-# Shorter deadlines than the shipped ones, so the hanging endpoint's adapters reach their reason in a short run.
-QUICK = (
-    ("MOELORA_LIST_TIMEOUT_SECONDS", "4"),
-    ("MOELORA_S3_READ_TIMEOUT_SECONDS", "3"),
-    ("MOELORA_POLL_SECONDS", "1"),
-)
-
 
 def check(figures: Figures, sizes: Sizes) -> None:
     print(figures)
@@ -65,20 +58,3 @@ def test_issue_17_s3_faults_at_full_size(backend: str, tmp_path: pathlib.Path) -
         pytest.skip("needs node and node_modules/s3rver")
     sizes = Sizes()
     check(Scenario(backend=backend, sizes=sizes, work=tmp_path, progress=print).run(), sizes)
-
-
-@pytest.mark.chaos  # not in the default run: passed here once in 69 s (docs/benchmarks.md); the lead decides
-def test_s3_faults_reduced(tmp_path: pathlib.Path) -> None:
-    sizes = Sizes(
-        adapters=24,
-        drip=4,
-        replaced=3,
-        big=3,
-        reset=3,
-        truncated=3,
-        probes=1,
-        settle_seconds=30,
-        restart=False,
-        agent_env=QUICK,
-    )
-    check(Scenario(backend="moto", sizes=sizes, work=tmp_path, progress=print).run(), sizes)
