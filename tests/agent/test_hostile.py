@@ -233,7 +233,7 @@ CASES: list[tuple[str, Any, Any, dict[str, Any] | None, FailureReason, str]] = [
         FailureReason.WEIGHTS_INVALID,
         "empty dims",
     ),
-    ("100,000 tensors", many_tensors(100_000), config(), LLAMA, FailureReason.WEIGHTS_MISMATCH, "100000 tensors"),
+    ("100,000 tensors", many_tensors(100_000), config(), LLAMA, FailureReason.WEIGHTS_MISMATCH, "two tensors each"),
     (
         "100,000 tensors, no base config",
         many_tensors(100_000),
@@ -510,3 +510,43 @@ def test_messages_never_carry_raw_control_characters(tmp_path: pathlib.Path) -> 
     assert "\n" not in caught.value.message and "\x1b" not in caught.value.message
     assert "\\n" in caught.value.message and "\\x1b" in caught.value.message
     assert json.dumps(caught.value.message)  # and it goes into a status patch as it is
+
+
+def test_a_header_longer_than_the_base_model_could_need_is_refused_unparsed(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing a JSON header takes several times its size: one no real adapter of this base model could have is
+    refused from its length alone (a 12.9 MB header of 100,000 tensors took ~60 MB to parse)."""
+    from moelora.agent import safetensors_header
+
+    directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
+    limits = dataclasses.replace(LIMITS, base_config=base_config(tmp_path / "base", LLAMA))
+    monkeypatch.setattr(safetensors_header, "parse", lambda *a, **k: pytest.fail("parsed"))
+    with pytest.raises(AdapterError) as caught:
+        validate(directory, limits)
+    assert caught.value.reason is FailureReason.WEIGHTS_MISMATCH and "bytes" in caught.value.message
+
+
+def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from moelora.agent import validate as module
+
+    released = []
+    monkeypatch.setattr(module, "release_memory", lambda: released.append(True))
+    directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
+    with pytest.raises(AdapterError):
+        validate(directory, LIMITS)  # no base model: parsed, then refused
+    assert released == [True]
+    validate(adapter(tmp_path / "b", weights=attention(), adapter_config=config()), LIMITS)
+    assert released == [True]  # a small header is not worth a trim
+
+
+def test_a_kept_refusal_does_not_keep_the_parsed_header(tmp_path: pathlib.Path) -> None:
+    """The agent keeps each adapter's refusal; a traceback through the parser would keep its parsed header too."""
+    directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
+    with pytest.raises(AdapterError) as caught:
+        validate(directory, LIMITS)
+    frames, trace = [], caught.value.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame.f_code.co_name)
+        trace = trace.tb_next
+    assert "check_weights" in frames and "parse" not in frames and "pairs" not in frames

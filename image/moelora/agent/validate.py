@@ -5,8 +5,10 @@ Each refusal is an AdapterError with its own FailureReason, so the LoRAAdapter's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
+import threading
 from typing import Any
 
 from moelora.agent import basemodel, safetensors_header, targets, tensors, values
@@ -198,11 +200,47 @@ def validate(directory: pathlib.Path, limits: Limits) -> AdapterInfo:
     return AdapterInfo(rank=rank, base_model=base, target_modules=modules, size_bytes=size)
 
 
+ENTRY_BYTES = 512  # a tensor's header entry: ~4x a compact one of the longest module names (peft writes ~130 bytes)
+METADATA_BYTES = 2**20  # and the header's __metadata__
+BIG_HEADER = 2**20  # parsed one at a time, with the heap given back after: a JSON header takes ~6x its size to parse
+_big_header = threading.Lock()
+
+
 def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits) -> None:
     """The safetensors header parsed strictly, then every tensor checked against the config, the server's allowed
     modules and (when known) the base model's modules and dims, then every value (finite, bounded); AdapterError
-    otherwise."""
+    otherwise. A header longer than the base model's tensors could need is refused before it is parsed."""
     base = basemodel.for_checks(limits.base_config)
-    header = safetensors_header.read(weights)
-    tensors.check(header, config, allowed=limits.target_modules, base=base)
+    with weights.open("rb") as stream:
+        length = safetensors_header.header_length(stream.read(8), weights.stat().st_size, what=weights.name)
+    if base is not None and length > 2 * base.module_count() * ENTRY_BYTES + METADATA_BYTES:
+        raise AdapterError(
+            FailureReason.WEIGHTS_MISMATCH,
+            f"the header is {length} bytes; the base model has {base.module_count()} modules, two tensors each at "
+            f"most, whose entries need at most {2 * base.module_count() * ENTRY_BYTES + METADATA_BYTES} bytes",
+        )
+    with _big_header if length > BIG_HEADER else contextlib.nullcontext():
+        try:
+            header = safetensors_header.read(weights)
+            tensors.check(header, config, allowed=limits.target_modules, base=base)
+        except AdapterError as error:
+            # The refusal is kept (the adapter's verdict); its traceback would keep the parse's frames, and so the
+            # whole parsed header, alive with it.
+            refusal = error.with_traceback(None)
+        else:
+            refusal = None
+        if length > BIG_HEADER:
+            release_memory()
+    if refusal is not None:
+        raise refusal
     values.check(weights, header, values.bounds(config))
+
+
+def release_memory() -> None:
+    """Give the heap a large parse freed back to the OS: glibc keeps it in the worker thread's arena otherwise."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
