@@ -77,6 +77,7 @@ def test_minimal_pod_as_the_architecture_doc_says(settings: Settings) -> None:
     assert env["MOELORA_VLLM_URL"] == "http://127.0.0.1:8000" and env["MOELORA_PORT"] == "8081"
     assert env["MOELORA_CACHE_DIR"] == "/var/lib/moelora/adapters"
     assert env["MOELORA_CACHE_BYTES"] == str(20 * 2**30)
+    assert env["PYTHONMALLOC"] == "malloc" and env["MALLOC_ARENA_MAX"] == "2"  # a refused header's heap goes back
     assert not any(name.startswith("AWS_") for name in env)
 
 

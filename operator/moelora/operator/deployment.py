@@ -28,6 +28,9 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # vLLM's $HOME as the agent sees it (read-only): where a hub download leaves the base model's config.json.
 VLLM_HOME_IN_AGENT = "/var/run/moelora/vllm-home"
 AGENT_API_KEY_ENV = "MOELORA_VLLM_API_KEY"
+# glibc's malloc for Python's objects too, in two arenas: what a hostile adapter's large header took to parse goes back
+# to the OS, where pymalloc's arenas kept it (docs/benchmarks.md, "Agent memory").
+AGENT_MALLOC_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
 
 # vLLM loads the weights before /health answers: a big MoE takes many minutes, so the startup probe allows an hour.
 STARTUP_BUDGET_SECONDS = 3600
@@ -146,6 +149,7 @@ def _agent_env(
         {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
         {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
         {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
+        *({"name": key, "value": value} for key, value in AGENT_MALLOC_ENV.items()),
         {"name": engine.ADMIN_KEY_FILE_ENV, "value": engine.ADMIN_KEY_FILE},
         *([{"name": AGENT_API_KEY_ENV, "valueFrom": engine.api_key_source(spec)}] if spec.api_key_secret else []),
         # The operator's S3 policy, which the agent applies too (moelora.api.AdapterSource.refusal).
