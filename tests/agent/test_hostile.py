@@ -542,11 +542,15 @@ def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatc
 
 def test_a_kept_refusal_does_not_keep_the_parsed_header(tmp_path: pathlib.Path) -> None:
     """The agent keeps each adapter's refusal; a traceback through the parser would keep its parsed header too."""
+    from moelora.agent.safetensors_header import Header
+
     directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
     with pytest.raises(AdapterError) as caught:
-        validate(directory, LIMITS)
+        validate(directory, LIMITS)  # parsed, then refused by the tensor checks
     frames, trace = [], caught.value.__traceback__
     while trace is not None:
-        frames.append(trace.tb_frame.f_code.co_name)
+        frames.append(trace.tb_frame)
         trace = trace.tb_next
-    assert "check_weights" in frames and "parse" not in frames and "pairs" not in frames
+    assert "check_weights" in [f.f_code.co_name for f in frames]
+    held = [name for f in frames for name, value in f.f_locals.items() if isinstance(value, Header)]
+    assert not held and not [f for f in frames if f.f_code.co_name in ("parse", "pairs")]

@@ -224,9 +224,9 @@ def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits)
             header = safetensors_header.read(weights)
             tensors.check(header, config, allowed=limits.target_modules, base=base)
         except AdapterError as error:
-            # The refusal is kept (the adapter's verdict); its traceback would keep the parse's frames, and so the
-            # whole parsed header, alive with it.
-            refusal = error.with_traceback(None)
+            # The refusal is kept (the adapter's verdict): neither its traceback nor this frame may keep the parsed
+            # header alive with it.
+            refusal, header = error.with_traceback(None), None
         else:
             refusal = None
         if length > BIG_HEADER:
