@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .residency import SPLIT_PAD, counter_buffer, onepass_split, resident_room, sm_count
 from .shrink import launch_options
+from .tiles import load_a_tile
 
 if TYPE_CHECKING:
     from .fused import OpPlan
@@ -155,7 +156,7 @@ def _onepass_kernel(
         x_ptrs = x_ptr + row * stride_xm + (k_lo + offs_k) * stride_xk
         # Every CTA has at least one K tile (the launcher's S); the first is fetched before the wait when the
         # routing is settled (A is weights).
-        at = _load_k_tile(a_ptrs, k_lo, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+        at = load_a_tile(a_ptrs, k_lo, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
         if USE_PDL and ROUTING_SETTLED:
             tl.extra.cuda.gdc_wait()  # x and the output come from earlier kernels
         xt = _load_x(x_ptrs, k_lo, offs_k, K, EVEN_K)
@@ -166,7 +167,7 @@ def _onepass_kernel(
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             a_ptrs += BLOCK_K * stride_ak
             x_ptrs += BLOCK_K * stride_xk
-            at_next = _load_k_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
+            at_next = load_a_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K, EVEN_R)
             xt_next = _load_x(x_ptrs, k0, offs_k, K, EVEN_K)
             acc2 += at.to(tl.float32) * xt.to(tl.float32)[:, None]
             at, xt = at_next, xt_next
@@ -248,19 +249,6 @@ def _add_tile(out_ptrs, old, bt, inter, w, n0, offs_n, n_hi, MUL_ROUTED_WEIGHT: 
         tl.store(out_ptrs, new)
     else:
         tl.store(out_ptrs, new, mask=n0 + offs_n < n_hi)
-
-
-@triton.jit
-def _load_k_tile(a_ptrs, k0, offs_k, offs_r, K, rank, EVEN_K: tl.constexpr, EVEN_R: tl.constexpr):
-    """The (BLOCK_K, RANK_PAD) tile of A at K offset k0; a CTA's K range is whole tiles, so only K's end masks."""
-    if EVEN_K:
-        if EVEN_R:
-            at = tl.load(a_ptrs)
-        else:
-            at = tl.load(a_ptrs, mask=(offs_r < rank)[None, :], other=0.0)
-    else:
-        at = tl.load(a_ptrs, mask=(k0 + offs_k < K)[:, None] & (offs_r < rank)[None, :], other=0.0)
-    return at
 
 
 @triton.jit
