@@ -12,7 +12,7 @@ import torch
 
 from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
 
-TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
+from .ops import TOL, delta_error, routing_of, run_op
 
 
 def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed, none_frac=0.25):
@@ -34,36 +34,6 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed, none_fra
         "topk_weights": weights,
         "output": out.to(dtype),
     }
-
-
-def run_op(case, *, block_m=16, config=None, mul_routed_weight=False, method="auto"):
-    e, loras = case["lora_a"].shape[1], case["lora_a"].shape[0]
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=e,
-        max_loras=loras,
-        block_m=block_m,
-        method=method,
-    )
-    out = case["output"].clone()
-    fused_moe_lora(
-        output=out,
-        x=case["x"],
-        lora_a=case["lora_a"],
-        lora_b=case["lora_b"],
-        routing=routing,
-        topk_weights=case["topk_weights"],
-        mul_routed_weight=mul_routed_weight,
-        config=config,
-    )
-    return out
-
-
-def delta_error(case, out, mul_routed_weight=False):
-    ref = moe_lora_reference(mul_routed_weight=mul_routed_weight, **case)
-    base = case["output"].double()
-    return ((out.double() - ref).norm() / (ref - base).norm()).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -126,14 +96,7 @@ def test_each_op_counts_its_blocks_ready_in_its_own_slot():
     from moelora.kernels.routing import READY_SLOTS
 
     case = make_case(m=20, top_k=2, e=4, loras=2, rank=8, k=48, n=16, dtype=torch.float32, per_pair=False, seed=19)
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=4,
-        max_loras=2,
-        block_m=16,
-        method="single",
-    )
+    routing = routing_of(case, method="single")
     assert routing.ready is not None and routing.ready.shape[0] == READY_SLOTS
     # every op's slot 16-byte aligned (Triton specialises pointers on it) with room for every block
     assert routing.ready.shape[1] >= routing.max_blocks and routing.max_blocks % 4 != 0
@@ -161,14 +124,7 @@ def test_each_op_counts_its_blocks_ready_in_its_own_slot():
 
 def test_direct_routing_has_no_counters():
     case = make_case(m=4, top_k=2, e=4, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=23)
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=4,
-        max_loras=2,
-        block_m=16,
-        method="direct",
-    )
+    routing = routing_of(case, method="direct")
     assert routing.ready is None and routing.begin_op(per_block_wait=True) == (False, None)
 
 
@@ -200,9 +156,7 @@ def test_output_column_slice_of_wider_buffer():
     case = make_case(m=6, top_k=2, e=3, loras=2, rank=8, k=32, n=24, dtype=torch.float32, per_pair=False, seed=9)
     wide = torch.randn(6, 2, 40)
     wide[..., 10:34] = case["output"]
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3, max_loras=2, block_m=16
-    )
+    routing = routing_of(case)
     before = wide.clone()
     fused_moe_lora(
         output=wide[..., 10:34],
@@ -270,9 +224,7 @@ def test_routing_method_names_resolve_by_pair_count():
 
 def test_rejects_bad_shapes():
     case = make_case(m=4, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, per_pair=False, seed=1)
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"], token_lora_mapping=case["token_lora_mapping"], num_experts=3, max_loras=2, block_m=16
-    )
+    routing = routing_of(case)
     with pytest.raises(ValueError, match="x must be"):
         fused_moe_lora(
             output=case["output"], x=case["x"][:, :16], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing
@@ -318,14 +270,7 @@ def test_splits_are_whole_and_never_empty():
     # 5 K steps in 4 splits would leave the last split empty: the op runs 3 splits of 2, 2 and 1 steps, and the
     # expand waits for 3 ready counts.
     case = make_case(m=6, top_k=2, e=2, loras=2, rank=8, k=40, n=16, dtype=torch.float32, per_pair=False, seed=29)
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=2,
-        max_loras=2,
-        block_m=16,
-        method="single",
-    )
+    routing = routing_of(case, method="single")
     out = case["output"].clone()
     fused_moe_lora(
         output=out,
@@ -348,29 +293,12 @@ def test_second_op_on_a_routing_matches_reference(dtype):
     up = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=False, seed=23)
     down = make_case(m=9, top_k=2, e=3, loras=2, rank=12, k=56, n=40, dtype=dtype, per_pair=True, seed=24)
     down["topk_ids"], down["token_lora_mapping"] = up["topk_ids"], up["token_lora_mapping"]
-    routing = moe_lora_routing(
-        topk_ids=up["topk_ids"],
-        token_lora_mapping=up["token_lora_mapping"],
-        num_experts=3,
-        max_loras=2,
-        block_m=16,
-        method="single",
-    )
+    routing = routing_of(up, method="single")
     cfg = KernelConfig(split_k=2, shrink_block_k=16, expand_block_n=16)
-    outs = []
-    for case, routed in ((up, False), (down, True)):
-        out = case["output"].clone()
-        fused_moe_lora(
-            output=out,
-            x=case["x"],
-            lora_a=case["lora_a"],
-            lora_b=case["lora_b"],
-            routing=routing,
-            topk_weights=case["topk_weights"],
-            mul_routed_weight=routed,
-            config=cfg,
-        )
-        outs.append(out)
+    outs = [
+        run_op(case, routing=routing, config=cfg, mul_routed_weight=routed)
+        for case, routed in ((up, False), (down, True))
+    ]
     assert routing.begin_op(per_block_wait=True)[0]  # two ops began before this call
     assert delta_error(up, outs[0]) < TOL[dtype]
     assert delta_error(down, outs[1], True) < TOL[dtype]

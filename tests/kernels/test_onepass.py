@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
+from moelora.kernels import KernelConfig, moe_lora_routing
 from moelora.kernels.residency import SPLIT_PAD, _counters, onepass_split
 
-TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
+from .ops import TOL, delta_error, routing_of, run_op
 
 
 def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed):
@@ -32,37 +32,6 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, per_pair, seed):
         "topk_weights": torch.rand(m, top_k, generator=g),
         "output": torch.randn(m, top_k, n, generator=g).to(dtype),
     }
-
-
-def run_op(case, *, config, mul_routed_weight, method):
-    a = case["lora_a"]
-    routing = moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=a.shape[1],
-        max_loras=a.shape[0],
-        block_m=16,
-        method=method,
-    )
-    out = case["output"].clone()
-    fused_moe_lora(
-        output=out,
-        x=case["x"],
-        lora_a=a,
-        lora_b=case["lora_b"],
-        routing=routing,
-        topk_weights=case["topk_weights"],
-        mul_routed_weight=mul_routed_weight,
-        config=config,
-    )
-    return out
-
-
-def delta_error(case, out, mul_routed_weight):
-    """Error of the LoRA contribution alone (out - base against ref - base): a missing or doubled one fails."""
-    ref = moe_lora_reference(mul_routed_weight=mul_routed_weight, **case)
-    base = case["output"].double()
-    return ((out.double() - ref).norm() / (ref - base).norm()).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -122,24 +91,12 @@ def test_two_slices_and_a_second_op_on_the_routing():
         lora_b=torch.randn(loras, e, h, rank, generator=g),
         output=torch.randn(m, top_k, h, generator=g),
     )
-    routing = moe_lora_routing(
-        topk_ids=ids, token_lora_mapping=lora_map, num_experts=e, max_loras=loras, block_m=16, method="onepass"
-    )
+    routing = routing_of(up, method="onepass")
     cfg = KernelConfig(one_pass_block_k=16, one_pass_block_n=16, one_pass_max_split=4)
-    got = []
-    for case, routed in ((up, False), (down, True)):
-        out = case["output"].clone()
-        fused_moe_lora(
-            output=out,
-            x=case["x"],
-            lora_a=case["lora_a"],
-            lora_b=case["lora_b"],
-            routing=routing,
-            topk_weights=case["topk_weights"],
-            mul_routed_weight=routed,
-            config=cfg,
-        )
-        got.append(out)
+    got = [
+        run_op(case, routing=routing, config=cfg, mul_routed_weight=routed)
+        for case, routed in ((up, False), (down, True))
+    ]
     assert delta_error(up, got[0], False) < TOL[torch.float32]
     assert delta_error(down, got[1], True) < TOL[torch.float32]
 

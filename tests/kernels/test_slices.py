@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, moe_lora_routing
+from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference
 
-TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
+from .ops import TOL, delta_error, routing_of, run_op
 
 
 def make_case(*, m, top_k, e, loras, rank, k, n, dtype, seed, none_frac=0.25):
@@ -29,24 +29,6 @@ def make_case(*, m, top_k, e, loras, rank, k, n, dtype, seed, none_frac=0.25):
     }
 
 
-def routing_of(case, method):
-    a = case["lora_a"][0]
-    return moe_lora_routing(
-        topk_ids=case["topk_ids"],
-        token_lora_mapping=case["token_lora_mapping"],
-        num_experts=a.shape[1],
-        max_loras=a.shape[0],
-        block_m=16,
-        method=method,
-    )
-
-
-def delta_error(case, out):
-    ref = moe_lora_reference(**case)
-    base = case["output"].double()
-    return ((out.double() - ref).norm() / (ref - base).norm()).item()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize(
     "method, rank, k, n, cfg",
@@ -61,15 +43,7 @@ def delta_error(case, out):
 )
 def test_two_slices_in_one_op_match_the_reference(dtype, method, rank, k, n, cfg):
     case = make_case(m=9, top_k=3, e=5, loras=3, rank=rank, k=k, n=n, dtype=dtype, seed=rank)
-    out = case["output"].clone()
-    fused_moe_lora(
-        output=out,
-        x=case["x"],
-        lora_a=case["lora_a"],
-        lora_b=case["lora_b"],
-        routing=routing_of(case, method),
-        config=cfg,
-    )
+    out = run_op(case, method=method, config=cfg)
     none = case["token_lora_mapping"] < 0
     assert torch.equal(out[none], case["output"][none])
     assert delta_error(case, out) < TOL[dtype]
@@ -82,7 +56,7 @@ def test_one_op_gives_the_bits_of_one_op_per_slice(method):
     case = make_case(m=7, top_k=2, e=4, loras=2, rank=8, k=48, n=20, dtype=torch.float32, seed=3)
     cfg = KernelConfig(split_k=3, shrink_block_k=16, expand_block_n=16)
     one = case["output"].clone()
-    routing = routing_of(case, method)
+    routing = routing_of(case, method=method)
     fused_moe_lora(output=one, x=case["x"], lora_a=case["lora_a"], lora_b=case["lora_b"], routing=routing, config=cfg)
     g = torch.Generator().manual_seed(5)
     down = {
@@ -96,7 +70,7 @@ def test_one_op_gives_the_bits_of_one_op_per_slice(method):
     down_out = down["output"].clone()
     fused_moe_lora(**(down | {"output": down_out}), routing=routing, config=cfg)
     per_slice = case["output"].clone()
-    routing = routing_of(case, method)
+    routing = routing_of(case, method=method)
     for s, (a, b) in enumerate(zip(case["lora_a"], case["lora_b"], strict=True)):
         fused_moe_lora(
             output=per_slice[:, :, s * 20 : (s + 1) * 20], x=case["x"], lora_a=a, lora_b=b, routing=routing, config=cfg
@@ -109,7 +83,7 @@ def test_one_op_gives_the_bits_of_one_op_per_slice(method):
 
 def test_rejects_mismatched_slices():
     case = make_case(m=4, top_k=2, e=3, loras=2, rank=8, k=32, n=16, dtype=torch.float32, seed=1)
-    routing = routing_of(case, "single")
+    routing = routing_of(case, method="single")
     a0, a1 = case["lora_a"]
     common = {"x": case["x"], "routing": routing}
     with pytest.raises(ValueError, match="share shape"):
