@@ -8,6 +8,7 @@ from __future__ import annotations
 import pathlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,12 @@ def source(bucket: str, prefix: str, proxy: FaultProxy) -> dict[str, object]:
     return {"uri": f"s3://{bucket}/{prefix}/", "endpointUrl": proxy.url, "credentialsSecret": {"name": "tenant"}}
 
 
+def dripping_loop(tmp_path: pathlib.Path, proxy: FaultProxy, match: str, **changes: Any) -> Loop:
+    """An agent loop whose S3 calls all go through the proxy, where the bodies of keys matching `match` drip."""
+    proxy.rules.append(Rule(match=match, fault=Drip(bytes_per_step=1, step_seconds=STEP)))
+    return Loop(tmp_path / "cache", s3_read_timeout_seconds=READ_TIMEOUT, allowed_s3_endpoints=(proxy.url,), **changes)
+
+
 def freed_within(loop: Loop, proxy: FaultProxy) -> float:
     """Seconds until the endpoint holds no slot and the proxy answers nothing; fails past BOUND."""
     started = time.monotonic()
@@ -48,13 +55,12 @@ def test_deleting_adapters_whose_listings_hang_frees_their_slots_and_closes_thei
     tmp_path: pathlib.Path, s3_env: str, bucket: str, dripping: FaultProxy
 ) -> None:
     proxy = dripping
-    proxy.rules.append(Rule(match="drip", fault=Drip(bytes_per_step=1, step_seconds=STEP)))
-    loop = Loop(
-        tmp_path / "cache",
+    loop = dripping_loop(
+        tmp_path,
+        proxy,
+        "drip",
         endpoint_workers=2,
         list_timeout_seconds=1.0,  # the preparations give up; their calls go on dripping, holding both slots
-        s3_read_timeout_seconds=READ_TIMEOUT,
-        allowed_s3_endpoints=(proxy.url,),
     )
     try:
         for i in range(3):
@@ -79,12 +85,11 @@ def test_deleting_an_adapter_mid_download_frees_its_slot_and_closes_its_sockets(
     tmp_path: pathlib.Path, s3_env: str, bucket: str, dripping: FaultProxy
 ) -> None:
     proxy = dripping
-    proxy.rules.append(Rule(match="slow/adapter_model", fault=Drip(bytes_per_step=1, step_seconds=STEP)))
-    loop = Loop(
-        tmp_path / "cache",
+    loop = dripping_loop(
+        tmp_path,
+        proxy,
+        "slow/adapter_model",
         min_bytes_per_second=0,  # no rate floor: only the delete may stop it
-        s3_read_timeout_seconds=READ_TIMEOUT,
-        allowed_s3_endpoints=(proxy.url,),
     )
     try:
         upload(s3_env, bucket, "slow/", adapter_files(seed=1))

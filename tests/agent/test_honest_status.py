@@ -4,21 +4,19 @@ same loadedAt, a retry keeps the last failure's reason, and a load whose output 
 from __future__ import annotations
 
 import pathlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from moelora.agent.metrics import Metrics
-from moelora.agent.runner import Agent
 from moelora.agent.validate import AdapterInfo
 from moelora.agent.vllm import CANARY_PREFIX
 from moelora.api import ReplicaAdapterState
 from moelora.local.faults import FaultProxy, Hang, Rule
 
-from .conftest import KEYS, FakeVllm, MemoryDesired, MemoryKube, adapter_files, agent_settings, eventually, upload
+from .conftest import KEYS, FakeVllm, MemoryDesired, MemoryKube, adapter_files, eventually, upload
+from .test_faults_loop import Loop as AgentLoop
 
 
 class HistoryKube(MemoryKube):
@@ -34,29 +32,14 @@ class HistoryKube(MemoryKube):
         return super().patch_replica(name=name, pod=pod, state=state, info=info)
 
 
-class Loop:
+class Loop(AgentLoop):
+    """The agent's loop over its own HistoryKube, desired set and vLLM (conftest's, which runs output checks)."""
+
     def __init__(self, cache: pathlib.Path, **changes: Any) -> None:
-        small = {
-            "poll_seconds": 0.2,
-            "list_timeout_seconds": 1.0,
-            "rate_window_seconds": 0.5,
-            "min_bytes_per_second": 4096,
-            "s3_read_timeout_seconds": 2.0,
-        }
         self.kube, self.desired, self.vllm = HistoryKube(), MemoryDesired(), FakeVllm()
         self.kube.secrets["tenant"] = dict(KEYS)
         self.desired.synced.set()
-        self.settings = agent_settings(cache, **(small | changes))
-        self.agent = Agent(
-            settings=self.settings,
-            kube=self.kube,
-            desired=self.desired,
-            vllm=self.vllm,  # type: ignore[arg-type]
-            metrics=Metrics(),
-        )
-        self.desired.on_change = self.agent.wake.set
-        self.thread = threading.Thread(target=self.agent.run, daemon=True)
-        self.thread.start()
+        super().__init__(cache, self.vllm, self.kube, self.desired, **changes)  # type: ignore[arg-type]
 
     def state(self, name: str) -> ReplicaAdapterState | None:
         entry = self.kube.status.get(name)
@@ -68,10 +51,6 @@ class Loop:
 
     def idle(self) -> bool:
         return not self.agent.busy and not any(getattr(r, "checking", False) for r in self.agent.records.values())
-
-    def stop(self) -> None:
-        self.agent.stop()
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture
