@@ -23,7 +23,7 @@ from moelora.agent.kube import Kube
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
 
-from .test_chart_operator import MS, SERVING, example, own_liveness_port, stack, wait_for
+from .test_chart_operator import MS, SERVING, example, own_liveness_port, secret, stack, wait_for
 
 VALUES = {"server": {"namespaces": [SERVING]}}  # the defaults (all namespaces), server pods in SERVING
 # Every kind the operator makes for a server, by the API path the emulator's client takes.
@@ -43,15 +43,6 @@ LORA = "moelora.io/v1alpha1/loraadapters"
 
 def apply(api: KubeAPI, obj: dict[str, Any]) -> None:
     api.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
-
-
-def secret(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": SERVING},
-        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
-    }
 
 
 def server(name: str, **spec: Any) -> dict[str, Any]:

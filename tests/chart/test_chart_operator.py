@@ -227,6 +227,16 @@ def example(path: str, *, namespace: str) -> dict[str, Any]:
     return obj
 
 
+def secret(name: str) -> dict[str, Any]:
+    """An adapter's S3 credentials Secret in SERVING."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": SERVING},
+        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
+    }
+
+
 def server_accounts(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {
         (obj["metadata"]["namespace"], obj["metadata"]["name"])

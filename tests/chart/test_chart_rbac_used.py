@@ -41,6 +41,7 @@ from .test_chart_operator import (
     own_liveness_port,
     peering_resources,
     render,
+    secret,
     verb,
     wait_for,
 )
@@ -208,15 +209,6 @@ def agent_kube(api: KubeAPI) -> Kube:
     client = kubernetes.config.new_client_from_config(config_file=str(api.kubeconfig))
     client.user_agent = AGENT_USER_AGENT
     return Kube(client=client, namespace=SERVING)
-
-
-def secret(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": SERVING},
-        "stringData": {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "key"},
-    }
 
 
 @dataclasses.dataclass
