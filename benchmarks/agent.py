@@ -101,6 +101,54 @@ def bench_fetch(server: local_s3.S3Server, *, label: str, size_mib: int, runs: i
     return rows
 
 
+def agent_env(
+    *,
+    api: KubeAPI,
+    s3: local_s3.S3Server,
+    namespace: str,
+    pod: str,
+    server: str,
+    base: str,
+    vllm_url: str,
+    cache_dir: pathlib.Path,
+    port: int,
+    **more: str,
+) -> dict[str, str]:
+    """The environment the agent's container gets, pointed at this machine's API emulator, S3 server and vLLM, with
+    `more` on top."""
+    return {
+        **os.environ,
+        "KUBECONFIG": str(api.kubeconfig),
+        "MOELORA_NAMESPACE": namespace,
+        "MOELORA_POD_NAME": pod,
+        "MOELORA_MODEL_SERVER": server,
+        "MOELORA_BASE_MODEL": base,
+        "MOELORA_MAX_LORA_RANK": "16",
+        "MOELORA_TARGET_MODULES": "",
+        "MOELORA_VLLM_URL": vllm_url,
+        "MOELORA_CACHE_DIR": str(cache_dir),
+        "MOELORA_CACHE_BYTES": str(20 * 2**30),
+        "MOELORA_PORT": str(port),
+        "AWS_ENDPOINT_URL_S3": s3.endpoint_url,
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": s3.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+        **more,
+    }
+
+
+def machine_line_and_cleanup(work: pathlib.Path, *, keep: bool, load_before: float) -> None:
+    """Print the machine and its load around the run (other processes count), then keep or remove the work folder."""
+    print(
+        f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)"
+    )
+    if keep:
+        print(f"logs: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-runs", type=int, default=20)
@@ -147,24 +195,17 @@ def main() -> int:
         local_s3.ensure_bucket(client=s3_client, bucket="adapters")
         with KubeAPI(namespace=NS) as api:
             port = process.free_port()
-            env = {
-                **os.environ,
-                "KUBECONFIG": str(api.kubeconfig),
-                "MOELORA_NAMESPACE": NS,
-                "MOELORA_POD_NAME": POD,
-                "MOELORA_MODEL_SERVER": SERVER,
-                "MOELORA_BASE_MODEL": BASE,
-                "MOELORA_MAX_LORA_RANK": "16",
-                "MOELORA_TARGET_MODULES": "",
-                "MOELORA_VLLM_URL": vllm.url,
-                "MOELORA_CACHE_DIR": str(work / "cache"),
-                "MOELORA_CACHE_BYTES": str(20 * 2**30),
-                "MOELORA_PORT": str(port),
-                "AWS_ENDPOINT_URL_S3": s3.endpoint_url,
-                "AWS_REGION": "us-east-1",
-                "AWS_ACCESS_KEY_ID": s3.access_key_id,
-                "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-            }
+            env = agent_env(
+                api=api,
+                s3=s3,
+                namespace=NS,
+                pod=POD,
+                server=SERVER,
+                base=BASE,
+                vllm_url=vllm.url,
+                cache_dir=work / "cache",
+                port=port,
+            )
             agent = process.spawn(argv=[sys.executable, "-m", "moelora.agent"], env=env, log_path=work / "agent.log")
             try:
                 process.wait_http_ok(f"http://127.0.0.1:{port}/readyz", timeout=60, process=agent)
@@ -250,14 +291,7 @@ def main() -> int:
         f"| {args.adapters}{f' ({missing} not loaded)' if missing else ''} | {created:.1f} s | {all_loaded:.1f} s "
         f"| {served} | {peak:.0f} MiB | {idle_rss:.0f} MiB |"
     )
-    print(
-        f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
-        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)"
-    )
-    if args.keep:
-        print(f"logs: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    machine_line_and_cleanup(work, keep=args.keep, load_before=load_before)
     return 1 if missing else 0
 
 

@@ -25,8 +25,6 @@ import json
 import logging
 import os
 import pathlib
-import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from moelora.operator import deployment
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import values_check  # noqa: E402 - sibling scripts, not a package
+from agent import agent_env, machine_line_and_cleanup  # noqa: E402
 from chaos_pods import BASE, FakeVllm  # noqa: E402
 
 NS, POD, SERVER = "rss", "srv-0", "srv"
@@ -117,27 +116,20 @@ def main() -> int:
 
             def start_agent(base: str, config: pathlib.Path, server: str, log: str) -> tuple[Any, int]:
                 port = process.free_port()
-                env = {
-                    **os.environ,
-                    "KUBECONFIG": str(api.kubeconfig),
-                    "MOELORA_NAMESPACE": NS,
-                    "MOELORA_POD_NAME": POD,
-                    "MOELORA_MODEL_SERVER": server,
-                    "MOELORA_BASE_MODEL": base,
-                    "MOELORA_BASE_MODEL_CONFIG": str(config),
-                    "MOELORA_MAX_LORA_RANK": "16",
-                    "MOELORA_TARGET_MODULES": "",
-                    "MOELORA_VLLM_URL": fake.url,
-                    "MOELORA_CACHE_DIR": str(work / f"cache-{server}"),
-                    "MOELORA_CACHE_BYTES": str(20 * 2**30),
-                    "MOELORA_PORT": str(port),
-                    "MOELORA_POLL_SECONDS": "1",
+                env = agent_env(
+                    api=api,
+                    s3=s3,
+                    namespace=NS,
+                    pod=POD,
+                    server=server,
+                    base=base,
+                    vllm_url=fake.url,
+                    cache_dir=work / f"cache-{server}",
+                    port=port,
+                    MOELORA_BASE_MODEL_CONFIG=str(config),
+                    MOELORA_POLL_SECONDS="1",
                     **deployment.AGENT_MALLOC_ENV,  # as the operator renders the agent's container
-                    "AWS_ENDPOINT_URL_S3": s3.endpoint_url,
-                    "AWS_REGION": "us-east-1",
-                    "AWS_ACCESS_KEY_ID": s3.access_key_id,
-                    "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-                }
+                )
                 argv = [sys.executable, "-m", "moelora.agent"]
                 return process.spawn(argv=argv, env=env, log_path=work / log), port
 
@@ -273,14 +265,7 @@ def main() -> int:
         f"{giants[-1][1]['VmRSS'] - giants[0][1]['VmRSS']:+.0f} MiB (target < 50); {served} adapters in the fake "
         "vLLM at the end"
     )
-    print(
-        f"\n{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load average "
-        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after (other processes on the machine count)"
-    )
-    if args.keep:
-        print(f"logs: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    machine_line_and_cleanup(work, keep=args.keep, load_before=load_before)
     return 0
 
 
