@@ -17,11 +17,11 @@ warps), 80 of them captured in one CUDA graph; printed: µs per kernel, the grap
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 import triton
 import triton.language as tl
+
+from moelora.kernels.tools import bench
 
 
 @triton.jit
@@ -82,23 +82,7 @@ def main() -> None:
             for i in range(links):
                 _link[(ctas,)](buf, val, part, count, (i % slots) * span, ctas, MODE=mode, num_warps=4, launch_pdl=True)
 
-        chain()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            chain()
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(25):
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) * 1e3 / links)
-        print(f"{name}: {statistics.median(times):.2f} us per kernel", flush=True)
+        print(f"{name}: {bench.time_graph(chain) / links:.2f} us per kernel", flush=True)
     assert int(count[0]) == 0, "the exchange's counter was left above zero"
     assert int(count[1]) == int(count[2]), "the base did not follow the arrivals"
 
