@@ -68,6 +68,19 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"
     )
 
 
+def replays_give(inp, base, expected, run, *, replays=1):
+    """Capture run() in one CUDA graph; every replay, from the base outputs, leaves the expected outputs bit for bit."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(replays):
+        inp.gate_up_out.copy_(base[0])
+        inp.down_out.copy_(base[1])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
+
+
 @pytest.mark.parametrize(
     "model, rank, adapters, m",
     [
@@ -118,14 +131,7 @@ def test_deterministic_and_graph_capturable(k):
     inp.down_out.copy_(base2)
     bench.run_layer(inp, cfg)
     assert torch.equal(inp.gate_up_out, eager13) and torch.equal(inp.down_out, eager2)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bench.run_layer(inp, cfg)
-    inp.gate_up_out.copy_(base13)
-    inp.down_out.copy_(base2)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(inp.gate_up_out, eager13) and torch.equal(inp.down_out, eager2)
+    replays_give(inp, (base13, base2), (eager13, eager2), lambda: bench.run_layer(inp, cfg))
 
 
 @pytest.mark.parametrize(
@@ -143,14 +149,7 @@ def test_qwen3_slices_in_one_op_give_the_bits_of_one_op_per_slice(k, m, route):
     one_op = bench.default_layer_config(inp, route_method=route)
     expected = layer_from(bench, inp, base, replace(one_op, w13_one_op=False))
     assert layer_from(bench, inp, base, one_op)[0].equal(expected[0])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bench.run_layer(inp, one_op)
-    inp.gate_up_out.copy_(base[0])
-    inp.down_out.copy_(base[1])
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
+    replays_give(inp, base, expected, lambda: bench.run_layer(inp, one_op))
 
 
 def both_ops(cfg, **fields):
@@ -181,15 +180,7 @@ def test_per_block_wait_gives_the_grid_wait_result_on_every_replay(k, model, m):
     expected = layer_from(bench, inp, base, grid_wait)
     got = layer_from(bench, inp, base, per_block)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        bench.run_layer(inp, per_block)
-    for _ in range(3):
-        inp.gate_up_out.copy_(base[0])
-        inp.down_out.copy_(base[1])
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
+    replays_give(inp, base, expected, lambda: bench.run_layer(inp, per_block), replays=3)
 
 
 def test_register_caps_change_no_bits(k):
@@ -255,13 +246,5 @@ def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
     four_layers()
     expected = inp.gate_up_out.clone(), inp.down_out.clone()
     assert not torch.equal(expected[0], base[0]) and not torch.equal(expected[1], base[1])
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        four_layers()
-    for _ in range(5):
-        inp.gate_up_out.copy_(base[0])
-        inp.down_out.copy_(base[1])
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(inp.gate_up_out, expected[0]) and torch.equal(inp.down_out, expected[1])
+    replays_give(inp, base, expected, four_layers, replays=5)
     assert all(torch.equal(buf[0::2], buf[1::2]) for buf in _counters.values())  # arrivals == base
