@@ -271,15 +271,7 @@ def test_splits_are_whole_and_never_empty():
     # expand waits for 3 ready counts.
     case = make_case(m=6, top_k=2, e=2, loras=2, rank=8, k=40, n=16, dtype=torch.float32, per_pair=False, seed=29)
     routing = routing_of(case, method="single")
-    out = case["output"].clone()
-    fused_moe_lora(
-        output=out,
-        x=case["x"],
-        lora_a=case["lora_a"],
-        lora_b=case["lora_b"],
-        routing=routing,
-        config=KernelConfig(split_k=4, shrink_block_k=8, expand_block_n=16),
-    )
+    out = run_op(case, routing=routing, config=KernelConfig(split_k=4, shrink_block_k=8, expand_block_n=16))
     live = int(routing.num_blocks)
     assert routing.ready[0, :live].tolist() == [3] * live
     assert delta_error(case, out) < TOL[torch.float32]
