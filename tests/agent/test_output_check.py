@@ -183,8 +183,12 @@ def test_loading_a_nan_adapter_leaves_it_in_a_lora_slot_that_base_requests_batch
         client.load(name=f"nan{i}", path=str(nan))
         client.unload(name=f"nan{i}")
     assert set(client.adapters()) == {"good"}
-    after = batched(url, [VLLM_BASE_NAME, "good"], prompt)
-    wrong = [answer for answer in after[VLLM_BASE_NAME] if answer != alone[VLLM_BASE_NAME]]
+    # vLLM must batch a base request with an adapter request for it to show: a loaded machine may take rounds.
+    for _ in range(5):
+        after = batched(url, [VLLM_BASE_NAME, "good"], prompt)
+        wrong = [answer for answer in after[VLLM_BASE_NAME] if answer != alone[VLLM_BASE_NAME]]
+        if wrong:
+            break
     print(f"base-model requests batched with adapter requests: {len(wrong)} of 4 changed, e.g. {wrong[:1]}")
     assert wrong and all(answer.count(0) >= 8 for answer in wrong)
     assert client.healthy()
@@ -197,6 +201,8 @@ def test_loading_a_nan_adapter_leaves_it_in_a_lora_slot_that_base_requests_batch
         tokens(url, f"zero{i}", prompt)
         client.unload(name=f"zero{i}")
     client.load(name="good", path=str(tiny["v2"]), inplace=True)
-    for _ in range(3):  # KV blocks the poisoned requests left are written over by the next few
+    for _ in range(8):  # KV blocks the poisoned requests left are written over by the next few (more when loaded)
         again = batched(url, [VLLM_BASE_NAME, "good"], prompt)
+        if all(answer == alone[model] for model, answers in again.items() for answer in answers):
+            break
     assert all(answer == alone[model] for model, answers in again.items() for answer in answers), again

@@ -80,6 +80,14 @@ SURFACE: tuple[Touchpoint, ...] = (
         "GET /v1/models", "route", ("entrypoints/openai/models/api_router.py",), "/v1/models", ("get",), "agent.vllm"
     ),
     Touchpoint(
+        "POST /v1/completions",
+        "route",
+        ("entrypoints/openai/completion/api_router.py",),
+        "/v1/completions",
+        ("post",),
+        "agent.vllm (the output check), probes",
+    ),
+    Touchpoint(
         "GET /health",
         "route",
         ("entrypoints/serve/instrumentator/health.py",),
