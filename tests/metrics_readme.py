@@ -1,18 +1,18 @@
-"""The README's metrics tables as the contract of each process's /metrics: the parser and the comparison that the
-agent's and the operator's metrics tests share."""
+"""The metrics tables of docs/reference.md as the contract of each process's /metrics: the parser and the
+comparison that the agent's and the operator's metrics tests share."""
 
 from __future__ import annotations
 
 import pathlib
 from typing import Any
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 
 
 def readme_metrics(subsection: str) -> dict[str, tuple[str, frozenset[str]]]:
-    """{name: (type, label names)} from the table under `### <subsection>` of the README's Metrics section."""
-    section = README.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    """{name: (type, label names)} from the table under `### <subsection>` of the reference's Metrics section."""
+    section = REFERENCE.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
     part = section.split(f"\n### {subsection}\n", 1)[1].split("\n### ", 1)[0]
     table = {}
     for row in (line for line in part.splitlines() if line.startswith("| `")):

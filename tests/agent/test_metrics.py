@@ -1,4 +1,4 @@
-"""The agent's metrics, as the README documents them, and the status server's three endpoints."""
+"""The agent's metrics, as docs/reference.md documents them, and the status server's three endpoints."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from moelora.agent.metrics import Metrics, StatusServer
 
-from ..metrics_readme import README, exposed_metrics, readme_metrics
+from ..metrics_readme import REFERENCE, exposed_metrics, readme_metrics
 
 
 def fetch(url: str) -> tuple[int, str, str]:
@@ -57,7 +57,7 @@ def test_forget_drops_every_series_of_a_deleted_adapter() -> None:
     assert metrics.registry.get_sample_value("moelora_adapter_downloaded_bytes_total", {"adapter": "kept"}) == 100
 
 
-# --- the README's table is the contract -------------------------------------------------------------------------
+# --- the reference's table is the contract -----------------------------------------------------------------------
 
 
 def recorded() -> Metrics:
@@ -93,8 +93,8 @@ def test_no_created_series() -> None:
     assert samples and not [name for name in samples if name.endswith("_created")]
 
 
-def test_series_per_pod_are_bounded_as_the_readme_says() -> None:
-    """Adapters add only per-adapter gauges and counters; the rest is a fixed count, stated in the README."""
+def test_series_per_pod_are_bounded_as_the_reference_says() -> None:
+    """Adapters add only per-adapter gauges and counters; the rest is a fixed count, stated in docs/reference.md."""
     metrics = recorded()
     for index in range(50):
         metrics.loaded.labels(adapter=f"x{index}", served_name=f"x{index}").set(1)
@@ -104,6 +104,6 @@ def test_series_per_pod_are_bounded_as_the_readme_says() -> None:
     per_adapter = [sample for sample in samples if "adapter" in sample.labels]
     assert len(per_adapter) == 2 * 51 + 1  # the two series of each adapter, and "a"'s one failure reason
     fixed = len(samples) - len(per_adapter)
-    stated = re.search(r"and (\d+) more whatever the number of adapters", README.read_text())
+    stated = re.search(r"and (\d+) more whatever the number of adapters", REFERENCE.read_text())
     foreign = len([sample for sample in samples if sample.name == "moelora_foreign_adapters_total"])
     assert stated and int(stated.group(1)) == fixed - foreign

@@ -1,5 +1,5 @@
-"""The operator's metrics: what the real operator's /metrics exposes after some work, compared with the README's
-table both ways, with no label that names an object."""
+"""The operator's metrics: what the real operator's /metrics exposes after some work, compared with the table
+of docs/reference.md both ways, with no label that names an object."""
 
 from __future__ import annotations
 

@@ -106,8 +106,8 @@ def test_every_reason_has_a_troubleshooting_row() -> None:
 
     from moelora.api import FailureReason
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme[readme.index("## Troubleshooting by status reason") :]
+    reference = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "reference.md").read_text()
+    table = reference[reference.index("## Troubleshooting by status reason") :]
     reasons = [r.value for r in FailureReason] + [
         "NameTaken",
         "ImageNotAllowed",
