@@ -4,26 +4,41 @@
 # Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/compare.sh OUTPUT_DIR
 # Env: MODEL (gpt-oss | gpt-oss-mxfp4 | qwen3), MODES (default "nolora nolora-tuned plugin"), PASSES (default 1), BUDGET_S (the
 # whole run, default 585: a mode that cannot finish is not started), MODE_S (the least time a mode needs, default 200).
-# MODES takes plugin-ROUTING too (plugin-decode: MOELORA_ROUTING=decode). Plugin servers run with vLLM's dual LoRA
-# stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/, the table in
+# MODES takes plugin-ROUTING too (plugin-decode: MOELORA_ROUTING=decode), and MODE.N (e.g. plugin-decode.2): the same
+# server again. PLUGIN_S: the least time a plugin mode needs (default MODE_S). CACHE_ROOT: each server keeps vLLM's
+# and Triton's caches where spec.kernels.compileCache puts them (VLLM_CACHE_ROOT, TRITON_CACHE_DIR), one folder per
+# MODEL and server kind (nolora, nolora-tuned, plugin), so a second server of a kind starts as a second pod through
+# compileCache; inductor's scratch cache is the server's own, as a pod's /tmp. Plugin servers run with vLLM's dual
+# LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/, the table in
 # OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines (kernel_lines.txt,
 # moelora_lines.txt) and their start-up timings (startup_lines.txt).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
 for mode in ${MODES:-nolora nolora-tuned plugin}; do
-  left=$(( ${BUDGET_S:-585} - ($(date +%s) - T0) ))
-  [ $left -gt ${MODE_S:-200} ] || { echo "skip $mode: ${left}s left"; continue; }
+  left=$(( ${BUDGET_S:-585} - ($(date +%s) - T0) )); need=${MODE_S:-200}; base=${mode%.[0-9]}
+  case $base in plugin*) need=${PLUGIN_S:-$need} ;; esac
+  [ $left -gt $need ] || { echo "skip $mode: ${left}s left"; continue; }
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
-  extra=""; kind=$mode
-  case $mode in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
-    [ "$mode" = plugin ] || extra="$extra MOELORA_ROUTING=${mode#plugin-}" ;; esac
+  extra=""; kind=$base
+  case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
+    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
+  cache=""
+  if [ -n "${CACHE_ROOT:-}" ]; then
+    cache=$CACHE_ROOT/$MODEL-$kind; mkdir -p "$cache/vllm" "$cache/triton" "$OUT/$MODEL-$mode"
+    extra="$extra VLLM_CACHE_ROOT=$cache/vllm TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)"
+    ls "$cache/triton" > "$OUT/$MODEL-$mode/cache_before.txt"
+  fi
   MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
   for _ in $(seq 1 30); do  # the next server needs the memory this one held
     [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1
   done
   log=$OUT/$MODEL-$mode/server.log
+  # What this server added to the compile cache: a second pod that found everything adds nothing.
+  [ -n "$cache" ] && ls "$cache/triton" | sort | comm -13 <(sort "$OUT/$MODEL-$mode/cache_before.txt") - \
+    | while read -r d; do ls "$cache/triton/$d" | grep -v '^__grp__'; done | grep '\.json$' | sort | uniq -c \
+    > "$OUT/$MODEL-$mode/cache_new.txt"
   [ -f "$log" ] && grep -E "Using .*MoE|MoE config|LoRA kernel config|moelora: (fused|model warm)|Error|error:" "$log" \
     | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt"
   # The plugin's lines (warm-ups; with MOELORA_LOG_COMPILES=1 every Triton compile) and the line where serving
@@ -33,7 +48,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   # Where the start-up went (weights, torch.compile, profiling, graph capture, warm-ups), in the log's order.
   [ -f "$log" ] && grep -E " took | takes |finished in|warm-up ran|Starting to load|Application startup complete" \
     "$log" | cut -c1-300 | head -40 > "$OUT/$MODEL-$mode/startup_lines.txt"
-  rm -f "$log"
+  [ -f "$log" ] && gzip -9f "$log"  # the whole log's timestamps: where the start-up went
 done
 python3 - "$OUT" "$MODEL" "${MODES:-nolora nolora-tuned plugin}" <<'PY' | tee "$OUT/compare-$MODEL.md"
 import json, pathlib, sys

@@ -10,7 +10,8 @@
 # fused-MoE configs), MODEL (gpt-oss: the kit's GPT-OSS-20B shape, bf16 | gpt-oss-mxfp4: the same, mxfp4 experts |
 # qwen3: make_qwen3.py's Qwen3-30B-A3B shape),
 # PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."), SERVER_ARGS (more vLLM flags, e.g.
-# --enable-logging-iteration-details), PASS_S (timeout per pass).
+# --enable-logging-iteration-details), PASS_S (timeout per pass), CAPTURE_MAX (the largest CUDA-graph batch, default 64:
+# a decode step of 16 or 64 sequences replays a graph; the operator leaves vLLM's default, 2 x max-num-seqs).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -50,9 +51,9 @@ case $MODE in
 esac
 PROF=(); [ "${PROFILE:-0}" = 1 ] && PROF=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$OUTD/prof\", \"torch_profiler_with_stack\": false}")
 env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name $SERVED \
-  --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size 32 --port 8000 \
+  --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size ${CAPTURE_MAX:-64} --port 8000 \
   ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
-SP=$!; TS=$(date +%s)
+SP=$!; TS=$(date +%s); date +%T > $OUTD/launched_at.txt  # the log's clock: where the start-up went
 for _ in $(seq 1 400); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
   kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1

@@ -1,0 +1,26 @@
+#!/bin/bash
+# One device call of the end-to-end comparison, from the repo root on the H200: the vLLM archive unpacked once per
+# machine and byte-compiled (an image ships its .pyc) and vLLM imported once (so the first server does not pay the
+# machine's cold page cache), then compare.sh with compile caches under CACHE_ROOT (a second server of a kind starts
+# as a second pod through spec.kernels.compileCache), then everything in OUTPUT_DIR/results.tgz.
+# Usage: bash benchmarks/vllm_e2e/h200_call.sh OUTPUT_DIR
+# Env: MODEL, MODES, PLUGIN_S, NP (as compare.sh and serve_passes.sh), CALL_S (the call's limit less what follows,
+# default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit).
+set -u
+T0=$(date +%s); R=$(pwd); OUT=${1:?usage: h200_call.sh OUTPUT_DIR}; SITE=${SITE:-/tmp/vllm-site}; mkdir -p "$OUT/r"
+export KIT=${KIT:-$R/.bundle/b/kit} VLLM_ARCHIVE=${VLLM_ARCHIVE:-$R/.bundle/c/vllm-site.tar.xz} SITE
+export CACHE_ROOT=${CACHE_ROOT:-/tmp/cc}
+{ date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+  git rev-parse HEAD 2>/dev/null; git status --short benchmarks image kernels 2>/dev/null | head -20; } > "$OUT/r/info.txt"
+if [ ! -f "$SITE/.done" ]; then
+  mkdir -p "$SITE" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" \
+    "$VLLM_ARCHIVE" "$SITE" && touch "$SITE/.done" || exit 3
+  python3 -m compileall -q -j 16 "$SITE" image kernels > /dev/null 2>&1
+  PYTHONPATH=$SITE timeout 120 python3 -c "import torch; torch.zeros(1).cuda(); import vllm.entrypoints.openai.api_server" \
+    > /dev/null 2>&1
+  echo "machine set up in $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
+fi
+BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
+echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
+cp "$OUT"/r/compare-*.md "$OUT/" 2>/dev/null
+tar -czf "$OUT/results.tgz" -C "$OUT" r
