@@ -1,7 +1,7 @@
 #!/bin/bash
 # Re-measure after a kernel or plugin change: the GPU tests (tests/gpu, including the plugin's hooks and the
 # one-compile-per-configuration check), then the kit's end-to-end run with the plugin (two bench passes on one
-# server, Triton compile log on), whose pass 1 is the p99-TTFT measurement of docs/benchmarks.md ("vLLM end to end").
+# server, Triton compile log on), whose pass 1 is the p99-TTFT measurement of docs/benchmarks-history.md ("vLLM end to end").
 # Usage, from the repo root on a CUDA machine: bash benchmarks/vllm_e2e/recheck_h200.sh OUTPUT_DIR
 # Needs the benchmark kit and its vLLM archive (benchmarks/vllm_e2e/README.md): KIT (default .bundle/kit) and
 # VLLM_ARCHIVE (default .bundle/vllm-site.tar.xz). Results in OUTPUT_DIR/recheck/; PACK=1 leaves them as one archive,

@@ -223,7 +223,7 @@ def test_scale_out_moves_only_what_placement_predicts_without_failed_requests(pl
     started = time.monotonic()
     # Requests of several tokens: vLLM's gauge shows only requests that outlive one engine step, and the agents'
     # load estimates (checked below) come from it; a 1-token request starts and ends within one. Paced, so the
-    # new pod's vLLM can start on two cores meanwhile (unpaced, it took 571 s: docs/benchmarks.md).
+    # new pod's vLLM can start on two cores meanwhile (unpaced, it took 571 s: docs/benchmarks-history.md).
     with Recorder(placed) as recorder, Traffic(placed, max_tokens=8, pause=0.5) as traffic:
         time.sleep(2)
         placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=4")

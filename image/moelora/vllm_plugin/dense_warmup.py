@@ -3,7 +3,7 @@
 vLLM's `lora_shrink` / `lora_expand` Triton kernels are compiled per launch configuration (one per token bucket of
 the tuned file, or vLLM's two defaults) and per token-count class (Triton specialises M: 1, a multiple of 16, any
 other). Start-up compiles only what the profile run (M = max_num_batched_tokens) and CUDA-graph capture (M <= 32)
-touch; the first requests then stall for seconds on the rest (docs/benchmarks.md, "vLLM end to end", has the
+touch; the first requests then stall for seconds on the rest (docs/benchmarks-history.md, "vLLM end to end", has the
 measurements).
 
 We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per

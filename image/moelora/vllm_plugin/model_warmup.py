@@ -3,9 +3,10 @@
 vLLM compiles at start-up only what its profile run (max_num_batched_tokens) and CUDA-graph capture (<= the
 largest capture size) touch. A batch of another size can still meet a Triton kernel variant not compiled yet:
 launch configurations change with the token count, and Triton specialises integer arguments on their value class
-(1, a multiple of 16, other), and the token count and its multiples by top_k reach kernels as such arguments. Even
-with our kernels and vLLM's dense LoRA kernels compiled at start-up (moe_hooks, dense_warmup), vLLM's base
-`fused_moe_kernel` was still compiled under the first requests (docs/benchmarks.md, "vLLM end to end").
+(1, a multiple of 16, other), and the token count and its multiples by top_k reach kernels as such arguments.
+Compiling our kernels and vLLM's dense LoRA kernels at start-up (moe_hooks, dense_warmup) leaves out vLLM's base
+`fused_moe_kernel`, which would otherwise compile under the first requests (docs/benchmarks-history.md, "vLLM end
+to end").
 
 This wraps vLLM's `kernel_warmup` (which the GPU worker calls once, before graph capture) so that it first runs
 vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-up makes, with every LoRA slot

@@ -52,8 +52,8 @@ def route(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_exper
     """moelora's routing of (M, top_k) expert ids, with the kernel's default block size.
 
     Grouped, not the library's `auto`, unless MOELORA_ROUTING says otherwise: `auto`'s direct routing at decode runs
-    the layer alone faster but did not make a served model's decode step faster (docs/benchmarks.md, "vLLM end to
-    end")."""
+    the layer alone faster but not a served model's decode step (docs/benchmarks-history.md, "vLLM end to end",
+    2026-11-30)."""
     m, top_k = topk_ids.shape
     block_m = default_block_m(num_pairs=m * top_k, num_groups=num_experts * max_loras)
     return moe_lora_routing(

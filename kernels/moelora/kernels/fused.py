@@ -12,7 +12,7 @@ from topk_ids and the token map, and both kernels do vector math on that one row
   num_stages > 1; direct, the next tile's load is issued before this tile's arithmetic.
 The block index varies fastest in both grids and the routing lists a group's blocks next to each other, so the
 blocks of one (adapter, expert) run side by side and share its A and B slices in L2. Splitting shrink from expand
-reads each A slice once rather than once per N-tile CTA, as vLLM's one-shot kernel does (docs/benchmarks.md,
+reads each A slice once rather than once per N-tile CTA, as vLLM's one-shot kernel does (docs/benchmarks-history.md,
 Kernels, has the measurements behind these choices).
 Programmatic dependent launch (SM90+) chains routing -> shrink -> expand. With grouped routing the expand waits
 only for its own block (wait_per_block): each shrink CTA adds one to its block's readiness counter (zeroed by the

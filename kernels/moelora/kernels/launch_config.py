@@ -56,7 +56,7 @@ def _num_sms(device: torch.device) -> int:
 
 def default_block_m(*, num_pairs: int, num_groups: int) -> int:
     """Pairs per block. 16 everywhere: more, smaller CTAs keep more loads in flight and a group's second block finds
-    its weights in L2, so the tuning sweeps never picked 32 or 64 (docs/benchmarks.md, Kernels)."""
+    its weights in L2, so the tuning sweeps never picked 32 or 64 (docs/benchmarks-history.md, Kernels)."""
     del num_pairs, num_groups
     return 16
 

@@ -28,7 +28,7 @@ min(P, G) + P // block_m non-empty blocks (one partial block per non-empty group
 The grouping kernels also zero `ready`, one counter per block for each of the first READY_SLOTS ops launched on
 the routing: an op's shrink CTAs count into their block's counter once their partial sums are stored, and the
 expand's CTAs wait for their own block's count instead of for the whole shrink grid (see fused.py). The
-thresholds below that pick a method were set from layer timings; docs/benchmarks.md (Kernels) has them.
+thresholds below that pick a method were set from layer timings; docs/benchmarks-history.md (Kernels) has them.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ __all__ = ["MoeLoraRouting", "moe_lora_routing", "routing_switches"]
 _ROUTE_BLOCK = 1024
 # Pairs the register-only path takes: its comparison matrices are BLOCK x BLOCK with BLOCK = next power of two
 # >= P, so its cost grows with the square of P. `auto` uses it up to _TINY_AUTO pairs only, where it beats
-# "single" in the whole layer; from ~64 pairs on it no longer does (docs/benchmarks.md, Kernels).
+# "single" in the whole layer; from ~64 pairs on it does not (docs/benchmarks-history.md, Kernels).
 _TINY_BLOCK = 256
 _TINY_AUTO = 32
 # `auto` leaves pairs ungrouped ("direct") while they are at most this fraction of the (adapter, expert) groups:
 # while few pairs share a group's weights, skipping the grouping launch beats reading a shared slice once
-# (docs/benchmarks.md, Kernels: direct routing at decode).
+# (docs/benchmarks-history.md, Kernels: direct routing at decode).
 _DIRECT_MAX_SHARE = 0.5
 # `decode` runs ops as one kernel each (onepass) up to this many pairs.
 _ONE_PASS_DECODE = 128

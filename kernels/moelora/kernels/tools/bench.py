@@ -402,7 +402,7 @@ PIPELINED_EXPANDS = [(64, 16, 3), (64, 8, 3), (128, 8, 3), (128, 16, 3), (128, 4
 
 def even_spans(n: int) -> list[tuple[int, int, int]]:
     """(expand_block_n, expand_tiles, 3) whose span divides n into 3 to 12 CTAs per block: the tile count need not be
-    a power of two, and equal CTAs beat a ragged last one (docs/benchmarks.md, Kernels)."""
+    a power of two, and equal CTAs beat a ragged last one (docs/benchmarks-history.md, Kernels)."""
     return [
         (block_n, n // block_n // ctas, 3)
         for block_n in (64, 128)
