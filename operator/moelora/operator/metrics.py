@@ -4,7 +4,7 @@ Cardinality is bounded by the code, not by the cluster: no label names an object
 kinds the operator handles or owns, `result` one of three words, `reason` a SpecProblem reason or an exception's
 class name, `phase` one of the four adapter phases. The gauges of objects managed are read from kopf's indexes in
 the event loop every REFRESH_SECONDS (the indexes are not thread-safe, the HTTP server runs on its own thread).
-The README's operator metrics table lists exactly what /metrics exposes (tests/operator/test_metrics.py).
+The operator metrics table of docs/reference.md lists exactly what /metrics exposes (tests/operator/test_metrics.py).
 """
 
 from __future__ import annotations
