@@ -28,6 +28,7 @@ from moelora.agent.metrics import Metrics
 from moelora.api import ModelServerSpec
 from moelora.local.apiserver import upstream
 from moelora.operator import deployment, naming, service
+from moelora.operator.children import Surroundings, desired_children
 from moelora.operator.metrics import Metrics as OperatorMetrics
 from moelora.operator.settings import Settings
 
@@ -163,6 +164,57 @@ def test_service_monitor_scrapes_the_ports_of_the_operators_service() -> None:
         assert "interval" not in endpoint  # empty value: Prometheus' own
     assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} == {"http", "agent-metrics"}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}  # all namespaces are watched
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def served_pods_and_services(spec: dict[str, Any]) -> tuple[list[dict[str, str]], list[dict[str, Any]]]:
+    """The labels of a server's pods that serve vLLM's port, and every Service in front of them: the operator's,
+    plus, for a LeaderWorkerSet, the headless one its controller creates (named after it, labelled and selecting
+    leaderworkerset.sigs.k8s.io/name, kubernetes-sigs/lws pkg/utils/controller/controller_utils.go); the LWS
+    controller labels each group's leader worker-index "0" and its set's name."""
+    settings = Settings(server_image="example.com/server:1", agent_image="example.com/agent:1")
+    children = desired_children(
+        ModelServerSpec.model_validate({"model": {"name": "org/tiny-moe"}, **spec}),
+        name="srv",
+        namespace="serving",
+        settings=settings,
+        kernel_bundle=None,
+        surroundings=Surroundings(),
+    )
+    services = [child for child in children if child["kind"] == "Service"]
+    [workload] = [child for child in children if child["kind"] in {"Deployment", "StatefulSet", "LeaderWorkerSet"}]
+    if workload["kind"] != "LeaderWorkerSet":
+        return [workload["spec"]["template"]["metadata"]["labels"]], services
+    lws = workload["metadata"]["name"]
+    set_label = {"leaderworkerset.sigs.k8s.io/name": lws}
+    services.append(
+        {"metadata": {"name": lws, "labels": set_label}, "spec": {"clusterIP": "None", "selector": set_label}}
+    )
+    leader = workload["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"]
+    return [{**leader, **set_label, "leaderworkerset.sigs.k8s.io/worker-index": "0"}], services
+
+
+@pytest.mark.parametrize(
+    "spec", [{}, {"placement": {"copies": 1}, "replicas": 2}, {"nodes": 2}], ids=["deployment", "placement", "nodes"]
+)
+def test_service_monitor_scrapes_each_serving_pod_through_one_service(spec: dict[str, Any]) -> None:
+    """Prometheus scrapes a pod once per Service the ServiceMonitor selects in front of it (one target per
+    endpoint), so a second Service of the same pods (placement's headless <server>-pods) doubles every series of
+    them, and every sum KEDA takes of the queue."""
+    monitor = one(render("service-monitor"), "ServiceMonitor", "-servers")
+    assert "matchExpressions" not in monitor["spec"]["selector"]
+    chosen = monitor["spec"]["selector"]["matchLabels"]
+    pods, services = served_pods_and_services(spec)
+    for pod in pods:
+        scraped = [
+            svc["metadata"]["name"]
+            for svc in services
+            if selects(svc["spec"]["selector"], pod) and selects(chosen, svc["metadata"]["labels"])
+        ]
+        assert scraped == ["srv"]
 
 
 def operator_metrics_port(objects: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any]]:

@@ -15,7 +15,7 @@ def service(*, name: str, namespace: str, selector: dict[str, str] | None = None
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "labels": naming.labels(name)},
+        "metadata": {"name": name, "namespace": namespace, "labels": naming.service_labels(name)},
         "spec": {
             "type": "ClusterIP",
             "selector": dict(selector) if selector is not None else naming.selector(name),

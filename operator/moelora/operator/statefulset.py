@@ -16,6 +16,7 @@ from moelora.operator.deployment import AGENT_CONTAINER
 from moelora.operator.engine import VLLM_PORT
 
 PLACEMENT_ENV = "MOELORA_PLACEMENT"
+HEADLESS_COMPONENT = "pod-dns"  # not naming.API_COMPONENT: the ServiceMonitor must not scrape its pods again
 
 
 def headless_service_name(name: str) -> str:
@@ -52,7 +53,11 @@ def headless_service(*, name: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": headless_service_name(name), "namespace": namespace, "labels": naming.labels(name)},
+        "metadata": {
+            "name": headless_service_name(name),
+            "namespace": namespace,
+            "labels": {**naming.labels(name), naming.LABEL_COMPONENT: HEADLESS_COMPONENT},
+        },
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
