@@ -122,7 +122,10 @@ def test_one_node_stays_a_deployment(settings: Settings) -> None:
 
 def test_the_groups_readiness_reads_as_replicas() -> None:
     view = multinode.status_view(
-        {"metadata": {"generation": 4}, "status": {"replicas": 3, "readyReplicas": 2, "updatedReplicas": 3}}
+        {
+            "metadata": {"generation": 4},
+            "status": {"observedGeneration": 4, "replicas": 3, "readyReplicas": 2, "updatedReplicas": 3},
+        }
     )
     assert view["status"] == {
         "observedGeneration": 4,
@@ -131,6 +134,106 @@ def test_the_groups_readiness_reads_as_replicas() -> None:
         "updatedReplicas": 3,
         "availableReplicas": 2,
     }
+
+
+def progressing_reason(lws_status: dict) -> str:
+    """The server's Progressing reason with its LeaderWorkerSet at generation 4 reporting `lws_status`."""
+    view = multinode.status_view({"metadata": {"generation": 4}, "status": lws_status})
+    status = model_server_status(
+        make_spec(**MULTI),
+        name="srv",
+        namespace="ns",
+        generation=1,
+        deployment=view,
+        problem=None,
+        adapters=AdapterCounts(),
+        previous=ModelServerStatus(),
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    )
+    [progressing] = [c for c in status.conditions if c.type == "Progressing"]
+    return progressing.reason
+
+
+def test_the_rollout_is_done_only_once_the_controller_saw_the_current_generation() -> None:
+    """LeaderWorkerSet v0.9+ writes status.observedGeneration = metadata.generation with the counts it took
+    (kubernetes-sigs/lws pkg/controllers/leaderworkerset_controller.go, updateStatus): counts of generation 3 say
+    nothing of the spec of generation 4, however ready they look."""
+    counts = {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3}
+    assert progressing_reason({**counts, "observedGeneration": 4}) == "RolledOut"
+    assert progressing_reason({**counts, "observedGeneration": 3}) == "RollingOut"
+    assert progressing_reason(counts) == "RollingOut"  # not observed yet (or a controller older than v0.9)
+
+
+def test_the_headless_service_of_the_lws_name_is_left_to_its_controller(settings: Settings) -> None:
+    """The LWS controller creates a headless Service named after the LeaderWorkerSet unless one of that name
+    exists, and each pod's LWS_LEADER_ADDRESS is <lws>-<group>.<lws>.<namespace> through it (kubernetes-sigs/lws
+    reconcileHeadlessServices, pkg/utils/pod/pod_utils.go): no Service of ours may take that name."""
+    routed = {"routing": {"gateway": {"enabled": True, "parentRefs": [{"name": "gw"}]}}}
+    children = desired_children(
+        make_spec(**MULTI, **routed),
+        name="srv",
+        namespace="ns",
+        settings=settings,
+        kernel_bundle=None,
+        surroundings=Surroundings(),
+    )
+    [lws] = [child for child in children if child["kind"] == "LeaderWorkerSet"]
+    services = {child["metadata"]["name"]: child for child in children if child["kind"] == "Service"}
+    assert lws["metadata"]["name"] not in services
+    assert (multinode.LWS_API_VERSION, "LeaderWorkerSet") in OPTIONAL_CHILDREN
+    assert lws["metadata"]["name"] in [
+        n("srv") for n in OPTIONAL_CHILDREN[(multinode.LWS_API_VERSION, "LeaderWorkerSet")]
+    ]
+    # Clients, the pool and the route reach the leaders through ours, which keeps the server's name.
+    assert list(services) == ["srv"] and services["srv"]["spec"]["selector"] == LEADERS
+    assert services["srv"]["spec"]["type"] == "ClusterIP"
+    [pool] = [child for child in children if child["kind"] == "InferencePool"]
+    [route] = [child for child in children if child["kind"] == "HTTPRoute"]
+    assert pool["spec"]["selector"]["matchLabels"] == LEADERS
+    assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == pool["metadata"]["name"]
+    status = model_server_status(
+        make_spec(**MULTI),
+        name="srv",
+        namespace="ns",
+        generation=1,
+        deployment=None,
+        problem=None,
+        adapters=AdapterCounts(),
+        previous=ModelServerStatus(),
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    )
+    assert status.endpoint == "http://srv.ns.svc:8000/v1"
+
+
+def test_placement_over_several_nodes_is_refused(settings: Settings) -> None:
+    with pytest.raises(SpecProblem) as caught:
+        render(settings, placement={"copies": 1})
+    assert caught.value.reason == "PlacementMultiNode"
+    assert "nodes 1" in caught.value.message
+    assert "StatefulSet" in render(settings, nodes=1, placement={"copies": 1})
+
+
+def test_a_name_whose_group_statefulsets_could_not_create_pods_is_refused(settings: Settings) -> None:
+    """The LWS's worker StatefulSets are <lws>-<group>; the StatefulSet controller labels each pod
+    controller-revision-hash=<statefulset>-<hash>, which must fit a label value's 63 characters."""
+
+    def render_named(name: str, **overrides: object) -> list[dict]:
+        return desired_children(
+            make_spec(**{**MULTI, **overrides}),
+            name=name,
+            namespace="ns",
+            settings=settings,
+            kernel_bundle=None,
+            surroundings=Surroundings(),
+        )
+
+    fits = "s" * (multinode.MAX_STATEFULSET_NAME - len(multinode.LWS_SUFFIX) - 2)  # 3 replicas: groups 0..2
+    [lws] = [c for c in render_named(fits) if c["kind"] == "LeaderWorkerSet"]
+    assert len(f"{lws['metadata']['name']}-2") == multinode.MAX_STATEFULSET_NAME
+    for name, overrides in ((fits + "s", {}), (fits, {"autoscaling": {"minReplicas": 1, "maxReplicas": 11}})):
+        with pytest.raises(SpecProblem) as caught:
+            render_named(name, **overrides)
+        assert caught.value.reason == "NameTooLongForNodes"
 
 
 def test_the_published_crd_refuses_a_broken_leader_worker_set(settings: Settings) -> None:

@@ -38,7 +38,7 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], tuple[Callable[[str], str], ...]] = {
     ("policy/v1", "PodDisruptionBudget"): (lambda name: name,),  # two replicas or more
     (secret_access.RBAC_API_VERSION, "Role"): (secret_access.name,),  # adapters that name Secrets
     (secret_access.RBAC_API_VERSION, "RoleBinding"): (secret_access.name,),
-    (multinode.LWS_API_VERSION, "LeaderWorkerSet"): (lambda name: name,),  # nodes > 1
+    (multinode.LWS_API_VERSION, "LeaderWorkerSet"): (multinode.lws_name,),  # nodes > 1
     (gateway.POOL_API_VERSION, "InferencePool"): (lambda name: name,),  # routing.gateway.enabled
     (gateway.ROUTE_API_VERSION, "HTTPRoute"): (lambda name: name,),
     (autoscaling.HPA_API_VERSION, "HorizontalPodAutoscaler"): (lambda name: name,),  # autoscaling.engine hpa
@@ -104,6 +104,7 @@ def desired_children(
     for what the operator refuses."""
     policy.check_image(spec.image, settings)
     policy.check_service_account(spec.service_account_name, settings)
+    multinode.check(spec, name=name)
     for secret, needed_by in required_secrets(spec):
         if surroundings.secrets_exist.get(secret) is False:
             raise SpecProblem("SecretNotFound", f"{needed_by} Secret {secret!r} does not exist in {namespace}")

@@ -5,6 +5,11 @@ a Ray head on the leader, the workers joining it at the address LeaderWorkerSet 
 the leader alone with --tensor-parallel-size = gpus and --pipeline-parallel-size = nodes. Adapters are loaded
 through the leader's API (vLLM's engine spreads them over the group), so the agent runs beside the leader only, and
 the Service and the InferencePool select leaders only.
+
+The LeaderWorkerSet controller creates a headless Service named after the LeaderWorkerSet when none exists, and gives
+every pod that subdomain: LWS_LEADER_ADDRESS is `<lws>-<group>.<lws>.<namespace>` (kubernetes-sigs/lws,
+pkg/controllers/leaderworkerset_controller.go reconcileHeadlessServices, pkg/utils/pod/pod_utils.go). So the
+LeaderWorkerSet is `<ms>-lws`, leaving that Service to its controller, and the server's own Service keeps `<ms>`.
 """
 
 from __future__ import annotations
@@ -18,9 +23,14 @@ from moelora.operator.deployment import AGENT_CONTAINER, KUBE_API_VOLUME, VLLM_C
 from moelora.operator.errors import SpecProblem
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_SUFFIX = "-lws"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"  # "0" on each group's leader
 LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # set by LeaderWorkerSet in every pod of a group
 RAY_PORT = 6379
+# The StatefulSet controller labels each pod controller-revision-hash=<statefulset>-<hash of up to 10 characters>,
+# and a label value holds at most 63: a longer StatefulSet name creates no pods. LeaderWorkerSet names its leaders'
+# StatefulSet <lws> and each group's workers' <lws>-<group> (kubernetes-sigs/lws, leaderworkerset_types.go).
+MAX_STATEFULSET_NAME = 52
 
 # $@: vLLM's arguments, passed through untouched. Ray's node list counts the leader and every joined worker; vLLM
 # would fail to place its pipeline stages if it started before all of them arrived.
@@ -41,6 +51,32 @@ _WORKER_SCRIPT = 'exec ray start --address="${addr}:{port}" --block --disable-us
 
 def is_multi_node(spec: ModelServerSpec) -> bool:
     return spec.nodes > 1
+
+
+def lws_name(name: str) -> str:
+    return f"{name}{LWS_SUFFIX}"
+
+
+def check(spec: ModelServerSpec, *, name: str) -> None:
+    """Raises SpecProblem for what a multi-node server cannot be: placed (placement assigns adapters to a
+    StatefulSet's pods by name; a group's adapters live on its leader, which no placement names), or named so long
+    that its groups' StatefulSets could not create pods."""
+    if not is_multi_node(spec):
+        return
+    if spec.placement is not None:
+        raise SpecProblem(
+            "PlacementMultiNode",
+            f"spec.placement needs nodes 1: with nodes {spec.nodes} each replica is a LeaderWorkerSet group, which "
+            "placement cannot assign adapters to; drop placement (every group then serves every adapter) or nodes",
+        )
+    replicas = max(spec.replicas, spec.autoscaling.max_replicas if spec.autoscaling is not None else 0)
+    workers = f"{lws_name(name)}-{max(replicas - 1, 0)}"
+    if len(workers) > MAX_STATEFULSET_NAME:
+        raise SpecProblem(
+            "NameTooLongForNodes",
+            f"with nodes > 1 the LeaderWorkerSet names a StatefulSet {workers!r} ({len(workers)} characters), over "
+            f"the {MAX_STATEFULSET_NAME} a StatefulSet may have and still create pods: shorten the ModelServer's name",
+        )
 
 
 def leader_selector(name: str) -> dict[str, str]:
@@ -100,7 +136,7 @@ def leader_worker_set(spec: ModelServerSpec, deployment: dict[str, Any]) -> dict
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": copy.deepcopy(deployment["metadata"]),
+        "metadata": {**copy.deepcopy(deployment["metadata"]), "name": lws_name(deployment["metadata"]["name"])},
         "spec": {
             "replicas": spec.replicas,
             "startupPolicy": "LeaderCreated",
@@ -120,12 +156,12 @@ def status_view(lws: dict[str, Any]) -> dict[str, Any]:
     as one replica; a ready group is available)."""
     status = lws.get("status") or {}
     ready = int(status.get("readyReplicas") or 0)
-    generation = (lws.get("metadata") or {}).get("generation")
     return {
-        "metadata": {"generation": generation},
+        "metadata": {"generation": (lws.get("metadata") or {}).get("generation")},
         "status": {
-            # LeaderWorkerSet reports no observedGeneration: its counts are taken as current.
-            "observedGeneration": generation,
+            # Set by the controller to the generation its counts were taken at (LeaderWorkerSet v0.9 and later);
+            # absent, the counts may be of an older spec, and the rollout reads as not done.
+            "observedGeneration": status.get("observedGeneration"),
             "replicas": int(status.get("replicas") or 0),
             "readyReplicas": ready,
             "updatedReplicas": int(status.get("updatedReplicas") or 0),
