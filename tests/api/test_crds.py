@@ -333,6 +333,19 @@ INVALID = [
         "minReplicas 0 needs engine keda",
     ),
     (
+        "keda-to-zero-without-a-wake-query",
+        server(
+            autoscaling={
+                "engine": "keda",
+                "minReplicas": 0,
+                "maxReplicas": 2,
+                "target": {"prometheusAddress": "http://p:9090"},
+            }
+        ),
+        ".spec.autoscaling.target.wakeQuery",
+        "minReplicas 0 needs target.wakeQuery",
+    ),
+    (
         "keda-without-prometheus",
         server(autoscaling={"engine": "keda", "maxReplicas": 2}),
         ".spec.autoscaling.target.prometheusAddress",

@@ -6,6 +6,7 @@ import copy
 
 import pydantic
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from moelora.api import crd
 from moelora.operator import autoscaling
@@ -20,7 +21,18 @@ from .published import problems
 # of strings; KEDA's scaler refuses the ScaledObject without these).
 PROMETHEUS_TRIGGER_REQUIRED = ("serverAddress", "query", "threshold")
 
-KEDA = {"engine": "keda", "minReplicas": 0, "maxReplicas": 4, "target": {"prometheusAddress": "http://prom:9090"}}
+WAKE = 'sum(rate(gateway_requests_total{route="srv"}[2m]))'
+KEDA = {
+    "engine": "keda",
+    "minReplicas": 0,
+    "maxReplicas": 4,
+    "target": {"prometheusAddress": "http://prom:9090", "wakeQuery": WAKE},
+}
+OWNER = {
+    "apiVersion": "moelora.io/v1alpha1",
+    "kind": "ModelServer",
+    "metadata": {"name": "srv", "namespace": "ns", "uid": "u1"},
+}
 
 
 def render(settings: Settings, **overrides: object) -> dict[str, dict]:
@@ -69,11 +81,92 @@ def test_keda_queries_prometheus_for_the_servers_queue(settings: Settings) -> No
     spec = scaled["spec"]
     assert spec["scaleTargetRef"] == {"apiVersion": "moelora.io/v1alpha1", "kind": "ModelServer", "name": "srv"}
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 4)
-    [trigger] = spec["triggers"]
+    trigger = spec["triggers"][0]
     assert trigger["type"] == "prometheus"
     assert set(PROMETHEUS_TRIGGER_REQUIRED) <= set(trigger["metadata"])
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns",model_name="srv"})'
     assert trigger["metadata"]["threshold"] == "4"
+
+
+def test_scale_to_zero_wakes_on_a_metric_that_exists_without_pods(settings: Settings) -> None:
+    """KEDA scales up from zero only for an active trigger: a prometheus trigger is active when its value exceeds
+    activationThreshold (default 0), and an empty result reads 0 (kedacore/keda pkg/scalers/prometheus_scaler.go).
+    The queue is the pods' own series, so only the wake query can be active at zero pods; clamped to 1 against a
+    threshold of 1, KEDA's HPA wants at most ceil(1 / 1) = 1 replica of it, and the queue alone scales out."""
+    queue, wake = render(settings, autoscaling=KEDA)["ScaledObject"]["spec"]["triggers"]
+    assert "vllm:" in queue["metadata"]["query"] and "activationThreshold" not in queue["metadata"]
+    assert wake["type"] == "prometheus" and wake["name"] != queue["name"]  # KEDA wants trigger names unique
+    assert wake["metadata"] == {
+        "serverAddress": "http://prom:9090",
+        "query": f"clamp_max(({WAKE}), 1)",
+        "threshold": "1",
+        "activationThreshold": "0",
+    }
+
+
+def test_scale_to_zero_without_a_wake_query_is_refused(settings: Settings) -> None:
+    keda = copy.deepcopy(KEDA)
+    del keda["target"]["wakeQuery"]
+    with pytest.raises(SpecProblem) as caught:
+        render(settings, autoscaling=keda)
+    assert caught.value.reason == "WakeQueryMissing"
+    assert "target.wakeQuery" in caught.value.message
+    keda["minReplicas"] = 1  # a replica always runs: the queue is enough
+    assert [t["name"] for t in render(settings, autoscaling=keda)["ScaledObject"]["spec"]["triggers"]] == ["queue"]
+
+
+class Cluster:
+    """The server's autoscalers as stored, with KEDA's admission webhook: a ScaledObject whose target an HPA not
+    owned by a ScaledObject already scales is refused (kedacore/keda apis/keda/v1alpha1/scaledobject_webhook.go,
+    "the workload ... is already managed by the hpa ...")."""
+
+    def __init__(self, *existing: dict) -> None:
+        self.objects = {(obj["kind"], obj["metadata"]["name"]): obj for obj in existing}
+        self.calls: list[tuple[str, str]] = []
+
+    def ensure(self, *, api: object, desired: dict, owner_uid: str, create: bool = True) -> tuple[dict | None, str]:
+        key = (desired["kind"], desired["metadata"]["name"])
+        if key not in self.objects and not create:
+            return None, "absent"
+        if desired["kind"] == "ScaledObject":
+            for (kind, name), obj in self.objects.items():
+                if (
+                    kind == "HorizontalPodAutoscaler"
+                    and obj["spec"]["scaleTargetRef"] == desired["spec"]["scaleTargetRef"]
+                ):
+                    raise ApiException(status=403, reason=f"the workload 'srv' is already managed by the hpa '{name}'")
+        self.calls.append(("apply", desired["kind"]))
+        self.objects[key] = desired
+        return desired, "created"
+
+    def delete_if_owned(self, *, kind: str, name: str, **_: object) -> bool:
+        if self.objects.pop((kind, name), None) is None:
+            return False
+        self.calls.append(("delete", kind))
+        return True
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [({"maxReplicas": 4}, KEDA), (KEDA, {"maxReplicas": 4})],
+    ids=["hpa-to-keda", "keda-to-hpa"],
+)
+def test_switching_engines_deletes_the_old_autoscaler_first(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, before: dict, after: dict
+) -> None:
+    from moelora.operator import apply, model_servers
+
+    old = render(settings, autoscaling=before)
+    old_kind = "ScaledObject" if "ScaledObject" in old else "HorizontalPodAutoscaler"
+    cluster = Cluster(old[old_kind])
+    monkeypatch.setattr(apply, "ensure", cluster.ensure)
+    monkeypatch.setattr(apply, "delete_if_owned", cluster.delete_if_owned)
+    children = list(render(settings, autoscaling=after).values())
+    new_kind = ({"ScaledObject", "HorizontalPodAutoscaler"} - {old_kind}).pop()
+    _, problem = model_servers.apply_children(api=None, children=children, owner=OWNER)  # type: ignore[arg-type]
+    assert problem is None
+    assert cluster.calls.index(("delete", old_kind)) < cluster.calls.index(("apply", new_kind))
+    assert {kind for kind, _ in cluster.objects} & {"ScaledObject", "HorizontalPodAutoscaler"} == {new_kind}
 
 
 def test_a_query_of_the_users_own(settings: Settings) -> None:

@@ -40,12 +40,21 @@ class AutoscalingTarget(ApiModel):
         max_length=512,
         description="keda: the Prometheus that scrapes the server's pods, e.g. http://prometheus.monitoring:9090.",
     )
+    # 2 KiB each: the largest ModelServer must fit twice into 256 KiB of annotations (tests/api/test_max_sizes.py).
     query: str | None = Field(
         default=None,
         min_length=1,
-        max_length=4096,
+        max_length=2048,
         description="keda: the PromQL of the total queue. Default: the sum of the queue metric over this server's "
         "namespace and served model name.",
+    )
+    wake_query: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description="keda: PromQL of a metric that exists while no pod of the server runs, one series, e.g. the "
+        "rate of requests your gateway receives for it: any value above 0 keeps (or brings back) one replica. "
+        "Required with minReplicas 0, as the queue metric is the pods' own and vanishes with them.",
     )
 
 
@@ -66,6 +75,11 @@ class AutoscalingSpec(ApiModel):
                     "fieldPath": ".minReplicas",
                 },
                 {
+                    "rule": "self.minReplicas >= 1 || has(self.target.wakeQuery)",
+                    "message": "minReplicas 0 needs target.wakeQuery, a metric that exists while no pod runs",
+                    "fieldPath": ".target.wakeQuery",
+                },
+                {
                     "rule": "self.engine != 'keda' || has(self.target.prometheusAddress)",
                     "message": "engine keda needs target.prometheusAddress",
                     "fieldPath": ".target.prometheusAddress",
@@ -75,6 +89,8 @@ class AutoscalingSpec(ApiModel):
     )
 
     engine: AutoscalerEngine = Field(default=AutoscalerEngine.HPA, description="hpa or keda.")
-    min_replicas: int = Field(default=1, ge=0, le=1000, description="Fewest replicas (0 only with keda).")
+    min_replicas: int = Field(
+        default=1, ge=0, le=1000, description="Fewest replicas (0 only with keda and target.wakeQuery)."
+    )
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
     target: AutoscalingTarget = Field(default_factory=AutoscalingTarget, json_schema_extra={"default": {}})

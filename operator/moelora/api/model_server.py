@@ -219,8 +219,8 @@ class ModelServerSpec(ApiModel):
     adapter_cache: AdapterCacheSpec = Field(default_factory=AdapterCacheSpec, json_schema_extra=DEFAULT_EMPTY)
     placement: PlacementSpec | None = Field(
         default=None,
-        description="Each adapter on a few replicas (a StatefulSet of stable pod names) instead of all of them. "
-        "Default: every replica serves every adapter (a Deployment).",
+        description="Each adapter on a few replicas (a StatefulSet of stable pod names) instead of all of them; "
+        "only with nodes 1. Default: every replica serves every adapter (a Deployment).",
     )
     service_account_name: str | None = Field(
         default=None,

@@ -3,6 +3,13 @@
 Both write spec.replicas through the scale subresource, and the operator renders the Deployment (or the
 LeaderWorkerSet) from spec.replicas as always, so the two never fight over the workload's replica count. The signal
 is vLLM's queue: requests waiting per replica.
+
+Scaling to zero needs a second signal. KEDA brings a ScaledObject back from zero only when a trigger is active, a
+prometheus trigger being active when its query's value exceeds activationThreshold (default 0), and reads an empty
+result as 0 (kedacore/keda pkg/scalers/prometheus_scaler.go). vLLM's queue is a series of the pods themselves: with
+no pod there is no series, the queue trigger is never active, and the server never wakes; nor does a queue that stays
+empty under light load keep it up. The user's wakeQuery, on something that exists without pods (the gateway's
+requests), is that second trigger.
 """
 
 from __future__ import annotations
@@ -56,11 +63,38 @@ def horizontal_pod_autoscaler(autoscaling: AutoscalingSpec, *, name: str, namesp
     }
 
 
+def wake_trigger(autoscaling: AutoscalingSpec) -> dict[str, Any] | None:
+    """The trigger on target.wakeQuery: active while its value is above 0, and asking for at most one replica
+    (KEDA's HPA wants ceil(value / threshold) of it, and the value is clamped to 1), so the queue alone scales out."""
+    target = autoscaling.target
+    if target.wake_query is None or target.prometheus_address is None:
+        return None
+    return {
+        "type": "prometheus",
+        "name": "wake",
+        "metadata": {
+            "serverAddress": target.prometheus_address,
+            "query": f"clamp_max(({target.wake_query}), 1)",
+            "threshold": "1",
+            "activationThreshold": "0",
+        },
+    }
+
+
 def scaled_object(spec: ModelServerSpec, *, name: str, namespace: str) -> dict[str, Any]:
-    """Raises SpecProblem without a Prometheus to ask (the CRD refuses that too; a stored object may predate it)."""
+    """Raises SpecProblem without a Prometheus to ask, or for minReplicas 0 without a wake query (the CRD refuses
+    both too; a stored object may predate its rules)."""
     autoscaling = spec.autoscaling
     if autoscaling is None or autoscaling.target.prometheus_address is None:
         raise SpecProblem("PrometheusAddressMissing", "autoscaling.engine keda needs target.prometheusAddress")
+    wake = wake_trigger(autoscaling)
+    if autoscaling.min_replicas == 0 and wake is None:
+        raise SpecProblem(
+            "WakeQueryMissing",
+            "autoscaling.minReplicas 0 needs target.wakeQuery: PromQL of a metric that exists while no pod runs "
+            "(e.g. the rate of requests the gateway receives for this server); the queue metric is the pods' own, "
+            "so at zero pods KEDA would never scale the server up again",
+        )
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
@@ -78,13 +112,15 @@ def scaled_object(spec: ModelServerSpec, *, name: str, namespace: str) -> dict[s
             "triggers": [
                 {
                     "type": "prometheus",
+                    "name": "queue",
                     "metadata": {
                         "serverAddress": autoscaling.target.prometheus_address,
                         "query": queue_query(spec, name=name, namespace=namespace),
                         # KEDA divides the query's value by the replica count before comparing (AverageValue).
                         "threshold": str(autoscaling.target.waiting_requests_per_replica),
                     },
-                }
+                },
+                *([wake] if wake is not None else []),
             ],
         },
     }

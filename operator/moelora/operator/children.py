@@ -66,6 +66,11 @@ NEEDS: dict[str, set[str]] = {
     "Role": {"Deployment", "StatefulSet"},
     "RoleBinding": {"Role", "Deployment", "StatefulSet"},
 }
+# Kinds deleted, when no longer rendered, before any child is applied. KEDA's admission webhook refuses a ScaledObject
+# whose target an HPA it does not own already scales ("the workload ... is already managed by the hpa ...",
+# kedacore/keda apis/keda/v1alpha1/scaledobject_webhook.go), so hpa -> keda must delete the HPA first; keda -> hpa
+# deletes the ScaledObject first too, which takes KEDA's own HPA with it, so no two HPAs scale the server at once.
+REPLACED_FIRST = {"HorizontalPodAutoscaler", "ScaledObject"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 SECRET_GRANT_KINDS = {"Role", "RoleBinding"}
 

@@ -23,6 +23,7 @@ from moelora.operator import apply, cache_sync, indexes, metrics, multinode, nam
 from moelora.operator.children import (
     NEEDS,
     OPTIONAL_CHILDREN,
+    REPLACED_FIRST,
     SECRET_GRANT_KINDS,
     WORKLOAD_KINDS,
     Surroundings,
@@ -103,6 +104,9 @@ def apply_children(
     # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels onto
     # the children, so a label edit on the server would rewrite every child.)
     kopf.append_owner_reference(children, owner=dict(owner))
+    rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
+    # One autoscaler gives way before the other is applied (children.REPLACED_FIRST says why).
+    _delete_unrendered(api=api, meta=meta, rendered=rendered, kinds=REPLACED_FIRST - set(held))
     stored_deployment = None
     taken: list[str] = []
     forbidden: list[str] = []
@@ -140,13 +144,32 @@ def apply_children(
                 stored_deployment = multinode.status_view(obj)
     if taken:
         not_applied |= {child["kind"] for child in absent}
-    rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
     workloads = WORKLOAD_KINDS | {"LeaderWorkerSet"}
+    # The workload replacing another that was not applied: keep serving with the old one.
+    kept = set(held) | (workloads if workloads & not_applied else set())
+    kinds = {kind for _, kind in OPTIONAL_CHILDREN} - kept - REPLACED_FIRST
+    _delete_unrendered(api=api, meta=meta, rendered=rendered, kinds=kinds)
+    if taken:
+        server = f"ModelServer {meta['name']}"
+        return stored_deployment, SpecProblem(
+            status.NAME_TAKEN, "; ".join(f"{what} exists and is not owned by {server}" for what in taken)
+        )
+    if forbidden:
+        return stored_deployment, SpecProblem(
+            "SecretGrantForbidden",
+            f"the API server refused {', '.join(forbidden)}: the operator may grant get only on Secrets it may get "
+            "itself (chart value operator.secretAccess), so the agents cannot read their adapters' Secrets",
+        )
+    return stored_deployment, None
+
+
+def _delete_unrendered(
+    *, api: kubernetes.client.ApiClient, meta: Mapping[str, Any], rendered: set[tuple[str, str, str]], kinds: set[str]
+) -> None:
+    """Delete the server's optional children of `kinds` that are not in `rendered` (apiVersion, kind, name)."""
     for (api_version, kind), optional_names in OPTIONAL_CHILDREN.items():
-        if kind in held:
+        if kind not in kinds:
             continue
-        if kind in workloads and workloads & not_applied:
-            continue  # the workload replacing this one was not applied: keep serving with the old one
         for name in (optional_name(meta["name"]) for optional_name in optional_names):
             if (api_version, kind, name) in rendered:
                 continue
@@ -160,18 +183,6 @@ def apply_children(
             )
             if deleted:
                 logger.info("%s %s/%s deleted", kind, meta["namespace"], name)
-    if taken:
-        server = f"ModelServer {meta['name']}"
-        return stored_deployment, SpecProblem(
-            status.NAME_TAKEN, "; ".join(f"{what} exists and is not owned by {server}" for what in taken)
-        )
-    if forbidden:
-        return stored_deployment, SpecProblem(
-            "SecretGrantForbidden",
-            f"the API server refused {', '.join(forbidden)}: the operator may grant get only on Secrets it may get "
-            "itself (chart value operator.secretAccess), so the agents cannot read their adapters' Secrets",
-        )
-    return stored_deployment, None
 
 
 def render_status(
