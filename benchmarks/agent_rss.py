@@ -128,7 +128,9 @@ def main() -> int:
                     port=port,
                     MOELORA_BASE_MODEL_CONFIG=str(config),
                     MOELORA_POLL_SECONDS="1",
-                    **deployment.AGENT_MALLOC_ENV,  # as the operator renders the agent's container
+                    # As the operator renders the agent's container.
+                    PYTHONMALLOC=deployment.AGENT_PYTHON_MALLOC,
+                    MALLOC_ARENA_MAX=str(deployment.AGENT_MALLOC_ARENA_MAX),
                 )
                 argv = [sys.executable, "-m", "moelora.agent"]
                 return process.spawn(argv=argv, env=env, log_path=work / log), port

@@ -19,6 +19,7 @@ from moelora.agent.reconcile import Record, Stage
 from moelora.agent.runner import Agent
 from moelora.agent.settings import from_env
 from moelora.agent.vllm import ADMIN_KEY_HEADER, VllmClient, classify_load_error
+from moelora.api.agent_env import ADMIN_KEY_FILE
 
 from .conftest import BASE_MODEL, POD, FakeVllm, MemoryDesired, MemoryKube, agent_settings, eventually
 
@@ -122,7 +123,7 @@ def test_settings_read_the_key_file_and_the_api_key() -> None:
     assert settings.pod_uid == "u-1"
     assert "client-s3cret" not in repr(settings)
     defaults = from_env({k: v for k, v in env.items() if k not in ("MOELORA_ADMIN_KEY_FILE", "MOELORA_VLLM_API_KEY")})
-    assert defaults.admin_key_file == admin_key.DEFAULT_FILE and defaults.vllm_api_key is None
+    assert defaults.admin_key_file == pathlib.Path(ADMIN_KEY_FILE) and defaults.vllm_api_key is None
 
 
 @pytest.fixture
@@ -176,4 +177,4 @@ def test_header_is_the_guards() -> None:
     from moelora.vllm_plugin import admin_guard
 
     assert ADMIN_KEY_HEADER.lower() == admin_guard.HEADER
-    assert str(admin_key.DEFAULT_FILE) == admin_guard.DEFAULT_KEY_FILE
+    assert ADMIN_KEY_FILE == admin_guard.DEFAULT_KEY_FILE

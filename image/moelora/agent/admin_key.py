@@ -11,8 +11,6 @@ import pathlib
 import secrets
 import tempfile
 
-DEFAULT_FILE = pathlib.Path("/var/run/moelora/admin/key")
-
 
 def create(path: pathlib.Path) -> str:
     """Write a new random key to `path` atomically, readable by its owner only (0600), and return it."""

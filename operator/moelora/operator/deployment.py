@@ -7,18 +7,16 @@ operator can refuse (engine flags, env).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
 from moelora.api import LoadFormat, ModelServerSpec
+from moelora.api.agent_env import ADAPTER_CACHE_DIR, ADMIN_KEY_FILE, AGENT_PORT, AgentEnv
 from moelora.operator import engine, naming, pod_options, security
 from moelora.operator.kernel_configs import KernelConfigVolume
 from moelora.operator.model_download import download_volume, streamer_env, with_disk_bounds
-from moelora.operator.service import AGENT_PORT
 from moelora.operator.settings import Settings
 
-ADAPTERS_DIR = "/var/lib/moelora/adapters"
 VLLM_CONTAINER = "vllm"
 AGENT_CONTAINER = "agent"
 FETCH_CONTAINER = "fetch-model"
@@ -27,10 +25,9 @@ KUBE_API_VOLUME = "kube-api-access"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # vLLM's $HOME as the agent sees it (read-only): where a hub download leaves the base model's config.json.
 VLLM_HOME_IN_AGENT = "/var/run/moelora/vllm-home"
-AGENT_API_KEY_ENV = "MOELORA_VLLM_API_KEY"
 # glibc's malloc for Python's objects too, in two arenas: what a hostile adapter's large header took to parse goes back
 # to the OS, where pymalloc's arenas kept it (docs/benchmarks.md, "Agent memory").
-AGENT_MALLOC_ENV = {"PYTHONMALLOC": "malloc", "MALLOC_ARENA_MAX": "2"}
+AGENT_PYTHON_MALLOC, AGENT_MALLOC_ARENA_MAX = "malloc", 2
 
 # vLLM loads the weights before /health answers: a big MoE takes many minutes, so the startup probe allows an hour.
 STARTUP_BUDGET_SECONDS = 3600
@@ -87,10 +84,11 @@ def _resources(spec: ModelServerSpec) -> dict[str, Any]:
     return resources
 
 
-def s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
-    """AWS_* for boto3: endpoint and region as values, credentials only as secretKeyRefs (never literals)."""
+def s3_env(spec: ModelServerSpec, *, endpoint: bool = True) -> list[dict[str, Any]]:
+    """AWS_* for boto3: endpoint and region as values, credentials only as secretKeyRefs (never literals).
+    `endpoint=False`: without the endpoint, which the agent's own variables already carry (AgentEnv)."""
     env: list[dict[str, Any]] = []
-    if spec.s3.endpoint_url:
+    if endpoint and spec.s3.endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": spec.s3.endpoint_url})
     if spec.s3.region:
         env.append({"name": "AWS_REGION", "value": spec.s3.region})
@@ -128,35 +126,26 @@ def _streamer_s3_env(spec: ModelServerSpec) -> list[dict[str, Any]]:
 def _agent_env(
     spec: ModelServerSpec, *, name: str, settings: Settings, base_config: str | None
 ) -> list[dict[str, Any]]:
-    def field(path: str) -> dict[str, Any]:
-        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-    def listed(env_name: str, values: Iterable[str]) -> list[dict[str, Any]]:
-        # Absent, not "": the API server drops an empty value, which would read as drift on every reconcile.
-        joined = ",".join(values)
-        return [{"name": env_name, "value": joined}] if joined else []
-
-    return [
-        {"name": "MOELORA_NAMESPACE", **field("metadata.namespace")},
-        {"name": "MOELORA_POD_NAME", **field("metadata.name")},
-        {"name": "MOELORA_POD_UID", **field("metadata.uid")},
-        {"name": "MOELORA_MODEL_SERVER", "value": name},
-        {"name": "MOELORA_BASE_MODEL", "value": spec.model.name},
-        *([{"name": "MOELORA_BASE_MODEL_CONFIG", "value": base_config}] if base_config else []),
-        {"name": "MOELORA_MAX_LORA_RANK", "value": str(spec.lora.max_lora_rank)},
-        *listed("MOELORA_TARGET_MODULES", spec.lora.target_modules or []),
-        {"name": "MOELORA_VLLM_URL", "value": f"http://127.0.0.1:{engine.VLLM_PORT}"},
-        {"name": "MOELORA_CACHE_DIR", "value": ADAPTERS_DIR},
-        {"name": "MOELORA_CACHE_BYTES", "value": str(quantity_bytes(spec.adapter_cache.size_limit))},
-        {"name": "MOELORA_PORT", "value": str(AGENT_PORT)},
-        *({"name": key, "value": value} for key, value in AGENT_MALLOC_ENV.items()),
-        {"name": engine.ADMIN_KEY_FILE_ENV, "value": engine.ADMIN_KEY_FILE},
-        *([{"name": AGENT_API_KEY_ENV, "valueFrom": engine.api_key_source(spec)}] if spec.api_key_secret else []),
+    env = AgentEnv(
+        model_server=name,
+        base_model=spec.model.name,
+        base_model_config=base_config,
+        max_lora_rank=spec.lora.max_lora_rank,
+        target_modules=frozenset(spec.lora.target_modules or ()),
+        vllm_url=f"http://127.0.0.1:{engine.VLLM_PORT}",
+        cache_dir=ADAPTER_CACHE_DIR,
+        cache_bytes=quantity_bytes(spec.adapter_cache.size_limit),
+        port=AGENT_PORT,
+        python_malloc=AGENT_PYTHON_MALLOC,
+        malloc_arena_max=AGENT_MALLOC_ARENA_MAX,
+        admin_key_file=ADMIN_KEY_FILE,
         # The operator's S3 policy, which the agent applies too (moelora.api.AdapterSource.refusal).
-        *listed("MOELORA_ALLOWED_S3_ENDPOINTS", settings.allowed_s3_endpoints),
-        *listed("MOELORA_ALLOWED_S3_BUCKETS", settings.allowed_s3_buckets),
-        *s3_env(spec),
-    ]
+        allowed_s3_endpoints=settings.allowed_s3_endpoints,
+        allowed_s3_buckets=settings.allowed_s3_buckets,
+        server_s3_endpoint=spec.s3.endpoint_url,
+    )
+    api_key = {"vllm_api_key": engine.api_key_source(spec)} if spec.api_key_secret else {}
+    return [*env.entries(value_from=api_key), *s3_env(spec, endpoint=False)]
 
 
 def _service_account_volume() -> dict[str, Any]:
@@ -199,7 +188,7 @@ def deployment(
         _service_account_volume(),
     ]
     vllm_mounts = [
-        {"name": "adapters", "mountPath": ADAPTERS_DIR},
+        {"name": "adapters", "mountPath": ADAPTER_CACHE_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR, "readOnly": True},
     ]
@@ -268,7 +257,7 @@ def deployment(
         "env": _agent_env(spec, name=name, settings=settings, base_config=base_config),
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "volumeMounts": [
-            {"name": "adapters", "mountPath": ADAPTERS_DIR},
+            {"name": "adapters", "mountPath": ADAPTER_CACHE_DIR},
             {"name": ADMIN_KEY_VOLUME, "mountPath": engine.ADMIN_KEY_DIR},
             {"name": KUBE_API_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
             *([base_config_mount] if base_config_mount else []),

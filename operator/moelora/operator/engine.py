@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pathlib
 import re
 from typing import Any
 
 from moelora.api import KernelImplementation, LoadFormat, ModelServerSpec
+from moelora.api.agent_env import ADMIN_KEY_FILE, VLLM_PORT, AgentEnv
 from moelora.operator import vllm_flags
 from moelora.operator.errors import SpecProblem
 
-VLLM_PORT = 8000
 MODELS_DIR = "/models"
 KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
 # spec.kernels.compileCache: the image's directory of the claim. vLLM keeps torch.compile's artifacts under its cache
@@ -23,9 +24,8 @@ KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
 COMPILE_CACHE_DIR = "/var/cache/moelora/compile"
 COMPILE_CACHE_ENV = {"VLLM_CACHE_ROOT": f"{COMPILE_CACHE_DIR}/vllm", "TRITON_CACHE_DIR": f"{COMPILE_CACHE_DIR}/triton"}
 # The per-pod key the agent writes and vLLM's admin guard reads: an in-memory volume only the two containers mount.
-ADMIN_KEY_DIR = "/var/run/moelora/admin"
-ADMIN_KEY_FILE = f"{ADMIN_KEY_DIR}/key"
-ADMIN_KEY_FILE_ENV = "MOELORA_ADMIN_KEY_FILE"
+ADMIN_KEY_DIR = str(pathlib.PurePosixPath(ADMIN_KEY_FILE).parent)
+ADMIN_KEY_FILE_ENV = AgentEnv.variable("admin_key_file")
 # The server image's ASGI middleware that keeps vLLM's admin routes (adapter load/unload...) to the agent.
 ADMIN_GUARD = "moelora.vllm_plugin.admin_guard.AdminGuard"
 

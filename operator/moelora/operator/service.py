@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from moelora.api.agent_env import AGENT_PORT, VLLM_PORT
 from moelora.operator import naming
-from moelora.operator.engine import VLLM_PORT
-
-AGENT_PORT = 8081
 
 
 def service(*, name: str, namespace: str, selector: dict[str, str] | None = None) -> dict[str, Any]:

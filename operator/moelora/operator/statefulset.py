@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from moelora.api.agent_env import AgentEnv
 from moelora.operator import naming
 from moelora.operator.deployment import AGENT_CONTAINER
 from moelora.operator.engine import VLLM_PORT
 
-PLACEMENT_ENV = "MOELORA_PLACEMENT"
 HEADLESS_COMPONENT = "pod-dns"  # not naming.API_COMPONENT: the ServiceMonitor must not scrape its pods again
 
 
@@ -30,7 +30,7 @@ def statefulset(deployment: dict[str, Any], *, replicas: int) -> dict[str, Any]:
     template = copy.deepcopy(deployment["spec"]["template"])
     for container in template["spec"]["containers"]:
         if container["name"] == AGENT_CONTAINER:
-            container["env"] = [*container.get("env", []), {"name": PLACEMENT_ENV, "value": "1"}]
+            container["env"] = [*container.get("env", []), AgentEnv.entry("placement", True)]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
