@@ -194,10 +194,15 @@ def test_with_placement_only_the_adapters_assigned_to_this_pod_are_desired(
     try:
         assert watcher.synced.wait(10)
         assert [d.name for d in watcher.snapshot()] == ["mine"]
+        # What a request may still ask this pod for (vLLM's resolver): every adapter of the server.
+        assert {d.name for d in watcher.server_adapters()} == {"mine", "theirs"}
         # The operator moves an adapter here, then away: the desired set follows the status alone.
         assign("theirs", ["srv-2", "srv-0"])
         eventually(lambda: {d.name for d in watcher.snapshot()} == {"mine", "theirs"})
         assign("mine", ["srv-1"])
         eventually(lambda: [d.name for d in watcher.snapshot()] == ["theirs"])
+        assert {d.name for d in watcher.server_adapters()} == {"mine", "theirs"}
+        custom.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "mine")
+        eventually(lambda: [d.name for d in watcher.server_adapters()] == ["theirs"])
     finally:
         watcher.stop()

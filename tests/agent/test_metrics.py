@@ -47,6 +47,7 @@ def test_forget_drops_every_series_of_a_deleted_adapter() -> None:
     metrics = Metrics()
     for name in ("gone", "kept"):
         metrics.loaded.labels(name, name).set(1)
+        metrics.on_demand.labels(name).set(1)
         metrics.downloaded.labels(name).inc(100)
         metrics.failures.labels(name, "SourceNotFound").inc()
         metrics.failures.labels(name, "RankTooHigh").inc()
@@ -64,6 +65,7 @@ def recorded() -> Metrics:
     """Every metric with a sample: a labelled metric without one exposes no label names."""
     metrics = Metrics()
     metrics.loaded.labels(adapter="a", served_name="team/a").set(1)
+    metrics.on_demand.labels(adapter="a").set(1)
     metrics.failures.labels(adapter="a", reason="RankTooHigh").inc()
     metrics.downloaded.labels(adapter="a").inc(100)
     metrics.load_seconds.observe(2.5)
@@ -102,7 +104,8 @@ def test_series_per_pod_are_bounded_as_the_reference_says() -> None:
         metrics.load_seconds.observe(index)
     samples = [sample for family in exposed(metrics) for sample in family.samples]
     per_adapter = [sample for sample in samples if "adapter" in sample.labels]
-    assert len(per_adapter) == 2 * 51 + 1  # the two series of each adapter, and "a"'s one failure reason
+    # the two series of each adapter, "a"'s one failure reason, and "a" held on demand
+    assert len(per_adapter) == 2 * 51 + 1 + 1
     fixed = len(samples) - len(per_adapter)
     stated = re.search(r"and (\d+) more whatever the number of adapters", REFERENCE.read_text())
     foreign = len([sample for sample in samples if sample.name == "moelora_foreign_adapters_total"])

@@ -18,6 +18,7 @@ def run_agent() -> int:
     from moelora.agent import admin_key
     from moelora.agent import kube as kube_module
     from moelora.agent.metrics import Metrics, StatusServer
+    from moelora.agent.ondemand import ADDRESS_FILE, ResolveServer
     from moelora.agent.runner import Agent
     from moelora.agent.settings import SettingsError, from_env
     from moelora.agent.vllm import HealthWatch, VllmClient
@@ -28,11 +29,8 @@ def run_agent() -> int:
         print(f"moelora agent: {error}", file=sys.stderr)
         return 2
     kube = kube_module.Kube(client=kube_module.api_client(), namespace=settings.namespace)
-    vllm = VllmClient(
-        base_url=settings.vllm_url,
-        admin_key=admin_key.create(settings.admin_key_file),
-        api_key=settings.vllm_api_key,
-    )
+    key = admin_key.create(settings.admin_key_file)
+    vllm = VllmClient(base_url=settings.vllm_url, admin_key=key, api_key=settings.vllm_api_key)
     metrics = Metrics()
     # The watcher wakes the agent's loop on every change; the agent reads the watcher's snapshot.
     watcher = kube_module.AdapterWatcher(
@@ -41,7 +39,16 @@ def run_agent() -> int:
         on_change=lambda: agent.wake.set(),
         pod=settings.pod_name if settings.placement else None,
     )
-    agent = Agent(settings=settings, kube=kube, desired=watcher, vllm=vllm, metrics=metrics)
+    agent = Agent(
+        settings=settings, kube=kube, desired=watcher, vllm=vllm, metrics=metrics, catalogue=watcher.server_adapters
+    )
+    # vLLM's LoRA resolver (moelora.vllm_plugin.resolver) finds this listener through the file beside the admin key.
+    resolver = ResolveServer(
+        resolutions=agent.resolutions,
+        key=key,
+        timeout=settings.resolve_seconds,
+        address_file=settings.admin_key_file.parent / ADDRESS_FILE,
+    )
     health = HealthWatch(vllm, on_change=agent.wake.set)  # a vLLM that dies or comes back: seen within a second
     server = StatusServer(port=settings.port, metrics=metrics, ready=lambda: agent.is_ready, alive=agent.alive)
 
@@ -53,6 +60,7 @@ def run_agent() -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     server.start()
+    resolver.start()
     watcher.start()
     health.start()
     logging.getLogger("moelora.agent").info(
@@ -70,6 +78,7 @@ def run_agent() -> int:
     finally:
         health.stop()
         watcher.stop()
+        resolver.stop()
         server.stop()
     return 0
 

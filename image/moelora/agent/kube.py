@@ -35,9 +35,9 @@ EVENT_COMPONENT = "moelora-agent"
 def api_client() -> kubernetes.client.ApiClient:
     """In a pod: the service account; elsewhere: KUBECONFIG (or ~/.kube/config)."""
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+        kubernetes.config.load_incluster_config()
         return kubernetes.client.ApiClient()
-    client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+    client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(
         config_file=os.environ.get("KUBECONFIG") or None
     )
     return client
@@ -89,7 +89,7 @@ class Kube:
         kwargs.update(self._selector(model_server))
         if resource_version:
             kwargs["resource_version"] = resource_version
-        events = watch.stream(  # type: ignore[no-untyped-call]
+        events = watch.stream(
             self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs
         )
         for event in events:
@@ -149,7 +149,8 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        # The client sends any JSON-able body; its annotation names only its own model class.
+        self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
 
 
 def belongs(obj: dict[str, Any], *, model_server: str, pod: str | None = None) -> bool:
@@ -163,7 +164,8 @@ def belongs(obj: dict[str, Any], *, model_server: str, pod: str | None = None) -
 
 
 class AdapterWatcher:
-    """Keeps the desired adapters of one ModelServer current by list + watch, in a daemon thread.
+    """Keeps the adapters of one ModelServer current by list + watch, in a daemon thread: all of them (what a
+    request may name, `server_adapters`) and, with placement, those assigned to this pod (`snapshot`).
 
     Any watch error (expired resourceVersion, dropped connection, API server restart) leads to a fresh list after
     a backoff, so the snapshot converges whatever happened in between. `on_change` runs after every change.
@@ -184,7 +186,8 @@ class AdapterWatcher:
         self.on_change = on_change
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
-        self._objects: dict[str, Desired] = {}  # by name, parsed once per change (not once per loop)
+        self._objects: dict[str, Desired] = {}  # the server's, by name, parsed once per change (not once per loop)
+        self._assigned: set[str] = set()  # with placement: the names assigned to this pod
         # By name: what the last parsed copy said that matters here (metadata.generation; with placement, whether
         # this pod is assigned it), so other pods' status patches are dropped unparsed.
         self._seen: dict[str, tuple[int | None, bool]] = {}
@@ -199,14 +202,21 @@ class AdapterWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._watch is not None:
-            self._watch.stop()  # type: ignore[no-untyped-call]
+            self._watch.stop()
 
     def snapshot(self) -> list[Desired]:
+        """The adapters this pod should hold: with placement, those assigned to it; else all of the server's."""
+        with self._lock:
+            if self.pod is None:
+                return list(self._objects.values())
+            return [item for name, item in self._objects.items() if name in self._assigned]
+
+    def server_adapters(self) -> list[Desired]:
         with self._lock:
             return list(self._objects.values())
 
     def _parse(self, obj: dict[str, Any]) -> Desired | None:
-        if not belongs(obj, model_server=self.model_server, pod=self.pod):
+        if not belongs(obj, model_server=self.model_server):
             return None
         try:
             return Desired.from_object(obj)
@@ -225,8 +235,10 @@ class AdapterWatcher:
     def _replace(self, items: list[dict[str, Any]]) -> None:
         parsed = [d for d in map(self._parse, items) if d is not None]
         self._seen = {item["metadata"]["name"]: self._key(item) for item in items}
+        assigned = {name for name, (_, here) in self._seen.items() if here}
         with self._lock:
             self._objects = {d.name: d for d in parsed}
+            self._assigned = assigned
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
@@ -238,13 +250,18 @@ class AdapterWatcher:
         if kind == "DELETED":
             self._seen.pop(name, None)
         desired = None if kind == "DELETED" else self._parse(obj)
+        here = desired is not None and key[1]
         with self._lock:
+            if (name in self._assigned) != here:
+                self._assigned.symmetric_difference_update({name})
+            elif desired is None and name not in self._objects:
+                return
+            elif desired is not None and self._objects.get(name) == desired:
+                return  # a status-only change (our own patches): nothing to do
             if desired is None:
                 self._objects.pop(name, None)
-            elif self._objects.get(name) != desired:
-                self._objects[name] = desired
             else:
-                return  # a status-only change (our own patches): nothing to do
+                self._objects[name] = desired
         self.on_change()
 
     def _run(self) -> None:
@@ -256,7 +273,7 @@ class AdapterWatcher:
                 self.synced.set()
                 self.on_change()
                 backoff = 0.5
-                self._watch = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+                self._watch = kubernetes.watch.Watch()
                 for kind, obj in self.kube.watch_adapters(
                     resource_version=version,
                     timeout_seconds=self.watch_timeout,

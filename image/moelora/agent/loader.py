@@ -41,12 +41,17 @@ class Loader:
         preparer: Preparer,
         fail: Fail,
         monotonic: Callable[[], float],
+        checked: Callable[[str, str], None] = lambda name, path: None,
     ) -> None:
         self.vllm, self.metrics, self.cache, self.preparer = vllm, metrics, cache, preparer
-        self.fail, self.monotonic = fail, monotonic
+        self.fail, self.monotonic, self.checked = fail, monotonic, checked
 
-    def load(self, record: Record, load: Load, *, current: LoadedAdapter | None) -> None:
-        """Serve `record`'s files under its name (`current`: what vLLM serves under it now), or fail it."""
+    def load(self, record: Record, load: Load, *, current: LoadedAdapter | None, hand_over: bool = False) -> None:
+        """Serve `record`'s files under its name (`current`: what vLLM serves under it now), or fail it.
+
+        Files that pass the output check go to `checked` (the resolver's answer) before vLLM is asked to load them:
+        a resolver already waiting for the name holds vLLM's lock on it, and gets its answer instead of blocking the
+        load. With `hand_over`, the resolver is all there is: vLLM registers the files itself."""
         try:
             self.check_output(record, load.path)
         except AdapterError as error:
@@ -54,6 +59,11 @@ class Loader:
             return
         except TransientError as error:
             self.fail(record, error.reason, error.message, permanent=False)
+            return
+        self.checked(load.served_name, load.path)
+        if hand_over:
+            record.handed_at = self.monotonic()
+            logger.info("handed adapter %s to vLLM's resolver as %r from %s", record.name, load.served_name, load.path)
             return
         inplace = load.inplace
         for _ in range(2):
@@ -123,6 +133,7 @@ class Loader:
         # Adopting the files vLLM already served for it is no new load: its loadedAt stays.
         kept = not observe and record.serving is not None and record.serving.path == record.path
         record.stage = Stage.LOADED
+        record.handed_at = None
         record.reason = record.message = None
         record.attempts = 0
         record.permanent = False

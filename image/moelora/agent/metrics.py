@@ -66,6 +66,12 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.on_demand = Gauge(
+            "moelora_adapter_on_demand",
+            "1 while this pod holds the adapter because a request asked for it here, not because it is placed here.",
+            ["adapter"],
+            registry=self.registry,
+        )
         self.cache_bytes = Gauge("moelora_adapter_cache_bytes", "Bytes in the adapter cache.", registry=self.registry)
         self.ready = Gauge(
             "moelora_agent_ready",
@@ -83,8 +89,15 @@ class Metrics:
             registry=self.registry,
         )
 
+    def forget_on_demand(self, adapter: str) -> None:
+        try:
+            self.on_demand.remove(adapter)
+        except KeyError:
+            pass
+
     def forget(self, *, adapter: str, served_name: str) -> None:
         """Drop a deleted adapter's series (500 adapters coming and going must not grow the scrape forever)."""
+        self.forget_on_demand(adapter)
         for metric, labels in ((self.loaded, (adapter, served_name)), (self.downloaded, (adapter,))):
             try:
                 metric.remove(*labels)

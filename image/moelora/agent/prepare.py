@@ -17,7 +17,7 @@ import logging
 import pathlib
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 from moelora.agent import peft_moe
@@ -115,6 +115,12 @@ class Preparer:
         self._room_checked = now
         room = self._room()
         return {uid for uid, (_, size, then) in waiting.items() if then < room and size <= room}
+
+    def room_needed(self, uids: Collection[str]) -> int:
+        """Bytes the cache lacks, once eviction has run, for the adapters `uids` last refused for room."""
+        with self._lock:
+            wanted = sum(self._no_room[uid][1] for uid in uids if uid in self._no_room)
+        return wanted - self._room()
 
     def cancel_stale(self, wanted: Mapping[str, str]) -> list[str]:
         """Cancel preparations of adapters no longer desired (uid -> spec hash), or desired with another spec, and

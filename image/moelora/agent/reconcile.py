@@ -97,6 +97,7 @@ class Record:
     load: float | None = None  # requests in flight on this pod, on average (usage.py), while loaded
     serving: Serving | None = None  # what vLLM serves for it since the last load: an update refused later falls back
     checking: bool = False  # its spec changed while loaded: vLLM keeps the files until the new spec is checked
+    handed_at: float | None = None  # monotonic time its files went to vLLM's resolver, which registers them itself
 
     def fail(
         self,
