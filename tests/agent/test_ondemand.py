@@ -199,6 +199,28 @@ def test_an_adapter_placed_here_later_stops_being_held_on_demand(loop: Loop) -> 
     assert loop.kube.status["a"][0].loaded and loop.vllm.calls == []  # the same files, now reported
 
 
+def test_after_an_agent_restart_what_vllm_got_from_the_resolver_is_held_not_unloaded_as_foreign(loop: Loop) -> None:
+    loop.put("a")
+    loop.vllm.served["a"] = loop.answer(loop.ask("a")).path or ""
+    loop.step()
+    loop.agent.stop()
+    again = Agent(  # the agent's container restarted: vLLM, the cache volume and the LoRAAdapters are the same
+        settings=loop.agent.settings,
+        kube=loop.kube,
+        desired=loop.placed,
+        vllm=loop.vllm,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        monotonic=lambda: loop.clock[0],
+        catalogue=loop.server.snapshot,
+    )
+    loop.agent = again
+    for _ in range(3):
+        loop.step()
+    assert loop.record("a").stage is Stage.LOADED and loop.vllm.served == {"a": loop.record("a").path}
+    assert loop.vllm.calls == [] and loop.kube.events == []  # neither unloaded nor reported as foreign
+    assert loop.metric("moelora_adapter_on_demand", adapter="a") == 1
+
+
 # ---- pure parts ----
 
 

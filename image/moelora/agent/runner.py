@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import pathlib
 import queue
 import threading
 import time
@@ -140,13 +141,13 @@ class Agent:
             self.gate.update(vllm_up=False, unsettled=[], now=now)
             return
         placed = self.desired_source.snapshot()
-        desired = self._with_on_demand(placed, now)
+        loaded = self._vllm_adapters()
+        desired = self._with_on_demand(placed, now, loaded)
         by_uid = {d.uid: d for d in desired}
         if not self.records and not self.busy:  # first pass after a (re)start: markers of deleted adapters go
             self.preparer.last_good.prune(set(by_uid))
         for uid in self.preparer.cancel_stale({d.uid: d.spec_hash for d in desired}):
             logger.info("cancelled the preparation of %s: deleted or changed", uid)
-        loaded = self._vllm_adapters()
         self._reconcile_loaded_stage(desired, loaded)
         if now >= self.next_resync:
             self.next_resync = now + self.settings.resync_seconds
@@ -204,15 +205,30 @@ class Agent:
 
     # ---- adapters asked for by vLLM's resolver (ondemand.py) ----
 
-    def _with_on_demand(self, placed: list[Desired], now: float) -> list[Desired]:
+    def _with_on_demand(
+        self, placed: list[Desired], now: float, loaded: dict[str, LoadedAdapter] | None
+    ) -> list[Desired]:
         """`placed` and the adapters held on demand: those a request asked for since (refused for names that are
-        no LoRAAdapter of this server), less those placed here now, gone, or dropped for room."""
+        no LoRAAdapter of this server), less those placed here now, gone, or dropped for room. Files from this
+        agent's cache that vLLM serves under a name no record explains were handed over by an agent before a
+        restart: held on demand again, not unloaded as foreign."""
         asked = self.resolutions.asked()
-        if not asked and not self.on_demand:
+        explained = {d.served_name for d in placed} | {r.served_name for r in self.records.values()}
+        handed = [
+            name
+            for name, adapter in (loaded or {}).items()
+            if name not in explained and pathlib.Path(adapter.path).is_relative_to(self.settings.cache_dir)
+        ]
+        if not asked and not self.on_demand and not handed:
             self._room_coming = set()
             return placed
         here = {d.uid for d in placed}
         catalogue = self.catalogue()
+        for name in handed:
+            item = ondemand.find(catalogue, name)
+            if item is not None and item.uid not in here:
+                self.on_demand.setdefault(item.uid, (item.name, now))
+                self.metrics.on_demand.labels(item.name).set(1)
         for name in asked:
             item = ondemand.find(catalogue, name)
             if item is None:
