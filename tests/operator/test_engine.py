@@ -170,3 +170,10 @@ def test_env_we_set_is_refused(name: str) -> None:
     with pytest.raises(SpecProblem) as caught:
         engine.vllm_env(make_spec(env=[{"name": name, "value": "0"}]), kernel_configs=False)
     assert caught.value.reason == "ManagedEnvVar" and name in caught.value.message
+
+
+@pytest.mark.parametrize("name", ["VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST"])
+def test_vllms_own_lora_resolvers_are_refused(name: str) -> None:
+    with pytest.raises(SpecProblem) as caught:
+        engine.vllm_env(make_spec(env=[{"name": name, "value": "/adapters"}]), kernel_configs=False)
+    assert caught.value.reason == "ManagedEnvVar" and "no check has seen" in caught.value.message

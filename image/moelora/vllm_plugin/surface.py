@@ -196,6 +196,8 @@ SURFACE: tuple[Touchpoint, ...] = (
     _env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "operator.engine (the agent's routes and the resolver need it)"),
     _env("VLLM_TUNED_CONFIG_FOLDER", "operator.engine, operator.kernel_configs"),
     _env("VLLM_API_KEY", "operator.engine (refused in env)"),
+    _env("VLLM_LORA_RESOLVER_CACHE_DIR", "operator.engine (refused in env: vLLM's filesystem resolver)"),
+    _env("VLLM_LORA_RESOLVER_HF_REPO_LIST", "operator.engine (refused in env: vLLM's Hugging Face resolver)"),
     *(_env(name, "operator.engine") for name in ("VLLM_NO_USAGE_STATS", "VLLM_LORA_ENABLE_DUAL_STREAM")),
     *(_flag(flag, "operator.engine") for flag in _RENDERED_FLAGS),
     _flag("--middleware", "operator.engine (admin_guard)"),

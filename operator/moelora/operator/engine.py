@@ -49,8 +49,14 @@ MANAGED_FLAGS = frozenset(
         "--api-key",
     }
 )
+# vLLM's own LoRA resolvers (general plugins in its wheel) register adapters from a directory or the Hugging Face hub
+# that none of the agent's checks have seen; moelora's resolver, which asks the agent, is the only one a pod may have.
+VLLM_RESOLVER_ENV = frozenset({"VLLM_LORA_RESOLVER_CACHE_DIR", "VLLM_LORA_RESOLVER_HF_REPO_LIST"})
 # Where a refused flag or variable is set instead, when that is not simply "the spec".
 _INSTEAD = {
+    **dict.fromkeys(
+        VLLM_RESOLVER_ENV, "vLLM's own resolver would serve adapters no check has seen; create LoRAAdapters instead"
+    ),
     **dict.fromkeys(COMPILE_CACHE_ENV, "spec.kernels.compileCache sets it"),
     "--api-key": "set spec.apiKeySecret, which the adapter agent also uses",
     "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
@@ -156,7 +162,7 @@ def compile_cache_path(image: str) -> str:
 
 
 def check_env(spec: ModelServerSpec) -> None:
-    managed = MANAGED_ENV | ({TOKEN_ENV} if spec.model.token_secret else set())
+    managed = MANAGED_ENV | VLLM_RESOLVER_ENV | ({TOKEN_ENV} if spec.model.token_secret else set())
     managed |= set(COMPILE_CACHE_ENV) if spec.kernels.compile_cache else set()
     for var in spec.env:
         if var.name in managed:
