@@ -24,7 +24,6 @@ import os
 import pathlib
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -112,9 +111,8 @@ class _Ticket:
 class Resolutions:
     """Between the resolver's requests (HTTP threads) and the agent's loop. `wake` wakes the loop."""
 
-    def __init__(self, *, wake: Callable[[], None], monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, wake: Callable[[], None]) -> None:
         self._wake = wake
-        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._servable: dict[str, str] = {}  # served name -> files that passed every check, for an answer at once
         self._waiting: dict[str, list[_Ticket]] = {}

@@ -79,7 +79,7 @@ class Agent:
         self.busy: dict[str, concurrent.futures.Future[None]] = {}
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.wake = threading.Event()
-        self.resolutions = ondemand.Resolutions(wake=self.wake.set, monotonic=monotonic)
+        self.resolutions = ondemand.Resolutions(wake=self.wake.set)
         # uid -> (name, when a request last asked for it): adapters held here though not placed
         self.on_demand: dict[str, tuple[str, float]] = {}
         self._room_coming: set[str] = set()  # uids refused for room that dropping on-demand adapters makes room for
