@@ -8,7 +8,6 @@ import gzip
 import pathlib
 import re
 import sys
-from datetime import datetime
 
 # (label, pattern): a phase ends at the first line matching its pattern (the last one for the repeated ones).
 PHASES = [
@@ -67,8 +66,10 @@ def compiles(lines: list[str], launched: int) -> str:
     if not times:
         return "no Triton compiles logged"
     late = sum(1 for t in times if ready is not None and t > ready)
-    return (f"{len(times)} Triton compiles logged, {(times[0] - launched) % 86400}..{(times[-1] - launched) % 86400} s "
-            f"after launch, {late} after ready")
+    return (
+        f"{len(times)} Triton compiles logged, {(times[0] - launched) % 86400}..{(times[-1] - launched) % 86400} s "
+        f"after launch, {late} after ready"
+    )
 
 
 def main(dirs: list[str]) -> None:

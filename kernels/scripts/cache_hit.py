@@ -1,7 +1,8 @@
 """What a Triton disk-cache hit costs our kernels: the first and second call of one MoE layer's LoRA work in a fresh
 process, per routing and token count. Run it twice with one TRITON_CACHE_DIR: the first process compiles (a cold
 pod), the second finds every kernel on disk (a second pod through spec.kernels.compileCache).
-Usage, repo root on a CUDA machine: PYTHONPATH=kernels:image TRITON_CACHE_DIR=DIR python3 kernels/scripts/cache_hit.py"""
+Usage, repo root on a CUDA machine:
+    PYTHONPATH=kernels:image TRITON_CACHE_DIR=DIR python3 kernels/scripts/cache_hit.py"""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ def entries() -> int:
     return len(os.listdir(d)) if os.path.isdir(d) else 0
 
 
-def timed(fn) -> float:
+def timed(inp, cfg) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    fn()
+    run_layer(inp, cfg)
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3
 
@@ -37,8 +38,8 @@ def main() -> None:
                 inp = make_inputs(model, 32, 8, m)
                 cfg = default_layer_config(inp, route)
                 before = entries()
-                first = timed(lambda: run_layer(inp, cfg))
-                second = timed(lambda: run_layer(inp, cfg))
+                first = timed(inp, cfg)
+                second = timed(inp, cfg)
                 print(f"| {model} | {route} | {m} | {first:.1f} | {second:.2f} | {entries() - before} |", flush=True)
     print(f"whole process {time.perf_counter() - t_start:.1f} s")
 
