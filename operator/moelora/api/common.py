@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonDict
 
 GROUP = "moelora.io"
 VERSION = "v1alpha1"
@@ -33,7 +34,7 @@ class ApiModel(BaseModel):
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 # A list of conditions is a map keyed by type, so server-side apply merges each condition instead of the whole list.
-CONDITIONS_LIST_MAP = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+CONDITIONS_LIST_MAP: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 
 
 class Condition(ApiModel):

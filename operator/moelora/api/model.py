@@ -11,6 +11,8 @@ from pydantic import ConfigDict, Field, model_validator
 from moelora.api.common import DNS_SUBDOMAIN, QUANTITY, SERVED_NAME, ApiModel
 from moelora.api.env import TokenSecret
 
+AccessMode = Literal["ReadWriteMany", "ReadWriteOnce"]
+
 
 class ModelCacheSpec(ApiModel):
     """A PersistentVolumeClaim the operator fills with the weights once (a Job), which every replica then mounts
@@ -27,8 +29,8 @@ class ModelCacheSpec(ApiModel):
         max_length=253,
         description="StorageClass of the claim. Default: the cluster's default class.",
     )
-    access_modes: list[Literal["ReadWriteMany", "ReadWriteOnce"]] = Field(
-        default_factory=lambda: ["ReadWriteMany"],
+    access_modes: list[AccessMode] = Field(
+        default_factory=lambda: list[AccessMode](["ReadWriteMany"]),
         min_length=1,
         max_length=2,
         description="The claim's access modes. ReadWriteMany (default): the fill Job writes it and replicas on any "

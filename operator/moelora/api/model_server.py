@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
+from pydantic.json_schema import JsonDict
 
 from moelora.api.autoscaling import AutoscalingSpec
 from moelora.api.common import (
@@ -29,9 +30,14 @@ MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 
 # Lets the API server fill in the defaults inside an object the user left out.
-DEFAULT_EMPTY = {"default": {}}
-# Resource name -> quantity, bounded like every map here (see moelora.api.scheduling).
-RESOURCE_MAP = {
+DEFAULT_EMPTY: JsonDict = {"default": {}}
+# Label key -> value, and resource name -> quantity, bounded like every map here (see moelora.api.scheduling).
+LABEL_MAP: JsonDict = {
+    "maxProperties": 8,
+    "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE},
+    **KEY_RULE_MAP,
+}
+RESOURCE_MAP: JsonDict = {
     "maxProperties": 8,
     "additionalProperties": {"type": "string", "pattern": QUANTITY, "maxLength": 64},
     **KEY_RULE_MAP,
@@ -167,11 +173,7 @@ class ModelServerSpec(ApiModel):
         default_factory=dict,
         description="Node labels the pods must run on. kernels.configs=auto reads the GPU model from "
         "nvidia.com/gpu.product here.",
-        json_schema_extra={
-            "maxProperties": 8,
-            "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE},
-            **KEY_RULE_MAP,
-        },
+        json_schema_extra=LABEL_MAP,
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic.json_schema import JsonDict
+
 LABEL_KEY = 317  # a qualified name: a DNS-subdomain prefix (253), '/', a name (63)
 LABEL_VALUE = 63
-KEY_RULE_MAP = {  # a map whose keys are label keys / resource names
+KEY_RULE_MAP: JsonDict = {  # a map whose keys are label keys / resource names
     "x-kubernetes-validations": [
         {"rule": f"self.all(k, k.size() <= {LABEL_KEY})", "message": f"keys are at most {LABEL_KEY} characters"}
     ]
