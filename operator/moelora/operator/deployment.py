@@ -33,7 +33,7 @@ AGENT_PYTHON_MALLOC, AGENT_MALLOC_ARENA_MAX = "malloc", 2
 STARTUP_BUDGET_SECONDS = 3600
 _PROBE_PERIOD = 10
 
-_SUFFIXES = {
+_SUFFIXES: dict[str, int | Decimal] = {
     "Ki": 2**10,
     "Mi": 2**20,
     "Gi": 2**30,

@@ -174,7 +174,8 @@ def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[st
     fused-MoE files come whole when their E and N are the shape's (vLLM keys them by nothing else). The dense-op
     files come whole (if tuned for the shape's hidden size), and only with something tuned for the shape: alone
     they do not make a shape bundled."""
-    kept, dense = {}, {}
+    kept: dict[str, str] = {}
+    dense: dict[str, str] = {}
     for file_name, text in files.items():
         if (base := base_moe_shape(file_name)) is not None:
             cut, into = (text if base == (shape.num_experts, shape.moe_intermediate_size) else None), kept

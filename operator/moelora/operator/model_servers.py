@@ -103,7 +103,8 @@ def apply_children(
     meta = owner["metadata"]
     # ownerReferences: deleting the server deletes them. (Not kopf.adopt: it also copies the server's labels onto
     # the children, so a label edit on the server would rewrite every child.)
-    kopf.append_owner_reference(children, owner=dict(owner))
+    # kopf reads any mapping's apiVersion, kind and metadata; its annotations name only its own Body wrapper.
+    kopf.append_owner_reference(children, owner=dict(owner))  # type: ignore[arg-type]
     rendered = {(child["apiVersion"], child["kind"], child["metadata"]["name"]) for child in children}
     # One autoscaler gives way before the other is applied (children.REPLACED_FIRST says why).
     _delete_unrendered(api=api, meta=meta, rendered=rendered, kinds=REPLACED_FIRST - set(held))
@@ -198,8 +199,9 @@ def render_status(
     body = observation.body
     meta = body["metadata"]
     spec = observation.spec
-    if spec is None:  # refused: the replica count is all the status needs from it
-        spec = ModelServerSpec.model_construct(replicas=int((body.get("spec") or {}).get("replicas") or 0))
+    if spec is None:  # refused: the replica count is all the status needs from it (unvalidated: no model)
+        replicas = int((body.get("spec") or {}).get("replicas") or 0)
+        spec = ModelServerSpec.model_construct(replicas=replicas)  # type: ignore[call-arg]
     return status.model_server_status(
         spec,
         name=meta["name"],
@@ -281,7 +283,8 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     verdict = problem or _short_verdict(new)
     if verdict is not None and status.degraded_reason(stored) != verdict.reason:
         try:
-            kopf.event(dict(observation.body), type="Warning", reason=verdict.reason, message=verdict.message)
+            body = dict(observation.body)  # any mapping, as for append_owner_reference above
+            kopf.event(body, type="Warning", reason=verdict.reason, message=verdict.message)  # type: ignore[arg-type]
         except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
             when = wall_clock().isoformat().replace("+00:00", "Z")
             event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}

@@ -129,7 +129,7 @@ def _judge_again(
             place_server(memo=memo, key=key, placement_index=placement_index, adapters_index=adapters_index)
         )
         memo.background.append(task)  # a reference until done, and cancelled at cleanup with the others
-        task.add_done_callback(lambda done: done in memo.background and memo.background.remove(done))
+        task.add_done_callback(lambda done: memo.background.remove(done) if done in memo.background else None)
 
     memo.placement_timers[key] = loop.call_later(max(0.0, at - time.time()) + 0.1, fire)
 

@@ -132,7 +132,7 @@ def model_server_status(
 
     # Ready: is anything serving?
     name_taken = problem is not None and problem.reason == NAME_TAKEN
-    if name_taken and deployment is not None:  # ours, created before the name was taken
+    if problem is not None and name_taken and deployment is not None:  # ours, created before the name was taken
         ready_cond = cond("Ready", ready > 0, NAME_TAKEN, f"{problem.message}; {ready}/{desired} replicas ready")
     elif deployment is None and problem is None and model_cache is not None:
         ready_cond = cond("Ready", False, f"ModelCache{model_cache.phase.value}", model_cache.message)
@@ -153,8 +153,8 @@ def model_server_status(
         ready_cond = cond("Ready", False, "NoReplicasReady", f"0/{desired} replicas ready")
 
     # Progressing: is the Deployment moving towards the current spec?
-    progress = _deployment_condition(deployment or {}, "Progressing")
-    deadline_exceeded = bool(progress and progress.get("reason") == "ProgressDeadlineExceeded")
+    progress = _deployment_condition(deployment or {}, "Progressing") or {}
+    deadline_exceeded = progress.get("reason") == "ProgressDeadlineExceeded"
     dep_meta = (deployment or {}).get("metadata") or {}
     rolled_out = (
         int(dep_status.get("observedGeneration") or 0) >= int(dep_meta.get("generation") or 0)

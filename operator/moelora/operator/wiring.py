@@ -54,7 +54,7 @@ def login(memo: Context, **_: Any) -> kopf.ConnectionInfo:
         or configuration.get_api_key_with_prefix("authorization")
         or ""
     )
-    scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
+    scheme, token = header.split(" ", 1) if " " in header else ("", header)
     return kopf.ConnectionInfo(
         server=configuration.host,
         ca_path=configuration.ssl_ca_cert,
@@ -69,38 +69,40 @@ def login(memo: Context, **_: Any) -> kopf.ConnectionInfo:
 def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     """All handlers in a fresh registry (no import-time registration: tests and the local stack build their own)."""
     registry = kopf.OperatorRegistry()
+    # The ignores below: kopf hands a handler its indexes and the keyword arguments it names, which kopf's callback
+    # protocols (every kwarg, `namespace: str | None`) cannot express.
     kopf.on.login(registry=registry)(login)
-    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)
-    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)
-    kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)
-    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)  # type: ignore[arg-type]
+    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)  # type: ignore[arg-type]
+    kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)  # type: ignore[arg-type]
+    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)  # type: ignore[arg-type]
 
     changed = model_servers.model_server_changed
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(*MODEL_SERVERS, registry=registry, id="reconcile")(changed)
+        on(*MODEL_SERVERS, registry=registry, id="reconcile")(changed)  # type: ignore[arg-type]
     # The resync is an operator-level task, not a kopf timer, which would put a finalizer on every ModelServer.
-    kopf.on.startup(registry=registry, id="resync_start")(resync.start)
+    kopf.on.startup(registry=registry, id="resync_start")(resync.start)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry, id="resync_stop")(resync.stop)
-    kopf.on.startup(registry=registry, id="metrics_start")(metrics.start)
+    kopf.on.startup(registry=registry, id="metrics_start")(metrics.start)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry, id="metrics_stop")(metrics.stop)
     # Registered before the adapters' handler of the same events, so a deleted server's lock goes first.
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)
-    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(model_servers.deployment_event)
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)  # type: ignore[arg-type]
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)  # type: ignore[arg-type]
+    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(model_servers.deployment_event)  # type: ignore[arg-type]
     # The shared model cache's claim binding and its fill Job finishing move the server on (model_cache.py).
     for group, version, plural in (("", "v1", "persistentvolumeclaims"), ("batch", "v1", "jobs")):
         kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"{plural}_event")(
-            model_servers.deployment_event
+            model_servers.deployment_event  # type: ignore[arg-type]
         )
     kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED, registry=registry, id="statefulset_event")(
-        model_servers.deployment_event
+        model_servers.deployment_event  # type: ignore[arg-type]
     )
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_placement")(placements.server_event)
-    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_placement")(placements.adapter_event)
-    kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_placement")(placements.server_event)  # type: ignore[arg-type]
+    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_placement")(placements.adapter_event)  # type: ignore[arg-type]
+    kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)  # type: ignore[arg-type]
     # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
     # (agent status patches, pods, servers) already arrives as an event.
-    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)(lora_adapters.pod_event)
+    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)(lora_adapters.pod_event)  # type: ignore[arg-type]
     return registry
 
 
