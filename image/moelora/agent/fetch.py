@@ -41,7 +41,7 @@ DEFAULT_TRANSFER = TransferConfig(
 )
 
 
-class _Known(BaseSubscriber):  # type: ignore[misc]
+class _Known(BaseSubscriber):
     """Tells s3transfer the size and ETag from the listing, sparing a HEAD per file and pinning ranged GETs."""
 
     def __init__(self, obj: RemoteObject, on_bytes: Callable[[int], None] | None) -> None:

@@ -19,6 +19,7 @@ the rewritten names would resolve to a different scaling, so the delta of every 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ import pathlib
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -203,16 +204,38 @@ def _steps(
             factor = scaling / rank_and_scaling(converted, f"{module}.{e}.{projection}")[1]
             a_spec = TensorSpec(f"{name}.lora_A.weight", dtypes[keys["A"]], (rank, in_features))
             b_spec = TensorSpec(f"{name}.lora_B.weight", dtypes[keys["B"]], (part, rank))
-            a_steps.append((a_spec, lambda t, e=e: t.reshape(experts, rank, in_features)[e]))
-            b_steps.append(
-                (
-                    b_spec,
-                    lambda t, e=e, i=i, f=factor, spec=b_spec: _scaled(
-                        t.reshape(out_features, rank, experts)[i * part : (i + 1) * part, :, e], f, spec, b_bound
-                    ),
-                )
+            a_steps.append((a_spec, functools.partial(_expert_a, shape=(experts, rank, in_features), expert=e)))
+            b_rows = slice(i * part, (i + 1) * part)
+            b_view = functools.partial(
+                _expert_b,
+                shape=(out_features, rank, experts),
+                rows=b_rows,
+                expert=e,
+                factor=factor,
+                spec=b_spec,
+                bound=b_bound,
             )
+            b_steps.append((b_spec, b_view))
     return [_Step(keys["A"], a_steps), _Step(keys["B"], b_steps)]
+
+
+def _expert_a(t: np.ndarray, *, shape: tuple[int, int, int], expert: int) -> np.ndarray:
+    """One expert's lora_A out of the fused (experts * rank, in) tensor."""
+    return t.reshape(shape)[expert]
+
+
+def _expert_b(
+    t: np.ndarray,
+    *,
+    shape: tuple[int, int, int],
+    rows: slice,
+    expert: int,
+    factor: float,
+    spec: TensorSpec,
+    bound: float,
+) -> np.ndarray:
+    """One expert's projection of the fused (out, rank * experts) lora_B, scaled by `factor`."""
+    return _scaled(t.reshape(shape)[rows, :, expert], factor, spec, bound)
 
 
 def _scaled(words: np.ndarray, factor: float, spec: TensorSpec, bound: float) -> np.ndarray:
@@ -243,7 +266,7 @@ def _as_float32(words: np.ndarray, dtype: str) -> np.ndarray:
     return (words.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def converted_config(config: dict[str, Any], projections: list[str]) -> dict[str, Any]:
+def converted_config(config: dict[str, Any], projections: Sequence[str]) -> dict[str, Any]:
     """The adapter_config.json of the rewrite: no target_parameters, the per-expert projections as target_modules.
 
     Where the config has rank/alpha patterns, a first entry pins the per-expert modules to the global r and

@@ -219,6 +219,8 @@ def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits)
             f"the header is {length} bytes; the base model has {base.module_count()} modules, two tensors each at "
             f"most, whose entries need at most {2 * base.module_count() * ENTRY_BYTES + METADATA_BYTES} bytes",
         )
+    refusal: AdapterError | None
+    header: safetensors_header.Header | None
     with _big_header if length > BIG_HEADER else contextlib.nullcontext():
         try:
             header = safetensors_header.read(weights)
@@ -233,6 +235,7 @@ def check_weights(weights: pathlib.Path, config: dict[str, Any], limits: Limits)
             release_memory()
     if refusal is not None:
         raise refusal
+    assert header is not None  # else refused
     values.check(weights, header, values.bounds(config))
 
 

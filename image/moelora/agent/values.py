@@ -29,7 +29,7 @@ MAX_MAGNITUDE = 1e4
 CHUNK = 1 << 20  # bytes read at a time: a multiple of every item size
 PEFT_DEFAULT_ALPHA = 8  # peft's LoraConfig.lora_alpha default
 
-WORD = {"F32": np.dtype("<u4"), "F16": np.dtype("<u2"), "BF16": np.dtype("<u2")}
+WORD: dict[str, np.dtype[Any]] = {"F32": np.dtype("<u4"), "F16": np.dtype("<u2"), "BF16": np.dtype("<u2")}
 _MAGNITUDE = {"F32": 0x7FFFFFFF, "F16": 0x7FFF, "BF16": 0x7FFF}
 _INF = {"F32": 0x7F800000, "F16": 0x7C00, "BF16": 0x7F80}  # exponent all ones: this or above is Inf or NaN
 _F32_MAX = struct.unpack("<f", struct.pack("<I", 0x7F7FFFFF))[0]
