@@ -89,11 +89,11 @@ def install(*, backend: str | None = None) -> Installed:
     if current_platform.is_cpu():
         detail += "; " + _install_cpu_moe()
     elif backend == "triton":
-        detail += "; " + _install_cuda_extras(dispatch_key)
+        detail += "; " + _install_cuda_extras(_LIBRARY, dispatch_key)
     return Installed(backend, detail, dispatch_key)
 
 
-def _install_cuda_extras(dispatch_key: str) -> str:
+def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
     the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the
     whole model at every token-count class (model_warmup.py)."""
@@ -108,7 +108,7 @@ def _install_cuda_extras(dispatch_key: str) -> str:
     def dense_warmup() -> str | None:
         from .dense_warmup import install_dense_warmup, reset
 
-        reason = install_dense_warmup(lambda name, fn: _override(_LIBRARY, name, fn, dispatch_key))
+        reason = install_dense_warmup(lambda name, fn: _override(library, name, fn, dispatch_key))
         if reason is None:
             _PATCHES.on_undo(reset)  # its kernels go with the Library; what it has warmed is forgotten here
         return reason

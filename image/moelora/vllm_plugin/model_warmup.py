@@ -20,6 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from . import warmups_on
 from .contract import DUMMY_RUN_PARAMETERS, KERNEL_WARMUP_PARAMETERS
@@ -47,11 +48,11 @@ def warm_token_counts(max_tokens: int, graph_max: int) -> list[int]:
     return sorted(m for m in counts if graph_max < m <= max_tokens)
 
 
-def warm_model(worker: object) -> None:
+def warm_model(worker: Any) -> None:
     """Dummy forward passes at warm_token_counts, every LoRA slot active; never raises."""
     if not warmups_on():
         return
-    runner = getattr(worker, "model_runner", None)
+    runner: Any = getattr(worker, "model_runner", None)
     if getattr(worker, "use_v2_model_runner", False) or not hasattr(runner, "_dummy_run"):
         log.info("moelora: model warm-up skipped (not vLLM's V1 GPU model runner)")
         return
@@ -91,7 +92,7 @@ def warm_model(worker: object) -> None:
             log.warning("moelora: removing the warm-up's dummy LoRAs failed: %r", exc)
 
 
-def _graphed_max(worker: object) -> int:
+def _graphed_max(worker: Any) -> int:
     """The largest token count a mixed (prefill) batch is padded to a captured graph for; 0 when such batches run
     eagerly (enforce_eager, or graphs for decode-only batches): then every size above 0 can meet a new variant."""
     compilation = worker.vllm_config.compilation_config
@@ -148,6 +149,6 @@ def _unbind_late(ours: Callable[..., object], original: Callable[..., object]) -
     """A worker module imported after install bound our wrapper by its own import, unrecorded: give it vLLM's."""
     import sys
 
-    worker_module = sys.modules.get(WORKER_MODULE)
+    worker_module: Any = sys.modules.get(WORKER_MODULE)
     if worker_module is not None and getattr(worker_module, "kernel_warmup", None) is ours:
         worker_module.kernel_warmup = original

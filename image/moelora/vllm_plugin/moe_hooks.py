@@ -20,12 +20,16 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import warmups_on
 from .contract import W2_PARAMETERS, W13_PARAMETERS
 from .patches import Patches
+
+if TYPE_CHECKING:
+    from moelora.kernels import MoeLoraRouting
 
 __all__ = ["W2_PARAMETERS", "W13_PARAMETERS", "install_moe_hooks"]
 
@@ -40,7 +44,7 @@ _originals: dict[str, Callable[..., object]] = {}
 class _Kept:
     """The routing of the last w13 call, for the w2 call of the same layer."""
 
-    routing: object | None = None
+    routing: MoeLoraRouting | None = None
     mapping_ptr: int = -1
     num_tokens: int = -1
     # What the w2 call's warm-up needs of the w13 op: its (lora_a slices, lora_b slices), input dtype, ids dtype.
@@ -220,6 +224,7 @@ def add_lora_w2(
     from .triton_path import run_triton
 
     routing, _kept.routing = _kept.routing, None
+    assert routing is not None and _kept.w13 is not None  # ours: the w13 call kept both
     top = routing.top_k
     _warm_up(
         w13=_kept.w13,

@@ -164,6 +164,11 @@ def _keywords(call: ast.Call) -> dict[str, ast.expr]:
     return {k.arg: k.value for k in call.keywords if k.arg}
 
 
+def _literal(node: ast.expr) -> object:
+    """A constant's value; any other expression as its source text."""
+    return node.value if isinstance(node, ast.Constant) else ast.unparse(node)
+
+
 def _check_op(source: str, tree: ast.Module, tp: Touchpoint) -> str | None:
     func_name, *mutated = tp.expect
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
@@ -176,7 +181,7 @@ def _check_op(source: str, tree: ast.Module, tp: Touchpoint) -> str | None:
         func = kwargs.get("op_func")
         got_func = func.id if isinstance(func, ast.Name) else ast.unparse(func) if func else None
         args = kwargs.get("mutates_args")
-        got_mutated = [e.value for e in args.elts] if isinstance(args, ast.List | ast.Tuple) else None
+        got_mutated = [_literal(e) for e in args.elts] if isinstance(args, ast.List | ast.Tuple) else None
         if got_func != func_name or got_mutated != mutated:
             return f"op {tp.target} registers {got_func} mutating {got_mutated}"
         return None

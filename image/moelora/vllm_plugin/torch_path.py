@@ -45,7 +45,7 @@ def moe_lora_torch(
     pairs = pairs[order]
     groups, counts = torch.unique_consecutive(group, return_counts=True)
     flat_out = output.flatten(0, 1)  # a view: w13's slices are column views of a wider output
-    weights = topk_weights.reshape(-1) if mul_routed_weight else None
+    weights = topk_weights.reshape(-1) if mul_routed_weight and topk_weights is not None else None
     start = 0
     for g, c in zip(groups.tolist(), counts.tolist()):
         idx = pairs[start : start + c]

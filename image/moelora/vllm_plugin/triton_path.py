@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from moelora.kernels import default_block_m, default_config, fused_moe_lora, moe_lora_routing
+from moelora.kernels import MoeLoraRouting, default_block_m, default_config, fused_moe_lora, moe_lora_routing
 
 __all__ = ["Router", "route", "run_triton"]
 
@@ -22,7 +22,7 @@ class Router:
 
     def __init__(self) -> None:
         self._key: tuple[int, ...] | None = None
-        self._routing: object | None = None
+        self._routing: MoeLoraRouting | None = None
 
     def route(
         self,
@@ -33,7 +33,7 @@ class Router:
         token_lora_mapping: torch.Tensor,
         num_experts: int,
         max_loras: int,
-    ) -> object:
+    ) -> MoeLoraRouting:
         dev = token_lora_mapping.device
         full_key = key + ((torch.cuda.current_stream(dev).cuda_stream,) if dev.type == "cuda" else ())
         if reuse and self._key == full_key and self._routing is not None:
@@ -48,7 +48,9 @@ class Router:
         return routing
 
 
-def route(*, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int) -> object:
+def route(
+    *, topk_ids: torch.Tensor, token_lora_mapping: torch.Tensor, num_experts: int, max_loras: int
+) -> MoeLoraRouting:
     """moelora's routing of (M, top_k) expert ids, with the kernel's default block size.
 
     Grouped, not the library's `auto`, unless MOELORA_ROUTING says otherwise: `auto`'s direct routing at decode runs
@@ -72,7 +74,7 @@ def run_triton(
     x: torch.Tensor,
     lora_a: tuple[torch.Tensor, ...],
     lora_b: tuple[torch.Tensor, ...],
-    routing: object,
+    routing: MoeLoraRouting,
     topk_weights: torch.Tensor,
     mul_routed_weight: bool,
 ) -> None:
