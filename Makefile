@@ -1,5 +1,5 @@
 # The two entry points of the README. Each makes its own environment first (scripts/bootstrap.sh).
-.PHONY: demo test test-fast chaos crds docs bootstrap
+.PHONY: demo test test-fast lint chaos crds docs bootstrap
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -19,6 +19,12 @@ chaos: bootstrap
 # Without the tests that start vLLM.
 test-fast: bootstrap
 	.venv/bin/python -m pytest tests -m "not slow"
+
+# Static checks, no tests run: ruff, the import layers (.importlinter) and mypy over the runtime packages.
+lint: bootstrap
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports
+	.venv/bin/mypy
 
 crds: bootstrap
 	.venv/bin/python -m moelora.api
