@@ -1,5 +1,5 @@
 # The two entry points of the README. Each makes its own environment first (scripts/bootstrap.sh).
-.PHONY: demo test test-fast lint chaos crds docs bootstrap
+.PHONY: demo unit test test-fast lint chaos crds docs bootstrap
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -8,17 +8,25 @@ bootstrap:
 demo: bootstrap
 	.venv/bin/python -m moelora.local
 
+# Tiers (docs/development.md): unit < test < chaos. Most of a test's time is spent waiting on servers it started,
+# so three workers share two cores well; `loadscope` keeps a module's tests (and its stack) on one worker.
+PYTEST = .venv/bin/python -m pytest tests
+
+# Pure and in-process: no server, no other program, no vLLM or Triton.
+unit: bootstrap
+	$(PYTEST) -m "not slow and not chaos and not integration" -n 2 --timeout 60
+
 # Every test but the full-size chaos runs.
 test: bootstrap
-	.venv/bin/python -m pytest tests -m "not chaos"
+	$(PYTEST) -m "not chaos" -n 3 --dist loadscope --timeout 900
 
 # The full-size chaos runs (issue 17's suite): SIGKILLs of the operator, agent and vLLM, S3 faults at 100 adapters.
 chaos: bootstrap
-	.venv/bin/python -m pytest tests -m chaos
+	$(PYTEST) -m chaos -n 3 --dist loadscope --timeout 1800
 
 # Without the tests that start vLLM.
 test-fast: bootstrap
-	.venv/bin/python -m pytest tests -m "not slow"
+	$(PYTEST) -m "not slow" -n 2 --timeout 300
 
 # Static checks, no tests run: ruff, the import layers (.importlinter) and mypy over the runtime packages.
 lint: bootstrap

@@ -152,6 +152,7 @@ def test_fetch_tree_for_a_base_model(s3_env: str, bucket: str, tmp_path: pathlib
     assert got == files
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not local_s3.s3rver_available(), reason="needs node and node_modules/s3rver")
 def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second, independent S3 implementation: its multipart ETags have no -N suffix, pins must still work."""

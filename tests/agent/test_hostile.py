@@ -527,6 +527,7 @@ def test_a_header_longer_than_the_base_model_could_need_is_refused_unparsed(
     assert caught.value.reason is FailureReason.WEIGHTS_MISMATCH and "bytes" in caught.value.message
 
 
+@pytest.mark.integration  # parses a header of many MB
 def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from moelora.agent import validate as module
 
@@ -540,6 +541,7 @@ def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatc
     assert released == [True]  # a small header is not worth a trim
 
 
+@pytest.mark.integration  # parses a header of many MB
 def test_a_kept_refusal_does_not_keep_the_parsed_header(tmp_path: pathlib.Path) -> None:
     """The agent keeps each adapter's refusal; a traceback through the parser would keep its parsed header too."""
     from moelora.agent.safetensors_header import Header
