@@ -21,6 +21,7 @@ import pytest
 import urllib3
 
 from moelora.api import GROUP, VERSION
+from moelora.api.agent_env import AGENT_PORT
 from moelora.local import manifests, models, stack, vllm_server
 from moelora.operator import placement
 from moelora.operator.assignment import pod_names
@@ -296,4 +297,71 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
         f"{len(moved)}: those on {SERVER}-2), {seen_draining} seen draining by the clients, "
         f"requests {sum(traffic.sent.values())} "
         f"({traffic.to_draining} to draining pods), failed {len(traffic.failures)}, {took:.0f} s until drained"
+    )
+
+
+def agent_metric(local: stack.Stack, pod: str, line_start: str) -> float | None:
+    """A sample of the pod's agent's /metrics, by the start of its line (name and labels)."""
+    [holder] = [p for p in local.kubelet.pods_of(SERVER) if p.name == pod]  # type: ignore[union-attr]
+    text = vllm_server.request(url=f"{holder.url(AGENT_PORT)}/metrics")
+    found = [line.rsplit(" ", 1)[1] for line in str(text).splitlines() if line.startswith(line_start)]
+    return float(found[0]) if found else None
+
+
+def test_a_pod_without_the_adapter_serves_it_on_first_request(placed: stack.Stack) -> None:
+    """vLLM's LoRA resolver (moelora.vllm_plugin.resolver) asks the pod's agent, which fetches and checks the
+    adapter: a request sent straight to a pod placement did not give the adapter is answered, with the adapter's
+    tokens; the placed pod keeps it; a name that is no adapter of the server, and an adapter the checks refuse, get
+    a 4xx with the reason."""
+    two = predicted(2)
+    placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=2")
+    until(lambda: settled(placed, two) and len(pod_urls(placed)) == 2, timeout=600, what="the two-pod placement")
+    urls = pod_urls(placed)
+    name = ADAPTERS[0]
+    [holder] = two[name]
+    [other] = [pod for pod in urls if pod != holder]
+    assert name in served(urls[holder]) and name not in served(urls[other])
+
+    def complete(pod: str, model: str) -> models.Completion:
+        return vllm_server.complete(url=urls[pod], model=model, prompt="The adapter", max_tokens=8, timeout=300)
+
+    started = time.monotonic()
+    first = complete(other, name)
+    first_seconds = time.monotonic() - started
+    started = time.monotonic()
+    again = complete(other, name)
+    warm_seconds = time.monotonic() - started
+    started = time.monotonic()
+    on_holder = complete(holder, name)
+    holder_seconds = time.monotonic() - started
+    assert first.token_ids == again.token_ids == on_holder.token_ids != complete(other, SERVER).token_ids
+
+    time.sleep(3)  # three of the agents' polls: the adapter stays where it is on both pods
+    assert name in served(urls[other]) and name in served(urls[holder])
+    assert agent_metric(placed, other, f'moelora_adapter_on_demand{{adapter="{name}"}}') == 1
+    assert agent_metric(placed, other, f'moelora_adapter_loaded{{adapter="{name}",served_name="{name}"}}') == 1
+    assert agent_metric(placed, holder, f'moelora_adapter_on_demand{{adapter="{name}"}}') is None
+    current = status(placed, name)
+    assert current["placement"]["replicas"] == [holder] and set(current["replicas"]) == {holder}
+
+    with pytest.raises(vllm_server.HTTPError) as unknown:
+        complete(other, "no-such-adapter")
+    assert unknown.value.status == 404
+
+    refused = models.make_adapter(
+        model_dir=placed.model_dir, path=placed.root / "rank32", base_model_name=manifests.BASE_MODEL_NAME, rank=32
+    )
+    placed.upload_adapter(source=refused, name="rank32")
+    placed.apply(manifests.adapter(name="rank32", model_server=SERVER, uri=manifests.adapter_uri("rank32")))
+    homes = until(lambda: (status(placed, "rank32").get("placement") or {}).get("replicas"), timeout=60, what="placed")
+    elsewhere = next(pod for pod in urls if pod not in homes)
+    with pytest.raises(vllm_server.HTTPError) as refusal:
+        complete(elsewhere, "rank32")
+    assert refusal.value.status == 422 and "RankTooHigh" in refusal.value.body
+    assert answers(urls[elsewhere])  # refused, and vLLM still serves
+    placed.kubectl("delete", "lora/rank32", "-n", placed.namespace)
+    print(  # the figures docs/benchmarks.md records
+        f"\non-demand e2e: {name} placed on {holder} only; first request to {other}: {first_seconds:.2f} s "
+        f"(fetch, checks, output check, vLLM's load, 8 tokens), then {warm_seconds:.2f} s; the same request on "
+        f"{holder}: {holder_seconds:.2f} s; refused rank-32 adapter: HTTP {refusal.value.status}"
     )
