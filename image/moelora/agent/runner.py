@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import pathlib
 import queue
 import threading
 import time
@@ -20,6 +19,7 @@ from moelora.agent import foreign, ondemand, peft_moe, reconcile
 from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.guard import Cancelled, Deferred
+from moelora.agent.holding import HAND_OVER_SECONDS, Holding
 from moelora.agent.loader import Loader
 from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Outcome, Prepared, Preparer
@@ -33,9 +33,6 @@ from moelora.agent.vllm import AdapterPoller, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
-
-# vLLM registers files its resolver got before answering the request: until then the loop does not load them itself.
-HAND_OVER_SECONDS = 60.0
 
 
 class StatusWriter(Protocol):
@@ -62,11 +59,9 @@ class Agent:
         monotonic: Callable[[], float] = time.monotonic,
         catalogue: Callable[[], list[Desired]] | None = None,
     ) -> None:
-        """`desired`: the adapters this pod holds (with placement, those assigned to it); `catalogue`: every
-        LoRAAdapter of the server, which a request may name (default: `desired`'s, all of them without placement)."""
+        """`desired`: what this pod holds (with placement, its assignments); `catalogue`: what a request may name."""
         self.settings, self.kube, self.vllm, self.metrics = settings, kube, vllm, metrics
         self.desired_source, self.monotonic = desired, monotonic
-        self.catalogue = catalogue or desired.snapshot
         self.limits = Limits(
             base_model=settings.base_model,
             max_rank=settings.max_lora_rank,
@@ -80,9 +75,6 @@ class Agent:
         self.outcomes: queue.Queue[Outcome] = queue.Queue()
         self.wake = threading.Event()
         self.resolutions = ondemand.Resolutions(wake=self.wake.set)
-        # uid -> (name, when a request last asked for it): adapters held here though not placed
-        self.on_demand: dict[str, tuple[str, float]] = {}
-        self._room_coming: set[str] = set()  # uids refused for room that dropping on-demand adapters makes room for
         self.stopping = threading.Event()
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.download_workers, thread_name_prefix="fetch")
         self.status_pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="status")
@@ -104,6 +96,15 @@ class Agent:
             fail=self._fail,
             monotonic=monotonic,
             checked=self.resolutions.serve,
+        )
+        self.holding = Holding(
+            model_server=settings.model_server,
+            cache_dir=settings.cache_dir,
+            catalogue=catalogue or desired.snapshot,
+            resolutions=self.resolutions,
+            metrics=metrics,
+            preparer=self.preparer,
+            cache=self.cache,
         )
         self.foreign = foreign.Reporter(
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
@@ -142,7 +143,7 @@ class Agent:
             return
         placed = self.desired_source.snapshot()
         loaded = self._vllm_adapters()
-        desired = self._with_on_demand(placed, now, loaded)
+        desired = self.holding.desired(placed, now=now, loaded=loaded, records=self.records, busy=self.busy)
         by_uid = {d.uid: d for d in desired}
         if not self.records and not self.busy:  # first pass after a (re)start: markers of deleted adapters go
             self.preparer.last_good.prune(set(by_uid))
@@ -182,7 +183,7 @@ class Agent:
             self._load(self.records[load.uid], load, loaded)
         if self.usage is not None:  # only placement's copiesMode Auto reads the load
             self.usage.update(fetch=self.vllm.metrics_text, records=self.records.values(), now=now)
-        self._answer(desired)
+        self.holding.answer(desired, self.records)
         # Only placed adapters have a status entry here: the operator keeps only the assigned pods' entries.
         self.publisher.publish(placed, self.records)
         self.gate.update(
@@ -202,105 +203,6 @@ class Agent:
         if record.handed_at is not None and self.monotonic() - record.handed_at < HAND_OVER_SECONDS:
             return  # vLLM is registering what its resolver got: the next look at /v1/models adopts it
         self.loader.load(record, load, current=loaded.get(load.served_name) if loaded is not None else None)
-
-    # ---- adapters asked for by vLLM's resolver (ondemand.py) ----
-
-    def _with_on_demand(
-        self, placed: list[Desired], now: float, loaded: dict[str, LoadedAdapter] | None
-    ) -> list[Desired]:
-        """`placed` and the adapters held on demand: those a request asked for since (refused for names that are
-        no LoRAAdapter of this server), less those placed here now, gone, or dropped for room. Files from this
-        agent's cache that vLLM serves under a name no record explains were handed over by an agent before a
-        restart: held on demand again, not unloaded as foreign."""
-        asked = self.resolutions.asked()
-        explained = {d.served_name for d in placed} | {r.served_name for r in self.records.values()}
-        handed = [
-            name
-            for name, adapter in (loaded or {}).items()
-            if name not in explained and pathlib.Path(adapter.path).is_relative_to(self.settings.cache_dir)
-        ]
-        if not asked and not self.on_demand and not handed:
-            self._room_coming = set()
-            return placed
-        here = {d.uid for d in placed}
-        catalogue = self.catalogue()
-        for name in handed:
-            item = ondemand.find(catalogue, name)
-            if item is not None and item.uid not in here:
-                self.on_demand.setdefault(item.uid, (item.name, now))
-                self.metrics.on_demand.labels(item.name).set(1)
-        for name in asked:
-            item = ondemand.find(catalogue, name)
-            if item is None:
-                logger.info("refused to resolve %s: no LoRAAdapter of this server serves it", foreign.escape(name))
-                self.resolutions.refuse(name, ondemand.not_found(name, model_server=self.settings.model_server))
-            elif item.uid not in here:
-                if item.uid not in self.on_demand:
-                    logger.info("adapter %s asked for on this pod, where it is not placed: loading it", item.name)
-                self.on_demand[item.uid] = (item.name, now)
-                self.metrics.on_demand.labels(item.name).set(1)
-        by_uid = {d.uid: d for d in catalogue}
-        for uid in [uid for uid in self.on_demand if uid in here or uid not in by_uid]:
-            self._drop_on_demand(uid)
-        for uid in self._room_from_on_demand(asked):
-            logger.info("dropping adapter %s, held on demand, to make room", self.on_demand[uid][0])
-            self._drop_on_demand(uid)
-        return placed + [by_uid[uid] for uid in self.on_demand]
-
-    def _drop_on_demand(self, uid: str) -> None:
-        name, _ = self.on_demand.pop(uid)
-        self.metrics.forget_on_demand(name)
-
-    def _room_from_on_demand(self, asked: list[str]) -> list[str]:
-        """The adapters held on demand to drop (coldest first) so that those refused for room fit; notes in
-        `_room_coming` the refused ones that will fit then (their requests wait for the retry)."""
-        self._room_coming = set()
-        short = [
-            uid
-            for uid, r in self.records.items()
-            if r.stage is Stage.FAILED and r.reason is FailureReason.CACHE_FULL and r.retrying and uid not in self.busy
-        ]
-        if not short:
-            return []
-        need = self.preparer.room_needed(short)
-        if need <= 0:  # room grew meanwhile: the retry comes at the next poll
-            self._room_coming = set(short)
-            return []
-        sizes = {entry.version: entry.size for entry in self.cache.entries()}
-        held = [
-            ondemand.Held(uid=uid, load=record.load or 0.0, since=since, size=sizes.get(record.version or "", 0))
-            for uid, (_, since) in self.on_demand.items()
-            if (record := self.records.get(uid)) is not None
-            and uid not in short
-            and uid not in self.busy
-            and record.served_name not in asked
-        ]
-        victims = ondemand.coldest(held, need)
-        if victims:
-            self._room_coming = set(short)
-        return victims
-
-    def _answer(self, desired: list[Desired]) -> None:
-        """Answer the resolver's requests that the records can answer now, and say what may be answered at once."""
-        uids = {d.uid for d in desired}
-        records = [r for r in self.records.values() if r.uid in uids and r.conflict_with is None]
-        by_name = {r.served_name: r for r in records}
-        for name in self.resolutions.asked():
-            record = by_name.get(name)
-            answer = ondemand.answer_for(record, name=name) if record and record.uid not in self._room_coming else None
-            if answer is not None and record is not None:
-                if answer.status != 200:
-                    logger.info("refused to resolve %s: %s", record.name, answer.message)
-                    self.resolutions.refuse(name, answer)
-                else:
-                    self.resolutions.serve(name, answer.path or "")
-        self.resolutions.servable(
-            {
-                r.served_name: r.path
-                for r in records
-                if r.path is not None and (r.stage is Stage.LOADED or (r.stage is Stage.READY and r.handed_at))
-            }
-        )
 
     def _mark_loaded(self, record: Record, *, observe: bool) -> None:
         self.loader.mark_loaded(record, observe=observe)
