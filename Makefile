@@ -9,7 +9,8 @@ demo: bootstrap
 	.venv/bin/python -m moelora.local
 
 # Tiers (docs/development.md): unit < test < chaos. Most of a test's time is spent waiting on servers it started,
-# so three workers share two cores well; `loadscope` keeps a module's tests (and its stack) on one worker.
+# so workers share two cores well; `loadscope` keeps a module's tests (and its stack) on one worker. make test has
+# two: a third would run three modules' vLLM pods at once, more than 24 GiB.
 PYTEST = .venv/bin/python -m pytest tests
 
 # Pure and in-process: no server, no other program, no vLLM or Triton.
@@ -18,7 +19,7 @@ unit: bootstrap
 
 # Every test but the full-size chaos runs.
 test: bootstrap
-	$(PYTEST) -m "not chaos" -n 3 --dist loadscope --timeout 900
+	$(PYTEST) -m "not chaos" -n 2 --dist loadscope --timeout 900
 
 # The full-size chaos runs (issue 17's suite): SIGKILLs of the operator, agent and vLLM, S3 faults at 100 adapters.
 chaos: bootstrap

