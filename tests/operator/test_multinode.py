@@ -100,17 +100,7 @@ def test_the_service_pool_and_scale_selector_pick_leaders_only(settings: Setting
     assert children["Service"]["spec"]["selector"] == LEADERS
     assert children["InferencePool"]["spec"]["selector"]["matchLabels"] == LEADERS
     assert multinode.WORKER_INDEX_LABEL == LWS_WORKER_INDEX_LABEL
-    status = model_server_status(
-        make_spec(**MULTI),
-        name="srv",
-        namespace="ns",
-        generation=1,
-        deployment=None,
-        problem=None,
-        adapters=AdapterCounts(),
-        previous=ModelServerStatus(),
-        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
-    )
+    status = multi_status(deployment=None)
     assert status.selector == f"moelora.io/model-server=srv,{LWS_WORKER_INDEX_LABEL}=0"
 
 
@@ -136,20 +126,25 @@ def test_the_groups_readiness_reads_as_replicas() -> None:
     }
 
 
-def progressing_reason(lws_status: dict) -> str:
-    """The server's Progressing reason with its LeaderWorkerSet at generation 4 reporting `lws_status`."""
-    view = multinode.status_view({"metadata": {"generation": 4}, "status": lws_status})
-    status = model_server_status(
+def multi_status(*, deployment: dict | None) -> ModelServerStatus:
+    """The status of a multi-node server at generation 1 whose workload reads as `deployment`."""
+    return model_server_status(
         make_spec(**MULTI),
         name="srv",
         namespace="ns",
         generation=1,
-        deployment=view,
+        deployment=deployment,
         problem=None,
         adapters=AdapterCounts(),
         previous=ModelServerStatus(),
         now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
     )
+
+
+def progressing_reason(lws_status: dict) -> str:
+    """The server's Progressing reason with its LeaderWorkerSet at generation 4 reporting `lws_status`."""
+    view = multinode.status_view({"metadata": {"generation": 4}, "status": lws_status})
+    status = multi_status(deployment=view)
     [progressing] = [c for c in status.conditions if c.type == "Progressing"]
     return progressing.reason
 
