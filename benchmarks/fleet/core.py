@@ -1,115 +1,166 @@
-"""The simulator's core: one replica's adapter caches and loader, two routers, and the per-request loop.
+"""The simulator's core: one replica's disk and adapter caches, the endpoint picker, and the per-request loop.
 
-A replica is modelled as vLLM keeps adapters: `gpu_slots` (maxLoras) active on the GPU and `cpu_slots`
-(maxCpuLoras) in CPU memory, both least-recently-used; the GPU set stays inside the CPU set because vLLM drops an
-adapter from the GPU when it leaves CPU memory. Every adapter routed to a replica is already on its disk (the agent
-downloads what a replica holds ahead of time), so a request finds its adapter on the GPU (no load), in CPU memory
-(copy to a GPU slot) or only on disk (read, then copy). vLLM loads adapters inside the engine step, one after
-another, so a replica's loads queue behind each other: a load starts when the previous one has finished.
+A replica keeps adapters as the product does. On disk: the adapters placement assigns it (warm, never evicted by
+the loop) and those it loaded on demand, within a disk budget; an on-demand one that needs room evicts the
+least recently asked non-placed ones first, and if placed ones alone fill the budget it is served and then dropped.
+In vLLM: `gpu_slots` (maxLoras) active and `cpu_slots` (maxCpuLoras) in CPU memory, both LRU, the GPU set inside
+the CPU set. A request for an adapter not on the replica's disk still answers there: vLLM's LoRA resolver asks the
+pod's agent, which downloads and checks it (docs/architecture.md, on-demand holding), then vLLM loads it from disk.
+vLLM loads adapters inside the engine step, one after another, so a replica's loads queue behind each other.
 
-The loop is deterministic: requests in time order, each routed, then served; what it adds to a request's time to
-first token is the wait until its adapter is ready on the GPU.
+The router is the Gateway API Inference Extension's endpoint picker: it sees only what vLLM's metrics show (queue,
+KV-cache use, adapters with running or waiting requests), never what is on a pod's disk, and filters nothing.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-GPU, CPU, DISK = "gpu", "cpu", "disk"
+GPU, CPU, DISK, FETCH = "gpu", "cpu", "disk", "fetch"
 
 
 @dataclass(frozen=True)
 class Costs:
     h2d_gbps: float  # CPU memory -> GPU slot copy
     disk_gbps: float  # adapter files on local disk -> CPU memory
+    fetch_gbps: float = math.inf  # the agent's download from object storage, for an adapter not on disk
+    check_s_per_gb: float = 0.0  # the agent's tenant-safety checks of a downloaded adapter
 
     def load_seconds(self, tier: str, size_gb: float) -> float:
+        """vLLM's part of making the adapter active: a copy from CPU memory, or a read from disk and the copy."""
         if tier == GPU:
             return 0.0
         copy = size_gb / self.h2d_gbps
         return copy if tier == CPU else size_gb / self.disk_gbps + copy
 
+    def fetch_seconds(self, size_gb: float) -> float:
+        """The agent's part of an on-demand load, before vLLM reads the adapter from disk."""
+        return size_gb / self.fetch_gbps + size_gb * self.check_s_per_gb
+
 
 class Replica:
-    def __init__(self, gpu_slots: int, cpu_slots: int) -> None:
-        self.gpu_slots, self.cpu_slots = gpu_slots, max(cpu_slots, gpu_slots)
+    def __init__(
+        self,
+        gpu_slots: int,
+        cpu_slots: int,
+        *,
+        sizes_gb: Sequence[float],
+        placed: Collection[int] = (),
+        disk_gb: float = math.inf,
+        max_seqs: int = 16,
+    ) -> None:
+        self.gpu_slots, self.cpu_slots, self.max_seqs = gpu_slots, max(cpu_slots, gpu_slots), max_seqs
+        self.sizes_gb, self.disk_gb, self.placed = sizes_gb, disk_gb, frozenset(placed)
+        self.disk: OrderedDict[int, float] = OrderedDict((a, 0.0) for a in sorted(placed))  # -> when it is on disk
+        self.used_gb = sum(sizes_gb[a] for a in placed)
+        self.peak_gb = self.used_gb
         self.gpu: OrderedDict[int, float] = OrderedDict()  # adapter -> when it is ready on the GPU
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.loader_free = 0.0
-        self.finishes: list[float] = []  # heap: when each in-flight request ends
+        self.requests: list[tuple[float, float, int]] = []  # in flight: (start, end, adapter)
+        self.evictions = 0
 
-    def in_flight(self, now: float) -> int:
-        while self.finishes and self.finishes[0] <= now:
-            heapq.heappop(self.finishes)
-        return len(self.finishes)
+    def metrics(self, now: float) -> tuple[int, float, set[int], set[int]]:
+        """What vLLM's /metrics shows the picker: waiting requests, KV-cache use, and the adapters with running and
+        with waiting requests (`vllm:lora_requests_info`); a request waits until its adapter is ready."""
+        self.requests = [r for r in self.requests if r[1] > now]
+        running = {adapter for start, _, adapter in self.requests if start <= now}
+        waiting = {adapter for start, _, adapter in self.requests if start > now}
+        queued = sum(start > now for start, _, _ in self.requests)
+        return queued, min(1.0, (len(self.requests) - queued) / self.max_seqs), running, waiting
 
-    def serve(self, adapter: int, now: float, size_gb: float, costs: Costs) -> tuple[str, float]:
-        """Make the adapter ready on the GPU; returns the tier it was found in and the seconds the request waits."""
+    def _hold(self, adapter: int, now: float) -> bool:
+        """Make room for an on-demand adapter, least recently asked non-placed ones first; False: no room."""
+        size = self.sizes_gb[adapter]
+        cold = [a for a in self.disk if a not in self.placed]
+        while self.used_gb + size > self.disk_gb and cold:
+            self._evict(cold.pop(0))
+        if self.used_gb + size > self.disk_gb:
+            return False
+        self.disk[adapter] = now
+        self.used_gb += size
+        self.peak_gb = max(self.peak_gb, self.used_gb)
+        return True
+
+    def _evict(self, adapter: int) -> None:
+        del self.disk[adapter]
+        self.used_gb -= self.sizes_gb[adapter]
+        self.cpu.pop(adapter, None)
+        self.gpu.pop(adapter, None)
+        self.evictions += 1
+
+    def serve(self, adapter: int, now: float, costs: Costs) -> tuple[str, float]:
+        """Make the adapter ready on the GPU; returns where it was found and the seconds the request waits."""
+        size = self.sizes_gb[adapter]
+        on_disk = self.disk.get(adapter)
+        if on_disk is not None:
+            self.disk.move_to_end(adapter)
         if adapter in self.gpu:
             self.gpu.move_to_end(adapter)
             self.cpu.move_to_end(adapter)
             return GPU, max(0.0, self.gpu[adapter] - now)
-        tier = CPU if adapter in self.cpu else DISK
-        ready = max(now, self.loader_free) + costs.load_seconds(tier, size_gb)
+        if on_disk is None:
+            tier, on_disk = FETCH, now + costs.fetch_seconds(size)
+            kept = self._hold(adapter, on_disk)
+        else:
+            tier, kept = (CPU if adapter in self.cpu else DISK), True
+        ready = max(now, self.loader_free, on_disk) + costs.load_seconds(CPU if tier == CPU else DISK, size)
         self.loader_free = ready
-        self.cpu[adapter] = None
-        self.cpu.move_to_end(adapter)
-        if len(self.cpu) > self.cpu_slots:
-            evicted, _ = self.cpu.popitem(last=False)
-            self.gpu.pop(evicted, None)
-        self.gpu[adapter] = ready
-        if len(self.gpu) > self.gpu_slots:
-            self.gpu.popitem(last=False)
+        if kept:
+            self.cpu[adapter] = None
+            self.cpu.move_to_end(adapter)
+            if len(self.cpu) > self.cpu_slots:
+                evicted, _ = self.cpu.popitem(last=False)
+                self.gpu.pop(evicted, None)
+            self.gpu[adapter] = ready
+            if len(self.gpu) > self.gpu_slots:
+                self.gpu.popitem(last=False)
         return tier, ready - now
 
 
 Router = Callable[[int, float, Sequence[Replica]], int]
 
 
-def round_robin() -> Router:
-    """What a ClusterIP Service does with every adapter on every replica: the next replica, whatever the adapter."""
-    counter = itertools.count()
-    return lambda adapter, now, replicas: next(counter) % len(replicas)
+def picker(seed: int, *, queue: float = 2.0, kv: float = 2.0, lora: float = 1.0) -> Router:
+    """The endpoint picker: weighted scorers summed, the highest total wins, ties drawn at random.
 
-
-def random_spread(seed: int) -> Router:
-    """What kube-proxy's default (iptables) mode does: a replica drawn at random for each connection."""
-    rng = random.Random(seed)
-    return lambda adapter, now, replicas: rng.randrange(len(replicas))
-
-
-def affinity(holders: Sequence[Sequence[int]], slack: int | None = None) -> Router:
-    """Only replicas holding the adapter, the one with the fewest requests in flight; ties go to the best-ranked.
-
-    With `slack`, a holder that has the adapter on its GPU already is preferred while it has at most `slack` more
-    requests in flight than the least-loaded holder, as the inference extension's picker prefers active adapters.
+    Scorers and weights as upstream (kubernetes-sigs/gateway-api-inference-extension): queue, kv and lora-affinity
+    from pkg/epp/scheduling/framework/plugins/scorer/{queue,kvcache_utilization,lora_affinity}.go; weights from the
+    default profile, config/charts/inferencepool/templates/epp-config.yaml (queue 2, kv-cache 2, prefix 3), which
+    has no lora-affinity scorer: added here with a pluginRef's default weight, 1.
+    The prefix-cache scorer is left out: requests here share no prompt prefix, so it scores every pod alike.
     """
+    rng = random.Random(seed)
 
     def pick(adapter: int, now: float, replicas: Sequence[Replica]) -> int:
-        load = {index: replicas[index].in_flight(now) for index in holders[adapter]}
-        least = min(load, key=load.__getitem__)
-        if slack is not None:
-            active = [index for index in load if adapter in replicas[index].gpu]
-            if active:
-                best = min(active, key=load.__getitem__)
-                if load[best] <= load[least] + slack:
-                    return best
-        return least
+        seen = [replica.metrics(now) for replica in replicas]
+        least, most = min(m[0] for m in seen), max(m[0] for m in seen)
+        totals = []
+        for (waiting, kv_use, running, queued), replica in zip(seen, replicas):
+            queue_score = 1.0 if most == least else (most - waiting) / (most - least)
+            if adapter in running:
+                affinity = 1.0
+            elif len(running) + len(queued) < replica.gpu_slots:
+                affinity = 0.8
+            elif adapter in queued:
+                affinity = 0.6
+            else:
+                affinity = 0.0
+            totals.append(queue * queue_score + kv * (1.0 - kv_use) + lora * affinity)
+        best = max(totals)
+        return rng.choice([index for index, total in enumerate(totals) if total == best])
 
     return pick
 
 
 @dataclass
 class Stats:
-    tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys((GPU, CPU, DISK), 0))
+    tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys((GPU, CPU, DISK, FETCH), 0))
     added: list[float] = field(default_factory=list)  # seconds added to each counted request's TTFT
-    busy_s: float = 0.0  # the counted requests' loads, summed over replicas
-    span_s: float = 0.0  # from the first counted request to the last
 
     @property
     def requests(self) -> int:
@@ -117,15 +168,6 @@ class Stats:
 
     def share(self, tier: str) -> float:
         return self.tiers[tier] / self.requests if self.requests else 0.0
-
-    def cpu_hit(self) -> float:
-        """Of the requests that missed the GPU, the share found in CPU memory."""
-        misses = self.tiers[CPU] + self.tiers[DISK]
-        return self.tiers[CPU] / misses if misses else 1.0
-
-    def loader_busy(self, replicas: int) -> float:
-        """The share of time a replica's loader is loading; at 1 or more its queue grows for as long as the run."""
-        return self.busy_s / (replicas * self.span_s) if self.span_s else 0.0
 
     def quantile(self, q: float) -> float:
         ordered = sorted(self.added)
@@ -136,7 +178,6 @@ def run(
     requests: Iterable[tuple[float, int]],
     replicas: Sequence[Replica],
     route: Router,
-    sizes_gb: Sequence[float],
     costs: Costs,
     *,
     service_s: float,
@@ -144,20 +185,14 @@ def run(
 ) -> Stats:
     """Serve requests (time, adapter) in time order; the first `warmup` requests fill caches and are not counted.
 
-    A request occupies its replica (for least-loaded routing) from arrival until its adapter is ready plus
-    `service_s`.
+    A request is in flight on its replica from arrival until its adapter is ready plus `service_s`.
     """
     stats = Stats()
-    first = now = 0.0
     for index, (now, adapter) in enumerate(requests):
         replica = replicas[route(adapter, now, replicas)]
-        tier, wait = replica.serve(adapter, now, sizes_gb[adapter], costs)
-        heapq.heappush(replica.finishes, now + wait + service_s)
-        if index == warmup:
-            first = now
+        tier, wait = replica.serve(adapter, now, costs)
+        replica.requests.append((now + wait, now + wait + service_s, adapter))
         if index >= warmup:
             stats.tiers[tier] += 1
             stats.added.append(wait)
-            stats.busy_s += costs.load_seconds(tier, sizes_gb[adapter])
-    stats.span_s = now - first
     return stats

@@ -1,55 +1,85 @@
-"""The simulator's core against small cases worked out by hand: tiers, LRU evictions, queued loads, routing."""
+"""The simulator's core against small cases worked out by hand: disks, on-demand loads, the picker's scores."""
 
 from __future__ import annotations
 
 import pytest
-from fleet.core import CPU, DISK, GPU, Costs, Replica, affinity, random_spread, round_robin, run
+from fleet.core import CPU, DISK, FETCH, GPU, Costs, Replica, picker, run
 from fleet.workload import requests, zipf_shares
 
-# 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more.
-COSTS = Costs(h2d_gbps=10.0, disk_gbps=2.0)
-SIZES = [1.0, 1.0, 1.0]
+# 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more; an on-demand fetch and check 1.5 s.
+COSTS = Costs(h2d_gbps=10.0, disk_gbps=2.0, fetch_gbps=1.0, check_s_per_gb=0.5)
+SIZES = [1.0] * 4
 
 
-def fleet() -> list[Replica]:
-    return [Replica(gpu_slots=1, cpu_slots=2) for _ in range(2)]
+def replica(placed=(), disk_gb=float("inf")) -> Replica:
+    return Replica(gpu_slots=1, cpu_slots=2, sizes_gb=SIZES, placed=placed, disk_gb=disk_gb)
 
 
-def test_load_costs() -> None:
+def test_costs() -> None:
     assert COSTS.load_seconds(GPU, 1.0) == 0.0
     assert COSTS.load_seconds(CPU, 1.0) == pytest.approx(0.1)
     assert COSTS.load_seconds(DISK, 1.0) == pytest.approx(0.6)
+    assert COSTS.fetch_seconds(1.0) == pytest.approx(1.5)
 
 
-def test_round_robin_by_hand() -> None:
-    stream = [(0.0, 0), (0.1, 0), (0.2, 1), (0.3, 0), (2.0, 0), (2.1, 2), (3.0, 2), (4.0, 1)]
-    stats = run(stream, fleet(), round_robin(), SIZES, COSTS, service_s=10.0)
-    # r0 -> R0 disk 0.6. r1 -> R1 disk 0.6. r2 -> R0 disk, queued behind r0's load: 0.6 -> 1.2, waits 1.0.
-    # r3 -> R1: on the GPU but loading until 0.7, waits 0.4. r4 -> R0: evicted from the GPU by 1, still in CPU: 0.1.
-    # r5 -> R1 disk 0.6. r6 -> R0 disk 0.6 (CPU evicts 1, the least recent). r7 -> R1: CPU held {0, 2}: disk 0.6.
-    assert stats.added == pytest.approx([0.6, 0.6, 1.0, 0.4, 0.1, 0.6, 0.6, 0.6])
-    assert stats.tiers == {GPU: 1, CPU: 1, DISK: 6}
-    assert stats.cpu_hit() == pytest.approx(1 / 7)
-    assert stats.busy_s == pytest.approx(6 * 0.6 + 0.1)
-    assert stats.span_s == pytest.approx(4.0)
-    assert stats.quantile(0.5) == pytest.approx(0.6) and stats.quantile(0.99) == pytest.approx(1.0)
+def test_a_replica_serves_an_adapter_it_lacks_then_holds_it_evicting_cold_non_placed_first() -> None:
+    r = replica(placed={0}, disk_gb=2.0)
+    assert r.serve(1, 0.0, COSTS) == pytest.approx((FETCH, 2.1))  # fetched and checked by 1.5, loaded by 2.1
+    assert list(r.disk) == [0, 1] and r.serve(1, 3.0, COSTS) == (GPU, 0.0)
+    # adapter 2 needs room: 1 (on demand) goes, 0 (placed) stays; the load waits for the fetch, done at 4.5
+    assert r.serve(2, 3.0, COSTS) == pytest.approx((FETCH, 2.1))
+    assert list(r.disk) == [0, 2] and r.evictions == 1 and 1 not in r.cpu and 1 not in r.gpu
+    assert r.serve(1, 6.0, COSTS)[0] == FETCH and list(r.disk) == [0, 1] and r.evictions == 2
+    assert r.serve(0, 10.0, COSTS) == pytest.approx((DISK, 0.6))
+    assert r.peak_gb == 2.0
 
 
-def test_affinity_by_hand() -> None:
-    holders = [[0, 1], [1], [0]]
-    stream = [(0.0, 0), (0.1, 0), (0.2, 0), (2.0, 1), (2.0, 0)]
-    stats = run(stream, fleet(), affinity(holders), SIZES, COSTS, service_s=1.0)
-    # r0: both idle, R0 (first-ranked): disk 0.6, busy until 1.6. r1: R1 idle: disk 0.6. r2: one each in flight,
-    # R0: loading until 0.6, waits 0.4. r3: only R1 holds adapter 1: disk 0.6. r4: R0's requests ended at 1.6, R1
-    # has r3: R0, on the GPU: nothing added.
-    assert stats.added == pytest.approx([0.6, 0.6, 0.4, 0.6, 0.0])
-    assert stats.tiers == {GPU: 2, CPU: 0, DISK: 3}
+def test_with_placed_adapters_filling_the_disk_an_on_demand_one_is_served_and_not_kept() -> None:
+    r = replica(placed={0, 1}, disk_gb=2.0)
+    assert r.serve(2, 0.0, COSTS) == pytest.approx((FETCH, 2.1))
+    assert r.serve(2, 5.0, COSTS)[0] == FETCH and list(r.disk) == [0, 1] and r.evictions == 0
+
+
+def test_picker_scores_by_hand() -> None:
+    busy, idle = replica(), replica()
+    busy.requests = [(0.0, 9.0, 0)]  # adapter 0 running: lora 1.0, kv 15/16 -> 2 + 2 x 15/16 + 1 = 4.875
+    pick = picker(0)
+    assert pick(0, 1.0, [busy, idle]) == 0  # beats the idle pod's 2 + 2 + 0.8 free slot = 4.8
+    busy.requests.append((0.0, 9.0, 0))  # 2 + 2 x 14/16 + 1 = 4.75: the active adapter no longer wins
+    assert pick(0, 1.0, [busy, idle]) == 1
+    waiting = replica()
+    waiting.requests = [(5.0, 9.0, 3)]  # a waiting request: queue score 0, and its one GPU slot is spoken for
+    assert pick(3, 1.0, [waiting, idle]) == 1
+    assert waiting.metrics(1.0) == (1, 0.0, set(), {3})
+
+
+def test_picker_does_not_see_disks() -> None:
+    holder, stranger = replica(placed={0}), replica()
+    picks = {picker(seed)(0, 0.0, [holder, stranger]) for seed in range(20)}
+    assert picks == {0, 1}  # an adapter on one disk only: a tie, drawn at random
+
+
+def holders_only(holders):
+    """What the old simulator's router did and no upstream picker does: only replicas holding the adapter."""
+    return lambda adapter, now, replicas: holders[adapter][0]
+
+
+def test_placed_adapters_reach_non_holders_with_the_picker_and_never_with_a_holders_filter() -> None:
+    shares = zipf_shares(4, 1.0)
+    stream = requests(shares, rate=8.0, count=400, seed=1)
+    holders = [[a % 2] for a in range(4)]
+
+    def fleet() -> list[Replica]:
+        return [replica(placed={a for a in range(4) if a % 2 == i}, disk_gb=3.0) for i in range(2)]
+
+    upstream = run(stream, fleet(), picker(0), COSTS, service_s=1.0)
+    filtered = run(stream, fleet(), holders_only(holders), COSTS, service_s=1.0)
+    assert upstream.tiers[FETCH] > 0 and filtered.tiers[FETCH] == 0
 
 
 def test_warmup_requests_are_not_counted() -> None:
-    stream = [(0.0, 0), (1.0, 0), (2.0, 0)]
-    stats = run(stream, fleet()[:1], round_robin(), SIZES, COSTS, service_s=1.0, warmup=1)
-    assert stats.added == [0.0, 0.0] and stats.tiers[GPU] == 2 and stats.span_s == 1.0
+    stats = run([(0.0, 0), (1.0, 0), (2.0, 0)], [replica(placed={0})], picker(0), COSTS, service_s=0.5, warmup=1)
+    assert stats.added == [0.0, 0.0] and stats.tiers[GPU] == 2 and stats.quantile(0.99) == 0.0
 
 
 def test_zipf_shares_and_seeded_requests() -> None:
@@ -62,21 +92,3 @@ def test_zipf_shares_and_seeded_requests() -> None:
     assert times == sorted(times)
     assert times[-1] == pytest.approx(200.0, rel=0.1)
     assert sum(adapter == 0 for _, adapter in first) / 2000 == pytest.approx(shares[0], abs=0.03)
-
-
-def test_gpu_first_prefers_an_active_holder_within_the_slack() -> None:
-    replicas = fleet()
-    replicas[1].gpu[0] = 0.0
-    replicas[1].finishes = [9.0, 9.0]
-    pick = affinity([[0, 1]], slack=2)
-    assert pick(0, 1.0, replicas) == 1  # two more in flight than replica 0: still within the slack
-    replicas[1].finishes.append(9.0)
-    assert pick(0, 1.0, replicas) == 0  # three more: the least-loaded holder wins
-    assert affinity([[0, 1]])(0, 1.0, replicas) == 0
-
-
-def test_random_spread_is_seeded() -> None:
-    replicas = fleet()
-    router_a, router_b = random_spread(3), random_spread(3)
-    picks = [router_a(0, 0.0, replicas) for _ in range(50)]
-    assert picks == [router_b(0, 0.0, replicas) for _ in range(50)] and set(picks) == {0, 1}
