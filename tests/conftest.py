@@ -2,12 +2,18 @@
 
 import os
 import shutil
+import tempfile
 
 # Triton decides interpreted-or-compiled when a kernel is *defined*, so the choice must be made before the first
 # test module imports moelora.kernels. Without a GPU, every kernel runs in the interpreter (tests/gpu then skips);
 # on a GPU machine run tests/gpu in its own process (see tests/gpu/conftest.py).
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The agent and vLLM's plugin share the admin key and the agent's resolver address through files beside
+# MOELORA_ADMIN_KEY_FILE, by default a machine-wide path: an agent a test started would leave its address there for
+# every later vLLM (unknown names 503, not 404). Each test process gets its own.
+os.environ.setdefault("MOELORA_ADMIN_KEY_FILE", os.path.join(tempfile.mkdtemp(prefix="moelora-admin-"), "key"))
 
 import pytest  # noqa: E402
 

@@ -280,3 +280,19 @@ def test_the_listener_wants_the_admin_key_and_a_name(listener: tuple[ResolveServ
     assert post(address + "/resolve", name, {ADMIN_KEY_HEADER: "k3y"}) == (200, {"path": "/cache/v1"})
     status, body = post(address + "/resolve", json.dumps({"name": "b"}).encode(), {ADMIN_KEY_HEADER: "k3y"})
     assert status == 503 and body["reason"] == "Preparing"  # no loop answers here: the wait runs out
+
+
+def test_a_stopped_listener_takes_its_address_back_and_leaves_a_newer_one(tmp_path: pathlib.Path) -> None:
+    address = tmp_path / "admin" / ADDRESS_FILE
+    first = ResolveServer(resolutions=Resolutions(wake=lambda: None), key="k", timeout=0.2, address_file=address)
+    first.start()
+    assert address.read_text() == first.url
+    first.stop()
+    assert not address.exists()  # vLLM's resolver then finds no agent: its own 404, not a 503 from a dead address
+    old = ResolveServer(resolutions=Resolutions(wake=lambda: None), key="k", timeout=0.2, address_file=address)
+    new = ResolveServer(resolutions=Resolutions(wake=lambda: None), key="k", timeout=0.2, address_file=address)
+    old.start()
+    new.start()
+    old.stop()  # a restarted agent's listener wrote after it
+    assert address.read_text() == new.url
+    new.stop()

@@ -65,7 +65,8 @@ def test_without_an_agent_address_vllm_answers_as_without_a_resolver(tmp_path: p
 
 def test_an_agent_that_does_not_answer_is_a_503(agent: tuple[pathlib.Path, ResolveServer]) -> None:
     key_file, server = agent
-    server.stop()  # the address stays behind, as after the agent's container died
+    server.server.shutdown()  # the listener gone, its address left behind: as after a SIGKILL of the agent
+    server.server.server_close()
     with pytest.raises(resolver.Refused) as refused:
         resolver.ask_agent("a", key_file=key_file)
     assert refused.value.status == 503 and "did not answer" in refused.value.message

@@ -232,6 +232,12 @@ class ResolveServer:
         write_address(self.address_file, self.url)
 
     def stop(self) -> None:
+        # A stopped agent's address would have vLLM answer 503 for unknown names instead of its own 404.
+        try:
+            if self.address_file.read_text() == self.url:
+                self.address_file.unlink()
+        except OSError:
+            pass
         self.server.shutdown()
         self.server.server_close()
 
