@@ -186,17 +186,7 @@ def test_the_headless_service_of_the_lws_name_is_left_to_its_controller(settings
     [route] = [child for child in children if child["kind"] == "HTTPRoute"]
     assert pool["spec"]["selector"]["matchLabels"] == LEADERS
     assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == pool["metadata"]["name"]
-    status = model_server_status(
-        make_spec(**MULTI),
-        name="srv",
-        namespace="ns",
-        generation=1,
-        deployment=None,
-        problem=None,
-        adapters=AdapterCounts(),
-        previous=ModelServerStatus(),
-        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
-    )
+    status = multi_status(deployment=None)
     assert status.endpoint == "http://srv.ns.svc:8000/v1"
 
 
