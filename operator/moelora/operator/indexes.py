@@ -1,13 +1,14 @@
-"""kopf's in-memory indexes, all keyed by (namespace, ModelServer name): which servers exist, their adapters with
-their phases, their pods with their readiness. Handlers read them in the event loop (indexes are not thread-safe),
-as snapshots taken before any blocking work.
+"""kopf's in-memory indexes, all keyed by (namespace, ModelServer name): which servers exist (and which spec of
+theirs), their adapters with their phases, their pods with their readiness, the children it watches with their
+versions. A pass (controller.py) reads them in the event loop (indexes are not thread-safe), as snapshots taken
+before any blocking work.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 import kopf
@@ -37,15 +38,45 @@ class PodEntry(NamedTuple):
     ready: bool
 
 
-ServersIndex = kopf.Index[ServerKey, ServerKey]
+class ServerEntry(NamedTuple):
+    """A ModelServer as its children depend on it: which object (a server deleted and created again is another) and
+    which spec (generation moves with the spec only, not with status writes)."""
+
+    key: ServerKey
+    uid: str = ""
+    generation: int = 0
+
+
+class ChildEntry(NamedTuple):
+    """A child the operator watches (Deployment, StatefulSet, model cache claim and Job) at its resourceVersion."""
+
+    kind: str
+    name: str
+    version: str
+
+
+ServersIndex = kopf.Index[ServerKey, ServerEntry]
+ChildrenIndex = kopf.Index[ServerKey, ChildEntry]
 PlacementIndex = kopf.Index[ServerKey, Server]
 AdaptersIndex = kopf.Index[ServerKey, AdapterEntry]
 PodsIndex = kopf.Index[ServerKey, PodEntry]
 
 
-def model_servers_index(name: str, namespace: str, **_: Any) -> dict[ServerKey, ServerKey]:
-    # Only which servers exist: a reconcile reads the server itself when it runs.
-    return {(namespace, name): (namespace, name)}
+def model_servers_index(body: kopf.Body, name: str, namespace: str, **_: Any) -> dict[ServerKey, ServerEntry]:
+    # Which servers exist and at which spec: a reconcile reads the server itself when it runs.
+    meta = body.get("metadata") or {}
+    uid, generation = str(meta.get("uid") or ""), int(meta.get("generation") or 0)
+    return {(namespace, name): ServerEntry(key=(namespace, name), uid=uid, generation=generation)}
+
+
+def children_index(
+    body: kopf.Body, labels: kopf.Labels, name: str, namespace: str, **_: Any
+) -> dict[ServerKey, ChildEntry] | None:
+    server = labels.get(naming.LABEL_SERVER)
+    if not server:
+        return None
+    version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    return {(namespace, server): ChildEntry(kind=str(body.get("kind") or ""), name=name, version=version)}
 
 
 def adapters_index(
@@ -58,7 +89,7 @@ def adapters_index(
     kept = {
         "metadata": {
             key: meta[key]
-            for key in ("name", "namespace", "generation", "resourceVersion", "deletionTimestamp")
+            for key in ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
             if key in meta
         },
         "spec": copy.deepcopy(dict(spec)),
@@ -135,7 +166,17 @@ def placed_server(index: PlacementIndex, key: ServerKey) -> Server | None:
 
 
 def servers(index: ServersIndex, key: ServerKey) -> list[ServerKey]:
-    return list(index.get(key, []))
+    return [entry.key for entry in index.get(key, [])]
+
+
+def server_entry(index: ServersIndex, key: ServerKey) -> ServerEntry | None:
+    found = list(index.get(key, []))
+    return found[0] if found else None
+
+
+def children(indexes: Collection[ChildrenIndex], key: ServerKey) -> frozenset[ChildEntry]:
+    """The server's watched children at their versions, over the indexes of each kind."""
+    return frozenset(entry for index in indexes for entry in index.get(key, []))
 
 
 def pods(index: PodsIndex, key: ServerKey) -> dict[str, bool]:
@@ -163,15 +204,15 @@ def resource_version(body: Mapping[str, Any]) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:
+def adapter_phases(memo: Context, namespace: str, entries: list[AdapterEntry]) -> list[AdapterEntry]:
     """A server's adapters with their latest phases: the index's, except where this operator's last status write
     (lora_adapters.rollup_adapter) is newer than the index's copy, whose watch event has not come back yet. Without
     this, two adapters failing at once could each be counted from an index that lacks the other, and the last
     status write would keep the stale count until the next resync. Judged by resourceVersion, so a write that
     finished late but was made earlier (two roll-ups of one adapter in flight) never hides the later one."""
     phased = []
-    for entry in adapters(index, key):
-        written = memo.written_statuses.get((key[0], entry.name))
+    for entry in entries:
+        written = memo.written_statuses.get((namespace, entry.name))
         if written is not None and entry.body is not None and written[0] > resource_version(entry.body):
             entry = entry._replace(phase=written[1].get("phase") or entry.phase)
         phased.append(entry)
@@ -180,7 +221,7 @@ def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[
 
 def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> tuple[int, int]:
     """(adapters, copies) of a placed server that no pod had room for, with this operator's latest writes."""
-    written = memo.written_placements[key]
+    written = memo.written_placements.get(key, {})
     shorts = []
     for entry in entries:
         current = written[entry.name] if entry.name in written else (entry.placed.current if entry.placed else None)
@@ -191,7 +232,7 @@ def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) 
 
 def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:
     """Pods of a placed server its adapters' assignments still name (with this operator's latest writes)."""
-    written = memo.written_placements[key]
+    written = memo.written_placements.get(key, {})
     assigned = []
     for entry in entries:
         if entry.name in written:

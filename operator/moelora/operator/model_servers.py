@@ -1,9 +1,10 @@
-"""ModelServer handlers: observe, render, apply, then write the status once and only if it changed.
+"""ModelServer reconcile: observe, render, apply, then write the status once and only if it changed.
 
-Every path into a server (its own create/update/resume, the resync timer, an event of the Deployment it owns, its
-adapters changing phase) runs the same `reconcile`, which compares desired with actual, so it is idempotent and
-repairs drift. What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with
-a reason plus one Warning Event per new reason, and leaves the running Deployment as it was.
+Every path into a server (its own create/update/resume, the resync, an event of a child it owns, its adapters
+changing what it renders) leads to a pass of its key (controller.py), which runs `reconcile` when something the
+children or the status depend on moved; it compares desired with actual, so it is idempotent and repairs drift.
+What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with a reason plus
+one Warning Event per new reason, and leaves the running Deployment as it was.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, cache_sync, indexes, metrics, multinode, naming, status
+from moelora.operator import apply, cache_sync, indexes, metrics, multinode, status
 from moelora.operator.children import (
     NEEDS,
     OPTIONAL_CHILDREN,
@@ -269,12 +270,10 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
     stored = observation.body.get("status") or {}
     verdict = problem or _short_verdict(new)
     if verdict is not None and status.degraded_reason(stored) != verdict.reason:
-        try:
-            kopf.event(dict(observation.body), type="Warning", reason=verdict.reason, message=verdict.message)
-        except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
-            when = wall_clock().isoformat().replace("+00:00", "Z")
-            event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
-            apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
+        # Posted here, not through kopf.event: passes run in the queue's workers, outside kopf's handlers.
+        when = wall_clock().isoformat().replace("+00:00", "Z")
+        event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
+        apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
     # A merge patch keeps what it does not name: an endpoint withdrawn (a child's name taken) is nulled explicitly.
     withdrawn = {field: None for field in ("endpoint",) if field in stored and field not in new}
     if withdrawn or any(stored.get(field) != value for field, value in new.items()):
@@ -305,48 +304,3 @@ def _short_verdict(new_status: Mapping[str, Any]) -> SpecProblem | None:
         if condition.get("type") == "Degraded" and condition.get("reason") == status.PLACEMENT_SHORT:
             return SpecProblem(status.PLACEMENT_SHORT, str(condition.get("message") or ""))
     return None
-
-
-async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
-    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here).
-    Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
-    before it."""
-    async with memo.locks[key]:
-        await reconcile_locked(memo=memo, key=key, adapters_index=adapters_index)
-
-
-async def reconcile_locked(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
-    """reconcile_serially's work, for a caller that holds the server's lock already."""
-    adapters = indexes.adapter_phases(memo, adapters_index, key)
-    await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
-    memo.granted_secrets[key] = indexes.adapter_secrets(adapters)
-
-
-async def model_server_changed(
-    name: str, namespace: str, memo: Context, adapters_index: indexes.AdaptersIndex, **_: Any
-) -> None:
-    await reconcile_serially(memo=memo, key=(namespace, name), adapters_index=adapters_index)
-
-
-async def deployment_event(
-    labels: kopf.Labels,
-    namespace: str,
-    memo: Context,
-    model_servers_index: indexes.ServersIndex,
-    adapters_index: indexes.AdaptersIndex,
-    **_: Any,
-) -> None:
-    """A Deployment, model cache claim or fill Job we own changed (rollout progress, readiness, binding, the fill
-    finishing, deletion): reconcile its server."""
-    server = labels.get(naming.LABEL_SERVER, "")
-    for key in indexes.servers(model_servers_index, (namespace, server)):
-        await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
-
-
-async def model_server_deleted(event: kopf.RawEvent, name: str, namespace: str, memo: Context, **_: Any) -> None:
-    """Forget a deleted server's lock, unless a reconcile still holds it."""
-    key = (namespace, name)
-    if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
-        del memo.locks[key]
-        memo.granted_secrets.pop(key, None)
-        memo.routed_adapters.pop(key, None)
