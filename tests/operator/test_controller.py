@@ -83,11 +83,11 @@ async def test_phase_changes_during_a_pass_are_all_counted_by_the_pass_after(mem
     counts the first only; the one after it (the key was queued meanwhile) counts both."""
     entries = [AdapterEntry(name=name, phase="Pending", body=stored(name)) for name in ("a", "b")]
     memo.queue.start(lambda key: controller.process(key, memo=memo, observed=observed(entries)))
-    memo.written_statuses[("ns", "a")] = (2, {"phase": "Failed"})  # as rollup_adapter records its write
+    memo.expectations.status_written(("ns", "a"), stored("a", version=2, phase="Failed"))  # as a roll-up records
     memo.queue.add(KEY)
     while not passes:
         await asyncio.sleep(0.005)
-    memo.written_statuses[("ns", "b")] = (3, {"phase": "Failed"})
+    memo.expectations.status_written(("ns", "b"), stored("b", version=3, phase="Failed"))
     memo.queue.add(KEY)
     await memo.queue.drained()
     await memo.queue.stop()
@@ -120,7 +120,7 @@ async def test_a_hundred_adapter_events_cost_two_passes(memo: Context, passes: l
     await memo.queue.stop()
     assert 1 <= memo.queue.passes <= 2 and len(passes) <= 2
     assert passes[-1][1] == dict.fromkeys(names, "Failed")
-    assert memo.reconciled[KEY].secrets == frozenset({"s0", "s1", "s2"})
+    assert memo.expectations.server(KEY).rendered.secrets == frozenset({"s0", "s1", "s2"})
 
 
 async def test_an_adapter_moving_away_queues_the_server_whose_grant_named_its_secret(
@@ -131,7 +131,7 @@ async def test_an_adapter_moving_away_queues_the_server_whose_grant_named_its_se
     index.servers[other] = [ServerEntry(key=other, uid="u2", generation=1)]
     index.adapters[other] = [AdapterEntry(name="a", phase="Loaded", secret="s", body=stored("a"))]
     await controller.process(other, memo=memo, observed=index)
-    assert memo.reconciled[other].secrets == frozenset({"s"})
+    assert memo.expectations.server(other).rendered.secrets == frozenset({"s"})
     index.adapters[other] = []
     index.adapters[KEY] = [AdapterEntry(name="a", phase="Loaded", secret="s", body=stored("a", version=2))]
     body = {"metadata": {"name": "a", "namespace": "ns"}, "spec": {"modelServer": "srv"}}
@@ -167,7 +167,7 @@ def test_the_later_status_write_decides_whichever_finishes_last(monkeypatch: pyt
 
     def phase_with_index_at(version: int, phase: str) -> str:
         entries = [AdapterEntry(name="a", phase=phase, body=stored("a", version=version, phase=phase))]
-        return indexes.adapter_phases(memo, "ns", entries)[0].phase
+        return indexes.adapter_phases(memo.expectations, "ns", entries)[0].phase
 
     assert phase_with_index_at(5, "Pending") == "Failed"
     assert phase_with_index_at(11, "Loaded") == "Failed"

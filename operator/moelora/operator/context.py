@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextvars
 import dataclasses
 import datetime
 import functools
 import pathlib
-import threading
 from collections.abc import Callable
 from importlib.resources.abc import Traversable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import kubernetes.client
 import kubernetes.config
 
-from moelora.api import AdapterPlacement
 from moelora.operator import kernel_configs
 from moelora.operator.events import Recorder
+from moelora.operator.expectations import Expectations
 from moelora.operator.metrics import Metrics
 from moelora.operator.settings import Settings
 from moelora.operator.workqueue import KeyedQueue
@@ -66,28 +64,8 @@ class Context:
     executor: concurrent.futures.ThreadPoolExecutor
     # Every event about a server becomes its key here; one pass per key at a time (controller.py).
     queue: KeyedQueue[ServerKey] = dataclasses.field(default_factory=lambda: KeyedQueue(concurrency=API_THREADS))
-    # Server -> what its last reconcile rendered from (controller.Rendered): a pass reconciles when it moved.
-    reconciled: dict[ServerKey, Any] = dataclasses.field(default_factory=dict)
-    # Server -> the adapter counts its status holds as this operator last wrote them.
-    counted: dict[ServerKey, dict[str, int]] = dataclasses.field(default_factory=dict)
-    # (namespace, adapter) -> what its last roll-up judged with nothing left to write (lora_adapters.judgement).
-    judged: dict[ServerKey, Any] = dataclasses.field(default_factory=dict)
-    # (namespace, adapter) -> (resourceVersion, status) of this operator's latest status write; see
-    # lora_adapters.freshest and indexes.adapter_phases. Written from the executor's threads under its lock.
-    written_statuses: dict[ServerKey, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    written_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-
-    # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
-    written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(dict)
-    )
-    # Server -> {(adapter, pod): the loadedAt of a status entry it cleared}: ignored until the index drops it.
-    stale_loads: collections.defaultdict[ServerKey, dict[tuple[str, str], float]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(dict)
-    )
-    # Server routed through a gateway -> the adapter names its last reconcile gave the body-based router (its
-    # ConfigMap); an adapter change that alters them reconciles it. Written by the reconcile, in the executor.
-    routed_adapters: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # The operator's own writes, so a pass tells news from their echoes (expectations.py).
+    expectations: Expectations = dataclasses.field(default_factory=Expectations)
 
     # LoRAAdapter Events, identical ones folded into one (events.py).
     events: Recorder = dataclasses.field(default_factory=Recorder)

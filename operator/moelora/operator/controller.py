@@ -63,23 +63,23 @@ def view(observed: Indexes, key: ServerKey) -> View:
 
 
 def rendered_from(memo: Context, key: ServerKey, seen: View, server: indexes.ServerEntry) -> Rendered:
+    written = memo.expectations.server(key).placements
     return Rendered(
         server=server,
         children=seen.children,
         secrets=indexes.adapter_secrets(seen.adapters),
-        assigned_pods=indexes.assigned_pods(memo, key, seen.adapters),
-        short=indexes.placement_short(memo, key, seen.adapters),
+        assigned_pods=indexes.assigned_pods(written, key[1], seen.adapters),
+        short=indexes.placement_short(written, seen.adapters),
     )
 
 
 def follows_adapters(memo: Context, key: ServerKey, adapters: list[indexes.AdapterEntry]) -> bool:
     """Whether the server's last reconcile rendered from the adapters as they are: its Role grants the Secrets they
     name, and (routed through a gateway) its body-based router ConfigMap lists the names they are served by."""
-    last = memo.reconciled.get(key)
-    if last is None or last.secrets != indexes.adapter_secrets(adapters):
+    known = memo.expectations.server(key)
+    if known.rendered is None or known.rendered.secrets != indexes.adapter_secrets(adapters):
         return False
-    routed = memo.routed_adapters.get(key)
-    return routed is None or routed == indexes.served_adapters(adapters)
+    return known.routed is None or known.routed == indexes.served_adapters(adapters)
 
 
 async def process(key: ServerKey, *, memo: Context, observed: Indexes) -> float | None:
@@ -99,24 +99,22 @@ async def process(key: ServerKey, *, memo: Context, observed: Indexes) -> float 
         forget(memo, key)
         memo.metrics.set_children(key, None)
         return again
-    adapters = indexes.adapter_phases(memo, key[0], seen.adapters)
+    adapters = indexes.adapter_phases(memo.expectations, key[0], seen.adapters)
     counts = status.adapter_counts([entry.phase for entry in adapters]).to_wire()
     rendered = rendered_from(memo, key, seen, server)
-    if memo.reconciled.get(key) != rendered or not follows_adapters(memo, key, seen.adapters):
+    known = memo.expectations.server(key)
+    if known.rendered != rendered or not follows_adapters(memo, key, seen.adapters):
         await memo.call(model_servers.reconcile, memo=memo, key=key, adapters=adapters)
-        memo.reconciled[key] = rendered
-        memo.counted[key] = counts
-    elif memo.counted.get(key) != counts:
+        memo.expectations.update_server(key, rendered=rendered, counted=counts)
+    elif known.counted != counts:
         await memo.call(model_servers.write_counts, memo=memo, key=key, adapters=adapters)
-        memo.counted[key] = counts
+        memo.expectations.update_server(key, counted=counts)
     return again
 
 
 def forget(memo: Context, key: ServerKey) -> None:
     """What this operator knows of a server's last reconcile; its next pass reconciles it from scratch."""
-    memo.reconciled.pop(key, None)
-    memo.counted.pop(key, None)
-    memo.routed_adapters.pop(key, None)
+    memo.expectations.forget_rendered(key)
 
 
 async def start(

@@ -17,8 +17,9 @@ import pydantic
 from moelora.api import AdapterPlacement, CopiesMode, LoRASpec, PlacementSpec
 from moelora.operator import naming
 from moelora.operator.assignment import AdapterState, Server, pods_needed
-from moelora.operator.context import Context, ServerKey
+from moelora.operator.context import ServerKey
 from moelora.operator.deployment import quantity_bytes
+from moelora.operator.expectations import Expectations
 from moelora.operator.status import pod_ready
 
 
@@ -198,30 +199,17 @@ def served_adapters(entries: list[AdapterEntry]) -> frozenset[str]:
     return frozenset(entry.served or entry.name for entry in entries if entry.phase != "Failed")
 
 
-def resource_version(body: Mapping[str, Any]) -> int:
-    """The object's resourceVersion as the integer every API server issues (an etcd revision); 0 when it is not one."""
-    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
-    return int(value) if value.isdigit() else 0
-
-
-def adapter_phases(memo: Context, namespace: str, entries: list[AdapterEntry]) -> list[AdapterEntry]:
+def adapter_phases(known: Expectations, namespace: str, entries: list[AdapterEntry]) -> list[AdapterEntry]:
     """A server's adapters with their latest phases: the index's, except where this operator's last status write
-    (lora_adapters.rollup_adapter) is newer than the index's copy, whose watch event has not come back yet. Without
+    (expectations.py) is newer than the index's copy, whose watch event has not come back yet. Without
     this, two adapters failing at once could each be counted from an index that lacks the other, and the last
     status write would keep the stale count until the next resync. Judged by resourceVersion, so a write that
     finished late but was made earlier (two roll-ups of one adapter in flight) never hides the later one."""
-    phased = []
-    for entry in entries:
-        written = memo.written_statuses.get((namespace, entry.name))
-        if written is not None and entry.body is not None and written[0] > resource_version(entry.body):
-            entry = entry._replace(phase=written[1].get("phase") or entry.phase)
-        phased.append(entry)
-    return phased
+    return [entry._replace(phase=known.phase((namespace, entry.name), entry.body, entry.phase)) for entry in entries]
 
 
-def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> tuple[int, int]:
+def placement_short(written: Mapping[str, AdapterPlacement | None], entries: list[AdapterEntry]) -> tuple[int, int]:
     """(adapters, copies) of a placed server that no pod had room for, with this operator's latest writes."""
-    written = memo.written_placements.get(key, {})
     shorts = []
     for entry in entries:
         current = written[entry.name] if entry.name in written else (entry.placed.current if entry.placed else None)
@@ -230,9 +218,8 @@ def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) 
     return len(shorts), sum(shorts)
 
 
-def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:
+def assigned_pods(written: Mapping[str, AdapterPlacement | None], server: str, entries: list[AdapterEntry]) -> int:
     """Pods of a placed server its adapters' assignments still name (with this operator's latest writes)."""
-    written = memo.written_placements.get(key, {})
     assigned = []
     for entry in entries:
         if entry.name in written:
@@ -240,4 +227,4 @@ def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) ->
             assigned.append(tuple(current.replicas) if current is not None else ())
         elif entry.placed is not None:
             assigned.append(entry.placed.assigned)
-    return pods_needed(assigned, server=key[1])
+    return pods_needed(assigned, server=server)

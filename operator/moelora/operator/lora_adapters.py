@@ -14,8 +14,9 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import AdapterSource, S3Spec
-from moelora.operator import apply, events, indexes, metrics, naming, policy, status
+from moelora.operator import apply, events, metrics, naming, policy, status
 from moelora.operator.context import API_THREADS, Context, ServerKey, wall_clock
+from moelora.operator.expectations import resource_version
 from moelora.operator.indexes import AdapterEntry
 
 # Status patches of one server's adapters in flight at once: half the executor's threads, the rest for other handlers.
@@ -65,25 +66,6 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
     )
 
 
-def freshest(memo: Context, body: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The adapter with the status this operator last wrote, where that write is newer than `body` (an event or
-    index copy from before the write's watch event came back); judged from the older copy, the roll-up would write
-    again what it just wrote. Forgets the write once a copy at least as new arrives. resourceVersions are compared
-    as the integers every API server issues (etcd revisions); one that is not an integer is never kept."""
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
-    written = memo.written_statuses.get(key)
-    if written is None:
-        return body
-    version, written_status = written
-    if version > indexes.resource_version(body):
-        return {**body, "status": written_status}
-    with memo.written_lock:  # unless a later write has replaced it meanwhile
-        if memo.written_statuses.get(key) == written:
-            del memo.written_statuses[key]
-    return body
-
-
 def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     """Why policy refuses the adapter's source, judged with its server's endpoint; None when allowed, or when the
     spec or the server cannot be read (other reasons report those). The server is read only for an adapter naming
@@ -111,7 +93,7 @@ def rollup_adapter(
 ) -> str | None:
     """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed.
     `pods` must already hold every pod the adapter's status names that still exists (see rollup_server_adapters)."""
-    body = freshest(memo, body)
+    body = memo.expectations.freshest(body)
     refused = source_refusal(memo=memo, body=body) if server_exists else None
     observation = Observation(body=body, server_exists=server_exists, pods=pods, refused=refused)
     patch = render_status_patch(observation, now=wall_clock())
@@ -121,11 +103,8 @@ def rollup_adapter(
     stored = apply.patch_status(
         api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
     )
-    if stored is not None and (version := indexes.resource_version(stored)):
-        key = (meta["namespace"], meta["name"])
-        with memo.written_lock:  # two roll-ups of one adapter may finish out of order: keep the later write
-            if version > memo.written_statuses.get(key, (0, {}))[0]:
-                memo.written_statuses[key] = (version, stored.get("status") or {})
+    if stored is not None:  # two roll-ups of one adapter may finish out of order: the later write is kept
+        memo.expectations.status_written((meta["namespace"], meta["name"]), stored)
     emission = events.adapter_transition(body.get("status") or {}, patch)
     if stored is not None and emission is not None:
         memo.events.record(api=memo.api, involved=events.adapter_reference(meta), emission=emission, now=wall_clock())
@@ -142,13 +121,12 @@ def judgement(
     memo: Context, body: Mapping[str, Any], *, server_exists: bool, server_generation: int, pods: Mapping[str, bool]
 ) -> Hashable:
     """What an adapter's roll-up is judged from, as one value: the index's copy and this operator's newer write
-    (`freshest`) by their versions, whether its server exists and at which spec, the server's pods. Judged once
-    with nothing (more) to write, the same value needs no judging again."""
+    (Expectations.freshest) by their versions, whether its server exists and at which spec, the server's pods.
+    Judged once with nothing (more) to write, the same value needs no judging again."""
     meta = body["metadata"]
-    written = memo.written_statuses.get((meta["namespace"], meta["name"]))
     return (
-        indexes.resource_version(body),
-        written[0] if written is not None else 0,
+        resource_version(body),
+        memo.expectations.written_version((meta["namespace"], meta["name"])),
         server_exists,
         server_generation,
         frozenset(pods.items()),
@@ -177,8 +155,8 @@ async def rollup_server_adapters(
         judged = judgement(
             memo, entry.body, server_exists=server_exists, server_generation=server_generation, pods=pods
         )
-        if memo.judged.get((key[0], entry.name)) != judged:
-            bodies.append((freshest(memo, entry.body), judged))
+        if memo.expectations.judged((key[0], entry.name)) != judged:
+            bodies.append((memo.expectations.freshest(entry.body), judged))
     missing = set().union(*(named_pods(body) for body, _ in bodies)) - set(pods)
     resolved = await memo.call(resolve_pods, api=memo.api, namespace=key[0], server=key[1], names=missing)
     slots = asyncio.Semaphore(ROLLUP_CONCURRENCY)
@@ -190,7 +168,7 @@ async def rollup_server_adapters(
                 rollup_adapter, memo=memo, body=body, server_exists=server_exists, pods={**pods, **own}
             )
         if not own:  # judged from the index alone: the same judgement next time writes nothing
-            memo.judged[(key[0], body["metadata"]["name"])] = judged
+            memo.expectations.judged_with_nothing_to_write((key[0], body["metadata"]["name"]), judged)
         return phase
 
     phases = await asyncio.gather(*(one(body, judged) for body, judged in bodies))

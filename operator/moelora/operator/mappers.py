@@ -46,6 +46,5 @@ async def adapter_event(
         if not controller.follows_adapters(memo, key, indexes.adapters(adapters_index, key)):
             memo.queue.add(key)
     if event.get("type") == "DELETED":
-        memo.written_statuses.pop((namespace, body["metadata"]["name"]), None)
-        memo.judged.pop((namespace, body["metadata"]["name"]), None)
+        memo.expectations.forget_adapter((namespace, body["metadata"]["name"]))
         await memo.call(lora_adapters.record_deleted, memo=memo, body=dict(body))

@@ -220,7 +220,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         observation.surroundings,
         adapter_secrets=indexes.adapter_secrets(adapters),
         served_adapters=indexes.served_adapters(adapters),
-        assigned_pods=indexes.assigned_pods(memo, key, adapters),
+        assigned_pods=indexes.assigned_pods(memo.expectations.server(key).placements, name, adapters),
     )
     if observation.spec is not None:
         try:
@@ -242,10 +242,8 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             stored_deployment, problem = apply_children(
                 api=memo.api, children=children, owner=observation.body, held=held
             )
-            if observation.spec.routing.gateway.enabled:
-                memo.routed_adapters[key] = surroundings.served_adapters
-            else:
-                memo.routed_adapters.pop(key, None)
+            routed = surroundings.served_adapters if observation.spec.routing.gateway.enabled else None
+            memo.expectations.update_server(key, routed=routed)
             memo.metrics.set_children(key, [child["kind"] for child in children])
             cache = surroundings.model_cache
             if problem is None and cache is not None:
@@ -258,7 +256,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
-    short = indexes.placement_short(memo, key, adapters)
+    short = indexes.placement_short(memo.expectations.server(key).placements, adapters)
     new = render_status(
         observation,
         deployment=stored_deployment,

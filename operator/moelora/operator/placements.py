@@ -48,20 +48,16 @@ async def place(
 ) -> float | None:
     """Recompute the server's assignments and write those that changed. Seconds until a drain time ends, when they
     must be judged again (no event comes then), or None."""
-    written = memo.written_placements[key]
+    known = memo.expectations.server(key)
     states = [entry.placed for entry in adapters if entry.placed is not None]
     names = {state.name for state in states}
-    for gone in set(written) - names:
-        del written[gone]
-    for pair in [pair for pair in memo.stale_loads[key] if pair[0] not in names]:
-        del memo.stale_loads[key][pair]
+    written = {name: placed for name, placed in known.placements.items() if name in names}
+    stale = {pair: at for pair, at in known.cleared.items() if pair[0] in names}
     if server is None and not any(written.get(state.name, state.current) for state in states):
-        memo.written_placements.pop(key, None)
-        memo.stale_loads.pop(key, None)
+        memo.expectations.update_server(key, placements={}, cleared={})
         return None  # not placed, and nothing assigned to clear
     # The index learns our writes only when their events come back: what we wrote last is the newer truth, and
     # an entry we cleared still reads loaded there until then (a fresh load has another loadedAt).
-    stale = memo.stale_loads[key]
     states = [
         dataclasses.replace(
             state,
@@ -93,9 +89,6 @@ async def place(
                 if pod in by_name[name].loaded_on:
                     stale[(name, pod)] = by_name[name].loaded_on[pod]
         logger.info("placement of %d adapter(s) of %s/%s written", len(done), *key)
-    if not written:
-        memo.written_placements.pop(key, None)
-    if not stale:
-        memo.stale_loads.pop(key, None)
+    memo.expectations.update_server(key, placements=written, cleared=stale)
     # A little after the drain time ends, so the judgement then finds it ended.
     return None if recheck is None else max(0.0, recheck - time.time()) + 0.1
