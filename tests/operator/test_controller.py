@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from moelora.operator import controller, lora_adapters, mappers, model_servers
+from moelora.operator import controller, indexes, lora_adapters, mappers, model_servers, plan
 from moelora.operator.context import Context
 from moelora.operator.indexes import AdapterEntry, ServerEntry
 from moelora.operator.settings import Settings
@@ -46,17 +45,14 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str]]]:
     """(what the pass wrote: reconcile or counts, {adapter: phase} it counted); adapters' roll-ups write nothing."""
     done: list[tuple[str, dict[str, str]]] = []
 
-    async def no_rollups(**_: Any) -> dict[str, str]:
-        return {}
-
     def fake(what: str) -> Any:
-        def write(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry]) -> None:
+        def write(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry], **_: Any) -> None:
             done.append((what, {entry.name: entry.phase for entry in adapters}))
             time.sleep(0.05)
 
         return write
 
-    monkeypatch.setattr(lora_adapters, "rollup_server_adapters", no_rollups)
+    monkeypatch.setattr(plan, "roll_up", lambda observation: [])
     monkeypatch.setattr(model_servers, "reconcile", fake("reconcile"))
     monkeypatch.setattr(model_servers, "write_counts", fake("counts"))
     return done
@@ -73,7 +69,7 @@ async def test_a_pass_reconciles_once_then_writes_only_the_counts_that_moved(mem
     # A new spec (generation) or a resync (which forgets what was rendered) reconciles again.
     index.servers[KEY] = [ServerEntry(key=KEY, uid="u1", generation=2)]
     await controller.process(KEY, memo=memo, observed=index)
-    controller.forget(memo, KEY)
+    memo.expectations.forget_rendered(KEY)
     await controller.process(KEY, memo=memo, observed=index)
     assert [what for what, _ in passes] == ["reconcile", "counts", "reconcile", "reconcile"]
 
@@ -151,19 +147,19 @@ def test_the_later_status_write_decides_whichever_finishes_last(monkeypatch: pyt
     """Two roll-ups of one adapter in flight: the one the API server stored later decides the phase a pass counts,
     even when the earlier one finishes last; once the index holds a copy at least as new as the write, the index
     decides."""
-    from moelora.operator import apply, events, indexes
+    from moelora.operator import apply, indexes
 
     stored_as = {"Failed": 12, "Loaded": 10}  # the Failed write reached the API server after the Loaded one
 
     def fake_patch(*, api: Any, plural: str, namespace: str, name: str, status: dict) -> dict:
         return {"metadata": {"name": name, "resourceVersion": str(stored_as[status["phase"]])}, "status": status}
 
-    monkeypatch.setattr(lora_adapters, "render_status_patch", lambda observation, now: dict(observation.body["want"]))
     monkeypatch.setattr(apply, "patch_status", fake_patch)
-    monkeypatch.setattr(events, "adapter_transition", lambda old, patch: None)
     for phase in ("Failed", "Loaded"):  # the later write's roll-up finishes first
-        body = {**stored("a", version=5), "want": {"phase": phase}}
-        lora_adapters.rollup_adapter(memo=memo, body=body, server_exists=False, pods={})
+        rollup = plan.Rollup(
+            body=stored("a", version=5), patch={"phase": phase}, emission=None, inputs=0, remember=False
+        )
+        lora_adapters.write_rollup(memo=memo, rollup=rollup)
 
     def phase_with_index_at(version: int, phase: str) -> str:
         entries = [AdapterEntry(name="a", phase=phase, body=stored("a", version=version, phase=phase))]
@@ -174,26 +170,19 @@ def test_the_later_status_write_decides_whichever_finishes_last(monkeypatch: pyt
     assert phase_with_index_at(13, "Ready") == "Ready"
 
 
-async def test_an_unchanged_adapter_is_judged_once(monkeypatch: pytest.MonkeyPatch, memo: Context) -> None:
-    """A pod event whose pods read as before, or the echo of the pass's own write, re-judges no adapter: the second
-    pass over the same inputs makes no roll-up call; a pod turning ready re-judges them all."""
-    judged: list[str] = []
-    entered = threading.Lock()
-
-    def fake_rollup(*, memo: Context, body: dict, server_exists: bool, pods: dict) -> str | None:
-        with entered:
-            judged.append(body["metadata"]["name"])
-        return None
-
-    monkeypatch.setattr(lora_adapters, "rollup_adapter", fake_rollup)
-    monkeypatch.setattr(lora_adapters, "resolve_pods", lambda **_: {})
+async def test_an_unchanged_adapter_is_judged_once(memo: Context) -> None:
+    """A pod event whose pods read as before, or the echo of the pass's own write, re-judges no adapter: once
+    judged with nothing to write, the same inputs are not judged again; a pod turning ready re-judges them all."""
     entries = [AdapterEntry(name=f"a{i}", phase="Pending", body=stored(f"a{i}")) for i in range(3)]
-
-    async def rollups(pods: dict[str, bool]) -> None:
-        await lora_adapters.rollup_server_adapters(memo=memo, key=KEY, adapters=entries, server_exists=True, pods=pods)
-
-    await rollups({"srv-0": False})
-    await rollups({"srv-0": False})
-    assert sorted(judged) == ["a0", "a1", "a2"]
-    await rollups({"srv-0": True})
-    assert len(judged) == 6
+    index = observed(entries)
+    index.pods[KEY] = [indexes.PodEntry(name="srv-0", ready=False)]
+    first = await controller.observe(memo, KEY, index)
+    assert len(first.judge) == 3
+    settled = [
+        plan.Rollup(body=judged.body, patch={}, emission=None, inputs=judged.inputs, remember=judged.remember)
+        for judged in first.judge
+    ]
+    await lora_adapters.write_rollups(memo=memo, key=KEY, rollups=settled)
+    assert (await controller.observe(memo, KEY, index)).judge == []
+    index.pods[KEY] = [indexes.PodEntry(name="srv-0", ready=True)]
+    assert len((await controller.observe(memo, KEY, index)).judge) == 3

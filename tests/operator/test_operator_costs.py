@@ -127,38 +127,43 @@ def test_other_pods_and_deployments_never_reach_the_operator(kube: KubeAPI) -> N
     assert counter(kube).watch_events[("kopf", "deployments")] == 0
 
 
-async def test_a_servers_adapters_are_rejudged_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pod event's re-judgement patches a server's adapters concurrently, never more than ROLLUP_CONCURRENCY at
-    once (the executor stays open to other handlers), and reports each adapter's new phase."""
+async def test_a_servers_adapters_are_rolled_up_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass writes a server's adapters' roll-ups concurrently, never more than ROLLUP_CONCURRENCY at once (the
+    executor stays open to other servers' passes), and every one of them."""
     import concurrent.futures
     import threading
 
-    from moelora.operator import lora_adapters
+    from moelora.operator import lora_adapters, plan
     from moelora.operator.context import Context
-    from moelora.operator.indexes import AdapterEntry
 
     key = ("ns", "srv")
     names = [f"a{i}" for i in range(40)]
     meta = {"namespace": "ns", "resourceVersion": "1"}
-    entries = [AdapterEntry(name=name, phase="Pending", body={"metadata": {**meta, "name": name}}) for name in names]
-    lock, running, peak = threading.Lock(), [0], [0]
+    rollups = [
+        plan.Rollup(
+            body={"metadata": {**meta, "name": name}},
+            patch={"phase": "Loaded"},
+            emission=None,
+            inputs=0,
+            remember=False,
+        )  # fmt: skip
+        for name in names
+    ]
+    lock, running, peak, written = threading.Lock(), [0], [0], []
 
-    def fake_rollup(*, memo: Context, body: dict, server_exists: bool, pods: dict) -> str | None:
+    def fake_write(*, memo: Context, rollup: plan.Rollup) -> None:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
         time.sleep(0.05)
         with lock:
             running[0] -= 1
-        return "Loaded" if int(body["metadata"]["name"][1:]) % 2 else None
+            written.append(rollup.body["metadata"]["name"])
 
-    monkeypatch.setattr(lora_adapters, "rollup_adapter", fake_rollup)
-    monkeypatch.setattr(lora_adapters, "resolve_pods", lambda **_: {})
+    monkeypatch.setattr(lora_adapters, "write_rollup", fake_write)
     executor = concurrent.futures.ThreadPoolExecutor(16)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=executor)
-    phases = await lora_adapters.rollup_server_adapters(
-        memo=memo, key=key, adapters=entries, server_exists=True, pods={"srv-0": True}
-    )
+    await lora_adapters.write_rollups(memo=memo, key=key, rollups=rollups)
     executor.shutdown()
-    assert phases == {name: "Loaded" for name in names if int(name[1:]) % 2}
+    assert sorted(written) == sorted(names)
     assert peak[0] == lora_adapters.ROLLUP_CONCURRENCY

@@ -1,10 +1,11 @@
-"""One pass over one ModelServer, the only work the keyed queue runs (workqueue.py, fed by mappers.py).
+"""One pass over one ModelServer, the only work the keyed queue runs (workqueue.py, fed by mappers.py): observe,
+plan, apply.
 
-A pass observes the server's share of kopf's indexes, then: places its adapters (with spec.placement), rolls up
-the adapters whose inputs moved, and reconciles the server's children and status when something they are rendered
-from moved since its last reconcile (its spec, a child it watches, its adapters' Secrets or router names, the pods
-placement assigns), else writes its adapter counts when they moved. It returns the seconds after which it wants its
-key again (a drain time ending), like controller-runtime's RequeueAfter.
+Observe: the server's share of kopf's indexes, read at once in the event loop, with this operator's own writes
+(expectations.py); then, for the adapters whose judgement moved, what their roll-ups read from the API (pods the
+index lacks, the server's S3 endpoint). Plan: plan.py, pure. Apply: the server's reconcile (model_servers.reconcile:
+its children and status) or its adapter counts, then the placements and the roll-ups. The pass returns the seconds
+after which it wants its key again (a drain time ending), like controller-runtime's RequeueAfter.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, NamedTuple
+import time
+from typing import Any
 
-from moelora.operator import indexes, lora_adapters, model_servers, placements, status
-from moelora.operator.context import Context, ServerKey
+from moelora.operator import indexes, lora_adapters, model_servers, placements, plan
+from moelora.operator.context import Context, ServerKey, wall_clock
 
 logger = logging.getLogger(__name__)
 
@@ -31,90 +33,99 @@ class Indexes:
     children: tuple[indexes.ChildrenIndex, ...] = ()
 
 
-class Rendered(NamedTuple):
-    """What a reconcile of a server rendered from; another reconcile is due when any of it moves."""
-
-    server: indexes.ServerEntry
-    children: frozenset[indexes.ChildEntry]
-    secrets: frozenset[str]  # the Secrets its Role grants
-    assigned_pods: int  # pods placement's assignments name (its StatefulSet's size)
-    short: tuple[int, int]  # (adapters, copies) placement found no room for (its Degraded condition)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class View:
-    """One server's share of the indexes, read at once in the event loop."""
-
-    server: indexes.ServerEntry | None
-    children: frozenset[indexes.ChildEntry]
-    adapters: list[indexes.AdapterEntry]
-    pods: dict[str, bool]
-    placed: Any  # assignment.Server | None
-
-
-def view(observed: Indexes, key: ServerKey) -> View:
-    return View(
-        server=indexes.server_entry(observed.servers, key),
-        children=indexes.children(observed.children, key),
-        adapters=indexes.adapters(observed.adapters, key),
-        pods=indexes.pods(observed.pods, key),
-        placed=indexes.placed_server(observed.placement, key),
-    )
-
-
-def rendered_from(memo: Context, key: ServerKey, seen: View, server: indexes.ServerEntry) -> Rendered:
-    written = memo.expectations.server(key).placements
-    return Rendered(
+async def observe(memo: Context, key: ServerKey, observed: Indexes) -> plan.Observation:
+    known = memo.expectations
+    # The indexes first, all at once in the event loop (they are not thread-safe), before any blocking work.
+    server = indexes.server_entry(observed.servers, key)
+    entries = indexes.adapters(observed.adapters, key)
+    pods = indexes.pods(observed.pods, key)
+    children = indexes.children(observed.children, key)
+    placed = indexes.placed_server(observed.placement, key)
+    moved = []
+    for entry in entries:
+        if entry.body is None or lora_adapters.deleting(entry.body):
+            continue
+        adapter = (key[0], entry.name)
+        inputs = plan.judgement(entry.body, written=known.written_version(adapter), server=server, pods=pods)
+        if known.judged(adapter) != inputs:
+            moved.append((known.freshest(entry.body), inputs))
+    reads: list[tuple[dict[str, bool], str | None]] = []
+    if moved:
+        bodies = [body for body, _ in moved]
+        reads = await memo.call(
+            lora_adapters.observe, memo=memo, key=key, bodies=bodies, pods=pods, server_exists=server is not None
+        )
+    judge = [
+        plan.ToJudge(body=body, inputs=inputs, pods=own, refused=refused, remember=own.keys() == pods.keys())
+        for (body, inputs), (own, refused) in zip(moved, reads, strict=True)
+    ]
+    return plan.Observation(
+        key=key,
         server=server,
-        children=seen.children,
-        secrets=indexes.adapter_secrets(seen.adapters),
-        assigned_pods=indexes.assigned_pods(written, key[1], seen.adapters),
-        short=indexes.placement_short(written, seen.adapters),
+        children=children,
+        adapters=indexes.adapter_phases(known, key[0], entries),
+        placed=placed,
+        known=known.server(key),
+        judge=judge,
+        now=time.time(),
+        wall=wall_clock(),
     )
 
 
-def follows_adapters(memo: Context, key: ServerKey, adapters: list[indexes.AdapterEntry]) -> bool:
-    """Whether the server's last reconcile rendered from the adapters as they are: its Role grants the Secrets they
-    name, and (routed through a gateway) its body-based router ConfigMap lists the names they are served by."""
-    known = memo.expectations.server(key)
-    if known.rendered is None or known.rendered.secrets != indexes.adapter_secrets(adapters):
-        return False
-    return known.routed is None or known.routed == indexes.served_adapters(adapters)
+async def apply(memo: Context, key: ServerKey, planned: plan.Plan) -> None:
+    """The server first, so a StatefulSet scaled up has its pods before placements name them; the adapters' writes
+    then go ahead even when the server's fail (its error is raised after them, and the queue retries the pass)."""
+    failed: Exception | None = None
+    try:
+        await apply_server(memo, key, planned)
+    except Exception as exc:  # noqa: BLE001 - raised below, once the adapters' writes are done
+        failed = exc
+    written = planned.placements
+    done: list[str] = []
+    if written.changes:
+        done = await memo.call(
+            placements.write_placements,
+            memo=memo,
+            namespace=key[0],
+            placements=written.changes,
+            cleared=written.cleared,
+        )
+        logger.info("placement of %d adapter(s) of %s/%s written", len(done), *key)
+    memo.expectations.update_server(
+        key,
+        placements={**written.kept.placements, **{name: written.changes[name] for name in done}},
+        cleared={**written.kept.cleared, **{pair: at for pair, at in written.loaded.items() if pair[0] in done}},
+    )
+    await lora_adapters.write_rollups(memo=memo, key=key, rollups=planned.rollups)
+    if failed is not None:
+        raise failed
+
+
+async def apply_server(memo: Context, key: ServerKey, planned: plan.Plan) -> None:
+    if planned.counts is None:  # the server is gone
+        memo.expectations.forget_rendered(key)
+        memo.metrics.set_children(key, None)
+    elif planned.reconcile is not None:
+        rendered = planned.reconcile
+        await memo.call(
+            model_servers.reconcile,
+            memo=memo,
+            key=key,
+            adapters=planned.adapters,
+            assigned_pods=rendered.assigned_pods,
+            placement_short=rendered.short,
+        )
+        memo.expectations.update_server(key, rendered=rendered, counted=planned.counts)
+    elif planned.write_counts:
+        await memo.call(model_servers.write_counts, memo=memo, key=key, adapters=planned.adapters)
+        memo.expectations.update_server(key, counted=planned.counts)
 
 
 async def process(key: ServerKey, *, memo: Context, observed: Indexes) -> float | None:
     """One pass over the server `key`; the seconds after which it wants another, or None."""
-    seen = view(observed, key)
-    again = await placements.place(memo=memo, key=key, server=seen.placed, adapters=seen.adapters)
-    server = seen.server
-    await lora_adapters.rollup_server_adapters(
-        memo=memo,
-        key=key,
-        adapters=seen.adapters,
-        server_exists=server is not None,
-        pods=seen.pods,
-        server_generation=server.generation if server is not None else 0,
-    )
-    if server is None:  # gone (or not yet in the index): its adapters say so; the garbage collector takes the rest
-        forget(memo, key)
-        memo.metrics.set_children(key, None)
-        return again
-    adapters = indexes.adapter_phases(memo.expectations, key[0], seen.adapters)
-    counts = status.adapter_counts([entry.phase for entry in adapters]).to_wire()
-    rendered = rendered_from(memo, key, seen, server)
-    known = memo.expectations.server(key)
-    if known.rendered != rendered or not follows_adapters(memo, key, seen.adapters):
-        await memo.call(model_servers.reconcile, memo=memo, key=key, adapters=adapters)
-        memo.expectations.update_server(key, rendered=rendered, counted=counts)
-    elif known.counted != counts:
-        await memo.call(model_servers.write_counts, memo=memo, key=key, adapters=adapters)
-        memo.expectations.update_server(key, counted=counts)
-    return again
-
-
-def forget(memo: Context, key: ServerKey) -> None:
-    """What this operator knows of a server's last reconcile; its next pass reconciles it from scratch."""
-    memo.expectations.forget_rendered(key)
+    planned = plan.plan(await observe(memo, key, observed))
+    await apply(memo, key, planned)
+    return planned.again
 
 
 async def start(

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Collection, Hashable, Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 import kubernetes.client
 import pydantic
@@ -16,8 +16,9 @@ import pydantic
 from moelora.api import AdapterSource, S3Spec
 from moelora.operator import apply, events, metrics, naming, policy, status
 from moelora.operator.context import API_THREADS, Context, ServerKey, wall_clock
-from moelora.operator.expectations import resource_version
-from moelora.operator.indexes import AdapterEntry
+
+if TYPE_CHECKING:
+    from moelora.operator import plan
 
 # Status patches of one server's adapters in flight at once: half the executor's threads, the rest for other handlers.
 ROLLUP_CONCURRENCY = API_THREADS // 2
@@ -69,7 +70,7 @@ def render_status_patch(observation: Observation, *, now: datetime.datetime) -> 
 def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     """Why policy refuses the adapter's source, judged with its server's endpoint; None when allowed, or when the
     spec or the server cannot be read (other reasons report those). The server is read only for an adapter naming
-    an endpoint of its own: the rest need only the bucket rule, so a recount costs no read per adapter."""
+    an endpoint of its own: the rest need only the bucket rule, so a roll-up costs no read per adapter."""
     meta, spec = body["metadata"], body.get("spec") or {}
     try:
         source = AdapterSource.model_validate(spec.get("source") or {})
@@ -87,28 +88,55 @@ def source_refusal(*, memo: Context, body: Mapping[str, Any]) -> str | None:
     return policy.adapter_source_problem(source, server_endpoint=server_endpoint, settings=memo.settings)
 
 
+def observe(
+    *, memo: Context, key: ServerKey, bodies: list[Mapping[str, Any]], pods: Mapping[str, bool], server_exists: bool
+) -> list[tuple[dict[str, bool], str | None]]:
+    """What each adapter's roll-up reads beyond kopf's index: the server's pods with those its status names that the
+    index lacks but the API server still has (one GET per such pod, not per adapter), and why policy refuses its
+    source."""
+    missing = set().union(*map(named_pods, bodies)) - set(pods)
+    resolved = resolve_pods(api=memo.api, namespace=key[0], server=key[1], names=missing)
+    return [
+        (
+            {**pods, **{pod: ready for pod, ready in resolved.items() if pod in named_pods(body)}},
+            source_refusal(memo=memo, body=body) if server_exists else None,
+        )
+        for body in bodies
+    ]
+
+
 @metrics.timed("LoRAAdapter")
-def rollup_adapter(
-    *, memo: Context, body: Mapping[str, Any], server_exists: bool, pods: Mapping[str, bool]
-) -> str | None:
-    """Write the operator's share of one adapter's status if it changed. The new phase if the phase changed.
-    `pods` must already hold every pod the adapter's status names that still exists (see rollup_server_adapters)."""
-    body = memo.expectations.freshest(body)
-    refused = source_refusal(memo=memo, body=body) if server_exists else None
-    observation = Observation(body=body, server_exists=server_exists, pods=pods, refused=refused)
-    patch = render_status_patch(observation, now=wall_clock())
-    if not patch:
-        return None
-    meta = body["metadata"]
+def write_rollup(*, memo: Context, rollup: plan.Rollup) -> None:
+    """Write one adapter's roll-up (plan.py), remember the write, then post its Event once the patch is stored."""
+    meta = rollup.body["metadata"]
     stored = apply.patch_status(
-        api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=patch
+        api=memo.api, plural="loraadapters", namespace=meta["namespace"], name=meta["name"], status=rollup.patch
     )
-    if stored is not None:  # two roll-ups of one adapter may finish out of order: the later write is kept
-        memo.expectations.status_written((meta["namespace"], meta["name"]), stored)
-    emission = events.adapter_transition(body.get("status") or {}, patch)
-    if stored is not None and emission is not None:
-        memo.events.record(api=memo.api, involved=events.adapter_reference(meta), emission=emission, now=wall_clock())
-    return patch.get("phase")
+    if stored is None:
+        return  # gone
+    memo.expectations.status_written((meta["namespace"], meta["name"]), stored)
+    if rollup.emission is not None:
+        memo.events.record(
+            api=memo.api, involved=events.adapter_reference(meta), emission=rollup.emission, now=wall_clock()
+        )
+
+
+async def write_rollups(*, memo: Context, key: ServerKey, rollups: list[plan.Rollup]) -> None:
+    """Apply a pass's roll-ups: the patches run `ROLLUP_CONCURRENCY` at a time on the executor (one after another,
+    a server's thousand adapters would wait a thousand round trips; more at once would leave the executor no thread
+    for other servers' passes); an adapter judged with nothing to write is remembered, so the same inputs are not
+    judged again."""
+    slots = asyncio.Semaphore(ROLLUP_CONCURRENCY)
+
+    async def one(rollup: plan.Rollup) -> None:
+        if not rollup.patch:
+            if rollup.remember:
+                memo.expectations.judged_with_nothing_to_write((key[0], rollup.body["metadata"]["name"]), rollup.inputs)
+            return
+        async with slots:
+            await memo.call(write_rollup, memo=memo, rollup=rollup)
+
+    await asyncio.gather(*(one(rollup) for rollup in rollups))
 
 
 def record_deleted(*, memo: Context, body: Mapping[str, Any]) -> None:
@@ -117,63 +145,5 @@ def record_deleted(*, memo: Context, body: Mapping[str, Any]) -> None:
     memo.events.record(api=memo.api, involved=involved, emission=events.DELETED, now=wall_clock())
 
 
-def judgement(
-    memo: Context, body: Mapping[str, Any], *, server_exists: bool, server_generation: int, pods: Mapping[str, bool]
-) -> Hashable:
-    """What an adapter's roll-up is judged from, as one value: the index's copy and this operator's newer write
-    (Expectations.freshest) by their versions, whether its server exists and at which spec, the server's pods.
-    Judged once with nothing (more) to write, the same value needs no judging again."""
-    meta = body["metadata"]
-    return (
-        resource_version(body),
-        memo.expectations.written_version((meta["namespace"], meta["name"])),
-        server_exists,
-        server_generation,
-        frozenset(pods.items()),
-    )
-
-
-async def rollup_server_adapters(
-    *,
-    memo: Context,
-    key: ServerKey,
-    adapters: list[AdapterEntry],
-    server_exists: bool,
-    pods: Mapping[str, bool],
-    server_generation: int = 0,
-) -> dict[str, str]:
-    """Re-judge the server's adapters from the index's copies; the new phase of each whose phase changed. Adapters
-    whose `judgement` is the one judged last time with nothing to write are skipped, so a pass costs no work per
-    unchanged adapter. API calls: one GET per pod the index lacks (not per adapter), one status patch per adapter
-    that changed. The patches run `ROLLUP_CONCURRENCY` at a time on the executor: one after another, a server's
-    thousand adapters would wait a thousand round trips; more at once would leave the executor no thread for other
-    servers' passes."""
-    bodies = []
-    for entry in adapters:
-        if entry.body is None or _deleting(entry.body):
-            continue
-        judged = judgement(
-            memo, entry.body, server_exists=server_exists, server_generation=server_generation, pods=pods
-        )
-        if memo.expectations.judged((key[0], entry.name)) != judged:
-            bodies.append((memo.expectations.freshest(entry.body), judged))
-    missing = set().union(*(named_pods(body) for body, _ in bodies)) - set(pods)
-    resolved = await memo.call(resolve_pods, api=memo.api, namespace=key[0], server=key[1], names=missing)
-    slots = asyncio.Semaphore(ROLLUP_CONCURRENCY)
-
-    async def one(body: Mapping[str, Any], judged: Hashable) -> str | None:
-        own = {pod: ready for pod, ready in resolved.items() if pod in named_pods(body)}
-        async with slots:
-            phase = await memo.call(
-                rollup_adapter, memo=memo, body=body, server_exists=server_exists, pods={**pods, **own}
-            )
-        if not own:  # judged from the index alone: the same judgement next time writes nothing
-            memo.expectations.judged_with_nothing_to_write((key[0], body["metadata"]["name"]), judged)
-        return phase
-
-    phases = await asyncio.gather(*(one(body, judged) for body, judged in bodies))
-    return {body["metadata"]["name"]: phase for (body, _), phase in zip(bodies, phases, strict=True) if phase}
-
-
-def _deleting(body: Mapping[str, Any]) -> bool:
+def deleting(body: Mapping[str, Any]) -> bool:
     return bool((body.get("metadata") or {}).get("deletionTimestamp"))

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from moelora.operator import controller, indexes, lora_adapters, naming
+from moelora.operator import indexes, lora_adapters, naming, plan
 from moelora.operator.context import Context
 
 
@@ -43,7 +43,7 @@ async def adapter_event(
     if server:
         memo.queue.add((namespace, server))
     for key in [key for key in model_servers_index if key[0] == namespace and key[1] != server]:
-        if not controller.follows_adapters(memo, key, indexes.adapters(adapters_index, key)):
+        if not plan.follows_adapters(memo.expectations.server(key), indexes.adapters(adapters_index, key)):
             memo.queue.add(key)
     if event.get("type") == "DELETED":
         memo.expectations.forget_adapter((namespace, body["metadata"]["name"]))

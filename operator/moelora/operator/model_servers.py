@@ -206,9 +206,17 @@ def render_status(
 
 
 @metrics.timed("ModelServer")
-def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> SpecProblem | None:
+def reconcile(
+    *,
+    memo: Context,
+    key: ServerKey,
+    adapters: list[AdapterEntry],
+    assigned_pods: int = 0,
+    placement_short: tuple[int, int] = (0, 0),
+) -> SpecProblem | None:
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
-    reported, if any."""
+    reported, if any. With placement: the pods its adapters' assignments name, and the copies no pod had room for
+    (plan.py)."""
     namespace, name = key
     observation = observe(api=memo.api, key=key, settings=memo.settings)
     if observation is None:
@@ -220,7 +228,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         observation.surroundings,
         adapter_secrets=indexes.adapter_secrets(adapters),
         served_adapters=indexes.served_adapters(adapters),
-        assigned_pods=indexes.assigned_pods(memo.expectations.server(key).placements, name, adapters),
+        assigned_pods=assigned_pods,
     )
     if observation.spec is not None:
         try:
@@ -256,14 +264,13 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
-    short = indexes.placement_short(memo.expectations.server(key).placements, adapters)
     new = render_status(
         observation,
         deployment=stored_deployment,
         problem=problem,
         adapters=adapters,
         now=wall_clock(),
-        placement_short=short,
+        placement_short=placement_short,
     )
     stored = observation.body.get("status") or {}
     verdict = problem or _short_verdict(new)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from moelora.operator import controller, indexes
+from moelora.operator import indexes
 from moelora.operator.context import Context
 
 
@@ -21,7 +21,7 @@ async def resync_forever(*, memo: Context, model_servers_index: indexes.ServersI
     while True:
         await asyncio.sleep(memo.settings.resync_seconds)
         for key in list(model_servers_index):
-            controller.forget(memo, key)  # look again at everything, even what no event said moved
+            memo.expectations.forget_rendered(key)  # look again at everything, even what no event said moved
             memo.queue.add(key)
 
 
