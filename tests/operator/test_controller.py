@@ -186,3 +186,23 @@ async def test_an_unchanged_adapter_is_judged_once(memo: Context) -> None:
     assert (await controller.observe(memo, KEY, index)).judge == []
     index.pods[KEY] = [indexes.PodEntry(name="srv-0", ready=True)]
     assert len((await controller.observe(memo, KEY, index)).judge) == 3
+
+
+def test_a_childs_status_write_moves_its_entry_whatever_its_resource_version() -> None:
+    """A pass reconciles when a watched child changes; the entry follows what it holds, so a status write that
+    leaves the resourceVersion as it was (the local emulator does so for built-in kinds) still counts, and a new
+    resourceVersion alone does not."""
+    labels = {"moelora.io/model-server": "srv"}
+    body = {
+        "kind": "Deployment",
+        "metadata": {"name": "srv", "namespace": "ns", "resourceVersion": "5", "labels": labels},
+        "spec": {"replicas": 2},
+        "status": {"readyReplicas": 1},
+    }
+
+    def entry(obj: dict) -> Any:
+        return indexes.children_index(body=obj, labels=labels, name="srv", namespace="ns")
+
+    ready = {**body, "status": {"readyReplicas": 2}}
+    assert entry(ready) != entry(body)
+    assert entry({**body, "metadata": {**body["metadata"], "resourceVersion": "6"}}) == entry(body)

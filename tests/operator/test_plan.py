@@ -17,7 +17,7 @@ KEY = ("ns", "ms")
 NOW = 1_000_000.0
 WALL = datetime.datetime(2026, 12, 3, 18, 0, tzinfo=datetime.UTC)
 SERVER = ServerEntry(key=KEY, uid="u1", generation=3)
-DEPLOYMENT = frozenset({ChildEntry(kind="Deployment", name="ms", version="7")})
+DEPLOYMENT = frozenset({ChildEntry(kind="Deployment", name="ms", digest="7")})
 
 
 def adapter(name: str, *, phase: str = "Pending", replicas: dict | None = None, **entry: Any) -> AdapterEntry:
@@ -69,7 +69,7 @@ def test_a_server_is_reconciled_once_then_again_only_when_what_it_renders_from_m
     moved = {
         "a new spec": {"server": SERVER._replace(generation=4)},
         "the server deleted and created again": {"server": SERVER._replace(uid="u2")},
-        "its Deployment's status": {"children": frozenset({ChildEntry(kind="Deployment", name="ms", version="8")})},
+        "its Deployment's status": {"children": frozenset({ChildEntry(kind="Deployment", name="ms", digest="8")})},
     }
     for what, fields in moved.items():
         assert plan.plan(observe(adapters, known=known, judge=[], **fields)).reconcile is not None, what

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
+import json
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
@@ -49,11 +51,13 @@ class ServerEntry(NamedTuple):
 
 
 class ChildEntry(NamedTuple):
-    """A child the operator watches (Deployment, StatefulSet, model cache claim and Job) at its resourceVersion."""
+    """A child the operator watches (Deployment, StatefulSet, model cache claim and Job), with a digest of what it
+    holds: a pass reconciles its server when the digest moves. Not its resourceVersion, which the local emulator
+    leaves unchanged on writes of built-in kinds (a real API server bumps it on every write)."""
 
     kind: str
     name: str
-    version: str
+    digest: str
 
 
 ServersIndex = kopf.Index[ServerKey, ServerEntry]
@@ -76,8 +80,18 @@ def children_index(
     server = labels.get(naming.LABEL_SERVER)
     if not server:
         return None
-    version = str((body.get("metadata") or {}).get("resourceVersion") or "")
-    return {(namespace, server): ChildEntry(kind=str(body.get("kind") or ""), name=name, version=version)}
+    return {(namespace, server): ChildEntry(kind=str(body.get("kind") or ""), name=name, digest=digest(body))}
+
+
+def digest(body: Mapping[str, Any]) -> str:
+    """A short hash of an object's metadata (but its resourceVersion and managedFields), spec and status."""
+    meta = {key: value for key, value in (body.get("metadata") or {}).items() if key not in _VOLATILE}
+    content = {"metadata": meta, "spec": body.get("spec"), "status": body.get("status")}
+    encoded = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+_VOLATILE = ("resourceVersion", "managedFields")
 
 
 def adapters_index(
@@ -176,7 +190,7 @@ def server_entry(index: ServersIndex, key: ServerKey) -> ServerEntry | None:
 
 
 def children(indexes: Collection[ChildrenIndex], key: ServerKey) -> frozenset[ChildEntry]:
-    """The server's watched children at their versions, over the indexes of each kind."""
+    """The server's watched children with their digests, over the indexes of each kind."""
     return frozenset(entry for index in indexes for entry in index.get(key, []))
 
 

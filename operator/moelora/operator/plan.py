@@ -29,7 +29,7 @@ class Rendered(NamedTuple):
     """What a reconcile of a server rendered from; another reconcile is due when any of it moves."""
 
     server: ServerEntry  # which object, at which spec (generation)
-    children: frozenset[ChildEntry]  # the children it watches, at their versions
+    children: frozenset[ChildEntry]  # the children it watches, with digests of what they hold
     secrets: frozenset[str]  # the Secrets its Role grants
     assigned_pods: int  # pods placement's assignments name (its StatefulSet's size)
     short: tuple[int, int]  # (adapters, copies) placement found no room for (its Degraded condition)
