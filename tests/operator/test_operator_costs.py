@@ -127,105 +127,43 @@ def test_other_pods_and_deployments_never_reach_the_operator(kube: KubeAPI) -> N
     assert counter(kube).watch_events[("kopf", "deployments")] == 0
 
 
-async def test_recounts_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) -> None:
-    """100 adapters changing phase at once cost two count writes of their server (the running one and one that reads
-    every later phase), not 100, and the last one counts them all."""
-    import asyncio
-    import concurrent.futures
-
-    from moelora.operator import lora_adapters, model_servers
-    from moelora.operator.context import Context
-    from moelora.operator.indexes import AdapterEntry
-
-    key = ("ns", "srv")
-    names = [f"a{i}" for i in range(100)]
-    meta = {"namespace": "ns", "resourceVersion": "1"}
-    index = {
-        key: [AdapterEntry(name=name, phase="Pending", body={"metadata": {**meta, "name": name}}) for name in names]
-    }
-    seen: list[dict[str, str]] = []
-
-    def fake_write_counts(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry]) -> None:
-        seen.append({entry.name: entry.phase for entry in adapters})
-        time.sleep(0.05)
-
-    monkeypatch.setattr(model_servers, "write_counts", fake_write_counts)
-    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
-    for name in names:  # as rollup_adapter records each write
-        memo.written_statuses[("ns", name)] = (2, {"phase": "Failed"})
-    await asyncio.gather(
-        *(
-            lora_adapters.recount(memo=memo, servers=[key], adapters_index=index, new_phases={name: "Failed"})
-            for name in names
-        )
-    )
-    memo.executor.shutdown()
-    assert len(seen) <= 2 and seen[-1] == dict.fromkeys(names, "Failed")
-
-
-async def test_a_servers_adapters_are_rejudged_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pod event's re-judgement patches a server's adapters concurrently, never more than ROLLUP_CONCURRENCY at
-    once (the executor stays open to other handlers), and reports each adapter's new phase."""
+async def test_a_servers_adapters_are_rolled_up_a_few_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass writes a server's adapters' roll-ups concurrently, never more than ROLLUP_CONCURRENCY at once (the
+    executor stays open to other servers' passes), and every one of them."""
     import concurrent.futures
     import threading
 
-    from moelora.operator import lora_adapters
+    from moelora.operator import lora_adapters, plan
     from moelora.operator.context import Context
-    from moelora.operator.indexes import AdapterEntry
 
     key = ("ns", "srv")
     names = [f"a{i}" for i in range(40)]
     meta = {"namespace": "ns", "resourceVersion": "1"}
-    entries = [AdapterEntry(name=name, phase="Pending", body={"metadata": {**meta, "name": name}}) for name in names]
-    lock, running, peak = threading.Lock(), [0], [0]
+    rollups = [
+        plan.Rollup(
+            body={"metadata": {**meta, "name": name}},
+            patch={"phase": "Loaded"},
+            emission=None,
+            inputs=0,
+            remember=False,
+        )  # fmt: skip
+        for name in names
+    ]
+    lock, running, peak, written = threading.Lock(), [0], [0], []
 
-    def fake_rollup(*, memo: Context, body: dict, server_exists: bool, pods: dict) -> str | None:
+    def fake_write(*, memo: Context, rollup: plan.Rollup) -> None:
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
         time.sleep(0.05)
         with lock:
             running[0] -= 1
-        return "Loaded" if int(body["metadata"]["name"][1:]) % 2 else None
+            written.append(rollup.body["metadata"]["name"])
 
-    monkeypatch.setattr(lora_adapters, "rollup_adapter", fake_rollup)
-    monkeypatch.setattr(lora_adapters, "resolve_pods", lambda **_: {})
+    monkeypatch.setattr(lora_adapters, "write_rollup", fake_write)
     executor = concurrent.futures.ThreadPoolExecutor(16)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=executor)
-    phases = await lora_adapters.rollup_server_adapters(
-        memo=memo, key=key, adapters=entries, server_exists=True, pods={"srv-0": True}
-    )
+    await lora_adapters.write_rollups(memo=memo, key=key, rollups=rollups)
     executor.shutdown()
-    assert phases == {name: "Loaded" for name in names if int(name[1:]) % 2}
+    assert sorted(written) == sorted(names)
     assert peak[0] == lora_adapters.ROLLUP_CONCURRENCY
-
-
-async def test_secret_regrants_of_one_server_coalesce(monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a restart nothing is granted yet, and every adapter event finds its server's grant short: 100 of them
-    cost two reconciles (the running one and one that reads every later adapter), not 100 queued on the lock."""
-    import asyncio
-    import concurrent.futures
-
-    from moelora.operator import lora_adapters, model_servers
-    from moelora.operator.context import Context
-    from moelora.operator.indexes import AdapterEntry
-
-    key = ("ns", "srv")
-    index = {key: [AdapterEntry(name=f"a{i}", phase="Loaded", secret=f"s{i % 3}") for i in range(100)]}
-    reconciled: list[int] = []
-
-    def fake_reconcile(*, memo: Context, key: tuple[str, str], adapters: list[AdapterEntry]) -> None:
-        reconciled.append(len(adapters))
-        time.sleep(0.05)
-
-    monkeypatch.setattr(model_servers, "reconcile", fake_reconcile)
-    memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(2))
-    await asyncio.gather(
-        *(
-            lora_adapters.follow_adapters(memo=memo, namespace="ns", servers_index={key: []}, adapters_index=index)
-            for _ in range(100)
-        )
-    )
-    memo.executor.shutdown()
-    assert 1 <= len(reconciled) <= 2
-    assert memo.granted_secrets[key] == frozenset({"s0", "s1", "s2"})

@@ -221,8 +221,8 @@ def _exists(api: kubernetes.client.ApiClient, path: str) -> bool | None:
 def post_event(
     *, api: kubernetes.client.ApiClient, obj: dict[str, Any], type: str, reason: str, message: str, now: str
 ) -> None:
-    """A core/v1 Event about `obj` (a ModelServer), for callers outside kopf's handlers, where kopf.event has no
-    queue; `now` is an RFC 3339 time."""
+    """A core/v1 Event about `obj` (a ModelServer), from the operator's queue workers, where kopf.event has no queue;
+    `now` is an RFC 3339 time. Its "From" is events.COMPONENT's, as kopf's own Events."""
     meta = obj["metadata"]
     body = {
         "apiVersion": "v1",
@@ -238,11 +238,11 @@ def post_event(
         "type": type,
         "reason": reason,
         "message": message[:1024],
-        "source": {"component": "moelora"},
+        "source": {"component": "moelora-operator"},
         "firstTimestamp": now,
         "lastTimestamp": now,
         "count": 1,
-        "reportingComponent": "moelora",
+        "reportingComponent": "moelora-operator",
     }
     _request(api, "POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
 

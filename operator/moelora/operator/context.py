@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextvars
 import dataclasses
 import datetime
 import functools
 import pathlib
-import threading
 from collections.abc import Callable
 from importlib.resources.abc import Traversable
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import kubernetes.client
 import kubernetes.config
 
-from moelora.api import AdapterPlacement
 from moelora.operator import kernel_configs
 from moelora.operator.events import Recorder
+from moelora.operator.expectations import Expectations
 from moelora.operator.metrics import Metrics
 from moelora.operator.settings import Settings
+from moelora.operator.workqueue import KeyedQueue
 
 ServerKey = tuple[str, str]  # (namespace, ModelServer name)
 
@@ -63,42 +62,10 @@ class Context:
     api: kubernetes.client.ApiClient
     # The kubernetes client blocks: handlers are async (indexes are read in the loop) and do API work here.
     executor: concurrent.futures.ThreadPoolExecutor
-    # One reconcile of a server at a time.
-    locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
-    # Server -> its pods -> ready when its adapters were last re-judged for a pod event; see lora_adapters.pod_event.
-    judged_pods: dict[ServerKey, dict[str, bool]] = dataclasses.field(default_factory=dict)
-    # (namespace, adapter) -> (resourceVersion, status) of this operator's latest status write; see
-    # lora_adapters.freshest and indexes.adapter_phases. Written from the executor's threads under its lock.
-    written_statuses: dict[ServerKey, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    written_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    # Servers with an adapter recount waiting for their lock; see lora_adapters.recount.
-    recounts_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
-    # Servers with a reconcile for their adapters waiting for their lock; see lora_adapters.follow_adapters.
-    adapter_followers_waiting: set[ServerKey] = dataclasses.field(default_factory=set)
-
-    # Server -> {adapter: the status.placement this operator last wrote (None: removed)}; see placements.py.
-    written_placements: collections.defaultdict[ServerKey, dict[str, AdapterPlacement | None]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(dict)
-    )
-    # One placement computation per server at a time (not `locks`: it reconciles the server after).
-    placement_locks: collections.defaultdict[ServerKey, asyncio.Lock] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
-
-    # Server -> {(adapter, pod): the loadedAt of a status entry it cleared}: ignored until the index drops it.
-    stale_loads: collections.defaultdict[ServerKey, dict[tuple[str, str], float]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(dict)
-    )
-    # Server -> the timer that judges its placements again when a drain time ends (placements.py).
-    placement_timers: dict[ServerKey, asyncio.TimerHandle] = dataclasses.field(default_factory=dict)
-
-    # Server -> the adapter Secrets its last reconcile granted; an adapter change that alters them reconciles it.
-    granted_secrets: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
-    # Server routed through a gateway -> the adapter names its last reconcile gave the body-based router (its
-    # ConfigMap); an adapter change that alters them reconciles it. Written by the reconcile, in the executor.
-    routed_adapters: dict[ServerKey, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Every event about a server becomes its key here; one pass per key at a time (controller.py).
+    queue: KeyedQueue[ServerKey] = dataclasses.field(default_factory=lambda: KeyedQueue(concurrency=API_THREADS))
+    # The operator's own writes, so a pass tells news from their echoes (expectations.py).
+    expectations: Expectations = dataclasses.field(default_factory=Expectations)
 
     # LoRAAdapter Events, identical ones folded into one (events.py).
     events: Recorder = dataclasses.field(default_factory=Recorder)

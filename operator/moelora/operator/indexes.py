@@ -1,13 +1,16 @@
-"""kopf's in-memory indexes, all keyed by (namespace, ModelServer name): which servers exist, their adapters with
-their phases, their pods with their readiness. Handlers read them in the event loop (indexes are not thread-safe),
-as snapshots taken before any blocking work.
+"""kopf's in-memory indexes, all keyed by (namespace, ModelServer name): which servers exist (and which spec of
+theirs), their adapters with their phases, their pods with their readiness, the children it watches with their
+versions. A pass (controller.py) reads them in the event loop (indexes are not thread-safe), as snapshots taken
+before any blocking work.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Mapping
+import hashlib
+import json
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 import kopf
@@ -16,8 +19,9 @@ import pydantic
 from moelora.api import AdapterPlacement, CopiesMode, LoRASpec, PlacementSpec
 from moelora.operator import naming
 from moelora.operator.assignment import AdapterState, Server, pods_needed
-from moelora.operator.context import Context, ServerKey
+from moelora.operator.context import ServerKey
 from moelora.operator.deployment import quantity_bytes
+from moelora.operator.expectations import Expectations
 from moelora.operator.status import pod_ready
 
 
@@ -37,15 +41,57 @@ class PodEntry(NamedTuple):
     ready: bool
 
 
-ServersIndex = kopf.Index[ServerKey, ServerKey]
+class ServerEntry(NamedTuple):
+    """A ModelServer as its children depend on it: which object (a server deleted and created again is another) and
+    which spec (generation moves with the spec only, not with status writes)."""
+
+    key: ServerKey
+    uid: str = ""
+    generation: int = 0
+
+
+class ChildEntry(NamedTuple):
+    """A child the operator watches (Deployment, StatefulSet, model cache claim and Job), with a digest of what it
+    holds: a pass reconciles its server when the digest moves. Not its resourceVersion, which the local emulator
+    leaves unchanged on writes of built-in kinds (a real API server bumps it on every write)."""
+
+    kind: str
+    name: str
+    digest: str
+
+
+ServersIndex = kopf.Index[ServerKey, ServerEntry]
+ChildrenIndex = kopf.Index[ServerKey, ChildEntry]
 PlacementIndex = kopf.Index[ServerKey, Server]
 AdaptersIndex = kopf.Index[ServerKey, AdapterEntry]
 PodsIndex = kopf.Index[ServerKey, PodEntry]
 
 
-def model_servers_index(name: str, namespace: str, **_: Any) -> dict[ServerKey, ServerKey]:
-    # Only which servers exist: a reconcile reads the server itself when it runs.
-    return {(namespace, name): (namespace, name)}
+def model_servers_index(body: kopf.Body, name: str, namespace: str, **_: Any) -> dict[ServerKey, ServerEntry]:
+    # Which servers exist and at which spec: a reconcile reads the server itself when it runs.
+    meta = body.get("metadata") or {}
+    uid, generation = str(meta.get("uid") or ""), int(meta.get("generation") or 0)
+    return {(namespace, name): ServerEntry(key=(namespace, name), uid=uid, generation=generation)}
+
+
+def children_index(
+    body: kopf.Body, labels: kopf.Labels, name: str, namespace: str, **_: Any
+) -> dict[ServerKey, ChildEntry] | None:
+    server = labels.get(naming.LABEL_SERVER)
+    if not server:
+        return None
+    return {(namespace, server): ChildEntry(kind=str(body.get("kind") or ""), name=name, digest=digest(body))}
+
+
+def digest(body: Mapping[str, Any]) -> str:
+    """A short hash of an object's metadata (but its resourceVersion and managedFields), spec and status."""
+    meta = {key: value for key, value in (body.get("metadata") or {}).items() if key not in _VOLATILE}
+    content = {"metadata": meta, "spec": body.get("spec"), "status": body.get("status")}
+    encoded = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+_VOLATILE = ("resourceVersion", "managedFields")
 
 
 def adapters_index(
@@ -58,7 +104,7 @@ def adapters_index(
     kept = {
         "metadata": {
             key: meta[key]
-            for key in ("name", "namespace", "generation", "resourceVersion", "deletionTimestamp")
+            for key in ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
             if key in meta
         },
         "spec": copy.deepcopy(dict(spec)),
@@ -135,7 +181,17 @@ def placed_server(index: PlacementIndex, key: ServerKey) -> Server | None:
 
 
 def servers(index: ServersIndex, key: ServerKey) -> list[ServerKey]:
-    return list(index.get(key, []))
+    return [entry.key for entry in index.get(key, [])]
+
+
+def server_entry(index: ServersIndex, key: ServerKey) -> ServerEntry | None:
+    found = list(index.get(key, []))
+    return found[0] if found else None
+
+
+def children(indexes: Collection[ChildrenIndex], key: ServerKey) -> frozenset[ChildEntry]:
+    """The server's watched children with their digests, over the indexes of each kind."""
+    return frozenset(entry for index in indexes for entry in index.get(key, []))
 
 
 def pods(index: PodsIndex, key: ServerKey) -> dict[str, bool]:
@@ -157,30 +213,17 @@ def served_adapters(entries: list[AdapterEntry]) -> frozenset[str]:
     return frozenset(entry.served or entry.name for entry in entries if entry.phase != "Failed")
 
 
-def resource_version(body: Mapping[str, Any]) -> int:
-    """The object's resourceVersion as the integer every API server issues (an etcd revision); 0 when it is not one."""
-    value = str((body.get("metadata") or {}).get("resourceVersion") or "0")
-    return int(value) if value.isdigit() else 0
-
-
-def adapter_phases(memo: Context, index: AdaptersIndex, key: ServerKey) -> list[AdapterEntry]:
+def adapter_phases(known: Expectations, namespace: str, entries: list[AdapterEntry]) -> list[AdapterEntry]:
     """A server's adapters with their latest phases: the index's, except where this operator's last status write
-    (lora_adapters.rollup_adapter) is newer than the index's copy, whose watch event has not come back yet. Without
+    (expectations.py) is newer than the index's copy, whose watch event has not come back yet. Without
     this, two adapters failing at once could each be counted from an index that lacks the other, and the last
     status write would keep the stale count until the next resync. Judged by resourceVersion, so a write that
     finished late but was made earlier (two roll-ups of one adapter in flight) never hides the later one."""
-    phased = []
-    for entry in adapters(index, key):
-        written = memo.written_statuses.get((key[0], entry.name))
-        if written is not None and entry.body is not None and written[0] > resource_version(entry.body):
-            entry = entry._replace(phase=written[1].get("phase") or entry.phase)
-        phased.append(entry)
-    return phased
+    return [entry._replace(phase=known.phase((namespace, entry.name), entry.body, entry.phase)) for entry in entries]
 
 
-def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> tuple[int, int]:
+def placement_short(written: Mapping[str, AdapterPlacement | None], entries: list[AdapterEntry]) -> tuple[int, int]:
     """(adapters, copies) of a placed server that no pod had room for, with this operator's latest writes."""
-    written = memo.written_placements[key]
     shorts = []
     for entry in entries:
         current = written[entry.name] if entry.name in written else (entry.placed.current if entry.placed else None)
@@ -189,9 +232,8 @@ def placement_short(memo: Context, key: ServerKey, entries: list[AdapterEntry]) 
     return len(shorts), sum(shorts)
 
 
-def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) -> int:
+def assigned_pods(written: Mapping[str, AdapterPlacement | None], server: str, entries: list[AdapterEntry]) -> int:
     """Pods of a placed server its adapters' assignments still name (with this operator's latest writes)."""
-    written = memo.written_placements[key]
     assigned = []
     for entry in entries:
         if entry.name in written:
@@ -199,4 +241,4 @@ def assigned_pods(memo: Context, key: ServerKey, entries: list[AdapterEntry]) ->
             assigned.append(tuple(current.replicas) if current is not None else ())
         elif entry.placed is not None:
             assigned.append(entry.placed.assigned)
-    return pods_needed(assigned, server=key[1])
+    return pods_needed(assigned, server=server)

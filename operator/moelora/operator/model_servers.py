@@ -1,9 +1,10 @@
-"""ModelServer handlers: observe, render, apply, then write the status once and only if it changed.
+"""ModelServer reconcile: observe, render, apply, then write the status once and only if it changed.
 
-Every path into a server (its own create/update/resume, the resync timer, an event of the Deployment it owns, its
-adapters changing phase) runs the same `reconcile`, which compares desired with actual, so it is idempotent and
-repairs drift. What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with
-a reason plus one Warning Event per new reason, and leaves the running Deployment as it was.
+Every path into a server (its own create/update/resume, the resync, an event of a child it owns, its adapters
+changing what it renders) leads to a pass of its key (controller.py), which runs `reconcile` when something the
+children or the status depend on moved; it compares desired with actual, so it is idempotent and repairs drift.
+What only the operator can judge (unknown engine flag, missing Secret...) becomes a condition with a reason plus
+one Warning Event per new reason, and leaves the running Deployment as it was.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import kubernetes.client
 import pydantic
 
 from moelora.api import ModelServerSpec
-from moelora.operator import apply, cache_sync, indexes, metrics, multinode, naming, status
+from moelora.operator import apply, cache_sync, indexes, metrics, multinode, status
 from moelora.operator.children import (
     NEEDS,
     OPTIONAL_CHILDREN,
@@ -218,9 +219,17 @@ def render_status(
 
 
 @metrics.timed("ModelServer")
-def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) -> SpecProblem | None:
+def reconcile(
+    *,
+    memo: Context,
+    key: ServerKey,
+    adapters: list[AdapterEntry],
+    assigned_pods: int = 0,
+    placement_short: tuple[int, int] = (0, 0),
+) -> SpecProblem | None:
     """Desired vs actual for one ModelServer, then its status, written once and only if it changed. The problem
-    reported, if any."""
+    reported, if any. With placement: the pods its adapters' assignments name, and the copies no pod had room for
+    (plan.py)."""
     namespace, name = key
     observation = observe(api=memo.api, key=key, settings=memo.settings)
     if observation is None:
@@ -232,7 +241,7 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         observation.surroundings,
         adapter_secrets=indexes.adapter_secrets(adapters),
         served_adapters=indexes.served_adapters(adapters),
-        assigned_pods=indexes.assigned_pods(memo, key, adapters),
+        assigned_pods=assigned_pods,
     )
     if observation.spec is not None:
         try:
@@ -254,10 +263,8 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
             stored_deployment, problem = apply_children(
                 api=memo.api, children=children, owner=observation.body, held=held
             )
-            if observation.spec.routing.gateway.enabled:
-                memo.routed_adapters[key] = surroundings.served_adapters
-            else:
-                memo.routed_adapters.pop(key, None)
+            routed = surroundings.served_adapters if observation.spec.routing.gateway.enabled else None
+            memo.expectations.update_server(key, routed=routed)
             memo.metrics.set_children(key, [child["kind"] for child in children])
             cache = surroundings.model_cache
             if problem is None and cache is not None:
@@ -270,25 +277,21 @@ def reconcile(*, memo: Context, key: ServerKey, adapters: list[AdapterEntry]) ->
         kind = "StatefulSet" if (observation.body.get("spec") or {}).get("placement") is not None else "Deployment"
         stored_deployment = apply.get_deployment(api=memo.api, namespace=namespace, name=name, owner_uid=uid, kind=kind)
 
-    short = indexes.placement_short(memo, key, adapters)
     new = render_status(
         observation,
         deployment=stored_deployment,
         problem=problem,
         adapters=adapters,
         now=wall_clock(),
-        placement_short=short,
+        placement_short=placement_short,
     )
     stored = observation.body.get("status") or {}
     verdict = problem or _short_verdict(new)
     if verdict is not None and status.degraded_reason(stored) != verdict.reason:
-        try:
-            body = dict(observation.body)  # any mapping, as for append_owner_reference above
-            kopf.event(body, type="Warning", reason=verdict.reason, message=verdict.message)  # type: ignore[arg-type]
-        except LookupError:  # the resync task runs outside kopf's handlers, which hold its event queue
-            when = wall_clock().isoformat().replace("+00:00", "Z")
-            event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
-            apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
+        # Posted here, not through kopf.event: passes run in the queue's workers, outside kopf's handlers.
+        when = wall_clock().isoformat().replace("+00:00", "Z")
+        event = {"type": "Warning", "reason": verdict.reason, "message": verdict.message}
+        apply.post_event(api=memo.api, obj=dict(observation.body), now=when, **event)
     # A merge patch keeps what it does not name: an endpoint withdrawn (a child's name taken) is nulled explicitly.
     withdrawn = {field: None for field in ("endpoint",) if field in stored and field not in new}
     if withdrawn or any(stored.get(field) != value for field, value in new.items()):
@@ -319,48 +322,3 @@ def _short_verdict(new_status: Mapping[str, Any]) -> SpecProblem | None:
         if condition.get("type") == "Degraded" and condition.get("reason") == status.PLACEMENT_SHORT:
             return SpecProblem(status.PLACEMENT_SHORT, str(condition.get("message") or ""))
     return None
-
-
-async def reconcile_serially(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
-    """One reconcile of a server at a time (its own handlers, its timer, its Deployment's events all lead here).
-    Its adapters' phases are read under the lock, so a reconcile never counts with older phases than the one
-    before it."""
-    async with memo.locks[key]:
-        await reconcile_locked(memo=memo, key=key, adapters_index=adapters_index)
-
-
-async def reconcile_locked(*, memo: Context, key: ServerKey, adapters_index: indexes.AdaptersIndex) -> None:
-    """reconcile_serially's work, for a caller that holds the server's lock already."""
-    adapters = indexes.adapter_phases(memo, adapters_index, key)
-    await memo.call(reconcile, memo=memo, key=key, adapters=adapters)
-    memo.granted_secrets[key] = indexes.adapter_secrets(adapters)
-
-
-async def model_server_changed(
-    name: str, namespace: str, memo: Context, adapters_index: indexes.AdaptersIndex, **_: Any
-) -> None:
-    await reconcile_serially(memo=memo, key=(namespace, name), adapters_index=adapters_index)
-
-
-async def deployment_event(
-    labels: kopf.Labels,
-    namespace: str,
-    memo: Context,
-    model_servers_index: indexes.ServersIndex,
-    adapters_index: indexes.AdaptersIndex,
-    **_: Any,
-) -> None:
-    """A Deployment, model cache claim or fill Job we own changed (rollout progress, readiness, binding, the fill
-    finishing, deletion): reconcile its server."""
-    server = labels.get(naming.LABEL_SERVER, "")
-    for key in indexes.servers(model_servers_index, (namespace, server)):
-        await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
-
-
-async def model_server_deleted(event: kopf.RawEvent, name: str, namespace: str, memo: Context, **_: Any) -> None:
-    """Forget a deleted server's lock, unless a reconcile still holds it."""
-    key = (namespace, name)
-    if event.get("type") == "DELETED" and key in memo.locks and not memo.locks[key].locked():
-        del memo.locks[key]
-        memo.granted_secrets.pop(key, None)
-        memo.routed_adapters.pop(key, None)

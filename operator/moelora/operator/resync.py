@@ -1,5 +1,5 @@
-"""The periodic resync: every `resync_seconds`, reconcile each ModelServer kopf's index knows, even without events
-(drift no watch reports, a Secret that appeared).
+"""The periodic resync: every `resync_seconds`, queue each ModelServer kopf's index knows for a whole reconcile, even
+without events (drift no watch reports, a Secret that appeared).
 
 An operator-level task, not a kopf timer: kopf puts a finalizer on every object a timer handles, so each
 ModelServer's deletion would hang while the operator is down. Reconciles need no finalizer (owned children go with
@@ -11,35 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Any
 
 from moelora.operator import indexes
 from moelora.operator.context import Context
-from moelora.operator.model_servers import reconcile_serially
-
-logger = logging.getLogger(__name__)
 
 
-async def resync_forever(
-    *, memo: Context, model_servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex
-) -> None:
+async def resync_forever(*, memo: Context, model_servers_index: indexes.ServersIndex) -> None:
     while True:
         await asyncio.sleep(memo.settings.resync_seconds)
         for key in list(model_servers_index):
-            try:
-                await reconcile_serially(memo=memo, key=key, adapters_index=adapters_index)
-            except Exception:  # noqa: BLE001 - one server's failure must not stop the others' resync
-                logger.exception("resync of ModelServer %s/%s failed", *key)
+            memo.expectations.forget_rendered(key)  # look again at everything, even what no event said moved
+            memo.queue.add(key)
 
 
-async def start(
-    memo: Context, model_servers_index: indexes.ServersIndex, adapters_index: indexes.AdaptersIndex, **_: Any
-) -> None:
+async def start(memo: Context, model_servers_index: indexes.ServersIndex, **_: Any) -> None:
     """kopf startup activity: start the loop (kopf's indexes are live views, filled as its watches run)."""
     task = asyncio.create_task(
-        resync_forever(memo=memo, model_servers_index=model_servers_index, adapters_index=adapters_index),
-        name="moelora-resync",
+        resync_forever(memo=memo, model_servers_index=model_servers_index), name="moelora-resync"
     )
     memo.background.append(task)
 

@@ -13,7 +13,7 @@ import kopf
 import kubernetes.client
 
 from moelora.api import GROUP, VERSION
-from moelora.operator import events, indexes, lora_adapters, metrics, model_servers, naming, placements, resync
+from moelora.operator import controller, events, indexes, mappers, metrics, naming, resync
 from moelora.operator.context import Context
 from moelora.operator.settings import Settings
 
@@ -21,6 +21,13 @@ MODEL_SERVERS = (GROUP, VERSION, "modelservers")
 LORA_ADAPTERS = (GROUP, VERSION, "loraadapters")
 PODS = ("", "v1", "pods")
 DEPLOYMENTS = ("apps", "v1", "deployments")
+# The children whose events move a server on, each with an index of their versions (indexes.children_index).
+CHILDREN = (
+    (DEPLOYMENTS, "deployments_index"),
+    (("apps", "v1", "statefulsets"), "statefulsets_index"),
+    (("", "v1", "persistentvolumeclaims"), "claims_index"),
+    (("batch", "v1", "jobs"), "jobs_index"),
+)
 MANAGED = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY}
 # The API server filters what the operator lists and watches of kinds that are not its own: a cluster's other pods
 # and Deployments never reach it (kopf's `labels=` on a handler only filters after the event has arrived).
@@ -72,37 +79,32 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     # The ignores below: kopf hands a handler its indexes and the keyword arguments it names, which kopf's callback
     # protocols (every kwarg, `namespace: str | None`) cannot express.
     kopf.on.login(registry=registry)(login)
-    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)  # type: ignore[arg-type]
-    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)  # type: ignore[arg-type]
-    kopf.index("", "v1", "pods", labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)  # type: ignore[arg-type]
-    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)  # type: ignore[arg-type]
+    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)
+    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)
+    kopf.index(*PODS, labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)
+    for resource, index_id in CHILDREN:
+        kopf.index(*resource, labels=MANAGED, registry=registry, id=index_id)(indexes.children_index)
 
-    changed = model_servers.model_server_changed
-    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(*MODEL_SERVERS, registry=registry, id="reconcile")(changed)  # type: ignore[arg-type]
+    # The queue's workers first, then the periodic resync and the metrics (kopf runs startup activities in order).
+    kopf.on.startup(registry=registry, id="queue_start")(controller.start)
+    kopf.on.cleanup(registry=registry, id="queue_stop")(controller.stop)
     # The resync is an operator-level task, not a kopf timer, which would put a finalizer on every ModelServer.
     kopf.on.startup(registry=registry, id="resync_start")(resync.start)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry, id="resync_stop")(resync.stop)
     kopf.on.startup(registry=registry, id="metrics_start")(metrics.start)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry, id="metrics_stop")(metrics.stop)
-    # Registered before the adapters' handler of the same events, so a deleted server's lock goes first.
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_deleted")(model_servers.model_server_deleted)  # type: ignore[arg-type]
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(lora_adapters.model_server_event)  # type: ignore[arg-type]
-    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)(model_servers.deployment_event)  # type: ignore[arg-type]
-    # The shared model cache's claim binding and its fill Job finishing move the server on (model_cache.py).
-    for group, version, plural in (("", "v1", "persistentvolumeclaims"), ("batch", "v1", "jobs")):
-        kopf.on.event(group, version, plural, labels=MANAGED, registry=registry, id=f"{plural}_event")(
-            model_servers.deployment_event  # type: ignore[arg-type]
+
+    # Every handler maps its event onto server keys (mappers.py). create/update/resume keep kopf's record of the
+    # spec it last handled, as before; the raw events also bring deletion and status writes.
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*MODEL_SERVERS, registry=registry, id="reconcile")(mappers.server_event)
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(mappers.server_event)
+    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_event")(mappers.adapter_event)
+    for resource, index_id in (*CHILDREN, (PODS, "pods_index")):
+        kopf.on.event(*resource, labels=MANAGED, registry=registry, id=index_id.replace("_index", "_event"))(
+            mappers.child_event
         )
-    kopf.on.event("apps", "v1", "statefulsets", labels=MANAGED, registry=registry, id="statefulset_event")(
-        model_servers.deployment_event  # type: ignore[arg-type]
-    )
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_placement")(placements.server_event)  # type: ignore[arg-type]
-    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_placement")(placements.adapter_event)  # type: ignore[arg-type]
-    kopf.on.event(*LORA_ADAPTERS, registry=registry)(lora_adapters.adapter_changed)  # type: ignore[arg-type]
-    # No timer on LoRAAdapters: a timer makes kopf put a finalizer on every adapter, and every change that matters
-    # (agent status patches, pods, servers) already arrives as an event.
-    kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)(lora_adapters.pod_event)  # type: ignore[arg-type]
     return registry
 
 
