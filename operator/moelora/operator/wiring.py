@@ -79,15 +79,15 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     # The ignores below: kopf hands a handler its indexes and the keyword arguments it names, which kopf's callback
     # protocols (every kwarg, `namespace: str | None`) cannot express.
     kopf.on.login(registry=registry)(login)
-    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)
-    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)
-    kopf.index(*PODS, labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)
-    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)
+    kopf.index(*MODEL_SERVERS, registry=registry, id="model_servers_index")(indexes.model_servers_index)  # type: ignore[arg-type]
+    kopf.index(*LORA_ADAPTERS, registry=registry, id="adapters_index")(indexes.adapters_index)  # type: ignore[arg-type]
+    kopf.index(*PODS, labels=MANAGED, registry=registry, id="pods_index")(indexes.pods_index)  # type: ignore[arg-type]
+    kopf.index(*MODEL_SERVERS, registry=registry, id="placement_index")(indexes.placement_index)  # type: ignore[arg-type]
     for resource, index_id in CHILDREN:
-        kopf.index(*resource, labels=MANAGED, registry=registry, id=index_id)(indexes.children_index)
+        kopf.index(*resource, labels=MANAGED, registry=registry, id=index_id)(indexes.children_index)  # type: ignore[arg-type]
 
     # The queue's workers first, then the periodic resync and the metrics (kopf runs startup activities in order).
-    kopf.on.startup(registry=registry, id="queue_start")(controller.start)
+    kopf.on.startup(registry=registry, id="queue_start")(controller.start)  # type: ignore[arg-type]
     kopf.on.cleanup(registry=registry, id="queue_stop")(controller.stop)
     # The resync is an operator-level task, not a kopf timer, which would put a finalizer on every ModelServer.
     kopf.on.startup(registry=registry, id="resync_start")(resync.start)  # type: ignore[arg-type]
@@ -98,12 +98,12 @@ def make_registry(settings: Settings) -> kopf.OperatorRegistry:
     # Every handler maps its event onto server keys (mappers.py). create/update/resume keep kopf's record of the
     # spec it last handled, as before; the raw events also bring deletion and status writes.
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(*MODEL_SERVERS, registry=registry, id="reconcile")(mappers.server_event)
-    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(mappers.server_event)
-    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_event")(mappers.adapter_event)
+        on(*MODEL_SERVERS, registry=registry, id="reconcile")(mappers.server_event)  # type: ignore[arg-type]
+    kopf.on.event(*MODEL_SERVERS, registry=registry, id="server_event")(mappers.server_event)  # type: ignore[arg-type]
+    kopf.on.event(*LORA_ADAPTERS, registry=registry, id="adapter_event")(mappers.adapter_event)  # type: ignore[arg-type]
     for resource, index_id in (*CHILDREN, (PODS, "pods_index")):
         kopf.on.event(*resource, labels=MANAGED, registry=registry, id=index_id.replace("_index", "_event"))(
-            mappers.child_event
+            mappers.child_event  # type: ignore[arg-type]
         )
     return registry
 
