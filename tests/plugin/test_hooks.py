@@ -290,9 +290,20 @@ def test_model_warmup_counts_cover_every_class_above_the_graph_sizes():
 
 
 class _Runner:
-    def __init__(self, fail_at=None):
-        self.calls, self.removed, self.fail_at = [], 0, fail_at
+    """vLLM's V1 model runner as the warm-up sees it; `events`: dummy passes, logits and LoRA removal, in order."""
+
+    def __init__(self, fail_at=None, max_num_seqs=64):
+        self.calls, self.removed, self.fail_at, self.events = [], 0, fail_at, []
         self.lora_config = SimpleNamespace(max_loras=8)
+        self.max_num_seqs = max_num_seqs
+        runner = self
+
+        class Model:
+            def compute_logits(self, hidden_states):
+                runner.events.append(("logits", tuple(hidden_states.shape), torch.is_inference_mode_enabled()))
+                return hidden_states
+
+        self.model = Model()
 
     def _dummy_run(
         self, num_tokens, cudagraph_runtime_mode=None, skip_eplb=False, remove_lora=True, num_active_loras=0
@@ -302,9 +313,13 @@ class _Runner:
         self.calls.append(
             (num_tokens, {"skip_eplb": skip_eplb, "remove_lora": remove_lora, "num_active_loras": num_active_loras})
         )
+        self.events.append(("pass", num_tokens))
+        hidden = torch.full((num_tokens, 4), float("nan"))  # dummy states may hold anything
+        return hidden, hidden[: min(num_tokens, self.max_num_seqs)]  # one sampled row per dummy request
 
     def maybe_remove_all_loras(self, lora_config):
         self.removed += 1
+        self.events.append(("removed",))
 
 
 def _worker(runner, eager=False, mode="FULL_AND_PIECEWISE"):
@@ -334,6 +349,25 @@ def test_model_warmup_runs_vllms_dummy_pass_with_every_lora_slot_then_cleans_up(
     decode_only = _Runner()
     warm_model(_worker(decode_only, mode="FULL_DECODE_ONLY"))  # prefills of <= 32 tokens run eagerly, unpadded
     assert min(m for m, _ in decode_only.calls) == 32
+
+
+def test_model_warmup_computes_logits_once_with_the_adapters_still_active(plugin_log):
+    """An adapter on lm_head runs LoRA kernels only in compute_logits, which the dummy passes never reach: the
+    warm-up computes logits once on the last pass's sampled rows, after every pass and before the dummy adapters
+    are removed (their mapping is the last pass's), so vLLM's lm_head shrink/expand compile at start-up."""
+    from moelora.vllm_plugin.model_warmup import warm_model, warm_token_counts
+
+    runner = _Runner()
+    warm_model(_worker(runner))
+    smallest = warm_token_counts(8192, 32)[0]
+    rows = min(smallest, runner.max_num_seqs)  # one sampled row per dummy request
+    assert runner.events[-3:] == [("pass", smallest), ("logits", (rows, 4), True), ("removed",)]
+    assert [e for e in runner.events if e[0] == "logits"] == [("logits", (rows, 4), True)]  # once, not per pass
+    assert any(f"logits computed for {rows} rows" in line for line in plugin_log)
+    no_lora = _Runner()
+    no_lora.lora_config = None  # without LoRA vLLM's own sampler warm-up covers the logits
+    warm_model(_worker(no_lora))
+    assert not [e for e in no_lora.events if e[0] == "logits"] and no_lora.calls
 
 
 def test_model_warmup_never_stops_the_server(plugin_log, monkeypatch):

@@ -10,8 +10,9 @@ to end").
 
 This wraps vLLM's `kernel_warmup` (which the GPU worker calls once, before graph capture) so that it first runs
 vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-up makes, with every LoRA slot
-active, at token counts next to each configuration boundary in each class; then vLLM's own warm-up. Any failure is
-logged and serving starts as before.
+active, at token counts next to each configuration boundary in each class, then computes logits once with those
+slots still active (an adapter on lm_head); then vLLM's own warm-up. Any failure is logged and serving starts as
+before.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def warm_token_counts(max_tokens: int, graph_max: int) -> list[int]:
 
 
 def warm_model(worker: Any) -> None:
-    """Dummy forward passes at warm_token_counts, every LoRA slot active; never raises."""
+    """Dummy forward passes at warm_token_counts, every LoRA slot active, then logits once; never raises."""
     if not warmups_on():
         return
     runner: Any = getattr(worker, "model_runner", None)
@@ -71,14 +72,17 @@ def warm_model(worker: Any) -> None:
         counts = warm_token_counts(max_tokens, graph_max)
         lora_config = getattr(runner, "lora_config", None)
         active = lora_config.max_loras if lora_config is not None else 0
+        last = None
         for m in reversed(counts):  # largest first, as vLLM's own warm-up: the allocator's pool is sized once
-            runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
+            last = runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
+        logits = _warm_logits(runner, last, active)
         log.info(
-            "moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots) in %.1f s",
+            "moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots), logits %s, in %.1f s",
             len(counts),
             counts[0] if counts else 0,
             counts[-1] if counts else 0,
             active,
+            logits,
             time.monotonic() - t0,
         )
     except Exception as exc:
@@ -90,6 +94,34 @@ def warm_model(worker: Any) -> None:
             runner.maybe_remove_all_loras(getattr(runner, "lora_config", None))
         except Exception as exc:  # noqa: BLE001
             log.warning("moelora: removing the warm-up's dummy LoRAs failed: %r", exc)
+
+
+def _warm_logits(runner: Any, last: Any, active: int) -> str:
+    """Logits once for the last dummy pass's sampled rows, its adapters still mapped, so an adapter with LoRA on
+    lm_head has its shrink/expand compiled now (dense_warmup compiles every bucket on that first call) rather than
+    under the first requests: the dummy passes stop at the hidden states, and vLLM's own sampler warm-up runs
+    without adapters. Returns what was done, for the log line."""
+    if active <= 0 or not isinstance(last, tuple) or len(last) != 2:
+        return "skipped (no LoRA slots or no dummy pass)"
+    model: Any = getattr(runner, "model", None)
+    if getattr(runner, "is_pooling_model", False) or not hasattr(model, "compute_logits") or not _last_pp_rank():
+        return "skipped (no logits on this rank)"
+    import torch
+
+    rows = last[1]
+    with torch.inference_mode():
+        model.compute_logits(torch.rand_like(rows))  # as vLLM's sampler warm-up: dummy states may hold inf/nan
+    return f"computed for {rows.shape[0]} rows"
+
+
+def _last_pp_rank() -> bool:
+    """Only the last pipeline stage holds lm_head."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return bool(get_pp_group().is_last_rank)
+    except (ImportError, AssertionError):  # no parallel state set up: one process, which is the last stage
+        return True
 
 
 def _graphed_max(worker: Any) -> int:
