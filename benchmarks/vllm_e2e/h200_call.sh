@@ -2,7 +2,8 @@
 # One device call of the end-to-end comparison, from the repo root on the H200: the vLLM archive unpacked once per
 # machine and byte-compiled (an image ships its .pyc) and vLLM imported once (so the first server does not pay the
 # machine's cold page cache), then compare.sh with compile caches under CACHE_ROOT (a second server of a kind starts
-# as a second pod through spec.kernels.compileCache), then everything in OUTPUT_DIR/results.tgz.
+# as a second pod through spec.kernels.compileCache), then everything in OUTPUT_DIR/results.tgz (with PROFILE=1, each
+# profiled server's decode-step breakdown, profile_step.py, beside it).
 # Usage: bash benchmarks/vllm_e2e/h200_call.sh OUTPUT_DIR
 # Env: MODEL, MODES, PLUGIN_S, NP (as compare.sh and serve_passes.sh), CALL_S (the call's limit less what follows,
 # default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit).
@@ -23,4 +24,13 @@ fi
 BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
 echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
 cp "$OUT"/r/compare-*.md "$OUT/" 2>/dev/null
-tar -czf "$OUT/results.tgz" -C "$OUT" r
+# A profiled server (PROFILE=1): where its decode steps went, read here; its trace comes back beside the results
+# only when small (a device call returns files of at most 16 MiB), never inside results.tgz.
+for d in "$OUT"/r/*/prof; do
+  [ -d "$d" ] || continue; n=$(basename "$(dirname "$d")")
+  timeout 150 python3 benchmarks/vllm_e2e/profile_step.py "$d" --json "$d/../profile_step.json" > "$d/../profile_step.md" 2>&1
+  cp "$d/../profile_step.md" "$OUT/$n-profile_step.md"
+  t=$(ls -S "$d"/*.pt.trace.json* 2>/dev/null | head -1)
+  [ -n "$t" ] && [ "$(stat -c %s "$t")" -lt 15000000 ] && cp "$t" "$OUT/$n.pt.trace.json.gz"
+done
+tar -czf "$OUT/results.tgz" --exclude='*.pt.trace.json*' -C "$OUT" r
