@@ -33,7 +33,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 
-from moelora.agent import basemodel, validate
+from moelora.agent.check import basemodel, validate
 from moelora.local import moe, process
 from moelora.local import s3 as local_s3
 from moelora.local.apiserver import KubeAPI

@@ -188,7 +188,7 @@ class FakeVllm:
 class Uploaded:
     name: str  # the LoRAAdapter's name (and its S3 prefix)
     uid: str = ""
-    version: str = ""  # the agent's name for these files (moelora.agent.source.Listing.version)
+    version: str = ""  # the agent's name for these files (moelora.agent.store.source.Listing.version)
     digests: dict[str, str] = dataclasses.field(default_factory=dict)  # relpath -> sha256
     weights_bytes: int = 0
     deleted_at: float | None = None  # wall clock (the cache's mtimes are wall clock too)
@@ -323,7 +323,7 @@ class AgentChaos:
 
     # -- acting --
     def create(self) -> Uploaded:
-        from moelora.agent.source import Listing, RemoteObject, S3Location
+        from moelora.agent.store.source import Listing, RemoteObject, S3Location
 
         self.serial += 1
         name = f"a{self.serial:03d}"
@@ -492,7 +492,7 @@ class AgentChaos:
         self.agent = None
         with self.proxy.lock:
             self.report.weight_gets = sum(1 for r in self.proxy.requests if r.startswith("GET") and WEIGHTS in r)
-        # The agent's transfer: ranged parts of 8 MiB from 16 MiB on, one GET below (moelora.agent.fetch).
+        # The agent's transfer: ranged parts of 8 MiB from 16 MiB on, one GET below (moelora.agent.store.fetch).
         self.report.parts_needed = sum(
             -(-u.weights_bytes // (8 * MiB)) if u.weights_bytes >= 16 * MiB else 1
             for u in self.adapters.values()

@@ -42,7 +42,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 
-from moelora.agent.source import ClientConfig, Credentials, list_source, make_client, parse_s3_uri
+from moelora.agent.store.source import ClientConfig, Credentials, list_source, make_client, parse_s3_uri
 from moelora.local import models, process
 from moelora.local import s3 as local_s3
 from moelora.local import vllm_server as local_vllm

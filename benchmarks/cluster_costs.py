@@ -27,7 +27,7 @@ from typing import Any
 
 import kubernetes.config
 
-from moelora.agent.kube import AdapterWatcher, Kube
+from moelora.agent.report.kube import AdapterWatcher, Kube
 from moelora.local.apiserver import KubeAPI, Rest
 from moelora.local.apiserver.counting import CountingEmulator
 
@@ -179,7 +179,8 @@ def _unrelated_churn(rest: Rest, count: int) -> int:
 
 
 def _agents_report(rest: Rest, costs: Costs) -> None:
-    """Both servers' agents report each adapter in each state, as moelora.agent.kube.Kube.patch_replica writes."""
+    """Both servers' agents report each adapter in each state, as moelora.agent.report.kube.Kube.patch_replica
+    writes."""
     adapters = [(f"a{i:05d}", f"{SERVER}-0") for i in range(costs.adapters)]
     adapters += [(f"o{i:05d}", f"{OTHER}-0") for i in range(costs.other_adapters)]
     for state in AGENT_STATES:

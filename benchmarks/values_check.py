@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from moelora.agent import safetensors_header, values
-from moelora.agent.safetensors_stream import TensorSpec, write
-from moelora.agent.validate import Limits, validate
+from moelora.agent.check import safetensors_header, values
+from moelora.agent.check.safetensors_stream import TensorSpec, write
+from moelora.agent.check.validate import Limits, validate
 
 # Qwen3-30B-A3B's config.json (the fields the agent reads).
 QWEN3_30B_A3B = {

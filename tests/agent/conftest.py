@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from moelora.agent.check.validate import AdapterInfo
 from moelora.agent.errors import AdapterError
-from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
+from moelora.agent.serve.vllm import CANARY_PREFIX, LoadedAdapter, VllmClient
 from moelora.agent.settings import Settings
-from moelora.agent.validate import AdapterInfo
-from moelora.agent.vllm import CANARY_PREFIX, LoadedAdapter, VllmClient
 from moelora.api import FailureReason, ReplicaAdapterState
 from moelora.local import process
 from moelora.local import s3 as local_s3
@@ -150,7 +150,7 @@ def vllm_url(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture
 def clean_vllm(vllm_url: str) -> Iterator[str]:
     """The shared vLLM with no adapters before and after the test."""
-    from moelora.agent.vllm import VllmClient
+    from moelora.agent.serve.vllm import VllmClient
 
     client = VllmClient(base_url=vllm_url)
     for name in client.adapters():

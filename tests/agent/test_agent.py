@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from moelora.agent.metrics import Metrics, StatusServer
+from moelora.agent.report.metrics import Metrics, StatusServer
 from moelora.agent.runner import Agent
+from moelora.agent.serve.vllm import VllmClient
 from moelora.agent.settings import Settings
-from moelora.agent.vllm import VllmClient
 from moelora.api import ReplicaAdapterState
 from moelora.local import process as local_process
 from moelora.local import vllm_server as local_vllm

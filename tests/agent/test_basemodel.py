@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from moelora.agent import basemodel
+from moelora.agent.check import basemodel
 from moelora.agent.errors import TransientError
 
 LLAMA = {

@@ -3,7 +3,7 @@
 import os
 import pathlib
 
-from moelora.agent.cache import AdapterCache
+from moelora.agent.store.cache import AdapterCache
 
 
 def make(root: pathlib.Path, version: str, size: int, used: float) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from moelora.agent.guard import Cancelled, Watch, working_for
-from moelora.agent.source import ClientConfig, make_client
+from moelora.agent.store.guard import Cancelled, Watch, working_for
+from moelora.agent.store.source import ClientConfig, make_client
 from moelora.local.faults import Drip, FaultProxy, Rule
 
 from .conftest import KEYS, adapter_files, eventually, upload

@@ -2,7 +2,7 @@
 
 from moelora.agent.errors import redact
 from moelora.agent.reconcile import Record
-from moelora.agent.source import Credentials
+from moelora.agent.store.source import Credentials
 from moelora.api import FailureReason
 
 

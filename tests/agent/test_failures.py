@@ -12,10 +12,10 @@ import botocore.config
 import botocore.exceptions
 import pytest
 
-from moelora.agent import fetch as fetch_module
 from moelora.agent.errors import TransientError, quote
 from moelora.agent.settings import from_env
-from moelora.agent.source import Listing, RemoteObject, S3Location, classify_client_error, list_source
+from moelora.agent.store import fetch as fetch_module
+from moelora.agent.store.source import Listing, RemoteObject, S3Location, classify_client_error, list_source
 from moelora.api import FailureReason
 
 from .test_settings import ENV

@@ -12,7 +12,7 @@ import botocore.exceptions
 import pytest
 
 from moelora.agent.errors import TransientError
-from moelora.agent.source import classify_client_error
+from moelora.agent.store.source import classify_client_error
 from moelora.api import FailureReason
 from moelora.local import s3 as local_s3
 from moelora.local.faults import FaultProxy, Hook, Rule
@@ -163,8 +163,8 @@ def test_a_transient_failure_is_still_retried_once_it_counts_as_failed() -> None
 
 
 def test_readiness_looks_again_when_its_wait_ends_and_often_while_vllm_is_down() -> None:
-    from moelora.agent.metrics import Metrics
-    from moelora.agent.readiness import ReadyGate
+    from moelora.agent.report.metrics import Metrics
+    from moelora.agent.report.readiness import ReadyGate
 
     gate = ReadyGate(wait_seconds=25.0, metrics=Metrics())
     gate.update(vllm_up=False, unsettled=["a"], now=0.0)

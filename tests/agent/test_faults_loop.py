@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from moelora.agent.errors import TransientError
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.vllm import LoadedAdapter
+from moelora.agent.serve.vllm import LoadedAdapter
 from moelora.local.faults import Drip, FaultProxy, Hang, Rule
 
 from .conftest import (
@@ -195,7 +195,7 @@ def test_a_hanging_endpoint_delays_nobody_else_and_deletes_cancel(
 
 
 def test_the_poll_of_a_dead_vllm_answers_at_once() -> None:
-    from moelora.agent.vllm import VllmClient
+    from moelora.agent.serve.vllm import VllmClient
     from moelora.local import process
 
     client = VllmClient(base_url=f"http://127.0.0.1:{process.free_port()}")  # retries 3 times for loads
@@ -208,7 +208,7 @@ def test_the_poll_of_a_dead_vllm_answers_at_once() -> None:
 def test_markers_of_adapters_deleted_while_away_are_dropped_at_start(
     parts: tuple[pathlib.Path, FakeVllm, MemoryKube, MemoryDesired],
 ) -> None:
-    from moelora.agent.served import LastGood, Served
+    from moelora.agent.store.last_good import LastGood, Served
 
     cache, vllm, kube, desired = parts
     (cache / "v-gone").mkdir(parents=True)

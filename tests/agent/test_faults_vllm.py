@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
+from moelora.agent.serve.vllm import VllmClient
 from moelora.agent.settings import Settings
-from moelora.agent.vllm import VllmClient
 from moelora.local.faults import Drip, FaultProxy, Rule
 
 from .conftest import KEYS, POD, VLLM_BASE_NAME, VLLM_MAX_RANK, MemoryDesired, MemoryKube, eventually, s3_client

@@ -8,8 +8,8 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.fetch import fetch, fetch_tree
-from moelora.agent.source import ClientConfig, list_source, make_client, parse_s3_uri
+from moelora.agent.store.fetch import fetch, fetch_tree
+from moelora.agent.store.source import ClientConfig, list_source, make_client, parse_s3_uri
 from moelora.api import FailureReason, VersionPin
 from moelora.local import s3 as local_s3
 
@@ -130,7 +130,7 @@ def test_unsafe_key_in_the_bucket_is_refused(s3_env: str, bucket: str) -> None:
 
 def test_explicit_endpoint_and_credentials(s3_endpoint: str, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An adapter naming its own endpoint and Secret needs nothing from the pod's environment."""
-    from moelora.agent.source import Credentials
+    from moelora.agent.store.source import Credentials
 
     for name in ("AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
@@ -156,7 +156,7 @@ def test_fetch_tree_for_a_base_model(s3_env: str, bucket: str, tmp_path: pathlib
 @pytest.mark.skipif(not local_s3.s3rver_available(), reason="needs node and node_modules/s3rver")
 def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second, independent S3 implementation: its multipart ETags have no -N suffix, pins must still work."""
-    from moelora.agent.source import Credentials
+    from moelora.agent.store.source import Credentials
 
     server = local_s3.start_s3rver(data_dir=tmp_path / "data", log_path=tmp_path / "s3rver.log")
     try:

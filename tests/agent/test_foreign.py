@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from moelora.agent import admin_key, foreign
 from moelora.agent.errors import TransientError
-from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Record, Stage
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
+from moelora.agent.serve import admin_key, foreign
+from moelora.agent.serve.vllm import ADMIN_KEY_HEADER, VllmClient, classify_load_error
 from moelora.agent.settings import from_env
-from moelora.agent.vllm import ADMIN_KEY_HEADER, VllmClient, classify_load_error
 from moelora.api.agent_env import ADMIN_KEY_FILE
 
 from .conftest import BASE_MODEL, POD, FakeVllm, MemoryDesired, MemoryKube, agent_settings, eventually
@@ -51,7 +51,7 @@ def test_an_adapter_the_agent_did_not_load_is_unloaded_counted_and_reported(
     assert event["reason"] == "ForeignAdapterUnloaded" and event["type"] == "Warning"
     assert "'intruder\\n[ERROR] forged log line xxx" in event["message"] and "\n" not in event["message"]
     assert len(event["message"]) < 300  # capped: the name cannot flood the Event or the log
-    lines = [r.getMessage() for r in caplog.records if r.name == "moelora.agent.foreign"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "moelora.agent.serve.foreign"]
     assert lines and all("\n" not in line and "x" * 100 not in line for line in lines)
     agent.step()  # gone: nothing more to report
     assert _count(agent, "unloaded") == 1

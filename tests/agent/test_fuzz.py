@@ -10,10 +10,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from moelora.agent import safetensors_header, tensors
-from moelora.agent.basemodel import from_config
+from moelora.agent.check import safetensors_header, tensors
+from moelora.agent.check.basemodel import from_config
+from moelora.agent.check.validate import Limits, check_config, parse_config
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import Limits, check_config, parse_config
 from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL

@@ -9,9 +9,9 @@ import sys
 import threading
 import time
 
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.vllm import HealthWatch, VllmClient
+from moelora.agent.serve.vllm import HealthWatch, VllmClient
 
 from .conftest import MemoryDesired, MemoryKube, adapter_files, agent_settings, eventually, upload
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from moelora.agent.check.validate import Limits, validate
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import Limits, validate
 from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL
@@ -517,7 +517,7 @@ def test_a_header_longer_than_the_base_model_could_need_is_refused_unparsed(
 ) -> None:
     """Parsing a JSON header takes several times its size: one no real adapter of this base model could have is
     refused from its length alone (a 12.9 MB header of 100,000 tensors took ~60 MB to parse)."""
-    from moelora.agent import safetensors_header
+    from moelora.agent.check import safetensors_header
 
     directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
     limits = dataclasses.replace(LIMITS, base_config=base_config(tmp_path / "base", LLAMA))
@@ -529,7 +529,7 @@ def test_a_header_longer_than_the_base_model_could_need_is_refused_unparsed(
 
 @pytest.mark.integration  # parses a header of many MB
 def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from moelora.agent import validate as module
+    from moelora.agent.check import validate as module
 
     released = []
     monkeypatch.setattr(module, "release_memory", lambda: released.append(True))
@@ -544,7 +544,7 @@ def test_a_large_header_gives_its_memory_back(tmp_path: pathlib.Path, monkeypatc
 @pytest.mark.integration  # parses a header of many MB
 def test_a_kept_refusal_does_not_keep_the_parsed_header(tmp_path: pathlib.Path) -> None:
     """The agent keeps each adapter's refusal; a traceback through the parser would keep its parsed header too."""
-    from moelora.agent.safetensors_header import Header
+    from moelora.agent.check.safetensors_header import Header
 
     directory = adapter(tmp_path / "a", weights=many_tensors(100_000), adapter_config=config())
     with pytest.raises(AdapterError) as caught:

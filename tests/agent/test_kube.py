@@ -12,8 +12,8 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 
-from moelora.agent.kube import PLURAL, AdapterWatcher, Kube
-from moelora.agent.validate import AdapterInfo
+from moelora.agent.check.validate import AdapterInfo
+from moelora.agent.report.kube import PLURAL, AdapterWatcher, Kube
 from moelora.api import GROUP, VERSION, AdapterPhase, ReplicaAdapterState
 from moelora.local.apiserver import KubeAPI
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from moelora.agent.kube import AdapterWatcher, Kube
+from moelora.agent.report.kube import AdapterWatcher, Kube
 
 
 class Custom:

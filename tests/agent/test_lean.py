@@ -24,8 +24,8 @@ def rss_mib():
             return int(line.split()[1]) / 1024
 
 import moelora.agent.__main__, moelora.agent.runner  # everything the pod's agent imports
-from moelora.agent import peft_moe
-from moelora.agent.validate import Limits, validate
+from moelora.agent.check import peft_moe
+from moelora.agent.check.validate import Limits, validate
 
 adapter, base_config = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 before = rss_mib()

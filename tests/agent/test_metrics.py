@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moelora.agent.metrics import Metrics, StatusServer
+from moelora.agent.report.metrics import Metrics, StatusServer
 
 from ..metrics_readme import REFERENCE, exposed_metrics, readme_metrics
 

@@ -1,6 +1,6 @@
-"""Adapters asked for by vLLM's LoRA resolver (moelora.agent.ondemand) on a pod where they are not placed: the loop
-(a fake vLLM, real S3, a clock the test moves) fetches and checks them as it does placed ones and hands the files to
-the resolver instead of loading them itself; names that are no LoRAAdapter of the server, and adapters the checks
+"""Adapters asked for by vLLM's LoRA resolver (moelora.agent.serve.ondemand) on a pod where they are not placed: the
+loop (a fake vLLM, real S3, a clock the test moves) fetches and checks them as it does placed ones and hands the files
+to the resolver instead of loading them itself; names that are no LoRAAdapter of the server, and adapters the checks
 refuse, are refused with their reason; held ones make room for placed ones, coldest first. The listener the resolver
 calls wants the pod's admin key."""
 
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from moelora.agent.metrics import Metrics
-from moelora.agent.ondemand import ADDRESS_FILE, Answer, Held, Resolutions, ResolveServer, coldest
 from moelora.agent.reconcile import Record, Stage
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.vllm import ADMIN_KEY_HEADER
+from moelora.agent.serve.ondemand import ADDRESS_FILE, Answer, Held, Resolutions, ResolveServer, coldest
+from moelora.agent.serve.vllm import ADMIN_KEY_HEADER
 from moelora.api import FailureReason
 
 from .conftest import FakeVllm, MemoryDesired, MemoryKube, adapter_files, agent_settings, eventually, upload

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from moelora.agent.errors import AdapterError
-from moelora.agent.vllm import CANARY_PREFIX, VllmClient
+from moelora.agent.serve.vllm import CANARY_PREFIX, VllmClient
 from moelora.api import FailureReason
 from moelora.local import vllm_server as local_vllm
 

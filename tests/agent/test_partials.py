@@ -8,11 +8,11 @@ import pathlib
 
 import pytest
 
-from moelora.agent import transfer
-from moelora.agent.cache import AdapterCache
 from moelora.agent.reconcile import Stage
 from moelora.agent.runner import Agent
-from moelora.agent.transfer import MANIFEST
+from moelora.agent.store import transfer
+from moelora.agent.store.cache import AdapterCache
+from moelora.agent.store.transfer import MANIFEST
 
 from .conftest import MemoryDesired, MemoryKube, eventually, upload
 from .test_resilience import KillAfter, big_files, item, preparer

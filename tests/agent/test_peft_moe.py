@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from moelora.agent import peft_moe
+from moelora.agent.check import peft_moe
 from moelora.agent.errors import AdapterError
 from moelora.api import FailureReason
 
@@ -292,7 +292,7 @@ def test_unreadable_weights_are_the_adapters_fault(tmp_path: pathlib.Path) -> No
 @pytest.mark.filterwarnings("ignore:The following rank_pattern keys did not match")  # peft applies them all the same
 def test_a_rank_pattern_on_a_fused_parameter_passes_the_tensor_checks(tmp_path: pathlib.Path) -> None:
     """peft matches rank_pattern against the parameter's full name (…experts.gate_up_proj): the checks must too."""
-    from moelora.agent.validate import Limits, validate
+    from moelora.agent.check.validate import Limits, validate
 
     model = _peft_adapter(tmp_path / "adapter", hidden=32, inter=16, rank_pattern={"gate_up_proj": 2})
     model.base_model.model.config.save_pretrained(str(tmp_path / "base"))

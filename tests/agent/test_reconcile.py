@@ -1,7 +1,7 @@
 """The pure plan: desired adapters + what the agent knows + what vLLM serves -> actions."""
 
 from moelora.agent.reconcile import Desired, Load, Record, Stage, plan, ready, winners
-from moelora.agent.vllm import LoadedAdapter
+from moelora.agent.serve.vllm import LoadedAdapter
 from moelora.api import FailureReason, LoRAAdapterSpec
 
 CACHE = "/cache"

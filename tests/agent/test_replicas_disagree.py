@@ -9,7 +9,7 @@ import datetime
 import pathlib
 import threading
 
-from moelora.agent.validate import AdapterInfo
+from moelora.agent.check.validate import AdapterInfo
 from moelora.api import ReplicaAdapterState
 from moelora.operator import status as operator_status
 

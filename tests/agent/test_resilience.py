@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from moelora.agent.cache import AdapterCache
+from moelora.agent.check.validate import Limits
 from moelora.agent.errors import TransientError
-from moelora.agent.fetch import partial_dir
-from moelora.agent.guard import Cancelled, Deferred
-from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Preparer
 from moelora.agent.reconcile import Desired
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.settings import Settings
-from moelora.agent.transfer import MANIFEST
-from moelora.agent.validate import Limits
+from moelora.agent.store.cache import AdapterCache
+from moelora.agent.store.fetch import partial_dir
+from moelora.agent.store.guard import Cancelled, Deferred
+from moelora.agent.store.transfer import MANIFEST
 from moelora.api import FailureReason
 from moelora.local.faults import Drip, FaultProxy, Hang, Reset, Rule, Status, Truncate
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Record, Stage
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
 from moelora.api import FailureReason
 

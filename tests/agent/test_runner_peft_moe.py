@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from moelora.agent import peft_moe
+from moelora.agent.check import peft_moe
 from moelora.agent.runner import Agent
 
 from .conftest import BASE_MODEL, MemoryDesired, MemoryKube, adapter_files, eventually, upload

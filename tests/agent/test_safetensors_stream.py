@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from moelora.agent.safetensors_stream import TensorSpec, write
+from moelora.agent.check.safetensors_stream import TensorSpec, write
 
 
 def test_round_trip_in_any_laid_out_order(tmp_path: pathlib.Path) -> None:

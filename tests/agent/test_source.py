@@ -3,7 +3,7 @@
 import pytest
 
 from moelora.agent.errors import AdapterError
-from moelora.agent.source import Listing, RemoteObject, S3Location, check_listing, parse_s3_uri, safe_relpath
+from moelora.agent.store.source import Listing, RemoteObject, S3Location, check_listing, parse_s3_uri, safe_relpath
 from moelora.api import FailureReason
 
 
@@ -103,7 +103,7 @@ def test_version_changes_with_any_etag_and_not_with_quotes() -> None:
     ],
 )
 def test_check_allowed_refuses_before_any_request(wire: dict, allowed: bool) -> None:
-    from moelora.agent.source import check_allowed
+    from moelora.agent.store.source import check_allowed
     from moelora.api import AdapterSource
 
     source = AdapterSource.model_validate({"uri": "s3://team-a/x/", **wire})

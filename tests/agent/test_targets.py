@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from moelora.agent import basemodel, targets
+from moelora.agent.check import basemodel, targets
+from moelora.agent.check.validate import Limits, check_config
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import Limits, check_config
 from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL

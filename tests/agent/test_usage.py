@@ -9,7 +9,7 @@ import prometheus_client
 import pytest
 
 from moelora.agent.reconcile import Record, Stage
-from moelora.agent.usage import LoadSampler, in_flight
+from moelora.agent.report.usage import LoadSampler, in_flight
 
 
 def vllm_metrics(states: list[tuple[str, str]]) -> str:

@@ -5,8 +5,8 @@ import pathlib
 
 import pytest
 
+from moelora.agent.check.validate import AdapterInfo, Limits, same_base_model, validate
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import AdapterInfo, Limits, same_base_model, validate
 from moelora.api import FailureReason
 
 from .conftest import BASE_MODEL, adapter_files

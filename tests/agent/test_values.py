@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from moelora.agent import safetensors_header, values
+from moelora.agent.check import safetensors_header, values
+from moelora.agent.check.safetensors_stream import TensorSpec, write
 from moelora.agent.errors import AdapterError
-from moelora.agent.safetensors_stream import TensorSpec, write
 from moelora.api import FailureReason
 
 A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.vllm import Duplicate, VllmClient, classify_load_error
+from moelora.agent.serve.vllm import Duplicate, VllmClient, classify_load_error
 from moelora.api import FailureReason
 from moelora.local import process
 from moelora.local import vllm_server as local_vllm
@@ -109,7 +109,7 @@ class _Scripted:
 
 
 def test_a_busy_vllm_keeps_its_adapters_for_a_few_polls_a_dead_one_loses_them_at_once() -> None:
-    from moelora.agent.vllm import AdapterPoller, VllmSlow
+    from moelora.agent.serve.vllm import AdapterPoller, VllmSlow
 
     served = {"a": object()}
     slow = VllmSlow("late")
@@ -127,7 +127,7 @@ def test_a_late_answer_is_slow_and_a_refused_connection_is_not() -> None:
     import threading
     import time as _time
 
-    from moelora.agent.vllm import VllmSlow
+    from moelora.agent.serve.vllm import VllmSlow
 
     class Late(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name

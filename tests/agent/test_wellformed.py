@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from moelora.agent import basemodel, safetensors_header
+from moelora.agent.check import basemodel, safetensors_header
+from moelora.agent.check.validate import Limits, validate
 from moelora.agent.errors import AdapterError
-from moelora.agent.validate import Limits, validate
 
 from .conftest import BASE_MODEL, VLLM_BASE_NAME, adapter_files
 from .hostile import LLAMA, adapter, base_config

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes.config
 import kubernetes.watch
 
-from moelora.agent.kube import Kube
+from moelora.agent.report.kube import Kube
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
 

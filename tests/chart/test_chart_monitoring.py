@@ -24,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 from moelora.api import ModelServerSpec
 from moelora.local.apiserver import upstream
 from moelora.operator import deployment, naming, service

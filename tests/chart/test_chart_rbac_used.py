@@ -23,7 +23,7 @@ import kubernetes.config
 import kubernetes.watch
 import pytest
 
-from moelora.agent.kube import Kube
+from moelora.agent.report.kube import Kube
 from moelora.api import AdapterPhase, ReplicaAdapterState
 from moelora.local.apiserver import Emulator, KubeAPI
 from moelora.local.operator_thread import OperatorThread

@@ -229,3 +229,17 @@ def test_a_new_home_with_a_stale_loaded_entry_does_not_end_the_move() -> None:
     (home,) = assign(server(3), [AdapterState(name="a", current=current)])["a"].target
     back = AdapterState(name="a", current=current, loaded_on=loaded(["ms-9", home]))
     assert assign(server(3), [back])["a"].replicas == [home, "ms-9"]
+
+
+def test_scale_out_of_full_pods_moves_only_the_new_pods_share() -> None:
+    # Disks with 5% to spare: copies spill past full pods, and placement from the names alone would move spilled
+    # copies between old pods too (1.24 / 17 of them here).
+    adapters = [AdapterState(name=name, size_bytes=100) for name in names(1000)]
+    disk = int(1.05 * 1000 * 100 / 16)
+    before = settled(adapters, assign(server(16, disk_bytes=disk), adapters))
+    before = [AdapterState(name=a.name, size_bytes=100, current=a.current, loaded_on=a.loaded_on) for a in before]
+    during = assign(server(17, disk_bytes=disk), before)
+    old = {a.name: a.assigned for a in before}
+    new = {name: tuple(p.target) for name, p in during.items()}
+    assert placement.moved(old, new) <= 1.2 / 17 * 1000
+    assert all(set(new[name]) - set(old[name]) <= {"ms-16"} for name in new)

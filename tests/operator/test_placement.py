@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from moelora.operator.placement import (
     Replica,
     Unload,
     auto_copies,
+    moved,
     place,
     plan,
     ranking,
@@ -219,3 +221,52 @@ def test_with_room_to_spare_scaling_out_still_moves_little(seed: int, count: int
 def test_homes_are_the_mapping_the_plan_takes() -> None:
     placed = Placement(homes={"a": ("ms-0",)})
     assert plan(placed.homes, {}).unloads == (Unload("a", "ms-0", frozenset()),)
+
+
+def test_moved_counts_a_relocated_copy_once_and_added_or_dropped_copies_too() -> None:
+    old = {"a": ("ms-0",), "b": ("ms-0", "ms-1"), "c": ("ms-2",), "gone": ("ms-1",)}
+    new = {"a": ("ms-3",), "b": ("ms-1",), "c": ("ms-2", "ms-3"), "fresh": ("ms-0",)}
+    assert moved(old, new) == 1 + 1 + 1 + 1 + 1  # a relocated, b gave one back, c gained one, gone, fresh
+    assert moved(old, old) == 0
+
+
+@pytest.mark.parametrize("copies", [1, 2, 3])
+def test_scaling_out_a_full_fleet_moves_only_the_new_replicas_share(copies: int) -> None:
+    # Disks with 5% to spare: copies spill past full first choices. Without the current homes, the new replica
+    # frees room on old ones and spilled copies move back between old replicas (1.16-1.26 / 17 of the copies).
+    adapters = [Adapter(f"a-{i}", 100, replicas=copies) for i in range(1000)]
+    disk = int(1.05 * 1000 * copies * 100 / 16)
+    before = place(adapters, fleet(16, disk))
+    after = place(adapters, fleet(17, disk), before.homes)
+    assert not before.short and not after.short
+    assert moved(before.homes, after.homes) <= 1.0 / 17 * 1000 * copies
+    assert len(after.held()["ms-16"]) >= 0.8 / 17 * 1000 * copies  # and the new replica does get its share
+    assert all(set(after.homes[a.name]) - set(before.homes[a.name]) <= {"ms-16"} for a in adapters)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), count=st.integers(1, 12), copies=st.integers(1, 3))
+def test_with_room_everywhere_the_current_homes_change_nothing(seed: int, count: int, copies: int) -> None:
+    adapters = adapters_from(seed, 60, copies)
+    start = place(adapters, fleet(count)).homes
+    for replicas in (count - 1, count, count + 1, count + 3):
+        assert place(adapters, fleet(max(replicas, 1)), start) == place(adapters, fleet(max(replicas, 1)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), count=st.integers(1, 10), disk=st.integers(0, 60), copies=st.integers(1, 4))
+def test_placing_again_from_its_own_result_is_stable_and_within_capacity(
+    seed: int, count: int, disk: int, copies: int
+) -> None:
+    rng = random.Random(seed)
+    adapters = [Adapter(f"a{i}", rng.randint(1, 9), replicas=rng.randint(1, copies)) for i in range(60)]
+    first = place(adapters, fleet(count, disk=disk))
+    assert place(adapters, fleet(count, disk=disk), first.homes) == first
+    grown = place(adapters, fleet(count + 1, disk=disk), first.homes)
+    sizes = {a.name: a.size_bytes for a in adapters}
+    for held in grown.held().values():
+        assert sum(sizes[name] for name in held) <= disk
+    for adapter in adapters:
+        homes = grown.homes[adapter.name]
+        assert len(set(homes)) == len(homes)
+        assert len(homes) + grown.short.get(adapter.name, 0) == min(adapter.replicas, count + 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from moelora.agent.kube import Kube
+from moelora.agent.report.kube import Kube
 from moelora.api import ReplicaAdapterState
 from moelora.operator.status import adapter_status_patch
 

@@ -1,6 +1,6 @@
 """moelora's LoRA resolver (moelora.vllm_plugin.resolver) between vLLM 0.32's own resolution code and the agent's
-listener (moelora.agent.ondemand.ResolveServer), in-process: vLLM's `OpenAIServingModels.resolve_lora` registers the
-path the agent hands over, gets vLLM's own 404 for a name that is no adapter of the server, and a refusal becomes
+listener (moelora.agent.serve.ondemand.ResolveServer), in-process: vLLM's `OpenAIServingModels.resolve_lora` registers
+the path the agent hands over, gets vLLM's own 404 for a name that is no adapter of the server, and a refusal becomes
 vLLM's error response with the agent's status and reason; the lock vLLM holds on the name is released either way.
 """
 
@@ -23,7 +23,7 @@ from vllm.lora.resolver import LoRAResolverRegistry
 from vllm.utils.counter import AtomicCounter
 
 import moelora.vllm_plugin as plugin
-from moelora.agent.ondemand import ADDRESS_FILE, Answer, Resolutions, ResolveServer
+from moelora.agent.serve.ondemand import ADDRESS_FILE, Answer, Resolutions, ResolveServer
 from moelora.vllm_plugin import resolver
 
 REFUSED = Answer(422, reason="RankTooHigh", message="LoRA adapter 'bad' cannot be served here: RankTooHigh: r=64")

@@ -15,13 +15,13 @@ from moelora.agent.errors import AdapterError, TransientError
 
 
 def run_agent() -> int:
-    from moelora.agent import admin_key
-    from moelora.agent import kube as kube_module
-    from moelora.agent.metrics import Metrics, StatusServer
-    from moelora.agent.ondemand import ADDRESS_FILE, ResolveServer
+    from moelora.agent.report import kube as kube_module
+    from moelora.agent.report.metrics import Metrics, StatusServer
     from moelora.agent.runner import Agent
+    from moelora.agent.serve import admin_key
+    from moelora.agent.serve.ondemand import ADDRESS_FILE, ResolveServer
+    from moelora.agent.serve.vllm import HealthWatch, VllmClient
     from moelora.agent.settings import SettingsError, from_env
-    from moelora.agent.vllm import HealthWatch, VllmClient
 
     try:
         settings = from_env()
@@ -84,8 +84,8 @@ def run_agent() -> int:
 
 
 def fetch_model(uri: str, dest: pathlib.Path) -> int:
-    from moelora.agent.fetch import fetch_tree
-    from moelora.agent.source import ClientConfig, list_source, make_client, parse_s3_uri
+    from moelora.agent.store.fetch import fetch_tree
+    from moelora.agent.store.source import ClientConfig, list_source, make_client, parse_s3_uri
 
     log = logging.getLogger("moelora.agent")
     try:

@@ -3,11 +3,11 @@
 The cache's bookkeeping lives here too (the versions in use, and those in flight on workers, are never evicted;
 a download reserves its listing's bytes before it starts, so downloads in flight never take the cache over its
 limit, nor over what its disk has free), since downloads are what fill the cache; the agent's loop tells it what
-vLLM serves and which downloads it has collected. So do the guards of one adapter's S3 trouble (guard.py): a cap
-per endpoint, deadlines, a rate floor, and cancellation when the adapter is deleted or changed.
+vLLM serves and which downloads it has collected. So do the guards of one adapter's S3 trouble (store/guard.py):
+a cap per endpoint, deadlines, a rate floor, and cancellation when the adapter is deleted or changed.
 
-A new version refused by the checks is not the adapter's end when an earlier one was served (served.py): the
-result is then that earlier version, with the refusal beside it (UpdateRejected).
+A new version refused by the checks is not the adapter's end when an earlier one was served (store/last_good.py):
+the result is then that earlier version, with the refusal beside it (UpdateRejected).
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
-from moelora.agent import peft_moe
-from moelora.agent.cache import AdapterCache
+from moelora.agent.check import peft_moe
+from moelora.agent.check.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.agent.errors import AdapterError, TransientError
-from moelora.agent.fetch import DEFAULT_TRANSFER, fetch, read_config_object
-from moelora.agent.guard import Deferred, EndpointGates, Slot, Watch, bounded
-from moelora.agent.metrics import Metrics
 from moelora.agent.reconcile import Desired
-from moelora.agent.served import LastGood, Served
+from moelora.agent.report.metrics import Metrics
 from moelora.agent.settings import Settings
-from moelora.agent.source import (
+from moelora.agent.store.cache import AdapterCache
+from moelora.agent.store.fetch import DEFAULT_TRANSFER, fetch, read_config_object
+from moelora.agent.store.guard import Deferred, EndpointGates, Slot, Watch, bounded
+from moelora.agent.store.last_good import LastGood, Served
+from moelora.agent.store.source import (
     ClientConfig,
     Credentials,
     check_allowed,
@@ -38,7 +39,6 @@ from moelora.agent.source import (
     make_client,
     parse_s3_uri,
 )
-from moelora.agent.validate import AdapterInfo, Limits, check_config, parse_config, validate
 from moelora.api import FailureReason
 
 logger = logging.getLogger(__name__)

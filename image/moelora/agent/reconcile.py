@@ -17,8 +17,8 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from moelora.agent.validate import AdapterInfo
-from moelora.agent.vllm import CANARY_PREFIX, LoadedAdapter
+from moelora.agent.check.validate import AdapterInfo
+from moelora.agent.serve.vllm import CANARY_PREFIX, LoadedAdapter
 from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 
 _JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
@@ -94,7 +94,7 @@ class Record:
     conflict_with: str | None = None  # the adapter that holds our served name
     failed_version: str | None = None  # the files a permanent failure was judged on: not downloaded again
     rejected: tuple[str, FailureReason, str] | None = None  # (version, reason, message) refused while serving another
-    load: float | None = None  # requests in flight on this pod, on average (usage.py), while loaded
+    load: float | None = None  # requests in flight on this pod, on average (report/usage.py), while loaded
     serving: Serving | None = None  # what vLLM serves for it since the last load: an update refused later falls back
     checking: bool = False  # its spec changed while loaded: vLLM keeps the files until the new spec is checked
     handed_at: float | None = None  # monotonic time its files went to vLLM's resolver, which registers them itself

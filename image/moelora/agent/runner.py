@@ -15,21 +15,21 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from moelora.agent import foreign, ondemand, peft_moe, reconcile
-from moelora.agent.cache import AdapterCache
+from moelora.agent import reconcile
+from moelora.agent.check import peft_moe
+from moelora.agent.check.validate import AdapterInfo, Limits
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
-from moelora.agent.guard import Cancelled, Deferred
-from moelora.agent.holding import HAND_OVER_SECONDS, Holding
-from moelora.agent.loader import Loader
-from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Outcome, Prepared, Preparer
-from moelora.agent.publish import StatusPublisher
-from moelora.agent.readiness import ReadyGate
 from moelora.agent.reconcile import Desired, Record, Stage
+from moelora.agent.report.metrics import Metrics
+from moelora.agent.report.publish import StatusPublisher
+from moelora.agent.report.readiness import ReadyGate
+from moelora.agent.report.usage import LoadSampler
+from moelora.agent.serve import foreign, holding, loader, ondemand
+from moelora.agent.serve.vllm import AdapterPoller, LoadedAdapter, VllmClient
 from moelora.agent.settings import Settings
-from moelora.agent.usage import LoadSampler
-from moelora.agent.validate import AdapterInfo, Limits
-from moelora.agent.vllm import AdapterPoller, LoadedAdapter, VllmClient
+from moelora.agent.store.cache import AdapterCache
+from moelora.agent.store.guard import Cancelled, Deferred
 from moelora.api import FailureReason, ReplicaAdapterState
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Agent:
         self._cache_changed = True
         self._prune_partials = True  # the first pass drops partials of adapters deleted while the agent was down
         self.publisher = StatusPublisher(kube=kube, pod=settings.pod_name, pool=self.status_pool)
-        self.loader = Loader(
+        self.loader = loader.Loader(
             vllm=vllm,
             metrics=metrics,
             cache=self.cache,
@@ -97,7 +97,7 @@ class Agent:
             monotonic=monotonic,
             checked=self.resolutions.serve,
         )
-        self.holding = Holding(
+        self.holding = holding.Holding(
             model_server=settings.model_server,
             cache_dir=settings.cache_dir,
             catalogue=catalogue or desired.snapshot,
@@ -200,7 +200,7 @@ class Agent:
         if not load.inplace and self.resolutions.waiting(load.served_name):
             self.loader.load(record, load, current=None, hand_over=True)
             return
-        if record.handed_at is not None and self.monotonic() - record.handed_at < HAND_OVER_SECONDS:
+        if record.handed_at is not None and self.monotonic() - record.handed_at < holding.HAND_OVER_SECONDS:
             return  # vLLM is registering what its resolver got: the next look at /v1/models adopts it
         self.loader.load(record, load, current=loaded.get(load.served_name) if loaded is not None else None)
 

@@ -3,8 +3,8 @@
 vLLM (with VLLM_ALLOW_RUNTIME_LORA_UPDATING, which the operator sets) calls every registered `LoRAResolver` for a
 request's `model` that is neither the base model nor a registered adapter, holding a per-name lock, and registers
 the `LoRARequest` it gets (`OpenAIServingModels.resolve_lora`, the same in 0.26 and 0.32). This resolver asks the
-agent (moelora.agent.ondemand) over loopback, at the address the agent writes beside the admin guard's key and with
-that key: the agent answers with the path of files that passed every check the agent applies to any adapter, or
+agent (moelora.agent.serve.ondemand) over loopback, at the address the agent writes beside the admin guard's key
+and with that key: the agent answers with the path of files that passed every check the agent applies to any adapter, or
 refuses. A name that is no LoRAAdapter of this pod's ModelServer gets None, so vLLM answers its own 404; a refusal
 is raised as an HTTPException, which vLLM's exception handler turns into that status with the reason as message
 (422 for an adapter refused for good, 503 for one not servable now). No agent address (a vLLM started without the
@@ -31,7 +31,7 @@ __all__ = ["ADDRESS_FILE", "NAME", "AgentResolver", "Refused", "ask_agent", "reg
 log = logging.getLogger("vllm.moelora_plugin")
 
 NAME = "moelora"
-ADDRESS_FILE = "resolver"  # moelora.agent.ondemand.ADDRESS_FILE
+ADDRESS_FILE = "resolver"  # moelora.agent.serve.ondemand.ADDRESS_FILE
 # The agent bounds its own wait (MOELORA_RESOLVE_SECONDS); this only ends a call to an agent that hangs.
 TIMEOUT = 3600.0
 

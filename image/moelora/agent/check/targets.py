@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from moelora.agent.basemodel import BaseModel
+from moelora.agent.check.basemodel import BaseModel
 from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.api import FailureReason
 

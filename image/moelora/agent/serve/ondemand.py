@@ -29,7 +29,7 @@ from typing import Any
 
 from moelora.agent.errors import quote
 from moelora.agent.reconcile import Desired, Record, Stage, winners
-from moelora.agent.vllm import ADMIN_KEY_HEADER
+from moelora.agent.serve.vllm import ADMIN_KEY_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class Held:
     """An adapter held on demand, as eviction sees it."""
 
     uid: str
-    load: float  # requests in flight on this pod, on average (usage.py); 0 when not sampled
+    load: float  # requests in flight on this pod, on average (report/usage.py); 0 when not sampled
     since: float  # when a request last asked for it (monotonic)
     size: int  # bytes its files take in the cache
 

@@ -13,8 +13,8 @@ import pathlib
 import struct
 from typing import Any
 
+from moelora.agent.check.strictjson import load_json
 from moelora.agent.errors import AdapterError, quote
-from moelora.agent.strictjson import load_json
 from moelora.api import FailureReason
 
 MiB = 2**20

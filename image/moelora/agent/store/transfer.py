@@ -26,8 +26,8 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig
 
 from moelora.agent.errors import AdapterError, TransientError, quote
-from moelora.agent.guard import Cancelled, Watch, working_for
-from moelora.agent.source import Listing, RemoteObject, classify_client_error
+from moelora.agent.store.guard import Cancelled, Watch, working_for
+from moelora.agent.store.source import Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason
 
 _JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it

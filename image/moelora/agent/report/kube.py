@@ -23,8 +23,8 @@ import kubernetes.config
 import kubernetes.watch
 from kubernetes.client.exceptions import ApiException
 
+from moelora.agent.check.validate import AdapterInfo
 from moelora.agent.reconcile import Desired
-from moelora.agent.validate import AdapterInfo
 from moelora.api import GROUP, VERSION, ReplicaAdapterState, Rollup
 
 logger = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import shutil
 import time
 from collections.abc import Collection, Iterable
 
-from moelora.agent import transfer
-from moelora.agent.fetch import PARTIAL_PREFIX, TEMP_PREFIX
-from moelora.agent.validate import directory_bytes
+from moelora.agent.check.validate import directory_bytes
+from moelora.agent.store import transfer
+from moelora.agent.store.fetch import PARTIAL_PREFIX, TEMP_PREFIX
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from moelora.agent.check.validate import AdapterInfo
 from moelora.agent.reconcile import Desired, Record, Stage
-from moelora.agent.validate import AdapterInfo
 from moelora.api import ReplicaAdapterState
 
 logger = logging.getLogger(__name__)

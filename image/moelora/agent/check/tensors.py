@@ -14,9 +14,9 @@ import dataclasses
 import re
 from typing import Any
 
-from moelora.agent.basemodel import BaseModel
+from moelora.agent.check.basemodel import BaseModel
+from moelora.agent.check.safetensors_header import Header, TensorInfo
 from moelora.agent.errors import AdapterError, quote
-from moelora.agent.safetensors_header import Header, TensorInfo
 from moelora.api import FailureReason
 
 _NAME = re.compile(r"base_model\.model\.((?:[A-Za-z0-9_]+\.)*[A-Za-z0-9_]+)\.(lora_A|lora_B)\.weight")

@@ -15,8 +15,8 @@ import pathlib
 import re
 from typing import Any
 
+from moelora.agent.check.strictjson import load_json
 from moelora.agent.errors import TransientError, quote
-from moelora.agent.strictjson import load_json
 from moelora.api import FailureReason
 
 logger = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from moelora.agent import sockets
 from moelora.agent.errors import AdapterError, TransientError, quote
-from moelora.agent.guard import Cancelled
+from moelora.agent.store import sockets
+from moelora.agent.store.guard import Cancelled
 from moelora.api import AdapterSource, FailureReason
 
 CONFIG_FILE = "adapter_config.json"

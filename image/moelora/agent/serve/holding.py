@@ -11,12 +11,12 @@ import logging
 import pathlib
 from collections.abc import Callable, Collection, Mapping
 
-from moelora.agent import foreign, ondemand
-from moelora.agent.cache import AdapterCache
-from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Preparer
 from moelora.agent.reconcile import Desired, Record, Stage
-from moelora.agent.vllm import LoadedAdapter
+from moelora.agent.report.metrics import Metrics
+from moelora.agent.serve import foreign, ondemand
+from moelora.agent.serve.vllm import LoadedAdapter
+from moelora.agent.store.cache import AdapterCache
 from moelora.api import FailureReason
 
 logger = logging.getLogger(__name__)

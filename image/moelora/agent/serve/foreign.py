@@ -11,7 +11,7 @@ import concurrent.futures
 import logging
 from typing import Protocol
 
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

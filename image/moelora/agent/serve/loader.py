@@ -11,13 +11,13 @@ import secrets
 from collections.abc import Callable
 from typing import Protocol
 
-from moelora.agent import foreign
-from moelora.agent.cache import AdapterCache
 from moelora.agent.errors import AdapterError, TransientError, redact
-from moelora.agent.metrics import Metrics
 from moelora.agent.prepare import Preparer
 from moelora.agent.reconcile import Load, Record, Serving, Stage
-from moelora.agent.vllm import CANARY_PREFIX, Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.report.metrics import Metrics
+from moelora.agent.serve import foreign
+from moelora.agent.serve.vllm import CANARY_PREFIX, Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.store.cache import AdapterCache
 from moelora.api import FailureReason
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from moelora.agent.check.safetensors_header import Header, TensorInfo
 from moelora.agent.errors import AdapterError, quote
-from moelora.agent.safetensors_header import Header, TensorInfo
 from moelora.api import FailureReason
 
 MAX_MAGNITUDE = 1e4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from moelora.agent.metrics import Metrics
+from moelora.agent.report.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

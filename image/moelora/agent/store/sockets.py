@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSHTTPConnectionPool, AWSHTTPSConnectionPool
 
-from moelora.agent.guard import Cancelled, current
+from moelora.agent.store.guard import Cancelled, current
 
 _OWNER = "_moelora_watch"  # the attribute naming, on a connection in use, the watch it is attached to
 
