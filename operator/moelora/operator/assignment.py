@@ -1,5 +1,6 @@
 """Which pods of a placed ModelServer serve each adapter now: `placement.place` over the server's stable pod names,
-moved make-before-break from the assignment already in each adapter's status. Pure.
+from the target homes already in each adapter's status (kept wherever placement can, so a scale-out moves only the
+new pods' share), moved make-before-break. Pure.
 
 An adapter's assignment (`status.placement.replicas`) is its target homes plus, while a move is under way, the old
 homes that `placement.plan` may not unload yet: an old home leaves the assignment only once every target home's
@@ -73,7 +74,9 @@ def assign(
             minimum=server.copies,
         )
     wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or copies[a.name]) for a in adapters]
-    target = placement.place(wanted, replicas)
+    # Each adapter's target homes so far (its draining ones are on their way out), which placement keeps where it can.
+    current = {a.name: a.current.target or a.assigned for a in adapters if a.current is not None}
+    target = placement.place(wanted, replicas, current)
     result, recheck = {}, None
     for adapter in adapters:
         homes = list(target.homes[adapter.name])

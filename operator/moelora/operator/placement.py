@@ -17,6 +17,13 @@ short of room, extra copies are dropped before any adapter's only copy; within a
 fixed by a hash of their names. A copy whose best-ranked replica
 is full spills to the next-ranked one with room; a copy no replica can take is reported in `Placement.short`.
 
+History matters only through capacity. Given the homes adapters have now, every copy stays where it is (placed
+before any other copy of its round) except one that a replica holding nothing yet now outranks among the adapter's
+first choices, which goes to that new replica as rendezvous would move it. With room everywhere this is plain
+rendezvous. With full replicas, rendezvous from names alone would also move every copy that had spilled past a
+full first choice back to it once a scale-out freed room there, a cascade of moves between old replicas; kept,
+a scale-out of a full fleet moves about 1/(N+1) of the copies, all to the new replica.
+
 Moves are make-before-break (`plan`): every new copy loads first, and an adapter's old copies are unloaded only
 after all of its new copies report loaded. Known limit: a replica that gains and loses adapters in the same plan
 holds both sets until the unloads run, so its disk budget needs room for that transient.
@@ -119,7 +126,8 @@ def auto_copies(
 ) -> dict[str, int]:
     """Copies per adapter from its share of the observed load (requests in flight, any unit): an adapter gets a
     copy for every warm slot's share of the fleet's load, `ceil(share x replicas x slots)`, clamped to
-    [minimum, replicas] (`replica_counts` with copy_rate = total / (replicas x slots), the fleet simulator's rule).
+    [minimum, replicas]. `loads` must count every request for the adapter, those that pods not holding it served on
+    demand too: those requests are load the adapter's copies should carry.
 
     Hysteresis against flapping: more copies are taken at once, but a copy is given back only when the adapter
     would need fewer copies even with `keep_margin` times its load, and then only down to that count. `current`:
@@ -138,36 +146,76 @@ def auto_copies(
     return counts
 
 
-def place(adapters: Sequence[Adapter], replicas: Sequence[Replica]) -> Placement:
-    """Assign each adapter its copies: best-ranked replicas first, spilling past replicas without room."""
+def place(
+    adapters: Sequence[Adapter], replicas: Sequence[Replica], current: Mapping[str, Sequence[str]] | None = None
+) -> Placement:
+    """Assign each adapter its copies: best-ranked replicas first, spilling past replicas without room.
+
+    `current`: the homes each adapter has now (adapter -> replica names, e.g. an earlier `Placement.homes`); names
+    of replicas not in `replicas` are ignored. Without it the result depends only on names, sizes and capacities.
+    """
+    current = current or {}
     if not replicas:
         return Placement(homes={adapter.name: () for adapter in adapters}, short={})
     used = {replica.name: 0 for replica in replicas}
     held = {replica.name: 0 for replica in replicas}
     wanted = {adapter.name: clamp_count(adapter.replicas, len(replicas)) for adapter in adapters}
     prefs = {adapter.name: ranking(adapter.name, replicas) for adapter in adapters}
+    # A current home stays unless a replica holding nothing yet now outranks it among the adapter's first choices:
+    # the new replica's fair share comes from those copies alone, never from copies that spilled past a full one.
+    old = {replica for homes in current.values() for replica in homes}
+    kept: dict[str, list[Replica]] = {}
+    for adapter in adapters:
+        now = set(current.get(adapter.name, ()))
+        pref = prefs[adapter.name]
+        first = {replica.name for replica in pref[: wanted[adapter.name]]}
+        displaced = {r.name for r in [r for r in pref if r.name in old][: wanted[adapter.name]]} - first
+        kept[adapter.name] = [r for r in pref if r.name in now and r.name not in displaced][: wanted[adapter.name]]
     cursor = dict.fromkeys(wanted, 0)  # a replica passed over as full stays full, so each list is walked once
     homes: dict[str, list[str]] = {adapter.name: [] for adapter in adapters}
     short: dict[str, int] = {}
     order = sorted(adapters, key=lambda adapter: (_unit(adapter.name), adapter.name))
+
+    def take(adapter: Adapter, replica: Replica) -> bool:
+        fits_disk = replica.disk_bytes is None or used[replica.name] + adapter.size_bytes <= replica.disk_bytes
+        fits_count = replica.max_adapters is None or held[replica.name] < replica.max_adapters
+        if fits_disk and fits_count and replica.name not in homes[adapter.name]:
+            used[replica.name] += adapter.size_bytes
+            held[replica.name] += 1
+            homes[adapter.name].append(replica.name)
+            return True
+        return False
+
     for copy in range(max(wanted.values(), default=0)):
         for adapter in order:
-            if wanted[adapter.name] <= copy or adapter.name in short:
+            if copy < len(kept[adapter.name]):
+                take(adapter, kept[adapter.name][copy])
+        for adapter in order:
+            name = adapter.name
+            if wanted[name] <= copy or len(homes[name]) > copy or name in short:
                 continue
-            pref = prefs[adapter.name]
-            while cursor[adapter.name] < len(pref):
-                replica = pref[cursor[adapter.name]]
-                cursor[adapter.name] += 1
-                fits_disk = replica.disk_bytes is None or used[replica.name] + adapter.size_bytes <= replica.disk_bytes
-                fits_count = replica.max_adapters is None or held[replica.name] < replica.max_adapters
-                if fits_disk and fits_count:
-                    used[replica.name] += adapter.size_bytes
-                    held[replica.name] += 1
-                    homes[adapter.name].append(replica.name)
+            pref = prefs[name]
+            while cursor[name] < len(pref):
+                replica = pref[cursor[name]]
+                cursor[name] += 1
+                if take(adapter, replica):
                     break
             else:
-                short[adapter.name] = wanted[adapter.name] - copy
-    return Placement(homes={name: tuple(found) for name, found in homes.items()}, short=short)
+                short[name] = wanted[name] - len(homes[name])
+    return Placement(
+        homes={name: tuple(r.name for r in prefs[name] if r.name in found) for name, found in homes.items()},
+        short=short,
+    )
+
+
+def moved(old: Mapping[str, Sequence[str]], new: Mapping[str, Sequence[str]]) -> int:
+    """Copies that change replica from `old` homes to `new`: per adapter the larger of the copies added and those
+    removed, so a copy that goes from one replica to another counts once, as does a copy added or given back."""
+    total = 0
+    for adapter in set(old) | set(new):
+        before, after = set(old.get(adapter, ())), set(new.get(adapter, ()))
+        total += max(len(after - before), len(before - after))
+    return total
 
 
 @dataclass(frozen=True)
