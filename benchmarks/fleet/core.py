@@ -2,14 +2,16 @@
 
 A replica keeps adapters as the product does. On disk: the adapters placement assigns it (warm, never evicted by
 the loop) and those it loaded on demand, within a disk budget; an on-demand one that needs room evicts the
-least recently asked non-placed ones first, and if placed ones alone fill the budget it is served and then dropped.
+least recently asked non-placed ones first, and if placed ones alone leave no room the request fails (the agent
+answers vLLM's resolver 503 CacheFull, `moelora.agent.serve.ondemand.answer_for`).
 In vLLM: `gpu_slots` (maxLoras) active and `cpu_slots` (maxCpuLoras) in CPU memory, both LRU, the GPU set inside
 the CPU set. A request for an adapter not on the replica's disk still answers there: vLLM's LoRA resolver asks the
 pod's agent, which downloads and checks it (docs/architecture.md, on-demand holding), then vLLM loads it from disk.
 vLLM loads adapters inside the engine step, one after another, so a replica's loads queue behind each other.
 
 The router is the Gateway API Inference Extension's endpoint picker: it sees only what vLLM's metrics show (queue,
-KV-cache use, adapters with running or waiting requests), never what is on a pod's disk, and filters nothing.
+KV-cache use, adapters with running or waiting requests) and the prompt prefixes it sent to each pod itself, never
+what is on a pod's disk, and filters nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-GPU, CPU, DISK, FETCH = "gpu", "cpu", "disk", "fetch"
+GPU, CPU, DISK, FETCH, FAILED = "gpu", "cpu", "disk", "fetch", "failed"
 
 
 @dataclass(frozen=True)
@@ -105,42 +107,69 @@ class Replica:
             return GPU, max(0.0, self.gpu[adapter] - now)
         if on_disk is None:
             tier, on_disk = FETCH, now + costs.fetch_seconds(size)
-            kept = self._hold(adapter, on_disk)
+            if not self._hold(adapter, on_disk):
+                return FAILED, 0.0
         else:
-            tier, kept = (CPU if adapter in self.cpu else DISK), True
+            tier = CPU if adapter in self.cpu else DISK
         ready = max(now, self.loader_free, on_disk) + costs.load_seconds(CPU if tier == CPU else DISK, size)
         self.loader_free = ready
-        if kept:
-            self.cpu[adapter] = None
-            self.cpu.move_to_end(adapter)
-            if len(self.cpu) > self.cpu_slots:
-                evicted, _ = self.cpu.popitem(last=False)
-                self.gpu.pop(evicted, None)
-            self.gpu[adapter] = ready
-            if len(self.gpu) > self.gpu_slots:
-                self.gpu.popitem(last=False)
+        self.cpu[adapter] = None
+        self.cpu.move_to_end(adapter)
+        if len(self.cpu) > self.cpu_slots:
+            evicted, _ = self.cpu.popitem(last=False)
+            self.gpu.pop(evicted, None)
+        self.gpu[adapter] = ready
+        if len(self.gpu) > self.gpu_slots:
+            self.gpu.popitem(last=False)
         return tier, ready - now
 
 
 Router = Callable[[int, float, Sequence[Replica]], int]
 
 
-def picker(seed: int, *, queue: float = 2.0, kv: float = 2.0, lora: float = 1.0) -> Router:
+@dataclass(frozen=True)
+class Prompts:
+    """Prompt shape in the prefix scorer's hash blocks (64 characters each): every request for an adapter starts
+    with that adapter's system prompt, then text of its own."""
+
+    system_blocks: int = 16  # ~1,000 characters shared by all of an adapter's requests
+    user_blocks: int = 16  # ~1,000 characters no other request shares
+
+
+def picker(
+    seed: int,
+    *,
+    queue: float = 2.0,
+    kv: float = 2.0,
+    prefix: float = 3.0,
+    lora: float = 1.0,
+    prompts: Prompts = Prompts(),
+    lru_blocks: int = 31_250,
+) -> Router:
     """The endpoint picker: weighted scorers summed, the highest total wins, ties drawn at random.
 
-    Scorers and weights as upstream (kubernetes-sigs/gateway-api-inference-extension): queue, kv and lora-affinity
-    from pkg/epp/scheduling/framework/plugins/scorer/{queue,kvcache_utilization,lora_affinity}.go; weights from the
-    default profile, config/charts/inferencepool/templates/epp-config.yaml (queue 2, kv-cache 2, prefix 3), which
-    has no lora-affinity scorer: added here with a pluginRef's default weight, 1.
-    The prefix-cache scorer is left out: requests here share no prompt prefix, so it scores every pod alike.
+    Scorers as upstream (kubernetes-sigs/gateway-api-inference-extension, pkg/epp/scheduling/framework/plugins/):
+    queue (min-max of waiting requests), kv-cache utilization (1 - use), prefix-cache (multi/prefix/plugin.go: the
+    share of the request's block hashes, the first of them the model name's, that the picker itself last sent to
+    the pod, kept per pod in an LRU of `lru_blocks` entries, 31,250 by default) and lora-affinity (1.0 adapter
+    active, 0.8 a free slot, 0.6 adapter waiting). Weights from the default profile of the InferencePool chart
+    (config/charts/inferencepool/templates/epp-config.yaml: queue 2, kv-cache 2, prefix 3), which has no
+    lora-affinity scorer: added here with a pluginRef's default weight, 1. A weight of 0 leaves a scorer out.
     """
     rng = random.Random(seed)
+    blocks = 1 + prompts.system_blocks + prompts.user_blocks
+    shared = 1 + prompts.system_blocks  # the model name's hash and the system prompt's blocks
+    inserted: list[int] = []  # per pod: block hashes the picker has recorded for it so far
+    last: list[dict[int, int]] = []  # per pod: adapter -> `inserted` just after its last request there
 
     def pick(adapter: int, now: float, replicas: Sequence[Replica]) -> int:
+        while len(inserted) < len(replicas):
+            inserted.append(0)
+            last.append({})
         seen = [replica.metrics(now) for replica in replicas]
         least, most = min(m[0] for m in seen), max(m[0] for m in seen)
         totals = []
-        for (waiting, kv_use, running, queued), replica in zip(seen, replicas):
+        for index, ((waiting, kv_use, running, queued), replica) in enumerate(zip(seen, replicas)):
             queue_score = 1.0 if most == least else (most - waiting) / (most - least)
             if adapter in running:
                 affinity = 1.0
@@ -150,21 +179,29 @@ def picker(seed: int, *, queue: float = 2.0, kv: float = 2.0, lora: float = 1.0)
                 affinity = 0.6
             else:
                 affinity = 0.0
-            totals.append(queue * queue_score + kv * (1.0 - kv_use) + lora * affinity)
+            # Its first hash (the model name's, the oldest of its last request's entries) is still in the pod's LRU
+            # while that request's entries and those recorded since fit; without it nothing matches.
+            when = last[index].get(adapter)
+            cached = when is not None and inserted[index] - when <= lru_blocks - blocks
+            total = queue * queue_score + kv * (1.0 - kv_use) + lora * affinity
+            totals.append(total + (prefix * shared / blocks if cached else 0.0))
         best = max(totals)
-        return rng.choice([index for index, total in enumerate(totals) if total == best])
+        chosen = rng.choice([index for index, total in enumerate(totals) if total == best])
+        inserted[chosen] += blocks  # the picker records the chosen pod's hashes as the request goes (PreRequest)
+        last[chosen][adapter] = inserted[chosen]
+        return chosen
 
     return pick
 
 
 @dataclass
 class Stats:
-    tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys((GPU, CPU, DISK, FETCH), 0))
-    added: list[float] = field(default_factory=list)  # seconds added to each counted request's TTFT
+    tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys((GPU, CPU, DISK, FETCH, FAILED), 0))
+    added: list[float] = field(default_factory=list)  # seconds added to each counted request's TTFT (served ones)
 
     @property
     def requests(self) -> int:
-        return len(self.added)
+        return len(self.added) + self.tiers[FAILED]
 
     def share(self, tier: str) -> float:
         return self.tiers[tier] / self.requests if self.requests else 0.0
@@ -191,8 +228,10 @@ def run(
     for index, (now, adapter) in enumerate(requests):
         replica = replicas[route(adapter, now, replicas)]
         tier, wait = replica.serve(adapter, now, costs)
-        replica.requests.append((now + wait, now + wait + service_s, adapter))
+        if tier != FAILED:
+            replica.requests.append((now + wait, now + wait + service_s, adapter))
         if index >= warmup:
             stats.tiers[tier] += 1
-            stats.added.append(wait)
+            if tier != FAILED:
+                stats.added.append(wait)
     return stats

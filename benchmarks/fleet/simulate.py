@@ -1,13 +1,19 @@
-"""Compare all-on-all with placement, both routed by the upstream endpoint picker, over a grid of fleets; print a table.
+"""Compare adapter-blind routing, on-demand loads, all-on-all and placement over a grid of fleets; print a table.
 
     PYTHONPATH=operator:image:kernels:benchmarks .venv/bin/python -m fleet.simulate [--adapters 1000 --replicas 16]
 
-For every (adapters, replicas) cell one seeded request stream is served twice with the same router (the Inference
-Extension's picker, `fleet.core.picker`): every adapter on every replica's disk, and `moelora.operator.placement`,
-each adapter warm on the replicas the operator assigns it, any other replica loading it on demand when a request
-lands there. Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request
-counts over an earlier window of the same workload, as the operator sees load, noise included. The scale event
-re-runs the rule and the placement on N+1 replicas with the same disk budget and counts every copy added or removed.
+For every (adapters, replicas) cell one seeded request stream is served four times, each by the Inference
+Extension's endpoint picker (`fleet.core.picker`):
+- adapter-blind: no adapter placed anywhere, every pod loading on demand what it is sent within placement's disk
+  budget, routed by the queue and kv-cache scorers alone (what a picker that ignores adapters does);
+- on demand only: the same, but routed by the full picker (queue, kv-cache, prefix, lora-affinity);
+- all-on-all: every adapter on every pod's disk, routed by the full picker;
+- placement: `moelora.operator.placement`, each adapter warm on the pods the operator assigns it and loaded on demand
+  anywhere else, routed by the same full picker.
+Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
+earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
+noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
+the N-replica homes as the operator does, and counts every copy moved (`placement.moved`).
 Where each default comes from is in its help text and in docs/fleet-simulation.md.
 """
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.core import FETCH, Costs, Replica, Stats, picker, run
+from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, picker, run
 from fleet.workload import requests, zipf_shares
 from moelora.operator import placement
 
@@ -41,6 +47,7 @@ class Cell:
     copies: int  # copies held before the scale event
     added: int  # copies the scale event N -> N+1 adds
     removed: int  # and removes
+    moved: int  # copies that change pod: per adapter the larger of the two
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +70,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fetch-mibps", type=float, default=458.0, help="measured: agent download, s3rver on loopback")
     p.add_argument("--check-s-per-gb", type=float, default=0.91, help="measured: agent checks, cold, one core")
     p.add_argument("--disk-slack", type=float, default=1.2, help="placement's disk budget / a replica's fair share")
+    p.add_argument("--system-blocks", type=int, default=16, help="an adapter's shared system prompt, 64-char blocks")
+    p.add_argument("--user-blocks", type=int, default=16, help="each request's own text, 64-char blocks")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -79,67 +88,93 @@ def observed_copies(args: argparse.Namespace, shares: np.ndarray, replicas: int,
     return placement.auto_copies(loads, current=current or {}, replicas=replicas, slots=args.max_cpu_loras)
 
 
-def place(sizes: list[float], copies: dict[str, int], replicas: int, budget: float | None, slack: float = 1.2):
+def place(
+    sizes: list[float],
+    copies: dict[str, int],
+    replicas: int,
+    budget: float | None,
+    slack: float = 1.2,
+    current: dict[str, tuple[str, ...]] | None = None,
+):
     """The operator's placement; without a budget, each replica gets `slack` x its fair share of the copies' GB."""
     adapters = [placement.Adapter(name, int(size * GB), copies[name]) for name, size in zip(names(len(sizes)), sizes)]
     if budget is None:
         budget = slack * sum(a.size_bytes * a.replicas for a in adapters) / replicas / GB
     fleet = [placement.Replica(f"ms-{index}", disk_bytes=int(budget * GB)) for index in range(replicas)]
-    return placement.place(adapters, fleet), budget
+    return placement.place(adapters, fleet, current), budget
 
 
 def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
-    """All-on-all and placement for one (adapters, replicas) cell, on the same request stream and router."""
+    """The four layouts of one (adapters, replicas) cell, on the same request stream."""
     shares = zipf_shares(adapters, args.zipf)
     sizes = [args.adapter_gb] * adapters
     stream = requests(shares, rate=args.rate_per_replica * replicas, count=args.requests, seed=args.seed)
     costs = Costs(args.h2d_gbps, args.disk_gbps, args.fetch_mibps * 2**20 / GB, args.check_s_per_gb)
+    prompts = Prompts(args.system_blocks, args.user_blocks)
 
-    def serve(layout: str, held: list[set[int]], budget: float) -> tuple[Stats, list[Replica]]:
+    def serve(held: list[set[int]], budget: float, route: Router) -> tuple[Stats, list[Replica]]:
         fleet = [
             Replica(
                 args.max_loras, args.max_cpu_loras, sizes_gb=sizes, placed=h, disk_gb=budget, max_seqs=args.max_seqs
             )
             for h in held
         ]
-        stats = run(
-            stream, fleet, picker(args.seed), costs, service_s=args.service_s, warmup=int(args.warmup * len(stream))
-        )
+        stats = run(stream, fleet, route, costs, service_s=args.service_s, warmup=int(args.warmup * len(stream)))
         return stats, fleet
 
-    everything = set(range(adapters))
-    stats, fleet = serve("all-on-all", [everything] * replicas, sum(sizes))
-    result = [Cell(adapters, replicas, "all-on-all", stats, max(r.peak_gb for r in fleet), 0,
-                   adapters * replicas, adapters, 0)]  # fmt: skip
+    def cell(layout: str, stats: Stats, fleet: list[Replica], copies: int, added: int, removed: int, moved: int):
+        peak, evicted = max(r.peak_gb for r in fleet), sum(r.evictions for r in fleet)
+        return Cell(adapters, replicas, layout, stats, peak, evicted, copies, added, removed, moved)
+
     copies = observed_copies(args, shares, replicas)
     placed, budget = place(sizes, copies, replicas, None, args.disk_slack)
     index = lambda name: int(name.rsplit("-", 1)[1])  # noqa: E731
-    held = [set() for _ in range(replicas)]
+    held: list[set[int]] = [set() for _ in range(replicas)]
     for name, homes in placed.homes.items():
         for home in homes:
             held[index(home)].add(index(name))
-    stats, fleet = serve("placement", held, budget)
-    scaled, _ = place(sizes, observed_copies(args, shares, replicas + 1, current=copies), replicas + 1, budget)
+    result = []
+    # Adapter-blind: nothing placed, the same disks as placement's pods, a picker with no adapter-aware scorer.
+    stats, fleet = serve([set() for _ in range(replicas)], budget, picker(args.seed, prefix=0, lora=0, prompts=prompts))
+    result.append(cell("adapter-blind", stats, fleet, 0, 0, 0, 0))
+    # On demand only: nothing placed either, the same disks, but the full picker: what placed copies add to it.
+    stats, fleet = serve([set() for _ in range(replicas)], budget, picker(args.seed, prompts=prompts))
+    result.append(cell("on demand only", stats, fleet, 0, 0, 0, 0))
+    everything = [set(range(adapters)) for _ in range(replicas)]
+    stats, fleet = serve(everything, sum(sizes), picker(args.seed, prompts=prompts))
+    result.append(cell("all-on-all", stats, fleet, adapters * replicas, adapters, 0, adapters))
+    stats, fleet = serve(held, budget, picker(args.seed, prompts=prompts))
+    grown = observed_copies(args, shares, replicas + 1, current=copies)
+    scaled, _ = place(sizes, grown, replicas + 1, budget, current=dict(placed.homes))
     moves = placement.plan(placed.homes, scaled.homes)
-    result.append(Cell(adapters, replicas, "placement", stats, max(r.peak_gb for r in fleet),
-                       sum(r.evictions for r in fleet), sum(map(len, held)), len(moves.loads),
-                       len(moves.unloads)))  # fmt: skip
+    result.append(
+        cell(
+            "placement",
+            stats,
+            fleet,
+            sum(map(len, held)),
+            len(moves.loads),
+            len(moves.unloads),
+            placement.moved(placed.homes, scaled.homes),
+        )
+    )
     return result
 
 
 HEADER = (
-    "| adapters | replicas | layout | added TTFT p50 ms | p99 ms | on-demand loads | evicted | disk per pod GB "
-    "| copies | scale N→N+1: copies added + removed (share of copies) |"
+    "| adapters | replicas | layout | added TTFT p50 ms | p99 ms | failed | on-demand loads | evicted "
+    "| disk per pod GB | copies | scale N→N+1: copies moved (share) | added + removed |"
 )
 
 
 def row(cell: Cell) -> str:
     s = cell.stats
-    moved = cell.added + cell.removed
+    share = f"{cell.moved / cell.copies:.1%}" if cell.copies else "-"
     return (
         f"| {cell.adapters} | {cell.replicas} | {cell.layout} | {s.quantile(0.5) * 1e3:.0f} | "
-        f"{s.quantile(0.99) * 1e3:.0f} | {s.tiers[FETCH]} ({s.share(FETCH):.1%}) | {cell.evictions} | "
-        f"{cell.disk_gb:.1f} | {cell.copies} | {cell.added} + {cell.removed} ({moved / cell.copies:.1%}) |"
+        f"{s.quantile(0.99) * 1e3:.0f} | {s.tiers[FAILED]} | {s.tiers[FETCH]} ({s.share(FETCH):.1%}) | "
+        f"{cell.evictions} | {cell.disk_gb:.1f} | {cell.copies} | {cell.moved} ({share}) | "
+        f"{cell.added} + {cell.removed} |"
     )
 
 
@@ -154,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         for replicas in args.replicas:
             for cell in cells(args, adapters, replicas):
                 print(row(cell), flush=True)
-    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 2 layouts x {args.requests} requests "
+    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 4 layouts x {args.requests} requests "
           f"in {time.time() - started:.0f} s")  # fmt: skip
 
 

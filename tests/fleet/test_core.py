@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleet.core import CPU, DISK, FETCH, GPU, Costs, Replica, picker, run
+from fleet.core import CPU, DISK, FAILED, FETCH, GPU, Costs, Prompts, Replica, picker, run
 from fleet.workload import requests, zipf_shares
 
 # 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more; an on-demand fetch and check 1.5 s.
@@ -34,16 +34,19 @@ def test_a_replica_serves_an_adapter_it_lacks_then_holds_it_evicting_cold_non_pl
     assert r.peak_gb == 2.0
 
 
-def test_with_placed_adapters_filling_the_disk_an_on_demand_one_is_served_and_not_kept() -> None:
+def test_with_placed_adapters_filling_the_disk_an_on_demand_request_fails() -> None:
+    # The agent answers vLLM's resolver 503 CacheFull: no room without unloading a placed adapter.
     r = replica(placed={0, 1}, disk_gb=2.0)
-    assert r.serve(2, 0.0, COSTS) == pytest.approx((FETCH, 2.1))
-    assert r.serve(2, 5.0, COSTS)[0] == FETCH and list(r.disk) == [0, 1] and r.evictions == 0
+    assert r.serve(2, 0.0, COSTS) == (FAILED, 0.0)
+    assert list(r.disk) == [0, 1] and r.evictions == 0 and r.loader_free == 0.0
+    stats = run([(0.0, 2), (1.0, 0)], [r], picker(0), COSTS, service_s=0.5)
+    assert stats.tiers[FAILED] == 1 and stats.requests == 2 and stats.added == [pytest.approx(0.6)]
 
 
 def test_picker_scores_by_hand() -> None:
     busy, idle = replica(), replica()
     busy.requests = [(0.0, 9.0, 0)]  # adapter 0 running: lora 1.0, kv 15/16 -> 2 + 2 x 15/16 + 1 = 4.875
-    pick = picker(0)
+    pick = picker(0, prefix=0)
     assert pick(0, 1.0, [busy, idle]) == 0  # beats the idle pod's 2 + 2 + 0.8 free slot = 4.8
     busy.requests.append((0.0, 9.0, 0))  # 2 + 2 x 14/16 + 1 = 4.75: the active adapter no longer wins
     assert pick(0, 1.0, [busy, idle]) == 1
@@ -51,6 +54,28 @@ def test_picker_scores_by_hand() -> None:
     waiting.requests = [(5.0, 9.0, 3)]  # a waiting request: queue score 0, and its one GPU slot is spoken for
     assert pick(3, 1.0, [waiting, idle]) == 1
     assert waiting.metrics(1.0) == (1, 0.0, set(), {3})
+
+
+def test_prefix_scorer_by_hand() -> None:
+    # Prompts of 1 + 1 + 1 hashes (model name, system prompt, own text): a pod the picker sent the adapter to before
+    # scores 3 x 2/3 = 2 more, enough to win against an idle pod with a request running (2 + 2 x 15/16 + 2 > 2 + 2).
+    def after(others: int) -> tuple[int, int, int]:
+        """Adapter 0 to a pod, `others` requests for adapter 1 to the same pod, then where adapter 0 goes."""
+        pods = [replica(), replica()]
+        pick = picker(0, lora=0, prompts=Prompts(system_blocks=1, user_blocks=1), lru_blocks=6)
+        first = pick(0, 0.0, pods)
+        other = pods[1 - first]
+        other.requests = [(5.0, 9.0, 3)]  # waiting: queue score 0, so adapter 1 goes to `first` too
+        assert all(pick(1, 1.0, pods) == first for _ in range(others))
+        other.requests = []
+        pods[first].requests = [(0.0, 9.0, 1)]  # kv 15/16: without its prefix the idle pod wins
+        stranger = pick(2, 1.0, pods)  # a name never sent: no prefix anywhere
+        return first, pick(0, 1.0, pods), stranger
+
+    first, again, stranger = after(1)
+    assert again == first and stranger == 1 - first  # adapter 0's 3 hashes and 3 since fit the LRU of 6
+    first, again, _ = after(2)
+    assert again == 1 - first  # 6 since pushed its first hash (the model name's) out: nothing matches
 
 
 def test_picker_does_not_see_disks() -> None:

@@ -1,4 +1,4 @@
-"""The simulator's CLI on a small cell: both layouts on one router, observed copies, every moved copy counted."""
+"""The simulator's CLI on a small cell: the four layouts, observed copies, every moved copy counted."""
 
 from __future__ import annotations
 
@@ -11,18 +11,27 @@ from moelora.operator import placement
 
 def test_a_small_cell() -> None:
     args = simulate.parse(["--requests", "3000", "--window", "1000"])
-    everywhere, placed = simulate.cells(args, adapters=60, replicas=4)
-    assert {everywhere.stats.requests, placed.stats.requests} == {2400}
+    blind, on_demand, everywhere, placed = simulate.cells(args, adapters=60, replicas=4)
+    assert [c.layout for c in (blind, on_demand, everywhere, placed)] == [
+        "adapter-blind",
+        "on demand only",
+        "all-on-all",
+        "placement",
+    ]
+    assert {c.stats.requests for c in (blind, on_demand, everywhere, placed)} == {2400}
     assert everywhere.stats.tiers[FETCH] == 0 and placed.stats.tiers[FETCH] > 0
+    # Nothing placed: every adapter a pod serves it loads on demand, and the blind picker spreads them the most.
+    assert blind.stats.tiers[FETCH] > on_demand.stats.tiers[FETCH] > 0 and blind.copies == on_demand.copies == 0
     assert everywhere.disk_gb == 60 * args.adapter_gb and placed.disk_gb < everywhere.disk_gb
     assert (everywhere.added, everywhere.removed) == (60, 0)  # the new pod downloads every adapter
     copies = simulate.observed_copies(args, zipf_shares(60, 1.0), 4)
     homes, budget = simulate.place([args.adapter_gb] * 60, copies, 4, None)
+    assert max(blind.disk_gb, on_demand.disk_gb, placed.disk_gb) <= budget  # the same disks
     grown = simulate.observed_copies(args, zipf_shares(60, 1.0), 5, current=copies)
-    moves = placement.plan(homes.homes, simulate.place([args.adapter_gb] * 60, grown, 5, budget)[0].homes)
+    scaled = simulate.place([args.adapter_gb] * 60, grown, 5, budget, current=dict(homes.homes))[0]
+    moves = placement.plan(homes.homes, scaled.homes)
     assert (placed.added, placed.removed) == (len(moves.loads), len(moves.unloads))
-    # copies added without any removed (more copies on more replicas, or a spill) count too
-    assert placed.added > len({unload.adapter for unload in moves.unloads})
+    assert placed.moved == placement.moved(homes.homes, scaled.homes) == max(placed.added, placed.removed, placed.moved)
 
 
 def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
@@ -34,4 +43,4 @@ def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
 def test_main_prints_the_table(capsys) -> None:
     simulate.main(["--adapters", "30", "--replicas", "2,3", "--requests", "500", "--window", "300"])
     out = capsys.readouterr().out
-    assert out.count("| placement |") == 2 and out.count("| all-on-all |") == 2
+    assert out.count("| placement |") == 2 and out.count("| all-on-all |") == 2 and out.count("| adapter-blind |") == 2
