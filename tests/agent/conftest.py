@@ -19,10 +19,10 @@ import safetensors.numpy
 
 from moelora.agent.check.validate import AdapterInfo
 from moelora.agent.errors import AdapterError
-from moelora.agent.reconcile import Desired
+from moelora.agent.reconcile import CANARY_PREFIX, Desired, LoadedAdapter
 from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.serve.vllm import CANARY_PREFIX, LoadedAdapter, VllmClient
+from moelora.agent.serve.vllm import VllmClient
 from moelora.agent.settings import Settings
 from moelora.api import FailureReason, ReplicaAdapterState
 from moelora.local import process

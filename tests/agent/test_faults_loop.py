@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from moelora.agent.errors import TransientError
+from moelora.agent.reconcile import LoadedAdapter
 from moelora.agent.report.metrics import Metrics
 from moelora.agent.runner import Agent
-from moelora.agent.serve.vllm import LoadedAdapter
 from moelora.local.faults import Drip, FaultProxy, Hang, Rule
 
 from .conftest import (

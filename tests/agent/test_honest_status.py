@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from moelora.agent.check.validate import AdapterInfo
-from moelora.agent.serve.vllm import CANARY_PREFIX
+from moelora.agent.reconcile import CANARY_PREFIX
 from moelora.api import ReplicaAdapterState
 from moelora.local.faults import FaultProxy, Hang, Rule
 

@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 
 from moelora.agent.errors import AdapterError
-from moelora.agent.serve.vllm import CANARY_PREFIX, VllmClient
+from moelora.agent.reconcile import CANARY_PREFIX
+from moelora.agent.serve.vllm import VllmClient
 from moelora.api import FailureReason
 from moelora.local import vllm_server as local_vllm
 

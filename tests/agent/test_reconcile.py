@@ -1,7 +1,6 @@
 """The pure plan: desired adapters + what the agent knows + what vLLM serves -> actions."""
 
-from moelora.agent.reconcile import Desired, Load, Record, Stage, plan, ready, winners
-from moelora.agent.serve.vllm import LoadedAdapter
+from moelora.agent.reconcile import Desired, Load, LoadedAdapter, Record, Stage, plan, ready, winners
 from moelora.api import FailureReason, LoRAAdapterSpec
 
 CACHE = "/cache"

@@ -230,6 +230,15 @@ def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
     assert "moelora.vllm_plugin:register" in DOCKERFILE.read_text()
     for package in ("agent", "vllm_plugin", "kernels", "operator", "api"):
         assert f"moelora/{package}/__init__.py" in names
+    # Every module the images run is inside, subpackages too: pyproject.toml lists the packages one by one.
+    sources = sorted(
+        path.relative_to(root).as_posix()
+        for root in (ROOT / "operator", ROOT / "image", ROOT / "kernels")
+        for path in (root / "moelora").rglob("*.py")
+        if not {"tools", "__pycache__"} & set(path.relative_to(root).parts)
+    )
+    assert len(sources) > 80 and "moelora/agent/check/validate.py" in sources
+    assert [s for s in sources if s not in names] == []
     # Development code stays out of both images: the local stack is its own distribution, the kernel tools are
     # left out of this one.
     assert not [n for n in names if n.startswith(("moelora/local/", "moelora/kernels/tools/"))]

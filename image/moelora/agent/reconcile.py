@@ -18,10 +18,20 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from moelora.agent.check.validate import AdapterInfo
-from moelora.agent.serve.vllm import CANARY_PREFIX, LoadedAdapter
 from moelora.api import AdapterPhase, FailureReason, LoRAAdapterSpec, ReplicaAdapterState
 
 _JITTER = random.Random()  # our own: the global generator's state belongs to whoever seeds it
+# The served names of the agent's output checks (serve.loader's check_output): random after it, never a client's.
+CANARY_PREFIX = "moelora-canary-"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedAdapter:
+    """An adapter vLLM serves now, as its `/v1/models` lists it."""
+
+    name: str
+    path: str
+    parent: str | None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -20,13 +20,13 @@ from moelora.agent.check import peft_moe
 from moelora.agent.check.validate import AdapterInfo, Limits
 from moelora.agent.errors import AdapterError, TransientError, quote, redact
 from moelora.agent.prepare import Outcome, Prepared, Preparer
-from moelora.agent.reconcile import Desired, Record, Stage
+from moelora.agent.reconcile import Desired, LoadedAdapter, Record, Stage
 from moelora.agent.report.metrics import Metrics
 from moelora.agent.report.publish import StatusPublisher
 from moelora.agent.report.readiness import ReadyGate
 from moelora.agent.report.usage import LoadSampler
 from moelora.agent.serve import foreign, holding, loader, ondemand
-from moelora.agent.serve.vllm import AdapterPoller, LoadedAdapter, VllmClient
+from moelora.agent.serve.vllm import AdapterPoller, VllmClient
 from moelora.agent.settings import Settings
 from moelora.agent.store.cache import AdapterCache
 from moelora.agent.store.guard import Cancelled, Deferred

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from moelora.agent.check import safetensors_header, safetensors_stream, values
+from moelora.agent.check.layout import CONFIG_FILE, WEIGHTS_FILE
 from moelora.agent.check.safetensors_header import TensorInfo
 from moelora.agent.check.safetensors_stream import TensorSpec
 from moelora.agent.errors import AdapterError
-from moelora.agent.store.source import CONFIG_FILE, WEIGHTS_FILE
 from moelora.api import FailureReason
 
 logger = logging.getLogger(__name__)

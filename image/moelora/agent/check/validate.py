@@ -12,9 +12,9 @@ import threading
 from typing import Any
 
 from moelora.agent.check import basemodel, safetensors_header, targets, tensors, values
+from moelora.agent.check.layout import CONFIG_FILE, CONFIG_LIMIT, UNSAFE_SUFFIXES, WEIGHTS_FILE
 from moelora.agent.check.strictjson import load_json
 from moelora.agent.errors import AdapterError, quote
-from moelora.agent.store.source import CONFIG_FILE, CONFIG_LIMIT, UNSAFE_SUFFIXES, WEIGHTS_FILE
 from moelora.api import FailureReason
 
 

@@ -12,10 +12,9 @@ import pathlib
 from collections.abc import Callable, Collection, Mapping
 
 from moelora.agent.prepare import Preparer
-from moelora.agent.reconcile import Desired, Record, Stage
+from moelora.agent.reconcile import Desired, LoadedAdapter, Record, Stage
 from moelora.agent.report.metrics import Metrics
 from moelora.agent.serve import foreign, ondemand
-from moelora.agent.serve.vllm import LoadedAdapter
 from moelora.agent.store.cache import AdapterCache
 from moelora.api import FailureReason
 

@@ -13,10 +13,10 @@ from typing import Protocol
 
 from moelora.agent.errors import AdapterError, TransientError, redact
 from moelora.agent.prepare import Preparer
-from moelora.agent.reconcile import Load, Record, Serving, Stage
+from moelora.agent.reconcile import CANARY_PREFIX, Load, LoadedAdapter, Record, Serving, Stage
 from moelora.agent.report.metrics import Metrics
 from moelora.agent.serve import foreign
-from moelora.agent.serve.vllm import CANARY_PREFIX, Duplicate, LoadedAdapter, VllmClient
+from moelora.agent.serve.vllm import Duplicate, VllmClient
 from moelora.agent.store.cache import AdapterCache
 from moelora.api import FailureReason
 

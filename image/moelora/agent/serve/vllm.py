@@ -8,7 +8,6 @@ the path does not exist; 500 for anything the engine raised while loading (no te
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -19,23 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from moelora.agent.errors import AdapterError, TransientError, quote
+from moelora.agent.reconcile import LoadedAdapter
 from moelora.api import FailureReason
 
 # _request's status for a request that timed out: vLLM is there but busy (a dead one refuses the connection: 0).
 SLOW = -1
-# The served names of the agent's output checks (runner._check_output): random after it, never a client's to know.
-CANARY_PREFIX = "moelora-canary-"
 
 
 class VllmSlow(TransientError):
     """vLLM took longer than the poll to answer: it is alive but busy, which says nothing about its adapters."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedAdapter:
-    name: str
-    path: str
-    parent: str | None
 
 
 class Duplicate(Exception):

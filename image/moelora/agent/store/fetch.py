@@ -21,17 +21,11 @@ from typing import Any
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from s3transfer.subscribers import BaseSubscriber
 
+from moelora.agent.check.layout import CONFIG_FILE, CONFIG_LIMIT, WEIGHTS_FILE
 from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.agent.store import transfer
 from moelora.agent.store.guard import Cancelled, Watch
-from moelora.agent.store.source import (
-    CONFIG_FILE,
-    CONFIG_LIMIT,
-    WEIGHTS_FILE,
-    Listing,
-    RemoteObject,
-    classify_client_error,
-)
+from moelora.agent.store.source import Listing, RemoteObject, classify_client_error
 from moelora.api import FailureReason, VersionPin
 
 TEMP_PREFIX = ".tmp-"

@@ -20,16 +20,11 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from moelora.agent.check.layout import CONFIG_FILE, UNSAFE_SUFFIXES, WEIGHTS_FILE
 from moelora.agent.errors import AdapterError, TransientError, quote
 from moelora.agent.store import sockets
 from moelora.agent.store.guard import Cancelled
 from moelora.api import AdapterSource, FailureReason
-
-CONFIG_FILE = "adapter_config.json"
-WEIGHTS_FILE = "adapter_model.safetensors"
-CONFIG_LIMIT = 2**20  # adapter_config.json is a few hundred bytes; anything this large is not one
-# Pickle-based formats: torch.load on them can run arbitrary code, so they are refused outright.
-UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 _ACCESS_CODES = {
     "AccessDenied",
