@@ -171,6 +171,7 @@ class MemoryKube:
     def __init__(self) -> None:
         self.secrets: dict[str, dict[str, str]] = {}
         self.status: dict[str, tuple[ReplicaAdapterState, AdapterInfo | None]] = {}
+        self.on_demand_load: dict[str, float] = {}  # adapter -> this pod's status.onDemandLoad key
         self.events: list[dict[str, str]] = []
         self.lock = threading.Lock()
 
@@ -181,6 +182,15 @@ class MemoryKube:
         assert pod == POD
         with self.lock:
             self.status[name] = (state, info)
+        return True
+
+    def patch_on_demand_load(self, *, name: str, pod: str, load: float | None) -> bool:
+        assert pod == POD
+        with self.lock:
+            if load is None:
+                self.on_demand_load.pop(name, None)
+            else:
+                self.on_demand_load[name] = load
         return True
 
     def create_pod_event(self, *, pod: str, pod_uid: str, reason: str, message: str, type: str = "Warning") -> None:

@@ -206,3 +206,17 @@ def test_with_placement_only_the_adapters_assigned_to_this_pod_are_desired(
         eventually(lambda: [d.name for d in watcher.server_adapters()] == ["theirs"])
     finally:
         watcher.stop()
+
+
+def test_the_on_demand_load_is_each_pods_own_key_and_goes_with_a_null(client: kubernetes.client.ApiClient) -> None:
+    custom = kubernetes.client.CustomObjectsApi(client)
+    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, adapter("od"))
+    kube = Kube(client=client, namespace=NS)
+    assert kube.patch_on_demand_load(name="od", pod="srv-0", load=0.8)
+    assert kube.patch_on_demand_load(name="od", pod="srv-1", load=2.0)
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "od")["status"]
+    assert status["onDemandLoad"] == {"srv-0": 0.8, "srv-1": 2.0}
+    assert kube.patch_on_demand_load(name="od", pod="srv-0", load=None)
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "od")["status"]
+    assert status["onDemandLoad"] == {"srv-1": 2.0}
+    assert kube.patch_on_demand_load(name="gone", pod="srv-0", load=1.0) is False

@@ -243,3 +243,38 @@ def test_scale_out_of_full_pods_moves_only_the_new_pods_share() -> None:
     new = {name: tuple(p.target) for name, p in during.items()}
     assert placement.moved(old, new) <= 1.2 / 17 * 1000
     assert all(set(new[name]) - set(old[name]) <= {"ms-16"} for name in new)
+
+
+def test_auto_copies_count_the_load_non_holders_serve_on_demand() -> None:
+    # The picker sends most of hot's requests to pods not assigned it: their agents report that load under
+    # status.onDemandLoad, and it counts as hot's load (one pod's report in both places, briefly, counts once).
+    status = {
+        "placement": {"replicas": ["ms-0"], "target": ["ms-0"]},
+        "replicas": {"ms-0": {"loaded": True, "load": 0.5}},
+        "onDemandLoad": {"ms-1": 4.0, "ms-2": 4.0, "ms-0": 0.5},
+    }
+    spec = {"modelServer": "ms"}
+    body = {"metadata": {"name": "hot", "namespace": "ns"}, "spec": spec, "status": status}
+    hot = adapters_index(body=body, spec=spec, status=status, name="hot", namespace="ns")[("ns", "ms")].placed
+    assert hot is not None and hot.load == 8.5
+    cold = AdapterState(name="cold", load=0.5, current=AdapterPlacement(replicas=["ms-1"], target=["ms-1"]))
+    auto = Server(name="ms", replicas=3, copies=1, disk_bytes=None, auto=True, slots=4)
+    # 8.5 of 9 in flight: ceil(8.5 / 9 x 3 replicas x 4 slots) = 12, clamped to 3 (its holders' 0.5 alone: 1 copy).
+    assert assign(auto, [hot, cold])["hot"].copies == 3
+
+
+def test_the_roll_up_prunes_on_demand_load_of_pods_gone_or_now_assigned() -> None:
+    raw = {
+        "replicas": {"ms-0": {"loaded": True, "state": "Loaded"}},
+        "onDemandLoad": {"ms-1": 1.0, "ms-2": 2.0, "ms-7": 3.0},
+    }
+    patch = status.adapter_status_patch(
+        raw,
+        served_name="a",
+        generation=1,
+        server_exists=True,
+        pods={"ms-0": True, "ms-1": True, "ms-2": True},
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+        assigned=["ms-0", "ms-1"],
+    )
+    assert patch["onDemandLoad"] == {"ms-1": None, "ms-7": None}  # ms-2 serves it on demand: its load stays

@@ -7,6 +7,7 @@ import enum
 import fnmatch
 import urllib.parse
 from collections.abc import Collection
+from typing import Annotated
 
 from pydantic import ConfigDict, Field
 
@@ -231,6 +232,12 @@ class LoRAAdapterStatus(ApiModel):
     )
     replicas: dict[str, ReplicaAdapterState] = Field(
         default_factory=dict, description="Per pod name: a map, so each agent patches only its own key."
+    )
+    on_demand_load: dict[str, Annotated[float, Field(ge=0, le=1e6)]] = Field(
+        default_factory=dict,
+        description="With placement: per pod that serves the adapter on demand (not assigned it), its requests in "
+        "flight there on average, written by that pod's agent like `replicas.<pod>.load`. copiesMode Auto counts "
+        "them with the assigned pods' load: requests a non-holder serves are load the adapter's copies should carry.",
     )
     served_name: str | None = Field(default=None, description="The `model` name clients send to use the adapter.")
     rank: int | None = Field(default=None, description="The LoRA rank (r) in adapter_config.json.")

@@ -43,7 +43,7 @@ class AdapterState:
     size_bytes: int = 0  # status.sizeBytes; 0 until an agent has read the files
     current: AdapterPlacement | None = None  # status.placement
     loaded_on: Mapping[str, float] = dataclasses.field(default_factory=dict)  # pod -> its loadedAt, epoch seconds
-    load: float = 0.0  # requests in flight, summed over its assigned pods' status.replicas.<pod>.load
+    load: float = 0.0  # requests in flight on every pod that serves it, assigned or on demand (indexes.adapter_load)
 
     @property
     def assigned(self) -> tuple[str, ...]:

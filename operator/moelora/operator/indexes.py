@@ -121,12 +121,21 @@ def adapters_index(
             for pod, state in (status.get("replicas") or {}).items()
             if (state or {}).get("loaded")
         },
-        load=sum(float((state or {}).get("load") or 0) for state in (status.get("replicas") or {}).values()),
+        load=adapter_load(status),
     )
     phase = status.get("phase") or "Pending"
     served = spec.get("servedName") or name
     entry = AdapterEntry(name=name, phase=phase, secret=secret, served=served, body=kept, placed=placed)
     return {(namespace, server): entry}
+
+
+def adapter_load(status: Mapping[str, Any]) -> float:
+    """Requests for the adapter in flight, summed over every pod that serves it: its assigned pods' entries and the
+    pods that serve it on demand (a pod with both, for a moment while it is assigned one it held, counts once)."""
+    entries = status.get("replicas") or {}
+    load = sum(float((state or {}).get("load") or 0) for state in entries.values())
+    on_demand = status.get("onDemandLoad") or {}
+    return load + sum(float(value or 0) for pod, value in on_demand.items() if pod not in entries)
 
 
 def _epoch(timestamp: Any) -> float:

@@ -240,11 +240,14 @@ def adapter_status_patch(
 ) -> dict[str, Any]:
     """A merge patch of the operator's share of a LoRAAdapter's status; `pods` maps the server's pod names to ready;
     `refused` says why the operator's policy refuses its source (SourceNotAllowed), the agents refusing it too;
-    `assigned` (with placement) the pods that should serve it: only they count, and others' entries are pruned.
+    `assigned` (with placement) the pods that should serve it: only they count, and others' entries are pruned;
+    `onDemandLoad` keys of pods that are gone or now assigned it are pruned too.
 
     `raw_status` is the object's status as stored. Empty when nothing changes (so nothing is written).
     """
     status = LoRAAdapterStatus.model_validate(raw_status or {})
+    # On-demand load of a pod that is gone, or that is assigned the adapter now (its entry carries the load), goes.
+    stale_load = [pod for pod in status.on_demand_load if pod not in pods or (assigned is not None and pod in assigned)]
     if assigned is not None:
         pods = {pod: ready for pod, ready in pods.items() if pod in assigned}
     gone = [pod for pod in status.replicas if pod not in pods]
@@ -338,4 +341,6 @@ def adapter_status_patch(
         patch["replicas"] = {pod: None for pod in gone}
     if patch:
         patch["rolledUpAt"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if stale_load:
+        patch["onDemandLoad"] = dict.fromkeys(stale_load)
     return patch

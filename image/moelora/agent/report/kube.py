@@ -127,6 +127,25 @@ class Kube:
             raise
         return True
 
+    def patch_on_demand_load(self, *, name: str, pod: str, load: float | None) -> bool:
+        """Merge-patch this pod's key of the adapter's status.onDemandLoad (None deletes it); False if the adapter is
+        gone."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                name,
+                {"status": {"onDemandLoad": {pod: load}}},
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def create_pod_event(self, *, pod: str, pod_uid: str, reason: str, message: str, type: str = "Warning") -> None:
         """Record an Event on this agent's own Pod (what `kubectl describe pod` shows)."""
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
