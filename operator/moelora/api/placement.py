@@ -35,7 +35,8 @@ class PlacementSpec(ApiModel):
     copies_mode: CopiesMode = Field(
         default=CopiesMode.FIXED,
         description="Auto: an adapter's copies follow its share of the server's load, as the agents observe it in "
-        "vLLM's vllm:lora_requests_info (status.replicas.<pod>.load): ceil(share x replicas x lora.maxCpuLoras), "
+        "vLLM's vllm:lora_requests_info (status.replicas.<pod>.load, and status.onDemandLoad for pods serving "
+        "it on demand): ceil(share x replicas x lora.maxCpuLoras), "
         "within [copies, replicas]; a copy goes only once the adapter would need fewer even with half again its "
         "load. An adapter's own spec.replicas still wins.",
     )
