@@ -69,7 +69,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disk-gbps", type=float, default=2.0, help="assumed: local NVMe read into CPU tensors")
     p.add_argument("--fetch-mibps", type=float, default=458.0, help="measured: agent download, s3rver on loopback")
     p.add_argument("--check-s-per-gb", type=float, default=0.91, help="measured: agent checks, cold, one core")
-    p.add_argument("--disk-slack", type=float, default=1.2, help="placement's disk budget / a replica's fair share")
+    p.add_argument("--disk-slack", type=float, default=1.2, help="placed copies' room / a replica's fair share")
     p.add_argument("--system-blocks", type=int, default=16, help="an adapter's shared system prompt, 64-char blocks")
     p.add_argument("--user-blocks", type=int, default=16, help="each request's own text, 64-char blocks")
     p.add_argument("--seed", type=int, default=0)
@@ -95,12 +95,16 @@ def place(
     budget: float | None,
     slack: float = 1.2,
     current: dict[str, tuple[str, ...]] | None = None,
+    on_demand_slots: int = 8,
 ):
-    """The operator's placement; without a budget, each replica gets `slack` x its fair share of the copies' GB."""
+    """The operator's placement on pods with `budget` GB of disk; without one, each pod gets `slack` x its fair
+    share of the copies' GB plus the room the operator keeps for `on_demand_slots` (maxLoras) on-demand loads."""
     adapters = [placement.Adapter(name, int(size * GB), copies[name]) for name, size in zip(names(len(sizes)), sizes)]
+    largest = max((a.size_bytes for a in adapters), default=0)
     if budget is None:
-        budget = slack * sum(a.size_bytes * a.replicas for a in adapters) / replicas / GB
-    fleet = [placement.Replica(f"ms-{index}", disk_bytes=int(budget * GB)) for index in range(replicas)]
+        budget = (slack * sum(a.size_bytes * a.replicas for a in adapters) / replicas + on_demand_slots * largest) / GB
+    disk = placement.placed_budget(int(budget * GB), on_demand_slots=on_demand_slots, largest=largest)
+    fleet = [placement.Replica(f"ms-{index}", disk_bytes=disk) for index in range(replicas)]
     return placement.place(adapters, fleet, current), budget
 
 
@@ -127,7 +131,7 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
         return Cell(adapters, replicas, layout, stats, peak, evicted, copies, added, removed, moved)
 
     copies = observed_copies(args, shares, replicas)
-    placed, budget = place(sizes, copies, replicas, None, args.disk_slack)
+    placed, budget = place(sizes, copies, replicas, None, args.disk_slack, on_demand_slots=args.max_loras)
     index = lambda name: int(name.rsplit("-", 1)[1])  # noqa: E731
     held: list[set[int]] = [set() for _ in range(replicas)]
     for name, homes in placed.homes.items():
@@ -145,7 +149,7 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     result.append(cell("all-on-all", stats, fleet, adapters * replicas, adapters, 0, adapters))
     stats, fleet = serve(held, budget, picker(args.seed, prompts=prompts))
     grown = observed_copies(args, shares, replicas + 1, current=copies)
-    scaled, _ = place(sizes, grown, replicas + 1, budget, current=dict(placed.homes))
+    scaled, _ = place(sizes, grown, replicas + 1, budget, current=dict(placed.homes), on_demand_slots=args.max_loras)
     moves = placement.plan(placed.homes, scaled.homes)
     result.append(
         cell(

@@ -161,13 +161,28 @@ def test_the_indexes_carry_placements_inputs() -> None:
     # vLLM keeps maxLoras (default 8) adapters in CPU memory unless maxCpuLoras says more; 4 per slot by default.
     assert placement_index(spec=spec, name="ms", namespace="ns") == {
         ("ns", "ms"): Server(
-            name="ms", replicas=3, copies=2, disk_bytes=2**30, drain_seconds=30.0, max_adapters=32, slots=8
+            name="ms",
+            replicas=3,
+            copies=2,
+            disk_bytes=2**30,
+            drain_seconds=30.0,
+            max_adapters=32,
+            slots=8,
+            on_demand_slots=8,
         )
     }
     spec["lora"] = {"maxLoras": 4, "maxCpuLoras": 6}
     spec["placement"] = {"copies": 1, "copiesMode": "Auto", "adaptersPerCpuLora": 2}
     assert placement_index(spec=spec, name="ms", namespace="ns")[("ns", "ms")] == Server(
-        name="ms", replicas=3, copies=1, disk_bytes=2**30, drain_seconds=30.0, max_adapters=12, auto=True, slots=6
+        name="ms",
+        replicas=3,
+        copies=1,
+        disk_bytes=2**30,
+        drain_seconds=30.0,
+        max_adapters=12,
+        auto=True,
+        slots=6,
+        on_demand_slots=4,
     )
     assert placement_index(spec={"model": {"name": "m"}}, name="ms", namespace="ns") is None
     status = {
@@ -278,3 +293,17 @@ def test_the_roll_up_prunes_on_demand_load_of_pods_gone_or_now_assigned() -> Non
         assigned=["ms-0", "ms-1"],
     )
     assert patch["onDemandLoad"] == {"ms-1": None, "ms-7": None}  # ms-2 serves it on demand: its load stays
+
+
+def test_placed_copies_leave_each_pods_disk_room_for_max_loras_adapters_on_demand() -> None:
+    # 100 bytes each, 1,000 of disk, maxLoras 2: placed copies fill at most 800, so a request for any adapter
+    # placed elsewhere finds room for it on any pod (with the whole disk placed, the agent would answer 503).
+    adapters = [AdapterState(name=name, size_bytes=100) for name in names(40)]
+    full = Server(name="ms", replicas=3, copies=1, disk_bytes=1000, on_demand_slots=2)
+    per_pod: dict[str, int] = {}
+    for p in assign(full, adapters).values():
+        for pod in p.replicas:
+            per_pod[pod] = per_pod.get(pod, 0) + 100
+    assert max(per_pod.values()) == 800 and sum(per_pod.values()) == 2400
+    assert placement.placed_budget(None, on_demand_slots=8, largest=100) is None
+    assert placement.placed_budget(500, on_demand_slots=8, largest=100) == 0

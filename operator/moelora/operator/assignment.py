@@ -32,6 +32,7 @@ class Server:
     max_adapters: int | None = None  # each pod's count: placement.adaptersPerCpuLora x lora.maxCpuLoras
     auto: bool = False  # placement.copiesMode Auto: copies from the adapters' load
     slots: int = 1  # lora.maxCpuLoras (vLLM's default: maxLoras), the warm slots Auto shares the load over
+    on_demand_slots: int = 0  # lora.maxLoras: adapters loaded on demand each pod's disk keeps room for
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,8 +61,10 @@ def assign(
 ) -> tuple[dict[str, AdapterPlacement], float | None]:
     """Adapter -> its placement at `now` (epoch seconds), for every adapter of the server; and when to judge again
     because an old home's drain time ends then (None: nothing waits on time)."""
+    largest = max((a.size_bytes for a in adapters), default=0)
+    disk = placement.placed_budget(server.disk_bytes, on_demand_slots=server.on_demand_slots, largest=largest)
     replicas = [
-        placement.Replica(name, disk_bytes=server.disk_bytes, max_adapters=server.max_adapters)
+        placement.Replica(name, disk_bytes=disk, max_adapters=server.max_adapters)
         for name in pod_names(server.name, server.replicas)
     ]
     copies = {a.name: server.copies for a in adapters}

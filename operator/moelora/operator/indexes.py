@@ -171,6 +171,7 @@ def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dic
         max_adapters=slots * per_slot,
         auto=placement.get("copiesMode") == CopiesMode.AUTO.value,
         slots=slots,
+        on_demand_slots=lora.max_loras,
     )
     return {(namespace, name): server}
 

@@ -90,6 +90,15 @@ def clamp_count(count: int, replicas: int) -> int:
     return max(1, min(count, replicas))
 
 
+def placed_budget(disk_bytes: int | None, *, on_demand_slots: int, largest: int) -> int | None:
+    """The part of a pod's disk budget its placed copies may fill. The rest is room for `on_demand_slots` adapters
+    of the `largest` size loaded on demand (vLLM's maxLoras: as many as it serves at once), so that a request sent
+    to a pod not holding its adapter never finds the disk full of placed ones (the agent would answer 503)."""
+    if disk_bytes is None:
+        return None
+    return max(0, disk_bytes - on_demand_slots * largest)
+
+
 def replica_counts(
     rates: Mapping[str, float],
     *,
