@@ -277,6 +277,7 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             lambda: any(use.resource == "pods" and use.verb == "get" for use in emulator.used), what="the pod read"
         )
         agent.create_pod_event(pod="qwen-moe-unknown", pod_uid="", reason="ForeignAdapterUnloaded", message="intruder")
+        assert agent.patch_on_demand_load(name="support-bot", pod="qwen-moe-abc", load=0.5)  # the status subresource
         # The same failure twice on the known pod: its Warning Event is created, then patched (counted).
         denied = ReplicaAdapterState(state=AdapterPhase.FAILED, reason="AccessDenied", last_error="403")
         for state in (denied, ReplicaAdapterState(state=AdapterPhase.DOWNLOADING), denied):
@@ -364,7 +365,14 @@ def test_the_agent_reads_only_the_secrets_its_adapters_name(recording: Recording
 
 
 # The agent's every API call, each exercised by the recording: a new one must be added there too.
-AGENT_CALLS = {"list_adapters", "watch_adapters", "read_secret", "patch_replica", "create_pod_event"}
+AGENT_CALLS = {
+    "list_adapters",
+    "watch_adapters",
+    "read_secret",
+    "patch_replica",
+    "patch_on_demand_load",
+    "create_pod_event",
+}
 
 
 def test_nothing_used_is_not_granted_and_nothing_granted_is_unused(recording: Recording) -> None:
