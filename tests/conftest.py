@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             or SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.integration)
-    # The longest modules first, then the others that start vLLM, then the rest (order within a module kept): with
+    # The longest modules first, then the others that start vLLM, then the rest (order within a module kept; the
+    # Makefile passes --no-loadscope-reorder, or xdist would order modules by their test count instead): with
     # several workers the long ones run side by side instead of one of them ending the run alone.
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path.relative_to(root).as_posix() not in LONGEST, item.path not in slow))

@@ -8,8 +8,10 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from moelora.agent.errors import AdapterError, TransientError
+from moelora.agent.store import transfer
 from moelora.agent.store.fetch import fetch, fetch_tree
-from moelora.agent.store.source import ClientConfig, list_source, make_client, parse_s3_uri
+from moelora.agent.store.guard import Cancelled, Watch
+from moelora.agent.store.source import ClientConfig, Listing, RemoteObject, list_source, make_client, parse_s3_uri
 from moelora.api import FailureReason, VersionPin
 from moelora.local import s3 as local_s3
 
@@ -182,3 +184,22 @@ def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPa
         assert caught.value.reason is FailureReason.VERSION_MISMATCH
     finally:
         server.stop()
+
+
+def test_an_error_after_a_cancel_is_the_cancel_not_an_unreachable_endpoint(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen under load: the cancel shut the download's sockets down and the error that followed surfaced as
+    # EndpointUnreachable (a failure recorded for a deleted adapter) instead of Cancelled.
+    watch = Watch(min_rate=0, window=float("inf"))
+
+    def cut_off(**_: object) -> None:
+        watch.cancel()
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(transfer, "download", cut_off)
+    obj = RemoteObject(key="a/adapter_model.safetensors", relpath="adapter_model.safetensors", size=10, etag='"e"')
+    listing = Listing(location=parse_s3_uri("s3://b/a/"), objects=(obj,))
+    with pytest.raises(Cancelled):
+        fetch(client=None, listing=listing, cache_dir=tmp_path, watch=watch)
+    assert list(tmp_path.iterdir()) == []  # a cancelled fetch keeps none of its bytes

@@ -126,7 +126,8 @@ def test_a_container_that_cannot_start_fails_the_pod_at_once(tmp_path: pathlib.P
             assert time.monotonic() - started < 5
             (pod,) = kubelet.pods_of("web")
             sidecar = pod.containers["sidecar"].process
-            assert sidecar is not None and sidecar.poll() is not None  # nothing supervises it any more: stopped
+            assert sidecar is not None
+            _until(lambda: sidecar.poll() is not None)  # nothing supervises it any more: stopped (a SIGTERM away)
             status = _until(lambda: (api.get("v1/pods", "default", pod.name) or {}).get("status", {}).get("message"))
             assert "FileNotFoundError" in status
             reasons = {

@@ -151,6 +151,8 @@ def download(
             except (Cancelled, AdapterError, TransientError):
                 raise
             except Exception as error:  # noqa: BLE001 - classified below
+                if watch.cancelled.is_set():  # the cancel shut its socket down: the error is the cancel's doing
+                    raise Cancelled() from None
                 what = f"downloading {quote(obj.relpath)}"
                 if getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                     changed = f"{what}: replaced since it was listed"
