@@ -2,12 +2,15 @@
 
     python3 benchmarks/vllm_e2e/profile_step.py TRACE_OR_DIR [--json FILE]
 
-Steps begin at the worker's "gpu_model_runner: preprocess" annotations: each GPU kernel belongs to the step in which its
-launch (cudaLaunchKernel, or the cudaGraphLaunch that replayed it, matched by correlation id) was made. Decode steps
-are the steps with the most common kernel count (a steady batch replays one graph, so its kernel list repeats); each
-figure is their mean. Overlap is read from timestamps alone, not stream ids (a replayed graph's branches run on
-streams of CUDA's choosing): "sum" adds every kernel's duration, "busy" is the union of their intervals, so sum -
-busy is time two kernels ran at once, and a LoRA kernel's "hidden" part is where it ran beside a non-LoRA kernel.
+Steps begin at the worker's step annotations (vLLM 0.26: execute_context_<requests>(<tokens>)_generation_...; older
+releases: "gpu_model_runner: preprocess"): each GPU kernel belongs to the step in which its launch (cudaLaunchKernel,
+or the cudaGraphLaunch that replayed it, matched by correlation id) was made. Decode steps are the most common label
+of a batch without prefill (else the most common kernel count), with its most common kernel count; each
+figure is their mean. "sum" adds every kernel's duration, "busy" is the union of their intervals (sum - busy: time
+two kernels ran at once); the main stream carries the most kernel time, and a kernel's "beside" part is where a
+kernel of another stream ran at the same time (vLLM's dual LoRA stream overlapping the base model). Under the
+profiler each kernel starts later than it would (its tracing), so the span overstates a served step; the kernel
+times do not.
 """
 
 from __future__ import annotations
@@ -32,9 +35,12 @@ CATEGORIES = (
     ("base MoE other", r"moe_align|topk|count_and_sort|moe_sum|act_and_mul|swiglu|silu|gating"),
     ("attention", r"flash|attn|attention|fmha|reshape_and_cache|concat_and_cache|paged"),
     ("dense GEMMs", r"nvjet|gemm|cutlass|xmma|cublas|splitk|sm90_"),
+    ("zero fills", r"FillFunctor"),
+    ("elementwise adds", r"CUDAFunctor_add"),
 )
-LORA = ("dense LoRA shrink", "dense LoRA expand", "MoE-LoRA (moelora)", "MoE-LoRA (vLLM)")
-# The first of these annotations the trace holds marks each step's start.
+# vLLM 0.26 annotates each step as execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>); older releases
+# marked the runner's phases, the first of which starts a step.
+STEP_LABEL = re.compile(r"^execute_context_\d+\(\d+\)_generation_\d+\(\d+\)$")
 STEP_MARKS = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "execute_model")
 
 
@@ -80,10 +86,15 @@ def intersect(a: tuple[float, float], merged: list[tuple[float, float]]) -> floa
     return total
 
 
-def steps_of(events: list[dict]) -> list[list[dict]]:
-    names = {e.get("name") for e in events if e.get("ph") == "X"}
-    mark = next((m for m in STEP_MARKS if m in names), None)
-    marks = sorted(e["ts"] for e in events if e.get("name") == mark and e.get("ph") == "X")
+def steps_of(events: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(label, kernels) per step: a kernel belongs to the step whose host-side mark precedes its launch."""
+    cpu = [e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    marks = sorted((e["ts"], e["name"]) for e in cpu if STEP_LABEL.match(e.get("name", "")))
+    if not marks:
+        names = {e.get("name") for e in events if e.get("ph") == "X"}
+        mark = next((m for m in STEP_MARKS if m in names), None)
+        marks = sorted((e["ts"], "") for e in events if e.get("name") == mark and e.get("ph") == "X")
+    starts = [ts for ts, _ in marks]
     launches = {}
     for e in events:
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
@@ -95,33 +106,42 @@ def steps_of(events: list[dict]) -> list[list[dict]]:
         launched = launches.get(e.get("args", {}).get("correlation"))
         if launched is None or not marks:
             continue
-        i = bisect.bisect_right(marks, launched) - 1
+        i = bisect.bisect_right(starts, launched) - 1
         if i >= 0:
             steps[i].append(e)
-    return [s for s in steps if s]
+    return [(label, s) for (_, label), s in zip(marks, steps) if s]
 
 
 def step_figures(kernels: list[dict]) -> dict:
     by_cat: dict[str, float] = collections.Counter()
     by_name: dict[str, float] = collections.Counter()
-    spans = [(k["ts"], k["ts"] + k["dur"]) for k in kernels]
-    for k in kernels:
-        by_cat[category(k["name"])] += k["dur"]
-        by_name[k["name"][:90]] += k["dur"]
-    other = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels if category(k["name"]) not in LORA])
+    on_side: dict[str, float] = collections.Counter()
     hidden: dict[str, float] = collections.Counter()
+    spans = [(k["ts"], k["ts"] + k["dur"]) for k in kernels]
+    per_stream: dict[object, list[tuple[float, float]]] = collections.defaultdict(list)
     for k in kernels:
-        cat = category(k["name"])
-        if cat in LORA:
-            hidden[cat] += intersect((k["ts"], k["ts"] + k["dur"]), other)
+        per_stream[k.get("args", {}).get("stream")].append((k["ts"], k["ts"] + k["dur"]))
+    # The main stream carries the most kernel time; the rest (vLLM's LoRA stream) may run beside it.
+    main = max(per_stream, key=lambda st: sum(e - s for s, e in per_stream[st]))
+    merged = {st: union(iv) for st, iv in per_stream.items()}
+    beside = {st: union([iv for other, m in merged.items() if other != st for iv in m]) for st in merged}
+    for k in kernels:
+        cat, stream = category(k["name"]), k.get("args", {}).get("stream")
+        by_cat[cat] += k["dur"]
+        by_name[k["name"][:90]] += k["dur"]
+        if stream != main:
+            on_side[cat] += k["dur"]
+        hidden[cat] += intersect((k["ts"], k["ts"] + k["dur"]), beside[stream])
     busy = length(union(spans))
     return {
         "span": max(e for _, e in spans) - min(s for s, _ in spans),
         "sum": sum(k["dur"] for k in kernels),
         "busy": busy,
+        "main_busy": length(merged[main]),
         "kernels": len(kernels),
-        "streams": len({k.get("args", {}).get("stream") for k in kernels}),
+        "streams": len(per_stream),
         "by_cat": dict(by_cat),
+        "on_side": dict(on_side),
         "hidden": dict(hidden),
         "by_name": dict(by_name),
     }
@@ -143,30 +163,32 @@ def main(argv: list[str] | None = None) -> int:
     if not steps:
         print(f"no steps: none of {STEP_MARKS} annotated, or no kernel launched inside one", file=sys.stderr)
         return 1
-    counts = collections.Counter(len(s) for s in steps)
+    # Decode steps: the most common label without prefill (a steady batch), else the most common kernel count.
+    labels = collections.Counter(label for label, _ in steps if label.startswith("execute_context_0(0)"))
+    decode = labels.most_common(1)[0][0] if labels else None
+    counts = collections.Counter(len(s) for label, s in steps if decode is None or label == decode)
     modal = counts.most_common(1)[0][0]
-    figs = [step_figures(s) for s in steps if len(s) == modal]
-    mean = {k: statistics.fmean(f[k] for f in figs) for k in ("span", "sum", "busy", "kernels", "streams")}
-    cats, hidden, names = mean_of(figs, "by_cat"), mean_of(figs, "hidden"), mean_of(figs, "by_name")
+    figs = [step_figures(s) for label, s in steps if (decode is None or label == decode) and len(s) == modal]
+    mean = {k: statistics.fmean(f[k] for f in figs) for k in ("span", "sum", "busy", "main_busy", "kernels", "streams")}
+    cats, side, hidden = mean_of(figs, "by_cat"), mean_of(figs, "on_side"), mean_of(figs, "hidden")
+    names = mean_of(figs, "by_name")
     print(
-        f"{len(steps)} steps; {len(figs)} decode steps of {modal} kernels (other step sizes: "
-        f"{dict(sorted((k, v) for k, v in counts.items() if k != modal))})"
+        f"{len(steps)} steps; {len(figs)} decode steps ({decode or 'by kernel count'}) of {modal} kernels "
+        f"(their other kernel counts: {dict(sorted((k, v) for k, v in counts.items() if k != modal))})"
     )
-    print(
-        f"\nper decode step, µs (mean of {len(figs)}; median span {statistics.median(f['span'] for f in figs):.0f})\n"
-    )
-    print("| what | µs | of which beside a non-LoRA kernel |")
-    print("|---|---|---|")
-    print(f"| GPU span (first kernel start to last kernel end) | {mean['span']:.0f} | |")
-    print(f"| GPU busy (union of kernel intervals) | {mean['busy']:.0f} | |")
-    print(f"| idle inside the span (launch gaps, host waits) | {mean['span'] - mean['busy']:.0f} | |")
-    print(f"| kernel time summed | {mean['sum']:.0f} | |")
-    print(f"| run concurrently (sum - busy) | {mean['sum'] - mean['busy']:.0f} | |")
+    median_span = statistics.median(f["span"] for f in figs)
+    print(f"\nper decode step, µs (mean of {len(figs)}; median span {median_span:.0f})\n")
+    print("| what | µs | of which off the main stream | of which beside another stream's kernel |")
+    print("|---|---|---|---|")
+    print(f"| GPU span (first kernel start to last kernel end) | {mean['span']:.0f} | | |")
+    print(f"| GPU busy (union of kernel intervals) | {mean['busy']:.0f} | | |")
+    print(f"| main stream busy | {mean['main_busy']:.0f} | | |")
+    print(f"| idle inside the span (launch gaps, profiler) | {mean['span'] - mean['busy']:.0f} | | |")
+    print(f"| kernel time summed | {mean['sum']:.0f} | {sum(side.values()):.0f} | {sum(hidden.values()):.0f} |")
     for label, _ in (*CATEGORIES, ("other", "")):
         if cats.get(label):
-            h = f"{hidden.get(label, 0.0):.0f}" if label in LORA else ""
-            print(f"| {label} | {cats[label]:.0f} | {h} |")
-    print(f"\nkernels per step {mean['kernels']:.0f}, distinct stream ids per step {mean['streams']:.1f}\n")
+            print(f"| {label} | {cats[label]:.0f} | {side.get(label, 0.0):.0f} | {hidden.get(label, 0.0):.0f} |")
+    print(f"\nkernels per step {mean['kernels']:.0f}, streams per step {mean['streams']:.1f}\n")
     print("| kernel | category | µs per step |")
     print("|---|---|---|")
     for name, us in sorted(names.items(), key=lambda kv: -kv[1])[: args.top]:
@@ -180,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                     "modal_kernels": modal,
                     "mean": mean,
                     "by_cat": cats,
+                    "on_side": side,
                     "hidden": hidden,
                     "by_name": names,
                 },
