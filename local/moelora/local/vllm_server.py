@@ -22,8 +22,8 @@ from moelora.local import process
 from moelora.local.models import Completion
 
 # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (the default takes a large share of RAM); HF_HUB_OFFLINE: never reach
-# out for the model; runtime LoRA updating: the /v1/load_lora_adapter route the agent uses; no engine-core process
-# of its own (with the uni executor below, one process fewer to start and import torch in: a start ~30% sooner).
+# out for the model; runtime LoRA updating: the /v1/load_lora_adapter route the agent uses; with the uni executor
+# below, the one worker runs inside the engine-core process (one process fewer to start and import torch in).
 CPU_ENV = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
     "VLLM_CPU_KVCACHE_SPACE": "1",
