@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import torch
 import triton
+
+from moelora.api.kernel_table import KernelTable, TableEntry
 
 from .routing import MoeLoraRouting
 
@@ -94,15 +95,16 @@ def _config_file(device: torch.device) -> Path | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_configs(path: Path) -> tuple[dict, ...]:
-    return tuple(json.loads(path.read_text())["entries"])
+def _load_configs(path: Path) -> tuple[TableEntry, ...]:
+    """The table's entries; a malformed table raises KernelTableError naming the file and the field."""
+    return KernelTable.parse(path.read_bytes(), origin=str(path)).entries
 
 
 def table_token_counts(device: torch.device) -> tuple[int, ...]:
     """The token counts (M) of the config table default_config reads on this device; () without one. Each is a
     boundary where the launch configuration may change, so a warm-up that runs these compiles every variant."""
     path = _config_file(device)
-    return tuple(sorted({int(e["m"]) for e in _load_configs(path)})) if path is not None else ()
+    return tuple(sorted({e.m for e in _load_configs(path)})) if path is not None else ()
 
 
 def _tuned_config(
@@ -112,18 +114,19 @@ def _tuned_config(
     if path is None:
         return None
     m = max(1, routing.num_pairs // routing.top_k)
-    candidates = [e for e in _load_configs(path) if (e["k"], e["n"], e["num_experts"]) == (k, n, routing.num_experts)]
-    # An entry tuned with direct routing says so ("route": "direct"); prefer entries tuned with this routing's kind.
+    candidates = [e for e in _load_configs(path) if (e.k, e.n, e.num_experts) == (k, n, routing.num_experts)]
+    # Prefer entries tuned with this routing's kind (an entry tuned with direct routing says so).
     kind = "direct" if routing.direct else "grouped"
-    candidates = [e for e in candidates if e.get("route", "grouped") == kind] or candidates
+    candidates = [e for e in candidates if e.route == kind] or candidates
     if not candidates:
         return None
 
-    def distance(e: dict) -> tuple[float, float, float]:
+    def distance(e: TableEntry) -> tuple[float, float, float]:
         return (
-            abs(math.log2(e["rank"] / rank)),
-            abs(math.log2(e["max_loras"] / routing.max_loras)),
-            abs(math.log2(e["m"] / m)),
+            abs(math.log2(e.rank / rank)),
+            abs(math.log2(e.max_loras / routing.max_loras)),
+            abs(math.log2(e.m / m)),
         )
 
-    return KernelConfig(**min(candidates, key=distance)["config"])
+    # Only the fields the table names: KernelConfig's own defaults fill the rest.
+    return KernelConfig(**min(candidates, key=distance).config.model_dump(exclude_unset=True))

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from moelora.api.kernel_table import TableEntry
 from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing, plan_op
 from moelora.kernels.routing import method_takes, resolve_method
 
@@ -529,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             for op, (k, n) in (("w13", (h, 2 * inter // W13_SLICES[model])), ("w2", (inter, h))):
                 # onepass routing is direct routing: the table looks its configs up among the direct entries
                 direct = routing_method(cfg, case.sets[0]) in ("direct", "onepass")
-                tuned.append(
+                entry = TableEntry.model_validate(
                     {
                         "k": k,
                         "n": n,
@@ -541,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
                     }
                     | ({"route": "direct"} if direct else {})
                 )
+                tuned.append(entry.model_dump(mode="json", exclude_unset=True))  # an entry of moelora's table
         print(
             f"| {model} | {w13_label} | {rank} | {n_ad} | {m} | {us:.1f} | {case.bytes / 1e6:.1f} | {gbs:.0f} | "
             f"{row['pct_copy']:.0f}% | {row['floor_us']:.1f} | {vllm if vllm is not None else '-'} |"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from moelora.api.kernel_table import KernelTable, TableEntry
 from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing
 
 from .vllm_configs import LEAF_FIELDS, VllmEntry, call_vllm_op, gpu_prefix, vllm_op, write_vllm_files
@@ -439,20 +440,23 @@ def save_state(path: Path, state: dict) -> None:
 
 
 def write_outputs(*, out_dir: Path, state: dict, device_name: str, source: str) -> list[Path]:
-    entries, vllm_entries = [], []
+    entries: list[TableEntry] = []
+    vllm_entries: list[VllmEntry] = []
     for rec in state["buckets"].values():
         b = rec["bucket"]
         if rec["kernel"] == "ours":
             entries.append(
-                {
-                    "k": b["k"],
-                    "n": b["n"],
-                    "rank": b["rank"],
-                    "num_experts": b["experts"],
-                    "max_loras": b["max_loras"],
-                    "m": b["m"],
-                    "config": rec["result"]["config"],
-                }
+                TableEntry.model_validate(
+                    {
+                        "k": b["k"],
+                        "n": b["n"],
+                        "rank": b["rank"],
+                        "num_experts": b["experts"],
+                        "max_loras": b["max_loras"],
+                        "m": b["m"],
+                        "config": rec["result"]["config"],
+                    }
+                )
             )
             continue
         leaves = rec["result"]["config"]
@@ -477,9 +481,9 @@ def write_outputs(*, out_dir: Path, state: dict, device_name: str, source: str) 
         cfg_dir = out_dir / "configs"
         cfg_dir.mkdir(parents=True, exist_ok=True)
         path = cfg_dir / f"{gpu_prefix(device_name)}.json"
-        entries.sort(key=lambda e: (e["k"], e["n"], e["num_experts"], e["rank"], e["max_loras"], e["m"]))
+        table = KernelTable(device=device_name, source=source, entries=tuple(sorted(entries, key=TableEntry.key)))
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"device": device_name, "source": source, "entries": entries}, indent=1) + "\n")
+        tmp.write_text(table.dump())
         tmp.replace(path)
         written.append(path)
     if vllm_entries:
