@@ -37,7 +37,7 @@ from moelora.agent.check import basemodel, validate
 from moelora.local import moe, process
 from moelora.local import s3 as local_s3
 from moelora.local.apiserver import KubeAPI
-from moelora.operator import deployment
+from moelora.operator.render import deployment
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

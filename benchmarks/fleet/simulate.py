@@ -8,8 +8,8 @@ Extension's endpoint picker (`fleet.core.picker`):
   budget, routed by the queue and kv-cache scorers alone (what a picker that ignores adapters does);
 - on demand only: the same, but routed by the full picker (queue, kv-cache, prefix, lora-affinity);
 - all-on-all: every adapter on every pod's disk, routed by the full picker;
-- placement: `moelora.operator.placement`, each adapter warm on the pods the operator assigns it and loaded on demand
-  anywhere else, routed by the same full picker.
+- placement: `moelora.operator.decide.placement`, each adapter warm on the pods the operator assigns it and loaded on
+  demand anywhere else, routed by the same full picker.
 Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
 earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
 noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
@@ -31,7 +31,7 @@ import numpy as np
 
 from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, picker, run
 from fleet.workload import requests, zipf_shares
-from moelora.operator import placement
+from moelora.operator.decide import placement
 
 GB = 1e9
 

@@ -11,7 +11,7 @@ import threading
 
 from moelora.agent.check.validate import AdapterInfo
 from moelora.api import ReplicaAdapterState
-from moelora.operator import status as operator_status
+from moelora.operator.decide import status as operator_status
 
 from .conftest import KEYS, MemoryDesired, adapter_files, eventually, upload
 from .test_faults_loop import FakeVllm, Loop

@@ -12,7 +12,7 @@ import pytest
 from moelora.agent.settings import from_env
 from moelora.api import ModelServerSpec
 from moelora.api.agent_env import ADMIN_KEY_FILE, AgentEnv, AgentEnvError
-from moelora.operator import deployment, statefulset
+from moelora.operator.render import deployment, statefulset
 from moelora.operator.settings import Settings
 from moelora.vllm_plugin import admin_guard
 

@@ -12,7 +12,7 @@ import kopf
 
 from moelora.api.crd import model_server_crd
 from moelora.api.scheduling import LABEL_KEY
-from moelora.operator.wiring import kopf_settings
+from moelora.operator.control.wiring import kopf_settings
 
 ANNOTATIONS_LIMIT = 256 * 1024  # Kubernetes' limit on the total size of an object's annotations
 INT64_DIGITS = 20

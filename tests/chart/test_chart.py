@@ -553,8 +553,8 @@ def test_notes_give_the_next_commands() -> None:
 def test_rbac_covers_every_resource_the_operators_kopf_registry_watches() -> None:
     """Tie the chart to the operator's code: each resource a kopf handler selects needs list+watch, and each one
     with changing handlers or timers needs patch too (kopf writes finalizers and progress annotations there)."""
+    from moelora.operator.control.wiring import make_registry
     from moelora.operator.settings import Settings
-    from moelora.operator.wiring import make_registry
 
     registry = make_registry(Settings())
     needed: set[Rule] = set()
@@ -576,8 +576,8 @@ def test_rbac_covers_every_write_the_operator_makes() -> None:
     """Tie the chart to apply.py: get/create/patch on every kind the operator renders (get/create/delete on those it
     never patches), delete on the kinds it removes when a ModelServer stops asking for them (a 403 there would fail
     every reconcile of that server)."""
-    from moelora.operator import apply
-    from moelora.operator.children import OPTIONAL_CHILDREN
+    from moelora.operator.kube import apply
+    from moelora.operator.render.children import OPTIONAL_CHILDREN
 
     def group_and_plural(api_version: str, kind: str) -> tuple[str, str]:
         path = apply._PATHS[(api_version, kind)]

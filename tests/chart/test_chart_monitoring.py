@@ -27,9 +27,9 @@ import yaml
 from moelora.agent.report.metrics import Metrics
 from moelora.api import ModelServerSpec
 from moelora.local.apiserver import upstream
-from moelora.operator import deployment, naming, service
-from moelora.operator.children import Surroundings, desired_children
-from moelora.operator.metrics import Metrics as OperatorMetrics
+from moelora.operator.control.metrics import Metrics as OperatorMetrics
+from moelora.operator.render import deployment, naming, service
+from moelora.operator.render.children import Surroundings, desired_children
 from moelora.operator.settings import Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from moelora.local import kubelet, manifests, models, stack
-from moelora.operator.engine import VLLM_PORT
-from moelora.operator.service import AGENT_PORT
+from moelora.operator.render.engine import VLLM_PORT
+from moelora.operator.render.service import AGENT_PORT
 
 from .conftest import S3_KEYS
 

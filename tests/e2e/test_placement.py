@@ -23,9 +23,9 @@ import urllib3
 from moelora.api import GROUP, VERSION
 from moelora.api.agent_env import AGENT_PORT
 from moelora.local import manifests, models, stack, vllm_server
-from moelora.operator import placement
-from moelora.operator.assignment import pod_names
-from moelora.operator.engine import VLLM_PORT
+from moelora.operator.decide import placement
+from moelora.operator.decide.assignment import pod_names
+from moelora.operator.render.engine import VLLM_PORT
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from fleet import simulate
 from fleet.core import FETCH
 from fleet.workload import zipf_shares
 
-from moelora.operator import placement
+from moelora.operator.decide import placement
 
 
 def test_a_small_cell() -> None:

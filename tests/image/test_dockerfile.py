@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from moelora.local.vllm_flags import image_vllm_version
-from moelora.operator.vllm_flags import bundled_version
+from moelora.operator.render.engine_flags import bundled_version
 from moelora.vllm_plugin.contract import PINNED_VERSIONS
 
 from .conftest import DOCKERFILE, ROOT, base_image, global_args, instructions, stages, tool
@@ -249,4 +249,7 @@ def test_the_wheel_both_images_install(tmp_path: pathlib.Path) -> None:
         for p in (ROOT / "kernels" / "moelora" / "kernels").glob("configs/**/*.json")
     )
     assert [c for c in configs if c not in names] == []
+    # So does the operator's bundled list of vLLM's flags, package data of moelora.operator.render.
+    flags = (ROOT / "operator" / "moelora" / "operator" / "render" / "vllm_flags.txt").relative_to(ROOT / "operator")
+    assert flags.as_posix() in names
     assert not [n for n in names if fnmatch.fnmatch(n, "*__pycache__*")]

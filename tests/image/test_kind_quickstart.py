@@ -31,7 +31,7 @@ import yaml
 
 from moelora.api import LoRAAdapter, ModelServer
 from moelora.api.crd import custom_resource_definitions
-from moelora.operator.naming import LABEL_SERVER
+from moelora.operator.render.naming import LABEL_SERVER
 
 from .conftest import check_actions_pinned, check_run_scripts, global_args, read_workflow, tool
 

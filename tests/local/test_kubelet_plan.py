@@ -9,7 +9,7 @@ import pytest
 
 from moelora.api import ModelServerSpec
 from moelora.local.kubelet import plan as kubelet_plan
-from moelora.operator.deployment import deployment
+from moelora.operator.render.deployment import deployment
 from moelora.operator.settings import Settings
 
 

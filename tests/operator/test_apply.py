@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from moelora.operator import apply
+from moelora.operator.kube import apply
 
 
 def deployment(pod_spec: dict, annotations: dict | None = None) -> dict:

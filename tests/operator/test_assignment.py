@@ -7,10 +7,10 @@ import datetime
 import random
 
 from moelora.api import AdapterPlacement
-from moelora.operator import placement, status
-from moelora.operator.assignment import AdapterState, Server, pod_names, pods_needed
-from moelora.operator.assignment import assign as place_now
-from moelora.operator.indexes import adapters_index, placement_index
+from moelora.operator.decide import placement, status
+from moelora.operator.decide.assignment import AdapterState, Server, pod_names, pods_needed
+from moelora.operator.decide.assignment import assign as place_now
+from moelora.operator.decide.indexes import adapters_index, placement_index
 
 NOW = 1_000_000.0
 

@@ -9,9 +9,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from moelora.api import crd
-from moelora.operator import autoscaling
-from moelora.operator.children import Surroundings, desired_children
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import autoscaling
+from moelora.operator.render.children import Surroundings, desired_children
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
@@ -154,7 +154,8 @@ class Cluster:
 def test_switching_engines_deletes_the_old_autoscaler_first(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, before: dict, after: dict
 ) -> None:
-    from moelora.operator import apply, model_servers
+    from moelora.operator.control import model_servers
+    from moelora.operator.kube import apply
 
     old = render(settings, autoscaling=before)
     old_kind = "ScaledObject" if "ScaledObject" in old else "HorizontalPodAutoscaler"

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render.children import OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.settings import Settings
 
 from .conftest import make_spec
@@ -98,7 +98,7 @@ def test_adapter_secrets_become_a_role_on_exactly_those_names(settings: Settings
 
 
 def test_children_come_after_what_they_need(settings: Settings) -> None:
-    from moelora.operator.children import NEEDS
+    from moelora.operator.render.children import NEEDS
 
     everything = {
         "replicas": 2,

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from moelora.operator import controller, indexes, lora_adapters, mappers, model_servers, plan
-from moelora.operator.context import Context
-from moelora.operator.indexes import AdapterEntry, ServerEntry
+from moelora.operator.control import controller, lora_adapters, mappers, model_servers
+from moelora.operator.control.context import Context
+from moelora.operator.decide import indexes, plan
+from moelora.operator.decide.indexes import AdapterEntry, ServerEntry
 from moelora.operator.settings import Settings
 
 KEY = ("ns", "srv")
@@ -147,7 +148,8 @@ def test_the_later_status_write_decides_whichever_finishes_last(monkeypatch: pyt
     """Two roll-ups of one adapter in flight: the one the API server stored later decides the phase a pass counts,
     even when the earlier one finishes last; once the index holds a copy at least as new as the write, the index
     decides."""
-    from moelora.operator import apply, indexes
+    from moelora.operator.decide import indexes
+    from moelora.operator.kube import apply
 
     stored_as = {"Failed": 12, "Loaded": 10}  # the Failed write reached the API server after the Loaded one
 

@@ -4,10 +4,10 @@ from typing import Any
 
 import pytest
 
-from moelora.operator import deployment as dep
-from moelora.operator import naming, service
 from moelora.operator.errors import SpecProblem
-from moelora.operator.kernel_configs import KernelConfigVolume
+from moelora.operator.render import deployment as dep
+from moelora.operator.render import naming, service
+from moelora.operator.render.kernel_configs import KernelConfigVolume
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
@@ -238,7 +238,7 @@ def test_admin_routes_are_guarded_by_a_key_only_the_two_containers_share(setting
 
 
 def test_the_guard_is_the_plugins_class() -> None:
-    from moelora.operator import engine
+    from moelora.operator.render import engine
     from moelora.vllm_plugin import admin_guard
 
     module, _, name = engine.ADMIN_GUARD.rpartition(".")
@@ -264,7 +264,7 @@ def test_client_api_key_reaches_vllm_and_the_agent_from_the_secret(settings: Set
 
 
 def engine_required_secrets(spec: Any) -> list[tuple[str, str]]:
-    from moelora.operator import engine
+    from moelora.operator.render import engine
 
     return engine.required_secrets(spec)
 

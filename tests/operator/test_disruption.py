@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from moelora.operator import naming
-from moelora.operator.deployment import deployment
-from moelora.operator.disruption import disruption_budget
+from moelora.operator.render import naming
+from moelora.operator.render.deployment import deployment
+from moelora.operator.render.disruption import disruption_budget
 
 from .conftest import k8s_valid, make_spec
 

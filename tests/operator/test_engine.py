@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from moelora.operator import engine
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import engine
 
 from .conftest import make_spec
 

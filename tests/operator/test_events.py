@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from moelora.operator import apply, events
-from moelora.operator.events import Emission, Recorder, adapter_transition
+from moelora.operator.decide.rollup import Emission, adapter_transition
+from moelora.operator.kube import apply, events
+from moelora.operator.kube.events import Recorder
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 INVOLVED = {"apiVersion": "moelora.io/v1alpha1", "kind": "LoRAAdapter", "namespace": "n", "name": "a", "uid": "u1"}

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from moelora.local.apiserver import upstream
-from moelora.operator import gateway
-from moelora.operator.children import NEEDS, OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import gateway
+from moelora.operator.render.children import NEEDS, OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec
@@ -224,7 +224,7 @@ def test_the_published_crds_refuse_a_broken_pool_and_route(settings: Settings) -
 
 
 def test_the_adapter_index_gives_the_served_names_of_all_but_failed_adapters() -> None:
-    from moelora.operator import indexes
+    from moelora.operator.decide import indexes
 
     def entry(name: str, served: str | None, phase: str) -> indexes.AdapterEntry:
         spec = {"modelServer": "srv", **({"servedName": served} if served else {})}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import datetime
 
-from moelora.operator import lora_adapters, model_servers
-from moelora.operator.children import Surroundings
+from moelora.operator.control import model_servers
+from moelora.operator.decide import rollup
+from moelora.operator.decide.indexes import AdapterEntry
 from moelora.operator.errors import SpecProblem
-from moelora.operator.indexes import AdapterEntry
+from moelora.operator.render.children import Surroundings
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 META = {"name": "srv", "namespace": "ns", "generation": 3, "uid": "u"}
@@ -39,9 +40,9 @@ def test_a_refused_spec_still_gets_a_status_with_its_replica_count() -> None:
 
 def test_an_adapter_without_its_server_fails_and_an_unchanged_one_patches_nothing() -> None:
     body = {"metadata": {"name": "a", "namespace": "ns", "generation": 1}, "spec": {"modelServer": "srv"}}
-    observation = lora_adapters.Observation(body=body, server_exists=False, pods={})
-    patch = lora_adapters.render_status_patch(observation, now=NOW)
+    observation = rollup.Observation(body=body, server_exists=False, pods={})
+    patch = rollup.render_status_patch(observation, now=NOW)
     assert patch["phase"] == "Failed" and patch["servedName"] == "a"
     stored = {**body, "status": patch}
-    unchanged = lora_adapters.Observation(body=stored, server_exists=False, pods={})
-    assert lora_adapters.render_status_patch(unchanged, now=NOW) == {}
+    unchanged = rollup.Observation(body=stored, server_exists=False, pods={})
+    assert rollup.render_status_patch(unchanged, now=NOW) == {}

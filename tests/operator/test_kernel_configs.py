@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from moelora.operator import kernel_configs as kc
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import kernel_configs as kc
 
 from .conftest import k8s_valid, make_spec
 from .kernel_bundles import (
@@ -376,7 +376,7 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
 
 def test_the_bundle_is_found_without_importing_torch() -> None:
     code = (
-        "import sys; from moelora.operator import kernel_configs as kc; root = kc.bundle_root(); "
+        "import sys; from moelora.operator.render import kernel_configs as kc; root = kc.bundle_root(); "
         "print(root is not None and str(root).endswith('moelora/kernels/configs'), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)

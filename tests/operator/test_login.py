@@ -6,8 +6,8 @@ import pathlib
 
 import yaml
 
-from moelora.operator import wiring
-from moelora.operator.context import Context
+from moelora.operator.control import wiring
+from moelora.operator.control.context import Context
 from moelora.operator.settings import Settings
 
 

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from moelora.local import process
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator import metrics
+from moelora.operator.control import metrics
+from moelora.operator.control.metrics import Metrics
 from moelora.operator.errors import SpecProblem
-from moelora.operator.metrics import Metrics
 from moelora.operator.settings import Settings
 
 from ..metrics_readme import exposed_metrics, readme_metrics

@@ -10,9 +10,9 @@ import pydantic
 import pytest
 
 from moelora.api import ModelCachePhase
-from moelora.operator import model_cache, naming
-from moelora.operator.children import Surroundings, desired_children
-from moelora.operator.deployment import deployment
+from moelora.operator.render import model_cache, naming
+from moelora.operator.render.children import Surroundings, desired_children
+from moelora.operator.render.deployment import deployment
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from moelora.operator.deployment import deployment
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render.deployment import deployment
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 
 from moelora.api import AdapterCounts, ModelServerStatus
-from moelora.operator import multinode
-from moelora.operator.children import OPTIONAL_CHILDREN, Surroundings, desired_children
+from moelora.operator.decide.status import model_server_status
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import multinode
+from moelora.operator.render.children import OPTIONAL_CHILDREN, Surroundings, desired_children
 from moelora.operator.settings import Settings
-from moelora.operator.status import model_server_status
 
 from .conftest import k8s_valid, make_spec
 from .published import problems
@@ -249,7 +249,8 @@ def test_engine_args_may_not_set_the_groups_parallelism(settings: Settings) -> N
 def test_a_taken_leader_worker_set_name_keeps_the_deployment(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from moelora.operator import apply, model_servers
+    from moelora.operator.control import model_servers
+    from moelora.operator.kube import apply
 
     deleted: list[str] = []
 

@@ -134,9 +134,10 @@ def test_a_recount_writes_only_the_counts_and_only_when_they_moved(monkeypatch: 
     write when the counts are already right."""
     import concurrent.futures
 
-    from moelora.operator import apply, model_servers
-    from moelora.operator.context import Context
-    from moelora.operator.indexes import AdapterEntry
+    from moelora.operator.control import model_servers
+    from moelora.operator.control.context import Context
+    from moelora.operator.decide.indexes import AdapterEntry
+    from moelora.operator.kube import apply
 
     stored = {"metadata": {"name": "srv", "namespace": "ns"}, "status": {"adapters": {"desired": 2, "loaded": 1}}}
     reads: list[str] = []

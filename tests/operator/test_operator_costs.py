@@ -133,8 +133,9 @@ async def test_a_servers_adapters_are_rolled_up_a_few_at_a_time(monkeypatch: pyt
     import concurrent.futures
     import threading
 
-    from moelora.operator import lora_adapters, plan
-    from moelora.operator.context import Context
+    from moelora.operator.control import lora_adapters
+    from moelora.operator.control.context import Context
+    from moelora.operator.decide import plan
 
     key = ("ns", "srv")
     names = [f"a{i}" for i in range(40)]

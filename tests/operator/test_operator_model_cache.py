@@ -13,7 +13,7 @@ from moelora.api import ModelServerSpec
 from moelora.local import process
 from moelora.local.apiserver import KubeAPI
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator import model_cache
+from moelora.operator.render import model_cache
 
 from .cluster import DEPLOYMENTS, MS, apply, condition, manifest, patch_status, wait_for
 from .conftest import running_operator

@@ -16,8 +16,8 @@ import pytest
 from moelora.local.apiserver import KubeAPI
 from moelora.local.apiserver.client import Rest
 from moelora.local.operator_thread import OperatorThread
-from moelora.operator import placement
-from moelora.operator.assignment import pod_names
+from moelora.operator.decide import placement
+from moelora.operator.decide.assignment import pod_names
 
 from .cluster import DEPLOYMENTS, LORA, MS, apply, condition, manifest, server_pod
 from .conftest import running_operator

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moelora.operator.placement import (
+from moelora.operator.decide.placement import (
     Adapter,
     Placement,
     Replica,

@@ -8,10 +8,10 @@ import datetime
 from typing import Any
 
 from moelora.api import AdapterPlacement
-from moelora.operator import plan
-from moelora.operator.assignment import AdapterState, Server
-from moelora.operator.expectations import ServerWrites
-from moelora.operator.indexes import AdapterEntry, ChildEntry, ServerEntry
+from moelora.operator.decide import plan
+from moelora.operator.decide.assignment import AdapterState, Server
+from moelora.operator.decide.expectations import ServerWrites
+from moelora.operator.decide.indexes import AdapterEntry, ChildEntry, ServerEntry
 
 KEY = ("ns", "ms")
 NOW = 1_000_000.0

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from moelora.operator import deployment as dep
-from moelora.operator import engine
 from moelora.operator.errors import SpecProblem
+from moelora.operator.render import deployment as dep
+from moelora.operator.render import engine
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from moelora.operator import deployment as dep
-from moelora.operator import security
 from moelora.operator.errors import SpecProblem
-from moelora.operator.kernel_configs import KernelConfigVolume
+from moelora.operator.render import deployment as dep
+from moelora.operator.render import security
+from moelora.operator.render.kernel_configs import KernelConfigVolume
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec

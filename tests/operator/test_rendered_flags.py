@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from moelora.operator import engine
+from moelora.operator.render import engine
 
 from .conftest import make_spec
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from moelora.operator import status as st
-from moelora.operator.events import Emission, adapter_transition
+from moelora.operator.decide import status as st
+from moelora.operator.decide.rollup import Emission, adapter_transition
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 LOADED_AT = "2030-01-01T00:00:00Z"

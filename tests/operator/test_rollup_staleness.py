@@ -9,7 +9,7 @@ from typing import Any
 
 from moelora.agent.report.kube import Kube
 from moelora.api import ReplicaAdapterState
-from moelora.operator.status import adapter_status_patch
+from moelora.operator.decide.status import adapter_status_patch
 
 NOW = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moelora.operator.children import Surroundings, desired_children
+from moelora.operator.render.children import Surroundings, desired_children
 from moelora.operator.settings import Settings
 
 from .conftest import k8s_valid, make_spec

@@ -4,7 +4,7 @@ import datetime
 from typing import Any
 
 from moelora.api import AdapterCounts, LoRAAdapterStatus, ModelServerStatus
-from moelora.operator import status as st
+from moelora.operator.decide import status as st
 from moelora.operator.errors import SpecProblem
 
 from .conftest import make_spec

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from moelora.local import vllm_flags as generator
-from moelora.operator import engine, vllm_flags
-from moelora.operator.engine import MANAGED_FLAGS
+from moelora.operator.render import engine, engine_flags
+from moelora.operator.render.engine import MANAGED_FLAGS
 
 from .conftest import make_spec
 
@@ -33,7 +33,7 @@ def _rendered_flags() -> set[str]:
 
 
 def test_bundled_flags_are_the_server_images_vllm() -> None:
-    assert vllm_flags.bundled_version() == generator.image_vllm_version(DOCKERFILE)
+    assert engine_flags.bundled_version() == generator.image_vllm_version(DOCKERFILE)
 
 
 def test_bundled_flags_are_a_fresh_generation_from_the_images_vllm() -> None:
@@ -43,14 +43,14 @@ def test_bundled_flags_are_a_fresh_generation_from_the_images_vllm() -> None:
     if not (source / "vllm" / "__init__.py").exists():
         pytest.skip(f"no vLLM sources at {source}; `python -m moelora.local.vllm_flags` fetches them")
     version, flags = generator.flags_from_source(source)
-    assert vllm_flags.bundled_version() == version, "regenerate: python -m moelora.local.vllm_flags"
-    assert vllm_flags.flag_arity() == flags, "regenerate: python -m moelora.local.vllm_flags"
+    assert engine_flags.bundled_version() == version, "regenerate: python -m moelora.local.vllm_flags"
+    assert engine_flags.flag_arity() == flags, "regenerate: python -m moelora.local.vllm_flags"
 
 
 def test_every_flag_the_operator_renders_is_in_the_images_vllm() -> None:
     rendered = _rendered_flags()
     assert {"--tensor-parallel-size", "--max-cpu-loras", "--fully-sharded-loras", "--load-format"} <= rendered
-    assert rendered <= vllm_flags.known_flags()
+    assert rendered <= engine_flags.known_flags()
 
 
 def test_every_flag_the_operator_renders_is_in_the_installed_vllm() -> None:
@@ -64,4 +64,4 @@ def test_every_flag_the_operator_renders_is_in_the_installed_vllm() -> None:
 
 def test_every_flag_moelora_manages_is_a_real_vllm_flag() -> None:
     # A managed flag vLLM renamed would silently stop being refused.
-    assert MANAGED_FLAGS <= vllm_flags.known_flags()
+    assert MANAGED_FLAGS <= engine_flags.known_flags()

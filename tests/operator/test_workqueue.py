@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from moelora.operator.workqueue import KeyedQueue
+from moelora.operator.control.workqueue import KeyedQueue
 
 pytestmark = pytest.mark.looptime
 

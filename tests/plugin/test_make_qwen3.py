@@ -7,7 +7,7 @@ import pathlib
 import re
 import sys
 
-from moelora.operator import model_shapes
+from moelora.operator.render import model_shapes
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
 import make_qwen3  # noqa: E402

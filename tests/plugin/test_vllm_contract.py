@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from moelora.api import ModelServerSpec
-from moelora.operator import engine, vllm_flags
+from moelora.operator.render import engine, engine_flags
 from moelora.vllm_plugin import contract, source_check
 from moelora.vllm_plugin.touchpoints import KINDS, TOUCHPOINTS, Touchpoint, by_name
 
@@ -95,7 +95,7 @@ def test_environment_and_flags_read_from_source_are_vllms() -> None:
     # The operator's flag list is the server image's release's (tests/operator/test_vllm_flags.py); a flag moelora
     # renders must be in it too.
     for finding in _findings("flag"):
-        assert finding.touchpoint.target in vllm_flags.known_flags()
+        assert finding.touchpoint.target in engine_flags.known_flags()
 
 
 # ---- everything moelora uses is listed ----

@@ -98,7 +98,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* Labels the operator puts on every server pod and Service it creates (moelora.operator.naming): the monitors select by them. */}}
+{{/* Labels the operator puts on every server pod and Service it creates (moelora.operator.render.naming): the monitors select by them. */}}
 {{- define "moelora.serverSelectorLabels" -}}
 app.kubernetes.io/name: moelora-server
 app.kubernetes.io/managed-by: moelora

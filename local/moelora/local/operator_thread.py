@@ -13,7 +13,7 @@ from typing import Any, Self
 
 
 class OperatorThread:
-    """The operator (`moelora.operator.wiring.run`) in a thread with its own event loop.
+    """The operator (`moelora.operator.control.wiring.run`) in a thread with its own event loop.
 
     `with OperatorThread(settings=...):` returns once kopf is ready (its indexes filled); leaving stops it.
     """
@@ -47,7 +47,7 @@ class OperatorThread:
         self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
-        from moelora.operator import wiring  # imported late: importing it registers kopf handlers
+        from moelora.operator.control import wiring  # imported late: importing it registers kopf handlers
 
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)

@@ -237,6 +237,6 @@ class Stack:
     def vllm_urls(self, server: str) -> list[str]:
         """The local base URL of vLLM in each pod of the server (port 8000 in the pod)."""
         assert self.kubelet is not None
-        from moelora.operator.engine import VLLM_PORT
+        from moelora.operator.render.engine import VLLM_PORT
 
         return [pod.url(VLLM_PORT) for pod in self.kubelet.pods_of(server)]

@@ -6,7 +6,7 @@ crash-loop the pod. So the generator imports that release's Python sources (the 
 `pip download`) on top of this environment's torch, in a subprocess, and lists its parser's flags.
 
 Only the development environment has vLLM (the operator image must not), so the generator lives here and the
-operator keeps just the data file and its reader (`moelora.operator.vllm_flags`).
+operator keeps just the data file and its reader (`moelora.operator.render.engine_flags`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-from moelora.operator.vllm_flags import ANY, FLAGS_FILE, NONE, ONE
+from moelora.operator.render.engine_flags import ANY, FLAGS_FILE, NONE, ONE
 
 # Where fetched sources are kept, one folder per release, so the wheel (about 300 MB) is downloaded once.
 SOURCE_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "moelora" / "vllm"
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     version, flags = flags_from_source(args.source or fetch_source(wanted))
     if version != wanted:
         raise SystemExit(f"the source is vllm {version}, the server image runs {wanted}")
-    path = pathlib.Path(str(importlib.resources.files("moelora.operator").joinpath(FLAGS_FILE)))
+    path = pathlib.Path(str(importlib.resources.files("moelora.operator.render").joinpath(FLAGS_FILE)))
     path.write_text(render(version, flags))
     print(f"wrote {len(flags)} flags of vllm {version} to {path}")
     return 0

@@ -1,19 +1,20 @@
 """The moelora operator: thin kopf handlers around pure manifest builders, and one module that talks to the API.
 
-Modules, one concern each, the lower layers first:
-- pure builders: `settings` (env -> Settings), `naming` (labels, names), `errors` (SpecProblem), `vllm_flags`
-  (vLLM's flags, bundled), `engine` (vLLM args/env, refused flags), `model_shapes` (a model's MoE shape),
-  `kernel_configs` (the tuned-config volume), `deployment`, `statefulset` (spec.placement's), `service`,
-  `disruption` (the PodDisruptionBudget),
-  `secret_access` (the pods' Role on their adapters' Secrets), `policy` (the allowlists), `children` (everything
-  a ModelServer owns), `status` (reading what exists, and the status judged from it), `placement` and
-  `assignment` (which pods serve which adapters, and the moves);
-- `apply`: the only module that talks to the Kubernetes API (reads, status patches, create-or-patch, delete);
-- `events` (which adapter phase changes become Events, identical ones counted), `metrics` (Prometheus, /metrics);
-- `context` (the typed memo every handler gets), `indexes` (kopf's indexes);
-- handlers by resource: `model_servers`, `lora_adapters`, `placements` (adapters' status.placement); `resync`
-  (the periodic reconcile of every server);
-  `wiring` registers them and runs kopf.
+Packages by role, each importing only those below it (.importlinter, contract `operator-layers`; docs/architecture.md,
+"The operator's packages"):
+- `control`: the loop and its wiring: kopf's handlers map events onto ModelServer keys (`mappers`, `resync`), the
+  keyed queue (`workqueue`) runs one pass per key (`controller`), whose writes are `model_servers`, `lora_adapters`
+  and `placement_writes`; `context` (the typed memo every handler gets), `metrics`, and `wiring`, which runs kopf;
+- `kube`: talking to the API: `apply` (the only module that writes), `events` (Events, identical ones counted),
+  `cache_sync` (the shared model cache's claims and Jobs);
+- `decide`: a pass's pure decisions: `plan` over kopf's `indexes` and the operator's own writes (`expectations`),
+  `placement` and `assignment` (which pods serve which adapters, and the moves), `rollup` (an adapter's status patch
+  and its Event), `status` (reading what exists, and the status judged from it);
+- `render`: pure builders from a spec to manifests: `naming`, `engine` (vLLM args/env, refused flags, over the
+  bundled `engine_flags`), `model_shapes`, `kernel_configs`, `deployment`, `statefulset`, `multinode`, `service`,
+  `disruption`, `autoscaling`, `gateway`, `secret_access`, `model_cache`, `model_download`, `pod_options`,
+  `security`, and `children` (everything a ModelServer owns);
+- at the top level: `policy` (the allowlists), `errors` (SpecProblem), `settings` (env -> Settings), `__main__`.
 Run it with `python3 -m moelora.operator`.
 
 Kubernetes access the operator needs (for the chart's ClusterRole, or Role per watched namespace); the chart's
@@ -43,5 +44,5 @@ It writes (patches, deletes) only objects whose controller ownerReference is the
 taken by anyone else's object is left alone and reported (NameTaken). Owned objects go with their ModelServer
 through Kubernetes' garbage collector; its own deletions are the kernel-config ConfigMap, the PodDisruptionBudget
 and the adapter-Secret Role/RoleBinding it rendered, once a server stops asking for them. No finalizer anywhere:
-the periodic resync is an operator-level task (resync.py), so deletions never wait for the operator.
+the periodic resync is an operator-level task (control/resync.py), so deletions never wait for the operator.
 """

@@ -6,8 +6,8 @@ import asyncio
 import logging
 import sys
 
+from moelora.operator.control.wiring import run
 from moelora.operator.settings import Settings
-from moelora.operator.wiring import run
 
 
 def main() -> int:
