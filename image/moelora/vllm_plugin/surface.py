@@ -67,7 +67,7 @@ SURFACE: tuple[Touchpoint, ...] = (
         ("entrypoints/openai/cli_args.py", "entrypoints/launchers/cli_args.py", "entrypoints/common/cli_args.py"),
         "make_arg_parser",
         ("parser",),
-        "local.vllm_flags (generates operator/vllm_flags.txt)",
+        "local.vllm_flags (generates operator/render/vllm_flags.txt)",
     ),
     # ---- the agent: vLLM's runtime LoRA API ----
     Touchpoint(
