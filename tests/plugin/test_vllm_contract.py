@@ -128,7 +128,7 @@ def test_every_flag_and_variable_the_operator_renders_is_a_touchpoint() -> None:
 
 
 def test_every_route_the_agent_calls_is_a_touchpoint() -> None:
-    source = (ROOT / "image" / "moelora" / "agent" / "vllm.py").read_text()
+    source = (ROOT / "image" / "moelora" / "agent" / "serve" / "vllm.py").read_text()
     calls = set(re.findall(r'"(GET|POST)", "(/[a-z0-9_/]+)"', source))
     assert calls >= {("POST", "/v1/load_lora_adapter"), ("GET", "/v1/models")}
     routes = {(t.expect[0].upper(), t.target) for t in TOUCHPOINTS if t.kind == "route"}
