@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from moelora.api.kernel_table import KernelTable
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import kernel_configs as kc
 
@@ -340,7 +341,11 @@ def test_auto_without_a_bundled_set_is_a_problem_not_a_fallback(bundle: pathlib.
 def test_auto_over_a_config_maps_limit_is_a_problem(bundle: pathlib.Path) -> None:
     table_path = bundle / "NVIDIA_H200.json"
     table = json.loads(table_path.read_text())
-    table["entries"].append(table_entry(768, 2048, 128, pad="x" * kc.MAX_CONFIG_BYTES))  # a Qwen3 entry
+    # Qwen3 entries for so many token counts that its cut outgrows a ConfigMap; GPT-OSS' stays small.
+    entry = table_entry(768, 2048, 128)
+    table["entries"] += [
+        entry | {"m": m} for m in range(2, 2 + kc.MAX_CONFIG_BYTES // len(json.dumps(entry, indent=1)))
+    ]
     table_path.write_text(json.dumps(table))
     assert kc.volume(auto_spec(GPT_OSS), name="srv", namespace="ns", labels=LABELS, root=bundle)  # cut away
     with pytest.raises(SpecProblem) as caught:
@@ -372,6 +377,63 @@ def test_config_map_mode_mounts_the_users_and_hashes_its_data(bundle: pathlib.Pa
     with pytest.raises(SpecProblem) as caught:
         kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=bundle, user_config_map=None)
     assert caught.value.reason == "ConfigMapNotFound"
+
+
+def test_the_bundled_table_is_cut_through_its_schema() -> None:
+    """The real bundle: each model's cut is the bundled table's own entries, device and source, written as the
+    tuner writes (the schema's dump), and together the cuts hold every entry."""
+    root = kc.bundle_root()
+    assert root is not None
+    text = kc.read_bundle("NVIDIA_H200", root=root)["NVIDIA_H200.json"]
+    bundled = KernelTable.parse(text, origin="bundled")
+    seen: set[object] = set()
+    for model in (GPT_OSS, QWEN3):
+        out = kc.for_shape({"NVIDIA_H200.json": text}, shape_of(model), gpu="NVIDIA_H200")["NVIDIA_H200.json"]
+        cut = KernelTable.parse(out, origin=model)
+        assert cut.entries and set(cut.entries) <= set(bundled.entries)
+        assert out == bundled.model_copy(update={"entries": cut.entries}).dump()
+        assert (cut.device, cut.source) == (bundled.device, bundled.source)
+        seen |= set(cut.entries)
+    assert seen == set(bundled.entries)
+
+
+def test_a_malformed_bundled_table_is_a_problem_naming_the_field(bundle: pathlib.Path) -> None:
+    table = json.loads((bundle / "NVIDIA_H200.json").read_text())
+    table["entries"][0]["config"]["split_k"] = "4"
+    (bundle / "NVIDIA_H200.json").write_text(json.dumps(table))
+    with pytest.raises(SpecProblem) as caught:
+        kc.volume(auto_spec(QWEN3), name="srv", namespace="ns", labels=LABELS, root=bundle)
+    assert caught.value.reason == "KernelConfigsInvalid"
+    assert caught.value.message.startswith("bundled NVIDIA_H200.json: not a moelora kernel table: ")
+    assert "entries[0].config.split_k: Input should be a valid integer (got '4')" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("node_selector", "key"),
+    [(H200, "NVIDIA_H200.json"), ({}, "my-table.json")],
+    ids=["the-gpus-table", "a-table-without-a-gpu-label"],
+)
+def test_config_map_mode_refuses_a_malformed_table_of_the_users(node_selector: dict, key: str) -> None:
+    spec = make_spec(kernels={"configs": "configMap", "configMapName": "tuned"}, nodeSelector=node_selector)
+    good = table_entry(2880, 5760, 32)
+    bad = good | {"m": 4, "config": {"split_k": 2, "shrink_warps": 0}}
+    vllm_file = {"NVIDIA_H200_SHRINK.json": '{"1": {}}'}  # vLLM's format: not ours to check
+    for entries in ([good], [good, good]):  # well formed: mounted
+        data = {key: json.dumps({"entries": entries}), **vllm_file}
+        assert kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=None, user_config_map={"data": data})
+    with pytest.raises(SpecProblem) as caught:
+        data = {key: json.dumps({"entries": [good, bad]}), **vllm_file}
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=None, user_config_map={"data": data})
+    assert caught.value.reason == "KernelConfigsInvalid"
+    assert caught.value.message.startswith(f"ConfigMap tuned, key {key}: not a moelora kernel table: ")
+    assert "entries[1].config.shrink_warps: Input should be greater than or equal to 1" in caught.value.message
+
+
+def test_config_map_mode_refuses_the_gpus_table_without_entries() -> None:
+    spec = make_spec(kernels={"configs": "configMap", "configMapName": "tuned"}, nodeSelector=H200)
+    with pytest.raises(SpecProblem, match="key NVIDIA_H200.json: .*entries: Field required"):
+        data = {"NVIDIA_H200.json": '{"device": "NVIDIA H200"}'}
+        kc.volume(spec, name="srv", namespace="ns", labels=LABELS, root=None, user_config_map={"data": data})
 
 
 def test_the_bundle_is_found_without_importing_torch() -> None:

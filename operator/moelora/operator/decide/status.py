@@ -30,7 +30,8 @@ PodSecurityViolation and InvalidSecurityContext (podSecurityContext or securityC
 ReservedPodAnnotation, InvalidTopologySpread,
 GPUUnknown (kernels.configs=auto without nvidia.com/gpu.product in nodeSelector), ModelShapeUnknown (auto for a
 model id moelora does not know, without kernels.shape), KernelConfigsNotFound (no bundled set for the GPU and the
-model's shape), KernelConfigsTooLarge, InvalidSpec (something the schema let through that the models refuse),
+model's shape), KernelConfigsTooLarge, KernelConfigsInvalid (moelora's kernel table breaks its schema),
+InvalidSpec (something the schema let through that the models refuse),
 ImageNotAllowed, ServiceAccountNotAllowed (policy.py), NameTaken (a child's name is someone else's object),
 SecretGrantForbidden (RBAC refused the adapters' Secret grant), ModelCacheUnbound (the cache's claim is not bound
 after model_cache.UNBOUND_AFTER_SECONDS), ModelCacheFailed (its fill Job failed; the Job's message),

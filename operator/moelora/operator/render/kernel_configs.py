@@ -9,8 +9,9 @@ files for its dense LoRA ops (`<GPU>_SHRINK.json`, `<GPU>_EXPAND_{TRUE,FALSE}.js
 projections) go in whole, with the shape's, when they were tuned for the model's hidden size: their other keys are
 sizes the MoE shape does not carry, and vLLM takes the nearest key at each level. Nothing is ever guessed: no set
 for the GPU, no entries for the shape, or more than a ConfigMap holds is a SpecProblem, not a silent fallback to
-vLLM's defaults. A hash of the content goes on the pod template, so new configs (or another model's) roll the
-pods.
+vLLM's defaults. moelora's own table is read through its schema (moelora.api.kernel_table), in the bundle and in a
+user's ConfigMap alike: a malformed one is a SpecProblem naming the field, not a kernel failing at start-up. A hash
+of the content goes on the pod template, so new configs (or another model's) roll the pods.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from moelora.api import KernelConfigMode, ModelServerSpec, MoeShape
+from moelora.api.kernel_table import KernelTable, KernelTableError
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import model_shapes
 
@@ -79,23 +81,40 @@ def read_bundle(gpu: str, *, root: Traversable) -> dict[str, str]:
     return files
 
 
-def _table_for_shape(text: str, shape: MoeShape) -> str | None:
-    """moelora's table ({"entries": [{"k", "n", "num_experts", ...}]}) cut to the shape's ops, or None if none.
+def _parse_table(text: str, *, origin: str) -> KernelTable:
+    try:
+        return KernelTable.parse(text, origin=origin)
+    except KernelTableError as error:
+        raise SpecProblem("KernelConfigsInvalid", str(error)) from None
+
+
+def _table_for_shape(text: str, shape: MoeShape, *, origin: str) -> str | None:
+    """moelora's table cut to the shape's ops, or None if none.
 
     The gate_up op has k = hidden and n = 2 x intermediate (both halves at once) or n = intermediate (per slice);
     the down op has k = intermediate and n = hidden.
     """
-    table = json.loads(text)
-    if not isinstance(table, dict):
-        return None
+    table = _parse_table(text, origin=origin)
     hidden, inter, experts = model_shapes.key(shape)
     wanted = {(hidden, 2 * inter, experts), (hidden, inter, experts), (inter, hidden, experts)}
-    entries = [
-        e
-        for e in table.get("entries") or []
-        if isinstance(e, dict) and (e.get("k"), e.get("n"), e.get("num_experts")) in wanted
-    ]
-    return _dump({**table, "entries": entries}) if entries else None
+    entries = tuple(e for e in table.entries if (e.k, e.n, e.num_experts) in wanted)
+    return table.model_copy(update={"entries": entries}).dump() if entries else None
+
+
+def _check_user_tables(data: Mapping[str, str], *, gpu: str | None, config_map: str) -> None:
+    """A user's ConfigMap: moelora's table in it (the GPU's `<GPU>.json`, or any file shaped like a table) parses,
+    else a SpecProblem naming the key and the field. vLLM's own files are vLLM's to read and are not checked."""
+    for key, text in data.items():
+        if key == f"{gpu}.json" or _looks_like_table(text):
+            _parse_table(text, origin=f"ConfigMap {config_map}, key {key}")
+
+
+def _looks_like_table(text: str) -> bool:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "entries" in data  # vLLM's files are keyed by numbers
 
 
 # vLLM's fused MoE-LoRA nesting: data[max_loras][num_slices][m][rank][hidden][inter] -> leaf
@@ -182,7 +201,7 @@ def for_shape(files: Mapping[str, str], shape: MoeShape, *, gpu: str) -> dict[st
         elif file_name in dense_file_names(gpu):
             cut, into = _dense_file(text, shape), dense
         elif file_name == f"{gpu}.json":
-            cut, into = _table_for_shape(text, shape), kept
+            cut, into = _table_for_shape(text, shape, origin=f"bundled {file_name}"), kept
         else:
             cut, into = _vllm_file_for_shape(text, shape), kept
         if cut is not None:
@@ -242,6 +261,7 @@ def volume(
         if user_config_map is None:
             raise SpecProblem("ConfigMapNotFound", f"kernel-config ConfigMap {cm_name!r} does not exist")
         data = dict(user_config_map.get("data") or {})
+        _check_user_tables(data, gpu=device_name(spec.node_selector), config_map=cm_name)
         return KernelConfigVolume(config_map_name=cm_name, items=None, content_hash=content_hash(data))
 
     gpu = device_name(spec.node_selector)
