@@ -41,6 +41,20 @@ def observed(adapters: list[AdapterEntry]) -> controller.Indexes:
     )
 
 
+async def adapter_event(memo: Context, index: controller.Indexes, name: str, type: str) -> None:
+    """What kopf hands the mapper for a watch event of adapter `name` of server srv."""
+    body = {"metadata": {"name": name, "namespace": "ns"}, "spec": {"modelServer": "srv"}}
+    await mappers.adapter_event(
+        event={"type": type},
+        body=body,
+        namespace="ns",
+        spec=body["spec"],
+        memo=memo,
+        model_servers_index=index.servers,
+        adapters_index=index.adapters,
+    )
+
+
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str]]]:
     """(what the pass wrote: reconcile or counts, {adapter: phase} it counted); adapters' roll-ups write nothing."""
@@ -101,16 +115,7 @@ async def test_a_hundred_adapter_events_cost_two_passes(memo: Context, passes: l
     memo.queue.start(lambda key: controller.process(key, memo=memo, observed=index))
     for i, name in enumerate(names):
         entries.append(AdapterEntry(name=name, phase="Failed", secret=f"s{i % 3}", body=stored(name)))
-        body = {"metadata": {"name": name, "namespace": "ns"}, "spec": {"modelServer": "srv"}}
-        await mappers.adapter_event(
-            event={"type": "ADDED"},
-            body=body,
-            namespace="ns",
-            spec=body["spec"],
-            memo=memo,
-            model_servers_index=index.servers,
-            adapters_index=index.adapters,
-        )
+        await adapter_event(memo, index, name, "ADDED")
         while not passes:  # the first pass is under way before the other 99 arrive
             await asyncio.sleep(0.001)
     await memo.queue.drained()
@@ -131,16 +136,7 @@ async def test_an_adapter_moving_away_queues_the_server_whose_grant_named_its_se
     assert memo.expectations.server(other).rendered.secrets == frozenset({"s"})
     index.adapters[other] = []
     index.adapters[KEY] = [AdapterEntry(name="a", phase="Loaded", secret="s", body=stored("a", version=2))]
-    body = {"metadata": {"name": "a", "namespace": "ns"}, "spec": {"modelServer": "srv"}}
-    await mappers.adapter_event(
-        event={"type": "MODIFIED"},
-        body=body,
-        namespace="ns",
-        spec=body["spec"],
-        memo=memo,
-        model_servers_index=index.servers,
-        adapters_index=index.adapters,
-    )
+    await adapter_event(memo, index, "a", "MODIFIED")
     assert memo.queue.pending() == 2  # its new server and the old one, whose Role still grants "s"
 
 
