@@ -186,20 +186,27 @@ def test_against_s3rver_too(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPa
         server.stop()
 
 
+class _CutOffByCancel:
+    """An S3 client whose GET is cut off by the cancel: the download's socket is shut down mid-request."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+
+    def get_object(self, **_: object) -> None:
+        self.watch.cancel()
+        raise ConnectionResetError("connection reset by peer")
+
+
 def test_an_error_after_a_cancel_is_the_cancel_not_an_unreachable_endpoint(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Seen under load: the cancel shut the download's sockets down and the error that followed surfaced as
-    # EndpointUnreachable (a failure recorded for a deleted adapter) instead of Cancelled.
+    # EndpointUnreachable (a failure recorded for a deleted adapter) instead of Cancelled. On a part's last attempt
+    # that error ends the part before the download's loop sees the cancel.
+    monkeypatch.setattr(transfer, "PART_ATTEMPTS", 1)
     watch = Watch(min_rate=0, window=float("inf"))
-
-    def cut_off(**_: object) -> None:
-        watch.cancel()
-        raise ConnectionResetError("connection reset by peer")
-
-    monkeypatch.setattr(transfer, "download", cut_off)
     obj = RemoteObject(key="a/adapter_model.safetensors", relpath="adapter_model.safetensors", size=10, etag='"e"')
     listing = Listing(location=parse_s3_uri("s3://b/a/"), objects=(obj,))
     with pytest.raises(Cancelled):
-        fetch(client=None, listing=listing, cache_dir=tmp_path, watch=watch)
+        fetch(client=_CutOffByCancel(watch), listing=listing, cache_dir=tmp_path, watch=watch)
     assert list(tmp_path.iterdir()) == []  # a cancelled fetch keeps none of its bytes

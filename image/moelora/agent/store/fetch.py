@@ -175,8 +175,6 @@ def _fetch_new(
             keep = error.reason is not FailureReason.CACHE_FULL
             raise
         except Exception as error:  # noqa: BLE001 - classified, never swallowed
-            if watch.cancelled.is_set():  # a read cut off by the cancel's socket shutdown is the cancel, not S3
-                raise Cancelled() from None
             failure = classify_client_error(error, what="downloading")
             keep = isinstance(failure, TransientError) and failure.reason is not FailureReason.CACHE_FULL
             raise failure from error

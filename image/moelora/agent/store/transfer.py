@@ -151,8 +151,6 @@ def download(
             except (Cancelled, AdapterError, TransientError):
                 raise
             except Exception as error:  # noqa: BLE001 - classified below
-                if watch.cancelled.is_set():  # the cancel shut its socket down: the error is the cancel's doing
-                    raise Cancelled() from None
                 what = f"downloading {quote(obj.relpath)}"
                 if getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
                     changed = f"{what}: replaced since it was listed"
@@ -172,10 +170,12 @@ def download(
             for future in finished:
                 future.result()
             watch.check()  # the deadline and the rate floor hold even while no byte arrives
-    except BaseException:
+    except BaseException as error:
         abort.set()
         manifest.close()
         watch.sever()  # parts blocked in a read would hold their connections until the read timeout, or forever
+        if isinstance(error, Exception) and not isinstance(error, Cancelled) and watch.cancelled.is_set():
+            raise Cancelled() from None  # the cancel shut the sockets down: what failed after it is its doing
         raise
     finally:
         executor.shutdown(wait=False, cancel_futures=True)  # the parts end on abort, or once their sockets are shut
