@@ -164,9 +164,14 @@ def test_w13_is_one_op_whatever_its_slices(slices, monkeypatch):
     assert ops == [slices] and shrinks == [slices]
 
 
-def test_add_inputs_false_overwrites(naive):
+def test_add_inputs_false_adds_into_vllms_zeroed_buffer_without_a_fill_of_its_own(naive):
+    """vLLM's experts pass add_inputs=False with a delta buffer they zeroed (triton_moe.py: torch.zeros_like before the
+    LoRA stream forks): the hook writes the delta into it and launches no second fill, so rows of tokens without an
+    adapter keep what the caller put there."""
     layer = _layer(slices=1)
-    layer.y13.fill_(123.0)
+    layer.y13.zero_()
+    no_adapter = layer.mapping < 0
+    layer.y13.view(layer.m, layer.top_k, -1)[no_adapter] = 123.0
     _w13(layer, add_inputs=False)
     want = naive(
         output=torch.zeros_like(layer.y13),
@@ -178,7 +183,10 @@ def test_add_inputs_false_overwrites(naive):
         topk_weights=layer.topk_w,
         mul_routed_weight=False,
     )
-    torch.testing.assert_close(layer.y13.double(), want, rtol=1e-4, atol=1e-4)
+    got = layer.y13.double().view(layer.m, layer.top_k, -1)
+    want = want.view(layer.m, layer.top_k, -1)
+    torch.testing.assert_close(got[~no_adapter], want[~no_adapter], rtol=1e-4, atol=1e-4)
+    assert bool((got[no_adapter] == 123.0).all())
 
 
 def test_a_batch_without_adapters_gets_nothing_added(monkeypatch):

@@ -147,9 +147,9 @@ def add_lora_w13(
         num_experts=lora_a_stacked[0].shape[1],
         max_loras=lora_a_stacked[0].shape[0],
     )
+    # add_inputs=False: vLLM's callers (its Triton and TRT-LLM experts) pass a delta buffer they zeroed on the main
+    # stream before the LoRA stream forks, so adding into it writes the delta; a second fill would only cost a launch.
     out = y.view(num_tokens, ids.shape[1], -1)
-    if not add_inputs:
-        out.zero_()
     # One op for all slices (Qwen3's gate and up): one shrink and one expand launch, each slice its output columns.
     run_triton(
         output=out,
@@ -235,9 +235,7 @@ def add_lora_w2(
         topk_weights=topk_weights,
         mapping=token_lora_mapping,
     )
-    out = y.view(num_tokens, top, -1)
-    if not add_inputs:
-        out.zero_()
+    out = y.view(num_tokens, top, -1)  # add_inputs=False: a zeroed delta buffer, as for w13
     run_triton(
         output=out,
         x=x.reshape(num_tokens, top, x.shape[-1]),
