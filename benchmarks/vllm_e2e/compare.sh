@@ -11,7 +11,8 @@
 # compileCache; inductor's scratch cache is the server's own, as a pod's /tmp. Plugin servers run with vLLM's dual
 # LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/, the table in
 # OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines (kernel_lines.txt,
-# moelora_lines.txt) and their start-up timings (startup_lines.txt).
+# moelora_lines.txt) and their start-up timings (startup_lines.txt). PLUGIN_ARGS: more vLLM flags for plugin servers
+# only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only (PROFILE=1: every server).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -29,7 +30,10 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
     extra="$extra VLLM_CACHE_ROOT=$cache/vllm TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)"
     ls "$cache/triton" > "$OUT/$MODEL-$mode/cache_before.txt"
   fi
-  MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" timeout $((left - 5)) \
+  args=${SERVER_ARGS:-}; prof=${PROFILE:-0}
+  [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-}"
+  [ "$prof" = plugin ] && { [ $kind = plugin ] && prof=1 || prof=0; }
+  MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" SERVER_ARGS="$args" PROFILE=$prof timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
   for _ in $(seq 1 30); do  # the next server needs the memory this one held
     [ "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)" -lt 2000 ] && break; sleep 1
