@@ -1,5 +1,6 @@
 """Adapters end to end: `kubectl apply` -> every replica's vLLM serves it, equal to transformers+peft; bad adapters
-fail alone with their own reason; delete -> 404; a vLLM restart -> re-registered; credentials never leak.
+fail alone with their own reason; delete -> 404; a vLLM SIGKILL -> re-registered; credentials never leak. (A new
+pod Ready only with its adapters, and a gone pod pruned from the status: test_placement.py's scale tests.)
 
 The tests run in file order on one shared stack (conftest.py): later ones build on the adapters earlier ones applied.
 """
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from moelora.local import manifests, models, s3, stack, vllm_server
+from moelora.local import manifests, models, process, s3, stack, vllm_server
 
 from .conftest import REPLICAS, S3_KEYS, S3RVER_PORT, SERVER
 
@@ -197,39 +198,32 @@ def test_delete_makes_the_name_404(local: stack.Stack, adapters: dict[str, pathl
     _until(lambda: local.adapter("beta") is None, timeout=30, what="LoRAAdapter beta gone (finalizers done)")
 
 
-def test_scale_up_new_pod_ready_only_with_adapters_then_down_prunes(
-    local: stack.Stack, adapters: dict[str, pathlib.Path]
-) -> None:
-    assert local.kubelet is not None
-    before = {pod.name for pod in local.kubelet.pods_of(SERVER)}
-    local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 3}}))
-    new = _until(
-        lambda: [p for p in local.kubelet.pods_of(SERVER) if p.name not in before],
-        timeout=30,  # type: ignore[union-attr]
-        what="a third pod",
-    )[0]
-    _until(lambda: new.ready, timeout=300, what="the new pod ready")
-    assert _answers(new.url(8000), "alpha")  # ready implies its adapters are there
-    body = local.wait_adapter("alpha", phase="Loaded", replicas=3, timeout=60)
-    assert body["status"]["replicas"][new.name]["loaded"]
-
-    local.kubectl("patch", "modelserver", SERVER, "--type=merge", "-p", json.dumps({"spec": {"replicas": 2}}))
-    _until(lambda: len(local.kubelet.pods_of(SERVER)) == 2, timeout=60, what="back to 2 pods")  # type: ignore[union-attr]
-    remaining = {pod.name for pod in local.kubelet.pods_of(SERVER)}
-    _until(
-        lambda: set((local.adapter("alpha") or {}).get("status", {}).get("replicas") or {}) == remaining,
-        timeout=60,
-        what="the gone pod pruned from alpha's status.replicas",
-    )
-
-
 def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[str, pathlib.Path]) -> None:
+    """Issue 17's criteria for one SIGKILL of vLLM (`make chaos` repeats it 20 times under load): the pod's entry
+    says not loaded within 3 s, the pod is not Ready while vLLM is down, and the agent registers the adapter again
+    within 30 s of vLLM answering /health, with the adapter's own outputs."""
     pod = local.kubelet.pods_of(SERVER)[0]  # type: ignore[union-attr]
     url = pod.url(8000)
+
+    def entry() -> dict[str, Any]:
+        return ((local.adapter("alpha") or {}).get("status", {}).get("replicas") or {}).get(pod.name) or {}
+
+    assert entry().get("loaded")
+    started = time.monotonic()
     pod.kill("vllm")  # as an OOM kill would; the kubelet restarts the container, the agent must re-register
+    _until(lambda: not entry().get("loaded"), timeout=10, what=f"alpha's {pod.name} entry not loaded")
+    not_loaded = time.monotonic() - started
     _until(lambda: pod.containers["vllm"].restarts == 1, timeout=10, what="vllm container restarted")
     _until(lambda: not pod.ready, timeout=10, what="pod not ready while vLLM is down")
-    _until(lambda: pod.ready, timeout=300, what="pod ready again")
+    vllm_up = _until(
+        lambda: process.http_ok(f"{url}/health", timeout=1.0) and time.monotonic(), timeout=300, what="vLLM up"
+    )
+    registered = _until(
+        lambda: "alpha" in vllm_server.models(url=url) and time.monotonic(), timeout=60, what="alpha back"
+    )
+    _until(lambda: pod.ready, timeout=60, what="pod ready again")
+    assert not_loaded <= 3.0, f"kill -> alpha's entry loaded: false took {not_loaded:.2f} s"
+    assert registered - vllm_up <= 30.0, f"vLLM up -> alpha registered again took {registered - vllm_up:.1f} s"
     # Ready (vLLM's and the agent's probes) only once the agent has re-registered its adapters with the new vLLM.
     assert _answers(url, "alpha")
     want = models.reference_completion(
@@ -237,6 +231,10 @@ def test_vllm_restart_reregisters_adapters(local: stack.Stack, adapters: dict[st
     )
     assert vllm_server.complete(url=url, model="alpha", prompt=PROMPT, max_tokens=MAX_TOKENS) == want
     assert local.wait_adapter("alpha", phase="Loaded", replicas=REPLICAS, timeout=60)
+    print(  # issue 17's figures for one kill, as `make chaos` prints them for twenty
+        f"\nvLLM kill: not loaded {not_loaded:.2f} s, vLLM up {vllm_up - started:.1f} s, "
+        f"registered +{registered - vllm_up:.1f} s"
+    )
 
 
 def test_credentials_never_appear(local: stack.Stack) -> None:
