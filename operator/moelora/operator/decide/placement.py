@@ -155,6 +155,38 @@ def auto_copies(
     return counts
 
 
+def follow(
+    pod_load: Mapping[str, Mapping[str, float]],
+    current: Mapping[str, Sequence[str]],
+    copies: Mapping[str, int],
+    *,
+    keep_margin: float = 1.5,
+) -> dict[str, tuple[str, ...]]:
+    """Homes that follow where the router sends each adapter (`pod_load`: adapter -> pod -> requests in flight
+    there, assigned or on demand, as `status.replicas.<pod>.load` and `status.onDemandLoad` report it): a copy on
+    each pod carrying its load, busiest first, at most `copies` (the most it may have); an adapter no pod carries
+    load for keeps its current homes. Give each adapter `len(homes)` copies (at least 1) and these as `place`'s
+    `current`, so that placement keeps them where the disks have room.
+
+    The Inference Extension's picker never sees what is on a pod's disk; its prefix scorer keeps sending an adapter
+    to the pods it sent it to before, which load it on demand. A copy there serves from disk instead of a download;
+    a copy anywhere else holds disk those pods need for what the picker does send them. Against flapping a current
+    home counts `keep_margin` times its load, so with more loaded pods than copies a copy moves only to a pod
+    carrying clearly more. Ties go to current homes, then by pod name.
+    """
+    homes: dict[str, tuple[str, ...]] = {}
+    for adapter in sorted(set(current) | set(pod_load)):
+        now = set(current.get(adapter, ()))
+        loads = {pod: load for pod, load in pod_load.get(adapter, {}).items() if load > 0}
+        if not loads:
+            homes[adapter] = tuple(current.get(adapter, ()))
+            continue
+        weight = {pod: load * (keep_margin if pod in now else 1.0) for pod, load in loads.items()}
+        ranked = sorted(weight, key=lambda pod: (-weight[pod], pod not in now, pod))
+        homes[adapter] = tuple(ranked[: max(1, copies.get(adapter, len(ranked)))])
+    return homes
+
+
 def place(
     adapters: Sequence[Adapter], replicas: Sequence[Replica], current: Mapping[str, Sequence[str]] | None = None
 ) -> Placement:
