@@ -1,9 +1,13 @@
 """The simulator's core: one replica's disk and adapter caches, the endpoint picker, and the per-request loop.
 
-A replica keeps adapters as the product does. On disk: the adapters placement assigns it (warm, never evicted by
-the loop) and those it loaded on demand, within a disk budget; an on-demand one that needs room evicts the
-least recently asked non-placed ones first, and if placed ones alone leave no room the request fails (the agent
-answers vLLM's resolver 503 CacheFull, `moelora.agent.serve.ondemand.answer_for`).
+A replica keeps adapters as the product's agent does. On disk: the adapters placement assigns it (warm, never
+evicted by the loop), those it loaded on demand (held, registered in vLLM: `moelora.agent.serve.holding`), and
+those the operator took away from it (unloaded from vLLM, their files left in the cache: `store.cache`), within a
+disk budget. An adapter that needs room evicts unloaded files first, least recently asked first (`AdapterCache.evict`
+never evicts what vLLM has loaded), then held ones, the least busy first and then the longest unasked
+(`ondemand.coldest`); if placed ones alone leave no room the request fails (the agent answers vLLM's resolver 503
+CacheFull, `ondemand.answer_for`). Unloaded files are not downloaded again when asked for, but checked again
+(`Preparer` skips the download of a version already in the cache, never `validate`).
 In vLLM: `gpu_slots` (maxLoras) active and `cpu_slots` (maxCpuLoras) in CPU memory, both LRU, the GPU set inside
 the CPU set. A request for an adapter not on the replica's disk still answers there: vLLM's LoRA resolver asks the
 pod's agent, which downloads and checks it (docs/architecture.md, on-demand holding), then vLLM loads it from disk.
@@ -39,9 +43,10 @@ class Costs:
         copy = size_gb / self.h2d_gbps
         return copy if tier == CPU else size_gb / self.disk_gbps + copy
 
-    def fetch_seconds(self, size_gb: float) -> float:
-        """The agent's part of an on-demand load, before vLLM reads the adapter from disk."""
-        return size_gb / self.fetch_gbps + size_gb * self.check_s_per_gb
+    def fetch_seconds(self, size_gb: float, *, cached: bool = False) -> float:
+        """The agent's part of an on-demand load, before vLLM reads the adapter from disk; `cached`: its files are
+        still in the cache, so only the checks run."""
+        return (0.0 if cached else size_gb / self.fetch_gbps) + size_gb * self.check_s_per_gb
 
 
 class Replica:
@@ -54,6 +59,7 @@ class Replica:
         placed: Collection[int] = (),
         disk_gb: float = math.inf,
         max_seqs: int = 16,
+        load_window_s: float = 300.0,
     ) -> None:
         self.gpu_slots, self.cpu_slots, self.max_seqs = gpu_slots, max(cpu_slots, gpu_slots), max_seqs
         self.sizes_gb, self.disk_gb, self.placed = sizes_gb, disk_gb, frozenset(placed)
@@ -65,6 +71,17 @@ class Replica:
         self.loader_free = 0.0
         self.requests: list[tuple[float, float, int]] = []  # in flight: (start, end, adapter)
         self.evictions = 0
+        self.unloaded: set[int] = set()  # on disk, but the operator took it away: vLLM no longer has it
+        self.background = 0  # assigned copies the agent downloaded off the request path
+        # The agent's load per adapter (report/usage.py: a mean over about `load_window_s`), here a decayed count of
+        # the requests sent for it: adapter -> (value, when).
+        self.window_s = load_window_s
+        self.heat: dict[int, tuple[float, float]] = {}
+
+    def load(self, adapter: int, now: float) -> float:
+        """Requests sent for the adapter per second, averaged over about the last `window_s` seconds."""
+        value, when = self.heat.get(adapter, (0.0, now))
+        return value * math.exp(-(now - when) / self.window_s) / self.window_s
 
     def metrics(self, now: float) -> tuple[int, float, set[int], set[int]]:
         """What vLLM's /metrics shows the picker: waiting requests, KV-cache use, and the adapters with running and
@@ -75,15 +92,22 @@ class Replica:
         queued = sum(start > now for start, _, _ in self.requests)
         return queued, min(1.0, (len(self.requests) - queued) / self.max_seqs), running, waiting
 
-    def _hold(self, adapter: int, now: float) -> bool:
-        """Make room for an on-demand adapter, least recently asked non-placed ones first; False: no room."""
+    def _hold(self, adapter: int, ready: float, now: float) -> bool:
+        """Make room for an adapter on disk by `ready`: unloaded files first, least recently asked first, then
+        those held on demand, the least busy first, then the longest unasked; False: no room."""
         size = self.sizes_gb[adapter]
-        cold = [a for a in self.disk if a not in self.placed]
-        while self.used_gb + size > self.disk_gb and cold:
-            self._evict(cold.pop(0))
+        if self.used_gb + size > self.disk_gb:
+            unloaded = [a for a in self.disk if a in self.unloaded]
+            held = [a for a in self.disk if a not in self.placed and a not in self.unloaded]
+            order = {a: position for position, a in enumerate(self.disk)}
+            cold = unloaded + sorted(held, key=lambda a: (self.load(a, now), order[a]))
+            for victim in cold:
+                if self.used_gb + size <= self.disk_gb:
+                    break
+                self._evict(victim)
         if self.used_gb + size > self.disk_gb:
             return False
-        self.disk[adapter] = now
+        self.disk[adapter] = ready
         self.used_gb += size
         self.peak_gb = max(self.peak_gb, self.used_gb)
         return True
@@ -91,13 +115,35 @@ class Replica:
     def _evict(self, adapter: int) -> None:
         del self.disk[adapter]
         self.used_gb -= self.sizes_gb[adapter]
+        self.unloaded.discard(adapter)
         self.cpu.pop(adapter, None)
         self.gpu.pop(adapter, None)
         self.evictions += 1
 
+    def assign(self, placed: Collection[int], now: float, costs: Costs) -> None:
+        """The operator's new assignment. A copy taken away is unloaded from vLLM, its files left in the cache; a
+        new one the agent downloads (or, still in the cache, checks) in the background, making room as for any
+        adapter; an adapter it held on demand simply becomes placed."""
+        placed = frozenset(placed)
+        for adapter in self.placed - placed:
+            self.unloaded.add(adapter)
+            self.cpu.pop(adapter, None)
+            self.gpu.pop(adapter, None)
+        self.placed = placed
+        for adapter in sorted(placed):
+            if adapter in self.unloaded:
+                self.unloaded.discard(adapter)
+                checked = now + costs.fetch_seconds(self.sizes_gb[adapter], cached=True)
+                self.disk[adapter] = max(self.disk[adapter], checked)
+            elif adapter not in self.disk:
+                self._hold(adapter, now + costs.fetch_seconds(self.sizes_gb[adapter]), now)
+                self.background += 1
+
     def serve(self, adapter: int, now: float, costs: Costs) -> tuple[str, float]:
         """Make the adapter ready on the GPU; returns where it was found and the seconds the request waits."""
         size = self.sizes_gb[adapter]
+        value, when = self.heat.get(adapter, (0.0, now))
+        self.heat[adapter] = (value * math.exp(-(now - when) / self.window_s) + 1.0, now)
         on_disk = self.disk.get(adapter)
         if on_disk is not None:
             self.disk.move_to_end(adapter)
@@ -105,9 +151,13 @@ class Replica:
             self.gpu.move_to_end(adapter)
             self.cpu.move_to_end(adapter)
             return GPU, max(0.0, self.gpu[adapter] - now)
-        if on_disk is None:
+        if adapter in self.unloaded:  # asked again: the agent holds it on demand, checking the cached files
+            self.unloaded.discard(adapter)
+            tier, on_disk = FETCH, max(on_disk or now, now + costs.fetch_seconds(size, cached=True))
+            self.disk[adapter] = on_disk
+        elif on_disk is None:
             tier, on_disk = FETCH, now + costs.fetch_seconds(size)
-            if not self._hold(adapter, on_disk):
+            if not self._hold(adapter, on_disk, now):
                 return FAILED, 0.0
         else:
             tier = CPU if adapter in self.cpu else DISK
@@ -219,13 +269,20 @@ def run(
     *,
     service_s: float,
     warmup: int = 0,
+    operator: Callable[[float], None] | None = None,
+    every_s: float = math.inf,
 ) -> Stats:
     """Serve requests (time, adapter) in time order; the first `warmup` requests fill caches and are not counted.
 
-    A request is in flight on its replica from arrival until its adapter is ready plus `service_s`.
+    A request is in flight on its replica from arrival until its adapter is ready plus `service_s`. `operator`, if
+    given, is called with the time every `every_s` seconds, before the request that reaches it.
     """
     stats = Stats()
+    due = every_s
     for index, (now, adapter) in enumerate(requests):
+        if operator is not None and now >= due:
+            operator(now)
+            due = now + every_s
         replica = replicas[route(adapter, now, replicas)]
         tier, wait = replica.serve(adapter, now, costs)
         if tier != FAILED:

@@ -2,14 +2,16 @@
 
     PYTHONPATH=operator:image:kernels:benchmarks .venv/bin/python -m fleet.simulate [--adapters 1000 --replicas 16]
 
-For every (adapters, replicas) cell one seeded request stream is served four times, each by the Inference
+For every (adapters, replicas) cell one seeded request stream is served five times, each by the Inference
 Extension's endpoint picker (`fleet.core.picker`):
 - adapter-blind: no adapter placed anywhere, every pod loading on demand what it is sent within placement's disk
   budget, routed by the queue and kv-cache scorers alone (what a picker that ignores adapters does);
 - on demand only: the same, but routed by the full picker (queue, kv-cache, prefix, lora-affinity);
 - all-on-all: every adapter on every pod's disk, routed by the full picker;
 - placement: `moelora.operator.decide.placement`, each adapter warm on the pods the operator assigns it and loaded on
-  demand anywhere else, routed by the same full picker.
+  demand anywhere else, routed by the same full picker;
+- placement following load: the same, but every `--operator-s` seconds the operator re-places from each pod's load
+  per adapter (`placement.follow`): copies go where the picker sends their adapter.
 Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
 earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
 noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
@@ -48,6 +50,8 @@ class Cell:
     added: int  # copies the scale event N -> N+1 adds
     removed: int  # and removes
     moved: int  # copies that change pod: per adapter the larger of the two
+    replaced: int = 0  # copies the operator moved while serving (following load)
+    downloaded: int = 0  # of which the pod had to download (not on its disk already)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,6 +76,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disk-slack", type=float, default=1.2, help="placed copies' room / a replica's fair share")
     p.add_argument("--system-blocks", type=int, default=16, help="an adapter's shared system prompt, 64-char blocks")
     p.add_argument("--user-blocks", type=int, default=16, help="each request's own text, 64-char blocks")
+    p.add_argument("--operator-s", type=float, default=60.0, help="seconds between the operator's re-placements")
+    p.add_argument("--load-window-s", type=float, default=300.0, help="the agent's load window (its default)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -116,14 +122,23 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     costs = Costs(args.h2d_gbps, args.disk_gbps, args.fetch_mibps * 2**20 / GB, args.check_s_per_gb)
     prompts = Prompts(args.system_blocks, args.user_blocks)
 
-    def serve(held: list[set[int]], budget: float, route: Router) -> tuple[Stats, list[Replica]]:
+    def serve(held: list[set[int]], budget: float, route: Router, follow=None) -> tuple[Stats, list[Replica]]:
         fleet = [
             Replica(
-                args.max_loras, args.max_cpu_loras, sizes_gb=sizes, placed=h, disk_gb=budget, max_seqs=args.max_seqs
+                args.max_loras,
+                args.max_cpu_loras,
+                sizes_gb=sizes,
+                placed=h,
+                disk_gb=budget,
+                max_seqs=args.max_seqs,
+                load_window_s=args.load_window_s,
             )
             for h in held
         ]
-        stats = run(stream, fleet, route, costs, service_s=args.service_s, warmup=int(args.warmup * len(stream)))
+        operator = (lambda now: follow(now, fleet)) if follow else None
+        warmup = int(args.warmup * len(stream))
+        stats = run(stream, fleet, route, costs, service_s=args.service_s, warmup=warmup, operator=operator,
+                    every_s=args.operator_s)  # fmt: skip
         return stats, fleet
 
     def cell(layout: str, stats: Stats, fleet: list[Replica], copies: int, added: int, removed: int, moved: int):
@@ -133,10 +148,15 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     copies = observed_copies(args, shares, replicas)
     placed, budget = place(sizes, copies, replicas, None, args.disk_slack, on_demand_slots=args.max_loras)
     index = lambda name: int(name.rsplit("-", 1)[1])  # noqa: E731
-    held: list[set[int]] = [set() for _ in range(replicas)]
-    for name, homes in placed.homes.items():
-        for home in homes:
-            held[index(home)].add(index(name))
+
+    def on_pods(homes) -> list[set[int]]:
+        held: list[set[int]] = [set() for _ in range(replicas)]
+        for name, pods in homes.items():
+            for pod in pods:
+                held[index(pod)].add(index(name))
+        return held
+
+    held = on_pods(placed.homes)
     result = []
     # Adapter-blind: nothing placed, the same disks as placement's pods, a picker with no adapter-aware scorer.
     stats, fleet = serve([set() for _ in range(replicas)], budget, picker(args.seed, prefix=0, lora=0, prompts=prompts))
@@ -162,12 +182,59 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
             placement.moved(placed.homes, scaled.homes),
         )
     )
+    # Following load: from the same start, the operator re-places every --operator-s seconds from the pods' load.
+    state = {"copies": copies, "homes": dict(placed.homes), "replaced": 0}
+
+    def follow(now: float, fleet: list[Replica]) -> None:
+        pod_load = pod_loads(fleet, now, adapters)
+        totals = {name: sum(pods.values()) for name, pods in pod_load.items()}
+        state["copies"] = placement.auto_copies(
+            totals, current=state["copies"], replicas=replicas, slots=args.max_cpu_loras
+        )
+        homes = placement.follow(pod_load, state["homes"], state["copies"])
+        wanted = {name: max(1, len(pods)) for name, pods in homes.items()}
+        new, _ = place(sizes, wanted, replicas, budget, current=homes, on_demand_slots=args.max_loras)
+        state["replaced"] += placement.moved(state["homes"], new.homes)
+        state["homes"] = dict(new.homes)
+        for pod, adapters_there in zip(fleet, on_pods(new.homes)):
+            pod.assign(adapters_there, now, costs)
+
+    stats, fleet = serve(held, budget, picker(args.seed, prompts=prompts), follow)
+    # The scale event from the homes reached: each adapter's copies as they are; the new pod gets the copies it
+    # now outranks an old home for, and then what the picker sends it.
+    wanted = {name: max(1, len(pods)) for name, pods in state["homes"].items()}
+    scaled, _ = place(sizes, wanted, replicas + 1, budget, current=state["homes"], on_demand_slots=args.max_loras)
+    moves = placement.plan(state["homes"], scaled.homes)
+    result.append(
+        cell(
+            "placement following load",
+            stats,
+            fleet,
+            sum(map(len, state["homes"].values())),
+            len(moves.loads),
+            len(moves.unloads),
+            placement.moved(state["homes"], scaled.homes),
+        )
+    )
+    result[-1].replaced, result[-1].downloaded = state["replaced"], sum(r.background for r in fleet)
     return result
+
+
+def pod_loads(fleet: list[Replica], now: float, adapters: int) -> dict[str, dict[str, float]]:
+    """What the operator reads: adapter -> pod -> the agent's load there (assigned or on demand), for all adapters."""
+    loads: dict[str, dict[str, float]] = {name: {} for name in names(adapters)}
+    for index, replica in enumerate(fleet):
+        for adapter in replica.heat:
+            value = replica.load(adapter, now)
+            if value > 0:
+                loads[f"adapter-{adapter}"][f"ms-{index}"] = value
+    return loads
 
 
 HEADER = (
     "| adapters | replicas | layout | added TTFT p50 ms | p99 ms | failed | on-demand loads | evicted "
-    "| disk per pod GB | copies | scale N→N+1: copies moved (share) | added + removed |"
+    "| disk per pod GB | copies | scale N→N+1: copies moved (share) | added + removed "
+    "| moved while serving (downloaded) |"
 )
 
 
@@ -178,7 +245,7 @@ def row(cell: Cell) -> str:
         f"| {cell.adapters} | {cell.replicas} | {cell.layout} | {s.quantile(0.5) * 1e3:.0f} | "
         f"{s.quantile(0.99) * 1e3:.0f} | {s.tiers[FAILED]} | {s.tiers[FETCH]} ({s.share(FETCH):.1%}) | "
         f"{cell.evictions} | {cell.disk_gb:.1f} | {cell.copies} | {cell.moved} ({share}) | "
-        f"{cell.added} + {cell.removed} |"
+        f"{cell.added} + {cell.removed} | {cell.replaced} ({cell.downloaded}) |"
     )
 
 
@@ -193,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         for replicas in args.replicas:
             for cell in cells(args, adapters, replicas):
                 print(row(cell), flush=True)
-    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 4 layouts x {args.requests} requests "
+    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 5 layouts x {args.requests} requests "
           f"in {time.time() - started:.0f} s")  # fmt: skip
 
 

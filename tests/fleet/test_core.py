@@ -34,6 +34,40 @@ def test_a_replica_serves_an_adapter_it_lacks_then_holds_it_evicting_cold_non_pl
     assert r.peak_gb == 2.0
 
 
+def test_eviction_takes_unloaded_files_first_then_the_least_busy_held_adapter() -> None:
+    # As the agent: the cache evicts files vLLM no longer has before the holding drops a loaded adapter
+    # (AdapterCache.evict keeps loaded ones), and the holding drops the least busy first (ondemand.coldest).
+    r = replica(placed={0}, disk_gb=3.0)
+    r.serve(2, 0.0, COSTS)
+    r.serve(2, 0.5, COSTS)
+    r.serve(1, 1.0, COSTS)  # 1 was asked last, but 2 is busier: 1 goes for 3 (least recently asked would drop 2)
+    assert r.load(2, 3.0) > r.load(1, 3.0) > 0
+    r.serve(3, 3.0, COSTS)
+    assert list(r.disk) == [0, 2, 3]
+    r.assign({2}, 4.0, COSTS)  # the operator moves the copy: 0 is unloaded, its files stay
+    assert r.unloaded == {0} and r.placed == {2} and 0 not in r.cpu and 0 in r.disk
+    r.serve(1, 5.0, COSTS)  # room for 1: 0's files go, not 3 (held) nor 2 (placed)
+    assert set(r.disk) == {1, 2, 3} and r.unloaded == set()
+
+
+def test_unloaded_files_asked_again_are_checked_not_downloaded_and_a_new_copy_arrives_in_the_background() -> None:
+    r = replica(placed={0}, disk_gb=4.0)
+    r.assign({1}, 0.0, COSTS)  # 1 downloaded and checked by 1.5; 0 unloaded
+    assert r.disk[1] == pytest.approx(1.5) and r.unloaded == {0} and r.background == 1
+    assert r.serve(1, 1.0, COSTS) == pytest.approx((DISK, 1.1))  # waits for the download, then a disk load
+    assert r.serve(0, 2.0, COSTS) == pytest.approx((FETCH, 1.1))  # checks 0.5, disk 0.5, copy 0.1: no download
+    assert r.unloaded == set() and r.serve(0, 4.0, COSTS) == (GPU, 0.0)
+    r.assign({1, 0}, 5.0, COSTS)  # held on demand, now placed: nothing to fetch
+    assert r.placed == {0, 1} and r.disk[0] == pytest.approx(2.5) and r.background == 1
+
+
+def test_the_operator_runs_on_its_period() -> None:
+    calls = []
+    run([(t, 0) for t in (0.0, 1.0, 2.5, 3.0, 6.0)], [replica(placed={0})], picker(0), COSTS, service_s=0.1,
+        operator=calls.append, every_s=2.0)  # fmt: skip
+    assert calls == [2.5, 6.0]
+
+
 def test_with_placed_adapters_filling_the_disk_an_on_demand_request_fails() -> None:
     # The agent answers vLLM's resolver 503 CacheFull: no room without unloading a placed adapter.
     r = replica(placed={0, 1}, disk_gb=2.0)

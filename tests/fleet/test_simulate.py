@@ -1,4 +1,4 @@
-"""The simulator's CLI on a small cell: the four layouts, observed copies, every moved copy counted."""
+"""The simulator's CLI on a small cell: the five layouts, observed copies, every moved copy counted."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from moelora.operator.decide import placement
 
 def test_a_small_cell() -> None:
     args = simulate.parse(["--requests", "3000", "--window", "1000"])
-    blind, on_demand, everywhere, placed = simulate.cells(args, adapters=60, replicas=4)
-    assert [c.layout for c in (blind, on_demand, everywhere, placed)] == [
+    blind, on_demand, everywhere, placed, following = simulate.cells(args, adapters=60, replicas=4)
+    assert [c.layout for c in (blind, on_demand, everywhere, placed, following)] == [
         "adapter-blind",
         "on demand only",
         "all-on-all",
         "placement",
+        "placement following load",
     ]
-    assert {c.stats.requests for c in (blind, on_demand, everywhere, placed)} == {2400}
+    assert {c.stats.requests for c in (blind, on_demand, everywhere, placed, following)} == {2400}
     assert everywhere.stats.tiers[FETCH] == 0 and placed.stats.tiers[FETCH] > 0
     # Nothing placed: every adapter a pod serves it loads on demand, and the blind picker spreads them the most.
     assert blind.stats.tiers[FETCH] > on_demand.stats.tiers[FETCH] > 0 and blind.copies == on_demand.copies == 0
@@ -32,6 +33,15 @@ def test_a_small_cell() -> None:
     moves = placement.plan(homes.homes, scaled.homes)
     assert (placed.added, placed.removed) == (len(moves.loads), len(moves.unloads))
     assert placed.moved == placement.moved(homes.homes, scaled.homes) == max(placed.added, placed.removed, placed.moved)
+    # Following load: the operator moved copies while serving (every 60 s of a ~190 s stream), to where the picker
+    # sent their adapters, and so fewer requests loaded on demand than with the copies where they started.
+    assert (
+        following.replaced > 0
+        and following.downloaded <= following.replaced
+        and following.disk_gb <= budget
+        and following.stats.requests == 2400
+    )
+    assert following.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
 
 
 def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
@@ -43,4 +53,5 @@ def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
 def test_main_prints_the_table(capsys) -> None:
     simulate.main(["--adapters", "30", "--replicas", "2,3", "--requests", "500", "--window", "300"])
     out = capsys.readouterr().out
-    assert out.count("| placement |") == 2 and out.count("| all-on-all |") == 2 and out.count("| adapter-blind |") == 2
+    layouts = ("placement", "placement following load", "all-on-all", "adapter-blind")
+    assert all(out.count(f"| {layout} |") == 2 for layout in layouts)
