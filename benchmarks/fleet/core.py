@@ -69,7 +69,8 @@ class Replica:
         self.gpu: OrderedDict[int, float] = OrderedDict()  # adapter -> when it is ready on the GPU
         self.cpu: OrderedDict[int, None] = OrderedDict()
         self.loader_free = 0.0
-        self.requests: list[tuple[float, float, int]] = []  # in flight: (start, end, adapter)
+        self.requests: list[tuple[float, float, int, float]] = []  # in flight: (start, end, adapter, enters vLLM)
+        self.entered = 0.0  # when the request `serve` last made ready reaches vLLM's engine
         self.evictions = 0
         self.unloaded: set[int] = set()  # on disk, but the operator took it away: vLLM no longer has it
         self.background = 0  # assigned copies the agent downloaded off the request path
@@ -85,12 +86,15 @@ class Replica:
 
     def metrics(self, now: float) -> tuple[int, float, set[int], set[int]]:
         """What vLLM's /metrics shows the picker: waiting requests, KV-cache use, and the adapters with running and
-        with waiting requests (`vllm:lora_requests_info`); a request waits until its adapter is ready."""
+        with waiting requests (`vllm:lora_requests_info`); a request waits until its adapter is ready. A request
+        whose adapter vLLM does not have yet shows nowhere while the agent fetches it: vLLM's API server awaits its
+        LoRA resolver (`OpenAIServing._check_model`, vllm/entrypoints/openai) before the engine sees the request."""
         self.requests = [r for r in self.requests if r[1] > now]
-        running = {adapter for start, _, adapter in self.requests if start <= now}
-        waiting = {adapter for start, _, adapter in self.requests if start > now}
-        queued = sum(start > now for start, _, _ in self.requests)
-        return queued, min(1.0, (len(self.requests) - queued) / self.max_seqs), running, waiting
+        seen = [r for r in self.requests if r[3] <= now]
+        running = {adapter for start, _, adapter, _ in seen if start <= now}
+        waiting = {adapter for start, _, adapter, _ in seen if start > now}
+        queued = sum(start > now for start, _, _, _ in seen)
+        return queued, min(1.0, (len(seen) - queued) / self.max_seqs), running, waiting
 
     def _hold(self, adapter: int, ready: float, now: float) -> bool:
         """Make room for an adapter on disk by `ready`: unloaded files first, least recently asked first, then
@@ -147,6 +151,7 @@ class Replica:
         on_disk = self.disk.get(adapter)
         if on_disk is not None:
             self.disk.move_to_end(adapter)
+        self.entered = now
         if adapter in self.gpu:
             self.gpu.move_to_end(adapter)
             self.cpu.move_to_end(adapter)
@@ -161,6 +166,8 @@ class Replica:
                 return FAILED, 0.0
         else:
             tier = CPU if adapter in self.cpu else DISK
+        if tier != CPU:  # not registered in vLLM yet (fetched, or a placed copy still downloading): the resolver waits
+            self.entered = max(now, on_disk)
         ready = max(now, self.loader_free, on_disk) + costs.load_seconds(CPU if tier == CPU else DISK, size)
         self.loader_free = ready
         self.cpu[adapter] = None
@@ -286,7 +293,7 @@ def run(
         replica = replicas[route(adapter, now, replicas)]
         tier, wait = replica.serve(adapter, now, costs)
         if tier != FAILED:
-            replica.requests.append((now + wait, now + wait + service_s, adapter))
+            replica.requests.append((now + wait, now + wait + service_s, adapter, replica.entered))
         if index >= warmup:
             stats.tiers[tier] += 1
             if tier != FAILED:

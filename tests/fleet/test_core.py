@@ -79,13 +79,13 @@ def test_with_placed_adapters_filling_the_disk_an_on_demand_request_fails() -> N
 
 def test_picker_scores_by_hand() -> None:
     busy, idle = replica(), replica()
-    busy.requests = [(0.0, 9.0, 0)]  # adapter 0 running: lora 1.0, kv 15/16 -> 2 + 2 x 15/16 + 1 = 4.875
+    busy.requests = [(0.0, 9.0, 0, 0.0)]  # adapter 0 running: lora 1.0, kv 15/16 -> 2 + 2 x 15/16 + 1 = 4.875
     pick = picker(0, prefix=0)
     assert pick(0, 1.0, [busy, idle]) == 0  # beats the idle pod's 2 + 2 + 0.8 free slot = 4.8
-    busy.requests.append((0.0, 9.0, 0))  # 2 + 2 x 14/16 + 1 = 4.75: the active adapter no longer wins
+    busy.requests.append((0.0, 9.0, 0, 0.0))  # 2 + 2 x 14/16 + 1 = 4.75: the active adapter no longer wins
     assert pick(0, 1.0, [busy, idle]) == 1
     waiting = replica()
-    waiting.requests = [(5.0, 9.0, 3)]  # a waiting request: queue score 0, and its one GPU slot is spoken for
+    waiting.requests = [(5.0, 9.0, 3, 0.0)]  # a waiting request: queue score 0, and its one GPU slot is spoken for
     assert pick(3, 1.0, [waiting, idle]) == 1
     assert waiting.metrics(1.0) == (1, 0.0, set(), {3})
 
@@ -99,10 +99,10 @@ def test_prefix_scorer_by_hand() -> None:
         pick = picker(0, lora=0, prompts=Prompts(system_blocks=1, user_blocks=1), lru_blocks=6)
         first = pick(0, 0.0, pods)
         other = pods[1 - first]
-        other.requests = [(5.0, 9.0, 3)]  # waiting: queue score 0, so adapter 1 goes to `first` too
+        other.requests = [(5.0, 9.0, 3, 0.0)]  # waiting: queue score 0, so adapter 1 goes to `first` too
         assert all(pick(1, 1.0, pods) == first for _ in range(others))
         other.requests = []
-        pods[first].requests = [(0.0, 9.0, 1)]  # kv 15/16: without its prefix the idle pod wins
+        pods[first].requests = [(0.0, 9.0, 1, 0.0)]  # kv 15/16: without its prefix the idle pod wins
         stranger = pick(2, 1.0, pods)  # a name never sent: no prefix anywhere
         return first, pick(0, 1.0, pods), stranger
 
@@ -110,6 +110,16 @@ def test_prefix_scorer_by_hand() -> None:
     assert again == first and stranger == 1 - first  # adapter 0's 3 hashes and 3 since fit the LRU of 6
     first, again, _ = after(2)
     assert again == 1 - first  # 6 since pushed its first hash (the model name's) out: nothing matches
+
+
+def test_a_request_shows_in_the_metrics_only_once_its_adapter_is_fetched() -> None:
+    # vLLM's API server awaits the resolver before the engine sees the request: no queue, no KV, no LoRA info.
+    r = replica()
+    stats = run([(0.0, 1)], [r], picker(0), COSTS, service_s=5.0)
+    assert stats.tiers[FETCH] == 1 and r.requests == [pytest.approx((2.1, 7.1, 1, 1.5))]
+    assert r.metrics(1.0) == (0, 0.0, set(), set())  # the agent is still fetching and checking it
+    assert r.metrics(2.0) == (1, 0.0, set(), {1})  # vLLM is loading it: waiting
+    assert r.metrics(3.0) == (0, 1 / 16, {1}, set())
 
 
 def test_picker_does_not_see_disks() -> None:
