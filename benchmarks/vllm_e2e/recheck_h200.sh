@@ -12,7 +12,7 @@ ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; export PYTHONUNBUFFERED=1 SIT
 mkdir -p "$SITE" && [ -f "$SITE/.done" ] || { python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" \
   "$ARCH" "$SITE" && touch "$SITE/.done"; } || exit 3
 mkdir -p "$OUT/recheck"
-PYTHONPATH=$R/kernels:$R/image:$SITE timeout "${TESTS_S:-150}" python3 -m pytest -c /dev/null --rootdir=. -q tests/gpu \
+PYTHONPATH=$R/kernels:$R/image:$R/operator:$SITE timeout "${TESTS_S:-150}" python3 -m pytest -c /dev/null --rootdir=. -q tests/gpu \
   2>&1 | tail -15 | tee "$OUT/recheck/gpu_tests.txt"
 echo "[$(( $(date +%s)-T0 ))s] gpu tests done"
 left=$(( ${BUDGET_S:-585} - ($(date +%s) - T0) ))

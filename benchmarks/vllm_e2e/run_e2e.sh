@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1
 mkdir -p $SITE && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" $ARCH $SITE && touch $SITE/.done || exit 3
 log unpacked
 python3 benchmarks/vllm_e2e/make_entry_point.py /tmp/moelora-ep
-PLUG=$R/image:$R/kernels:/tmp/moelora-ep
+PLUG=$R/image:$R/kernels:$R/operator:/tmp/moelora-ep
 CHECK=skipped
 if [[ " $RUNS " == *" plugin "* ]]; then  # the check only gates the plugin run
   PYTHONPATH=$PLUG:$SITE VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora timeout 150 python3 benchmarks/vllm_e2e/check_plugin.py ${CHECK_ARGS:-} \

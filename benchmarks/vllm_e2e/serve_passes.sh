@@ -42,7 +42,7 @@ SRV_LORA="--enable-lora --max-loras 8 --max-cpu-loras 8 --max-lora-rank 32 --lor
 BENCH_LORA="--lora-modules $NAMES --lora-assignment round-robin"
 PP=$SITE; ENVS=""
 case $MODE in
-  plugin) PP=$R/image:$R/kernels:/tmp/moelora-ep:$SITE; ENVS="VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
+  plugin) PP=$R/image:$R/kernels:$R/operator:/tmp/moelora-ep:$SITE; ENVS="VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   tuned)  ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   stock)  ;;
   nolora) SRV_LORA=""; BENCH_LORA="" ;;
