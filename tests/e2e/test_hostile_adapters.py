@@ -1,9 +1,7 @@
-"""Hostile adapters end to end: each is refused by the agent with its own reason before vLLM loads anything, while
-vLLM stays healthy, a good adapter answers throughout, and the base model's and the good adapter's greedy tokens and
-their logprobs are the same after the burst as before it.
-
-Its own one-replica stack (not the shared one of conftest.py), with the agent's MOELORA_BASE_MODEL_CONFIG as the
-operator renders it (the model volume's config.json), so the base model's modules and dims are checked.
+"""Hostile adapters: the builders of every attack (each in its own adapter, with the reason the agent must give), and
+a check that the poisoning builders change what they say. tests/e2e/test_server_options.py sends them all through
+the local stack (refused by the agent before vLLM loads anything, vLLM undisturbed); benchmarks/agent_rss.py
+measures the agent's memory across bursts of them.
 """
 
 from __future__ import annotations
@@ -12,19 +10,8 @@ import json
 import pathlib
 import pickle
 import struct
-import threading
-import time
-import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from moelora.local import manifests, models, s3, stack, vllm_server
-
-pytestmark = pytest.mark.slow
-
-SERVER = "hostile"
 Q = "base_model.model.model.layers.0.self_attn.q_proj"
 
 
@@ -247,108 +234,6 @@ def _only(weights: bytes, keep: str) -> bytes:
 def _renamed(weights: bytes, old: str, new: str) -> bytes:
     header, data = _header(weights)
     return _safetensors({key.replace(old, new): value for key, value in header.items()}, data)
-
-
-@pytest.fixture(scope="module")
-def hostile_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    root = tmp_path_factory.mktemp("hostile")
-    with stack.Stack(root=root, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
-        running.apply(manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=1))
-        running.wait_pods(SERVER, replicas=1, timeout=400)
-        yield running
-
-
-def _greedy(url: str, model: str) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
-    """Greedy token ids and their logprobs for a few prompts, one request at a time (vLLM-CPU may mix a base-model
-    request batched with adapter requests)."""
-    answers = []
-    for prompt in ("hi", "The quick brown fox", "0 1 2 3"):
-        answer = vllm_server.request(
-            url=f"{url}/v1/completions",
-            method="POST",
-            body={
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": 8,
-                "temperature": 0,
-                "logprobs": 1,
-                "return_token_ids": True,
-            },
-        )
-        choice = answer["choices"][0]
-        answers.append((tuple(choice["token_ids"]), tuple(choice["logprobs"]["token_logprobs"])))
-    return answers
-
-
-def _same_answers(before: list[Any], after: list[Any]) -> bool:
-    """Token for token the same ids, and logprobs within 1e-3 (NaN never is)."""
-    return all(
-        ids_b == ids_a and all(abs(b - a) <= 1e-3 for b, a in zip(lp_b, lp_a, strict=True))
-        for (ids_b, lp_b), (ids_a, lp_a) in zip(before, after, strict=True)
-    )
-
-
-class Watch(threading.Thread):
-    """Polls vLLM's /health and a completion from the good adapter while the hostile ones are handled."""
-
-    def __init__(self, url: str, adapter: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.adapter = url, adapter
-        self.stop = threading.Event()
-        self.problems: list[str] = []
-        self.slowest = 0.0
-        self.rounds = 0
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            started = time.monotonic()
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as response:
-                    if response.status != 200:
-                        self.problems.append(f"/health {response.status}")
-                vllm_server.complete(url=self.url, model=self.adapter, prompt="hi", max_tokens=2)
-            except Exception as error:  # noqa: BLE001 - every failure is a finding
-                self.problems.append(f"{type(error).__name__}: {error}")
-            self.slowest = max(self.slowest, time.monotonic() - started)
-            self.rounds += 1
-            time.sleep(0.2)
-
-
-def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(hostile_stack: Any) -> None:
-    local = hostile_stack
-    good = models.make_adapter(
-        model_dir=local.model_dir, path=local.root / "good", base_model_name=manifests.BASE_MODEL_NAME, rank=8
-    )
-    local.apply(manifests.adapter(name="good", model_server=SERVER, uri=local.upload_adapter(source=good, name="good")))
-    local.wait_adapter("good", phase="Loaded", replicas=1, timeout=120)
-    (url,) = local.vllm_urls(SERVER)
-    before = {model: _greedy(url, model) for model in (SERVER, "good")}  # the base model is served as the server
-    watch = Watch(url, "good")
-    watch.start()
-    cases = _hostile(good, local.root)
-    assert len(cases) >= 30
-    try:
-        for name, (files, _) in cases.items():
-            uri = manifests.adapter_uri(name)
-            for relpath, body in files.items():
-                s3.put_object(server=local.s3, uri=uri + relpath, body=body)
-            local.apply(manifests.adapter(name=name, model_server=SERVER, uri=uri))
-        bodies = {name: local.wait_adapter(name, phase="Failed", timeout=120) for name in cases}
-        time.sleep(2)  # a few more rounds of the watch after the last refusal
-    finally:
-        watch.stop.set()
-        watch.join(timeout=30)
-    for name, (_, reason) in cases.items():
-        replicas = bodies[name]["status"]["replicas"]
-        assert {r.get("reason") for r in replicas.values()} == {reason}, json.dumps(bodies[name]["status"])
-        for replica in replicas.values():  # untrusted names arrive escaped, never as raw control characters
-            assert str(replica.get("lastError", "")).isprintable(), replica
-    served = vllm_server.models(url=url)
-    assert not set(cases) & set(served)  # none reached vLLM
-    assert watch.rounds > 5 and not watch.problems, watch.problems[:5]
-    after = {model: _greedy(url, model) for model in before}
-    assert all(_same_answers(before[m], after[m]) for m in before), (before, after)
-    assert before[SERVER] != before["good"]  # the adapter's own answers, not the base model's
 
 
 def test_a_poisoned_file_is_what_the_agent_refuses(tmp_path: pathlib.Path) -> None:
