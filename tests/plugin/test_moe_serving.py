@@ -86,7 +86,11 @@ def test_tiny_qwen3_moe_with_expert_lora_matches_peft(models, tmp_path):
         server.stop()
     assert [g.token_ids for g in got] == [r.token_ids for r in refs]
     log = (tmp_path / "vllm.log").read_text()
-    assert "MoE experts with LoRA on the CPU: moelora torch experts" in log
+    # The whole path as vLLM runs it in a fresh process: its plugin loader, MOELORA_KERNEL, and the kernel it ran.
+    assert (
+        "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on "
+        "the CPU: moelora torch experts)" in log
+    )
     assert "fused_moe_lora runs on the moelora torch kernel (cpu)" in log
 
 

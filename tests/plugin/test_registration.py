@@ -7,11 +7,6 @@ active CPU kernel), and confirmed by calling the op: vLLM's kernel cannot run on
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
@@ -186,27 +181,3 @@ def test_schema_check_against_the_live_op(clean_plugin):
     assert "parameter 0 is 'out', expected 'output'" in check_schema(renamed)
     not_mutating = torch._C.parse_schema(str(schema).replace("Tensor(a0!) output", "Tensor output"))
     assert "mutates [], expected ['output']" in check_schema(not_mutating)
-
-
-@pytest.mark.slow
-def test_vllm_loader_in_a_fresh_process(tmp_path):
-    """The whole path as vLLM runs it: a new process, the env var, vLLM's own `load_general_plugins`."""
-    code = textwrap.dedent("""
-        import logging, sys, torch
-        from vllm.plugins import load_general_plugins
-        logging.getLogger("vllm.moelora_plugin").addHandler(logging.StreamHandler(sys.stdout))
-        logging.getLogger("vllm.moelora_plugin").setLevel(logging.INFO)
-        load_general_plugins()
-        print([l for l in torch._C._dispatch_dump("vllm::fused_moe_lora").splitlines() if l.startswith("CPU:")][0])
-    """)
-    env = {**os.environ, plugin.ENV: "moelora"}
-    env.pop("VLLM_PLUGINS", None)
-    res = subprocess.run(
-        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert (
-        "fused_moe_lora kernel is moelora's torch backend (vLLM 0.32.0, dispatch key CPU; MoE experts with LoRA on "
-        "the CPU: moelora torch experts)" in res.stdout
-    )
-    assert "moelora/vllm_plugin/install.py" in res.stdout
