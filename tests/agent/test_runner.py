@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 
-from moelora.agent.runner import Agent
+import pytest
 
-from .conftest import MemoryDesired, MemoryKube, adapter_files, eventually, upload
+from moelora.agent.report.metrics import Metrics
+from moelora.agent.runner import Agent
+from moelora.agent.serve.vllm import VllmClient
+from moelora.local import process
+
+from .conftest import MemoryDesired, MemoryKube, adapter_files, agent_settings, eventually, upload
 
 
 def test_a_bad_config_fails_before_the_weights_are_downloaded(
@@ -80,3 +86,23 @@ def test_a_source_outside_the_policy_gets_no_request_and_no_secret_read(
         assert hits == [] and read == []
     finally:
         elsewhere.shutdown()
+
+
+def test_a_stop_during_a_step_lets_the_step_finish_and_the_loop_end(
+    s3_env: str, bucket: str, tmp_path: pathlib.Path
+) -> None:
+    # SIGTERM's handler runs agent.stop() in the main thread, inside the step it interrupts: the step must still be
+    # able to start downloads and publish statuses ("cannot schedule new futures after shutdown" before).
+    settings = agent_settings(tmp_path / "cache", vllm_url=f"http://127.0.0.1:{process.free_port()}")
+    kube, desired = MemoryKube(), MemoryDesired()
+    vllm = VllmClient(base_url=settings.vllm_url, attempts=1)
+    loop = Agent(settings=settings, kube=kube, desired=desired, vllm=vllm, metrics=Metrics())
+    upload(s3_env, bucket, "a/", adapter_files())
+    desired.synced.set()
+    desired.put("a", {"source": {"uri": f"s3://{bucket}/a/"}})
+    loop.stop()
+    loop.step()  # the rest of the interrupted step: submits the download and the status
+    assert set(loop.busy) == {"uid-a"}
+    loop.run()  # returns at once: stopping is set
+    with pytest.raises(RuntimeError):
+        loop.pool.submit(print)  # the loop's end closed the pools

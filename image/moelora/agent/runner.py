@@ -116,20 +116,24 @@ class Agent:
     def run(self) -> None:
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache.remove_temporaries()
-        while not self.stopping.is_set():
-            self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
-            self.wake.clear()
-            try:
-                self.step()
-            except Exception:
-                logger.exception("reconcile step failed")
-            self.last_loop = self.monotonic()
+        try:
+            while not self.stopping.is_set():
+                self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
+                self.wake.clear()
+                try:
+                    self.step()
+                except Exception:
+                    logger.exception("reconcile step failed")
+                self.last_loop = self.monotonic()
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.status_pool.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
+        """End the loop after its current step; safe from a signal handler that interrupts that step (the pools
+        close when the loop ends, so the step can still submit its work)."""
         self.stopping.set()
         self.wake.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.status_pool.shutdown(wait=False, cancel_futures=True)
 
     def alive(self) -> bool:
         # A vLLM call may take its timeout (60 s) times its attempts: only a loop silent for longer is stuck.
