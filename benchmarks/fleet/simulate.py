@@ -11,7 +11,8 @@ Extension's endpoint picker (`fleet.core.picker`):
 - placement: `moelora.operator.decide.placement`, each adapter warm on the pods the operator assigns it and loaded on
   demand anywhere else, routed by the same full picker;
 - placement following load: the same, but every `--operator-s` seconds the operator re-places from each pod's load
-  per adapter (`placement.follow`): copies go where the picker sends their adapter.
+  per adapter (`placement.follow_place`, what the operator runs for copiesMode Auto): copies go where the picker
+  sends their adapter.
 Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
 earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
 noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
@@ -102,15 +103,19 @@ def place(
     slack: float = 1.2,
     current: dict[str, tuple[str, ...]] | None = None,
     on_demand_slots: int = 8,
+    pod_load: dict[str, dict[str, float]] | None = None,
 ):
     """The operator's placement on pods with `budget` GB of disk; without one, each pod gets `slack` x its fair
-    share of the copies' GB plus the room the operator keeps for `on_demand_slots` (maxLoras) on-demand loads."""
+    share of the copies' GB plus the room the operator keeps for `on_demand_slots` (maxLoras) on-demand loads.
+    With `pod_load` (adapter -> pod -> load), homes follow it as copiesMode Auto's do (`placement.follow_place`)."""
     adapters = [placement.Adapter(name, int(size * GB), copies[name]) for name, size in zip(names(len(sizes)), sizes)]
     largest = max((a.size_bytes for a in adapters), default=0)
     if budget is None:
         budget = (slack * sum(a.size_bytes * a.replicas for a in adapters) / replicas + on_demand_slots * largest) / GB
     disk = placement.placed_budget(int(budget * GB), on_demand_slots=on_demand_slots, largest=largest)
     fleet = [placement.Replica(f"ms-{index}", disk_bytes=disk) for index in range(replicas)]
+    if pod_load is not None:
+        return placement.follow_place(adapters, fleet, current or {}, pod_load), budget
     return placement.place(adapters, fleet, current), budget
 
 
@@ -191,19 +196,25 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
         state["copies"] = placement.auto_copies(
             totals, current=state["copies"], replicas=replicas, slots=args.max_cpu_loras
         )
-        homes = placement.follow(pod_load, state["homes"], state["copies"])
-        wanted = {name: max(1, len(pods)) for name, pods in homes.items()}
-        new, _ = place(sizes, wanted, replicas, budget, current=homes, on_demand_slots=args.max_loras)
+        new, _ = place(
+            sizes, state["copies"], replicas, budget, current=state["homes"], on_demand_slots=args.max_loras,
+            pod_load=pod_load,
+        )  # fmt: skip
         state["replaced"] += placement.moved(state["homes"], new.homes)
         state["homes"] = dict(new.homes)
         for pod, adapters_there in zip(fleet, on_pods(new.homes)):
             pod.assign(adapters_there, now, costs)
 
     stats, fleet = serve(held, budget, picker(args.seed, prompts=prompts), follow)
-    # The scale event from the homes reached: each adapter's copies as they are; the new pod gets the copies it
-    # now outranks an old home for, and then what the picker sends it.
-    wanted = {name: max(1, len(pods)) for name, pods in state["homes"].items()}
-    scaled, _ = place(sizes, wanted, replicas + 1, budget, current=state["homes"], on_demand_slots=args.max_loras)
+    # The scale event from the homes reached, as the operator's next pass makes it: the copy-count rule on N+1 pods,
+    # homes following the load as last read; the new pod gets the copies it now outranks an old home for, and then
+    # what the picker sends it.
+    pod_load = pod_loads(fleet, stream[-1][0], adapters)
+    totals = {name: sum(pods.values()) for name, pods in pod_load.items()}
+    grown = placement.auto_copies(totals, current=state["copies"], replicas=replicas + 1, slots=args.max_cpu_loras)
+    scaled, _ = place(
+        sizes, grown, replicas + 1, budget, current=state["homes"], on_demand_slots=args.max_loras, pod_load=pod_load
+    )
     moves = placement.plan(state["homes"], scaled.homes)
     result.append(
         cell(

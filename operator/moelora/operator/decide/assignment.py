@@ -2,6 +2,10 @@
 from the target homes already in each adapter's status (kept wherever placement can, so a scale-out moves only the
 new pods' share), moved make-before-break. Pure.
 
+With copiesMode Auto the homes also follow the load (`placement.follow_place`): an adapter's copies go to the pods
+the router sends it to (`status.replicas.<pod>.load` and `status.onDemandLoad`), a current home kept unless another
+pod carries 1.5x its load. Fixed keeps the rendezvous homes that clients routing by status can predict.
+
 An adapter's assignment (`status.placement.replicas`) is its target homes plus, while a move is under way, the old
 homes that `placement.plan` may not unload yet: an old home leaves the assignment only once every target home's
 agent reports the adapter loaded (`status.replicas.<pod>.loaded`) and `placement.drainSeconds` have passed since
@@ -45,6 +49,7 @@ class AdapterState:
     current: AdapterPlacement | None = None  # status.placement
     loaded_on: Mapping[str, float] = dataclasses.field(default_factory=dict)  # pod -> its loadedAt, epoch seconds
     load: float = 0.0  # requests in flight on every pod that serves it, assigned or on demand (indexes.adapter_load)
+    pod_load: Mapping[str, float] = dataclasses.field(default_factory=dict)  # the same per pod (indexes.pod_load)
 
     @property
     def assigned(self) -> tuple[str, ...]:
@@ -79,7 +84,14 @@ def assign(
     wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or copies[a.name]) for a in adapters]
     # Each adapter's target homes so far (its draining ones are on their way out), which placement keeps where it can.
     current = {a.name: a.current.target or a.assigned for a in adapters if a.current is not None}
-    target = placement.place(wanted, replicas, current)
+    if server.auto:
+        # Homes follow where the router sends each adapter; a move under way ends (its new homes loaded, the drain
+        # time passed) before the load may move that adapter again, else its new home, idle while it loads, would
+        # lose to the old one.
+        following = {a.name: a.pod_load for a in adapters if a.current is None or not a.current.draining}
+        target = placement.follow_place(wanted, replicas, current, following)
+    else:
+        target = placement.place(wanted, replicas, current)
     result, recheck = {}, None
     for adapter in adapters:
         homes = list(target.homes[adapter.name])

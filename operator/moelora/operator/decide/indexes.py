@@ -121,6 +121,7 @@ def adapters_index(
             if (state or {}).get("loaded")
         },
         load=adapter_load(status),
+        pod_load=pod_load(status),
     )
     phase = status.get("phase") or "Pending"
     served = spec.get("servedName") or name
@@ -129,12 +130,18 @@ def adapters_index(
 
 
 def adapter_load(status: Mapping[str, Any]) -> float:
-    """Requests for the adapter in flight, summed over every pod that serves it: its assigned pods' entries and the
-    pods that serve it on demand (a pod with both, for a moment while it is assigned one it held, counts once)."""
+    """Requests for the adapter in flight, summed over every pod that serves it (`pod_load`)."""
+    return sum(pod_load(status).values())
+
+
+def pod_load(status: Mapping[str, Any]) -> dict[str, float]:
+    """Pod -> requests for the adapter in flight there: its assigned pods' entries (`replicas.<pod>.load`) and the
+    pods that serve it on demand (`onDemandLoad`); a pod with both, for a moment while it is assigned one it held,
+    counts once, by its entry."""
     entries = status.get("replicas") or {}
-    load = sum(float((state or {}).get("load") or 0) for state in entries.values())
-    on_demand = status.get("onDemandLoad") or {}
-    return load + sum(float(value or 0) for pod, value in on_demand.items() if pod not in entries)
+    loads = {pod: float(value or 0) for pod, value in (status.get("onDemandLoad") or {}).items()}
+    loads.update({pod: float((state or {}).get("load") or 0) for pod, state in entries.items()})
+    return loads
 
 
 def _epoch(timestamp: Any) -> float:

@@ -24,6 +24,9 @@ rendezvous. With full replicas, rendezvous from names alone would also move ever
 full first choice back to it once a scale-out freed room there, a cascade of moves between old replicas; kept,
 a scale-out of a full fleet moves about 1/(N+1) of the copies, all to the new replica.
 
+Homes can also follow the load (`follow_place`, copiesMode Auto): the pods the router sends an adapter to become
+its homes, and `place` keeps them as it keeps any current home.
+
 Moves are make-before-break (`plan`): every new copy loads first, and an adapter's old copies are unloaded only
 after all of its new copies report loaded. Known limit: a replica that gains and loses adapters in the same plan
 holds both sets until the unloads run, so its disk budget needs room for that transient.
@@ -247,6 +250,36 @@ def place(
         homes={name: tuple(r.name for r in prefs[name] if r.name in found) for name, found in homes.items()},
         short=short,
     )
+
+
+def follow_place(
+    adapters: Sequence[Adapter],
+    replicas: Sequence[Replica],
+    current: Mapping[str, Sequence[str]],
+    pod_load: Mapping[str, Mapping[str, float]],
+    *,
+    keep_margin: float = 1.5,
+) -> Placement:
+    """`place` from homes that follow the load: each adapter's pods carrying its load (`follow`, adapter -> pod ->
+    requests in flight there, assigned or on demand), then its current homes the load does not reach, up to its
+    copies (`Adapter.replicas`; how many stays the copy-count rule's, only where they are follows the load).
+
+    Where each adapter's load is on its current homes only (or it has none) and it has no more homes than copies,
+    this is `place(adapters, replicas, current)` exactly: a scale-out moves no more than placement alone. Load on
+    pods not in `replicas` (a pod scaled away that still reports) is ignored, so it never pushes out a home that
+    exists.
+    """
+    names = {replica.name for replica in replicas}
+    copies = {adapter.name: clamp_count(adapter.replicas, len(replicas)) for adapter in adapters}
+    here = {name: [pod for pod in current.get(name, ()) if pod in names] for name in copies}
+    loads = {name: {pod: load for pod, load in pod_load.get(name, {}).items() if pod in names} for name in copies}
+    followed = follow(loads, here, copies, keep_margin=keep_margin)
+    start = {}
+    for name, wanted in copies.items():
+        homes = list(followed.get(name, ()))
+        homes += [pod for pod in here[name] if pod not in homes]
+        start[name] = tuple(homes[:wanted])
+    return place(adapters, replicas, start)
 
 
 def moved(old: Mapping[str, Sequence[str]], new: Mapping[str, Sequence[str]]) -> int:
