@@ -4,12 +4,15 @@ and on demand) and moves a copy to where the router sends it, make-before-break,
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import random
+from typing import Any
 
 from moelora.api import AdapterPlacement
-from moelora.operator.decide import placement
+from moelora.operator.decide import placement, plan
 from moelora.operator.decide.assignment import AdapterState, Server, assign, pod_names
-from moelora.operator.decide.indexes import adapters_index
+from moelora.operator.decide.expectations import ServerWrites
+from moelora.operator.decide.indexes import AdapterEntry, ServerEntry, adapters_index, placement_index
 
 NOW = 1_000_000.0
 
@@ -98,3 +101,41 @@ def test_a_scale_out_moves_no_more_copies_than_placement_alone() -> None:
     assert {n: p.target for n, p in followed.items()} == {n: p.target for n, p in alone.items()}
     moved = placement.moved(before, {n: p.target for n, p in followed.items()})
     assert 0 < moved <= 1.2 * sum(map(len, before.values())) / 17
+
+
+def test_a_pass_moves_the_home_from_the_agents_status_fields() -> None:
+    """The operator's pure pass (plan.plan) from the indexes' entries as the agents write them: `a` assigned ms-0
+    (load 0.5 there) and served on demand by ms-1 (onDemandLoad 1.0) moves to ms-1, ms-0 serving until it loads."""
+    spec = {"model": {"name": "m"}, "replicas": 2, "placement": {"copiesMode": "Auto"}, "lora": {"maxLoras": 1}}
+    server = placement_index(spec=spec, name="ms", namespace="ns")[("ns", "ms")]
+    loaded_at = "2026-12-04T00:00:00+00:00"
+
+    def entry(name: str, status: dict[str, Any]) -> AdapterEntry:
+        spec = {"modelServer": "ms"}
+        body = {"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": status}
+        return adapters_index(body=body, spec=spec, status=status, name=name, namespace="ns")[("ns", "ms")]
+
+    a = {
+        "placement": {"replicas": ["ms-0"], "target": ["ms-0"], "copies": 1},
+        "replicas": {"ms-0": {"loaded": True, "loadedAt": loaded_at, "load": 0.5}},
+        "onDemandLoad": {"ms-1": 1.0},
+    }
+    b = {  # busy on both pods (two copies), so every pod holds something
+        "placement": {"replicas": ["ms-0", "ms-1"], "target": ["ms-0", "ms-1"], "copies": 2, "load": 3.0},
+        "replicas": {pod: {"loaded": True, "loadedAt": loaded_at, "load": 1.5} for pod in ("ms-0", "ms-1")},
+    }
+    observation = plan.Observation(
+        key=("ns", "ms"),
+        server=ServerEntry(key=("ns", "ms"), uid="u", generation=1),
+        children=frozenset(),
+        adapters=[entry("a", a), entry("b", b)],
+        placed=server,
+        known=ServerWrites(),
+        judge=[],
+        now=NOW,
+        wall=datetime.datetime.fromtimestamp(NOW, datetime.UTC),
+    )
+    planned = plan.plan(observation).placements
+    assert set(planned.changes) == {"a"}
+    moved = planned.changes["a"]
+    assert moved is not None and (moved.target, moved.draining, moved.copies) == (["ms-1"], ["ms-0"], 1)
