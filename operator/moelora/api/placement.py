@@ -38,7 +38,8 @@ class PlacementSpec(ApiModel):
         "vLLM's vllm:lora_requests_info (status.replicas.<pod>.load, and status.onDemandLoad for pods serving "
         "it on demand): ceil(share x replicas x lora.maxCpuLoras), "
         "within [copies, replicas]; a copy goes only once the adapter would need fewer even with half again its "
-        "load. An adapter's own spec.replicas still wins.",
+        "load. Its homes follow the same load: a pod carrying 1.5x a home's load for it (assigned or on demand) "
+        "takes that copy, after any move in progress has drained. An adapter's own spec.replicas still wins.",
     )
     adapters_per_cpu_lora: int = Field(
         default=4,
