@@ -7,6 +7,7 @@ The tests run in file order on one shared stack (conftest.py): later ones build 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import pathlib
@@ -27,13 +28,7 @@ PROMPT = "a mixture of experts"
 MAX_TOKENS = 12
 
 
-def _until(check: Any, *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not reached in {timeout:.0f} s: {what}")
+_until = functools.partial(process.wait_for, interval=0.25)  # poll until truthy, else AssertionError
 
 
 def _answers(url: str, model: str) -> bool:

@@ -10,6 +10,7 @@ loads; the last test sends one to a pod that does not hold it, which loads it on
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import urllib3
 
 from moelora.api import GROUP, VERSION
 from moelora.api.agent_env import AGENT_PORT
-from moelora.local import manifests, models, stack, vllm_server
+from moelora.local import manifests, models, process, stack, vllm_server
 from moelora.operator.decide import placement
 from moelora.operator.decide.assignment import pod_names
 from moelora.operator.render.engine import VLLM_PORT
@@ -88,13 +89,7 @@ def answers(url: str) -> bool:
     return True
 
 
-def until(check: Any, *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not reached in {timeout:.0f} s: {what}")
+until = functools.partial(process.wait_for, interval=0.5)  # poll until truthy, else AssertionError
 
 
 def settled(local: stack.Stack, want: dict[str, list[str]]) -> bool:

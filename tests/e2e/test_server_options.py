@@ -8,10 +8,9 @@ run in file order and build on each other (adapters loaded by one are served in 
 from __future__ import annotations
 
 import base64
+import functools
 import json
-import logging
 import pathlib
-import re
 import threading
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from moelora.local import kubelet, manifests, models, s3, stack
+from moelora.local import kubelet, manifests, models, process, s3, stack
 from moelora.operator.render.engine import TOKEN_ENV, VLLM_PORT
 from moelora.operator.render.service import AGENT_PORT
 
@@ -35,7 +34,6 @@ REPLICAS = 2  # the cache is shared by more than one pod
 CLIENT_KEY = "e2e-client-api-key-0001"
 ADMIN_HEADER = "X-Moelora-Admin-Key"
 TOKEN = "hf_e2eGATEDtokenMustNeverLeak0001"
-_OBJECT_GET = re.compile(r'"GET (/[^ ?]+) HTTP')
 
 
 def _secret(name: str, key: str, value: str) -> dict[str, Any]:
@@ -43,34 +41,18 @@ def _secret(name: str, key: str, value: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque", "data": data}
 
 
-class _Requests(logging.Handler):
-    """moto's werkzeug request lines, as they come."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
-def requests() -> Iterator[_Requests]:
-    handler = _Requests()
-    yield handler
-    logging.getLogger("werkzeug").removeHandler(handler)
+def requests() -> s3.RequestLog:
+    return s3.RequestLog()
 
 
 @pytest.fixture(scope="module")
 def options(
-    tmp_path_factory: pytest.TempPathFactory, requests: _Requests
+    tmp_path_factory: pytest.TempPathFactory, requests: s3.RequestLog
 ) -> Iterator[tuple[stack.Stack, dict[str, pathlib.Path]]]:
     root = tmp_path_factory.mktemp("options")
-    with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running:
-        # Counted from here: the stack's own upload of the model is not a download.
-        logger = logging.getLogger("werkzeug")
-        logger.setLevel(logging.INFO)
-        logger.addHandler(requests)
+    # Counted once the stack is up: its own upload of the model is not a download.
+    with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running, requests:
         running.apply(_secret("client-api-key", "api-key", CLIENT_KEY), _secret("hf-token", "token", TOKEN))
         server = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=REPLICAS)  # type: ignore[union-attr]
         server["spec"]["apiKeySecret"] = {"name": "client-api-key"}
@@ -115,13 +97,7 @@ def _call(
         return status, raw.decode(errors="replace")
 
 
-def _until(check: Any, *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"not reached in {timeout:.0f} s: {what}")
+_until = functools.partial(process.wait_for, interval=0.25)  # poll until truthy, else AssertionError
 
 
 def _pods(local: stack.Stack) -> list[kubelet.LocalPod]:
@@ -149,7 +125,7 @@ def _served(url: str) -> dict[str, str]:
 
 
 def test_two_replicas_serve_from_one_download(
-    options: tuple[stack.Stack, dict[str, pathlib.Path]], requests: _Requests
+    options: tuple[stack.Stack, dict[str, pathlib.Path]], requests: s3.RequestLog
 ) -> None:
     local, _ = options
     status = local.model_server(SERVER)["status"]  # type: ignore[index]
@@ -165,10 +141,9 @@ def test_two_replicas_serve_from_one_download(
 
     prefix = "/" + manifests.MODEL_URI.removeprefix("s3://")
     gets: dict[str, int] = {}
-    for line in requests.lines:
-        match = _OBJECT_GET.search(line)
-        if match and match.group(1).startswith(prefix):
-            gets[match.group(1)] = gets.get(match.group(1), 0) + 1
+    for path in requests.gets:
+        if path.startswith(prefix):
+            gets[path] = gets.get(path, 0) + 1
     files = sorted(
         p.relative_to(local.model_dir).as_posix() for p in pathlib.Path(local.model_dir).rglob("*") if p.is_file()
     )

@@ -4,6 +4,7 @@ of vLLM's tree outlives a `kill -KILL` of vLLM's API server (the kubelet's resta
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pathlib
 import queue
@@ -15,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from moelora.local import process
 
 pytestmark = pytest.mark.slow
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "local"
@@ -107,13 +110,7 @@ def _vllm_api_servers(root: pathlib.Path) -> list[int]:
     return found
 
 
-def _until(check, *, timeout: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+_until = functools.partial(process.wait_for, interval=0.2)  # poll until truthy, else AssertionError
 
 
 def test_sigterm_while_the_model_is_generated(demo: Callable[[], Demo]) -> None:

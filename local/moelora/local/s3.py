@@ -9,7 +9,9 @@ repository's root). s3rver's multipart ETags have no `-N` suffix, moto's do, lik
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from moelora.local import process
 
 S3RVER_JS = pathlib.Path("node_modules") / "s3rver" / "bin" / "s3rver.js"
 REGION = "us-east-1"
+_OBJECT_GET = re.compile(r'"GET (/[^ ?]+) HTTP')
 
 
 @dataclasses.dataclass
@@ -68,6 +71,32 @@ def start_moto(
         secret_access_key=secret_access_key,
         _stop=server.stop,
     )
+
+
+class RequestLog(logging.Handler):
+    """The paths of the GETs moto's server answers inside `with RequestLog() as log:` (`log.gets`, in order), read
+    from werkzeug's request lines: what tests count downloads by."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.INFO)
+        self.gets: list[str] = []
+        self._level = logging.NOTSET
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if match := _OBJECT_GET.search(record.getMessage()):
+            self.gets.append(match.group(1))
+
+    def __enter__(self) -> RequestLog:
+        logger = logging.getLogger("werkzeug")
+        self._level = logger.level
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        logger = logging.getLogger("werkzeug")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
 
 
 def find_s3rver(start: pathlib.Path | None = None) -> pathlib.Path | None:
