@@ -1,8 +1,7 @@
 """The agent's loop: take the plan (reconcile.plan) and execute it against S3, the cache, vLLM and Kubernetes.
 
-One thread owns the records and talks to vLLM and Kubernetes; downloads run in a worker pool and hand their
-outcome back through a queue. The loop wakes on any change (watch event, finished download) or every
-poll_seconds, which is also how it notices a vLLM restart.
+One thread owns the records and talks to vLLM and Kubernetes; downloads run in a worker pool and hand their outcome
+back through a queue. The loop wakes on any change (watch event, finished download) or every poll_seconds.
 """
 
 from __future__ import annotations
@@ -116,22 +115,19 @@ class Agent:
     def run(self) -> None:
         self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
         self.cache.remove_temporaries()
-        try:
-            while not self.stopping.is_set():
-                self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
-                self.wake.clear()
-                try:
-                    self.step()
-                except Exception:
-                    logger.exception("reconcile step failed")
-                self.last_loop = self.monotonic()
-        finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.status_pool.shutdown(wait=False, cancel_futures=True)
+        while not self.stopping.is_set():
+            self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
+            self.wake.clear()
+            try:
+                self.step()
+            except Exception:
+                logger.exception("reconcile step failed")
+            self.last_loop = self.monotonic()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.status_pool.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
-        """End the loop after its current step; safe from a signal handler that interrupts that step (the pools
-        close when the loop ends, so the step can still submit its work)."""
+        # Pools close when the loop ends: a signal handler runs this inside a step that still submits its work.
         self.stopping.set()
         self.wake.set()
 
