@@ -1,29 +1,38 @@
 """`python -m moelora.local`, the README's first command: the whole stack on the tiny MoE (through the moelora plugin)
-answers with each model like transformers+peft and prints a status table; no process of vLLM's tree outlives a
-`kill -KILL` of vLLM's API server (the kubelet's restart) or the shutdown after it; SIGTERM during start-up and
-Ctrl-C while the restarted vLLM loads each end it within 5 s. Only the serving run starts vLLM."""
+answers with each model like transformers+peft and prints a status table; adapters saved by peft itself (the fused 3D
+experts via target_parameters, which the agent rewrites per expert) then answer like peft too; no process of vLLM's
+tree outlives a `kill -KILL` of vLLM's API server (the kubelet's restart) or the shutdown after it; SIGTERM during
+start-up and Ctrl-C while the restarted vLLM loads each end it within 5 s. Only the serving run starts vLLM."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import json
 import os
 import pathlib
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from moelora.local import models, process
+from moelora.local import manifests, models, process, s3, stack, vllm_server
 
 pytestmark = pytest.mark.slow
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "local"
 EXIT_WITHIN = 5.0  # seconds from the signal to the exit
+PROMPT = "hello world"
+# peft 0.21 warns that a pattern naming a target parameter matched no module, then applies it (the ranks show it).
+PATTERN_WARNING = r"The following (rank|alpha)_pattern keys did not match"
 
 
 class Demo:
@@ -125,11 +134,99 @@ def test_sigterm_while_the_model_is_generated(demo: Callable[..., Demo]) -> None
     assert "SIGTERM during start-up" in run.output and "stopped; everything it started has exited" in run.output
 
 
+def _peft_adapter(model_dir: pathlib.Path, path: pathlib.Path, *, seed: int, **lora: Any) -> pathlib.Path:
+    """What a user's training script leaves: peft's get_peft_model + save_pretrained, files untouched."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from moelora.local import moe
+
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    assert base.model.layers[0].mlp.experts.gate_up_proj.ndim == 3  # transformers 5's fused experts
+    base.name_or_path = manifests.MOE_BASE_MODEL_NAME  # as if loaded by its id: peft records it as the base model
+    config = LoraConfig(
+        target_modules=list(moe.ATTENTION_MODULES),
+        target_parameters=list(moe.EXPERT_PARAMETERS),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        **lora,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", PATTERN_WARNING, RuntimeWarning)
+        model = get_peft_model(base, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # trained-looking weights: peft starts lora_B at zero
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    # no embeddings are adapted; saying so spares peft a Hub lookup of the base model's id (there is no network)
+    model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
+    return path
+
+
+def _kubectl(root: pathlib.Path, *args: str, stdin: str | None = None) -> str:
+    """kubectl against the demo's API emulator, through the kubeconfig it wrote."""
+    env = {**os.environ, "KUBECONFIG": str(root / "kubeconfig"), "KUBECACHEDIR": str(root.parent / "kubecache")}
+    assert stack.KUBECTL is not None
+    done = subprocess.run([stack.KUBECTL, *args], input=stdin, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _loaded_status(root: pathlib.Path, name: str) -> dict[str, Any] | None:
+    status = json.loads(_kubectl(root, "get", "lora", name, "-o", "json")).get("status") or {}
+    return status if status.get("phase") == "Loaded" else None
+
+
+def _add_peft_adapters(run: Demo) -> tuple[str, dict[str, pathlib.Path]]:
+    """Make two adapters with peft, upload them to the demo's S3 and apply them; return vLLM's URL and the adapters."""
+    (endpoint,) = re.findall(r"S3 at (\S+), model at", run.output)
+    (url,) = re.findall(r"curl (\S+)/v1/completions", run.output)
+    keys = json.loads(_kubectl(run.root, "get", "secret", manifests.S3_SECRET, "-o", "json"))["data"]
+    server = s3.S3Server(
+        endpoint_url=endpoint,
+        access_key_id=base64.b64decode(keys["AWS_ACCESS_KEY_ID"]).decode(),
+        secret_access_key=base64.b64decode(keys["AWS_SECRET_ACCESS_KEY"]).decode(),
+        _stop=lambda: None,
+    )
+    root, model_dir = run.root.parent / "peft-adapters", run.root / "model"
+    adapters = {
+        "peft-plain": _peft_adapter(model_dir, root / "plain", seed=21, r=8, lora_alpha=16),
+        "peft-patterns": _peft_adapter(
+            model_dir,
+            root / "patterns",
+            seed=22,
+            r=8,
+            lora_alpha=16,
+            use_rslora=True,
+            rank_pattern={"gate_up_proj": 4},
+            alpha_pattern={"down_proj": 32},
+        ),
+    }
+    for name, path in adapters.items():
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["target_parameters"] and config["base_model_name_or_path"] == manifests.MOE_BASE_MODEL_NAME
+        s3.upload_dir(server=server, source=path, uri=manifests.adapter_uri(name))
+        adapter = manifests.adapter(name=name, model_server="tiny-moe", uri=manifests.adapter_uri(name))
+        _kubectl(run.root, "apply", "--validate=false", "-f", "-", stdin=json.dumps(adapter))
+    for name in adapters:
+        status = _until(functools.partial(_loaded_status, run.root, name), timeout=120, what=f"{name} Loaded")
+        assert status["rank"] == 8
+    roots = {m["id"]: m["root"] for m in vllm_server.request(url=f"{url}/v1/models")["data"]}
+    assert all(roots[name].endswith("/vllm-per-expert") for name in adapters)  # vLLM got the agent's rewrite
+    return url, adapters
+
+
+@pytest.mark.filterwarnings(f"ignore:{PATTERN_WARNING}:RuntimeWarning")
 def test_serves_then_vllm_killed_restarted_then_ctrl_c_leaves_no_process(
     demo: Callable[..., Demo], running_in: Callable[[int], list[int]]
 ) -> None:
-    run = demo("--prompt", "hello world", "--max-tokens", "8")
+    run = demo("--prompt", PROMPT, "--max-tokens", "8")
     run.wait_line("Press Ctrl-C to stop", timeout=420)
+    url, peft_adapters = _add_peft_adapters(run)
+    # one request at a time: vLLM-CPU can mix base and adapter outputs within a batch
+    peft_got = [vllm_server.complete(url=url, model=name, prompt=PROMPT, max_tokens=8) for name in peft_adapters]
     # vLLM's API server leads its container's session; its engine core and resource tracker run in it.
     (first,) = _vllm_api_servers(run.root)
     assert len(running_in(first)) >= 3
@@ -152,13 +249,17 @@ def test_serves_then_vllm_killed_restarted_then_ctrl_c_leaves_no_process(
         assert step in output
     want = models.reference_completions(  # after the demo, so transformers does not slow its shutdown down
         model_dir=run.root / "model",
-        adapter_dirs=[None, run.root / "adapters" / "alpha-peft", run.root / "adapters" / "beta-peft"],
-        prompt="hello world",
+        adapter_dirs=[
+            *(None, run.root / "adapters" / "alpha-peft", run.root / "adapters" / "beta-peft"),
+            *peft_adapters.values(),
+        ],
+        prompt=PROMPT,
         max_tokens=8,
     )
-    assert len({c.token_ids for c in want}) == 3
+    assert len({c.token_ids for c in want}) == 5  # every model differs: the comparisons mean something
     for name, completion in zip(("tiny-moe", "alpha", "beta"), want):
         assert f"{name:12} -> {completion.text!r}" in output
+    assert peft_got == want[3:]
     table = [line.split() for line in output.splitlines() if line.startswith(("LoRAAdapter", "ModelServer"))]
     assert ["LoRAAdapter", "alpha", "Loaded", "1/1", "pods", "8"] in table
     assert ["LoRAAdapter", "beta", "Loaded", "1/1", "pods", "8"] in table
