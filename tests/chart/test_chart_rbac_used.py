@@ -9,6 +9,7 @@ time, with their resourceNames: the agent may read exactly the Secrets its serve
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -268,7 +269,13 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
         agent = agent_kube(api)
         items, version = agent.list_adapters()
         assert [item["metadata"]["name"] for item in items] == ["support-bot"]
-        list(agent.watch_adapters(resource_version=version, timeout_seconds=1, watch=kubernetes.watch.Watch()))
+        # The watch runs out its second (the least a server honours) while the rest goes on: nothing waits on it.
+        watch = concurrent.futures.ThreadPoolExecutor(1)
+        watched = watch.submit(
+            lambda: list(
+                agent.watch_adapters(resource_version=version, timeout_seconds=1, watch=kubernetes.watch.Watch())
+            )
+        )
         reads = {name: agent.read_secret(name=name) for name in ("team-a-s3", "team-b-s3")}
         # A pod the operator's index does not know (yet): the operator reads it before pruning its entry.
         assert agent.patch_replica(
@@ -286,6 +293,8 @@ def recording(request: pytest.FixtureRequest) -> Iterator[Recording]:
             wait_for(functools.partial(phase_is, api, state.state.value), what=state.state.value)
         wait_for(lambda: any(use.resource == "events" and use.verb == "patch" for use in emulator.used), what="patch")
 
+        watched.result(timeout=60)  # its failure is the recording's
+        watch.shutdown()
         api.kubectl("scale", "ms/qwen-moe", "-n", SERVING, "--replicas=1")
         wait_for(lambda: api.get(PDBS, SERVING, "qwen-moe") is None or None, what="the budget deleted")
         api.kubectl("delete", "lora", "support-bot", "-n", SERVING)
