@@ -193,6 +193,7 @@ class Uploaded:
     digests: dict[str, str] = dataclasses.field(default_factory=dict)  # relpath -> sha256
     weights_bytes: int = 0
     deleted_at: float | None = None  # wall clock (the cache's mtimes are wall clock too)
+    objects_dropped: bool = False  # its S3 objects deleted (drop_deleted_objects)
 
 
 @dataclasses.dataclass
@@ -297,6 +298,7 @@ class AgentChaos:
         self.port = 0
         self.log_path = root / "agent.log"
         self._next: tuple[subprocess.Popen[bytes], int] | None = None  # a parked agent process and its port
+        self.staged: list[Uploaded] = []  # in S3, no LoRAAdapter yet
 
     # -- parts --
     def __enter__(self) -> AgentChaos:
@@ -339,7 +341,8 @@ class AgentChaos:
         return None
 
     # -- acting --
-    def create(self) -> Uploaded:
+    def stage(self) -> None:
+        """The next adapter's objects, uploaded to S3 ahead of its LoRAAdapter (nothing names the prefix before)."""
         from moelora.agent.store.source import Listing, RemoteObject, S3Location
 
         self.serial += 1
@@ -355,12 +358,21 @@ class AgentChaos:
                 key=lambda o: o.relpath,
             )
         )
-        upload = Uploaded(
-            name=name,
-            version=Listing(location=S3Location(BUCKET, f"{name}/"), objects=objects).version,
-            digests={relpath: sha256(data) for relpath, data in files.items()},
-            weights_bytes=len(files[WEIGHTS]),
+        self.staged.append(
+            Uploaded(
+                name=name,
+                version=Listing(location=S3Location(BUCKET, f"{name}/"), objects=objects).version,
+                digests={relpath: sha256(data) for relpath, data in files.items()},
+                weights_bytes=len(files[WEIGHTS]),
+            )
         )
+
+    def create(self) -> Uploaded:
+        """A LoRAAdapter of a staged upload (staged now if none is)."""
+        if not self.staged:
+            self.stage()
+        upload = self.staged.pop(0)
+        name = upload.name
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LoRAAdapter",
@@ -391,9 +403,10 @@ class AgentChaos:
         running download is cancelled by the delete, not failed by a 404."""
         client = self.s3.client()
         for upload in self.adapters.values():
-            if upload.deleted_at is not None:
+            if upload.deleted_at is not None and not upload.objects_dropped:
                 for relpath in upload.digests:
                     client.delete_object(Bucket=BUCKET, Key=f"{upload.name}/{relpath}")
+                upload.objects_dropped = True
 
     def _agent_env(self, port: int) -> dict[str, str]:
         python_path = os.pathsep.join(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep))
@@ -492,7 +505,10 @@ class AgentChaos:
                 time.sleep(wait / 2)
                 self.delete(self.rng.choice(self.incomplete() or self.live()), agent_up=True)
                 wait /= 2
-            time.sleep(wait)
+            kill_at = time.monotonic() + wait
+            while len(self.staged) < 2 and kill_at - time.monotonic() > 1.0:
+                self.stage()  # the next cycles' uploads in this wait, not while the agent is down
+            time.sleep(max(0.0, kill_at - time.monotonic()))
             self._alive()
             value = downloaded_bytes(self.port)
             time.sleep(0.1)
