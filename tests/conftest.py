@@ -35,8 +35,13 @@ INTEGRATION_MODULES = frozenset(
     }
 )
 SERVER_FIXTURES = frozenset({"kube", "api", "s3_endpoint", "vllm_url", "tiny", "local", "tiny_llama"})
-# Each takes several minutes (docs/development.md, test tiers).
-LONGEST = ("tests/e2e/test_placement.py", "tests/e2e/test_adapters.py", "tests/chaos/test_agent_kills.py")
+# Each takes one to three minutes (docs/development.md, test tiers).
+LONGEST = (
+    "tests/e2e/test_placement.py",
+    "tests/e2e/test_adapters.py",
+    "tests/e2e/test_server_options.py",
+    "tests/local/test_main_signals.py",
+)
 
 
 # First, so that `-m` deselects on these marks.
