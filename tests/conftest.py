@@ -42,6 +42,31 @@ LONGEST = (
     "tests/e2e/test_server_options.py",
     "tests/local/test_main_signals.py",
 )
+# The modules whose tests use the session vLLM (`vllm_url`): xdist runs them on one worker as one unit, so that vLLM
+# starts once per run, not once per worker. Collection refuses a module that uses it and is missing here.
+SHARED_VLLM = frozenset(
+    {
+        "tests/agent/test_agent.py",
+        "tests/agent/test_faults_vllm.py",
+        "tests/agent/test_main.py",
+        "tests/agent/test_vllm.py",
+        "tests/local/test_vllm_server.py",
+    }
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadscope`, with the SHARED_VLLM modules as one scope."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedVllmScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "the session vLLM" if module in SHARED_VLLM else super()._split_scope(nodeid)
+
+    return SharedVllmScope(config, log)
 
 
 # First, so that `-m` deselects on these marks.
@@ -50,6 +75,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = config.rootpath
     for item in items:
         path = item.path.relative_to(root)
+        if "vllm_url" in getattr(item, "fixturenames", ()) and path.as_posix() not in SHARED_VLLM:
+            raise pytest.UsageError(f"{path} uses the session vLLM: name it in tests/conftest.py's SHARED_VLLM")
         if (
             path.parts[1] in INTEGRATION_FOLDERS
             or path.as_posix() in INTEGRATION_MODULES

@@ -1,5 +1,6 @@
-"""`python -m moelora.local`, the README's first command: the whole stack on the tiny MoE (through the moelora plugin)
-answers with each model like transformers+peft and prints a status table; adapters saved by peft itself (the fused 3D
+"""`python -m moelora.local`, the README's first command: the whole stack on the tiny MoE (through the moelora plugin,
+whose kernel vLLM's log names) answers with each model like transformers+peft, whose tokens the adapters' expert LoRA
+changes, and prints a status table; adapters saved by peft itself (the fused 3D
 experts via target_parameters, which the agent rewrites per expert) then answer like peft too; no process of vLLM's
 tree outlives a `kill -KILL` of vLLM's API server (the kubelet's restart) or the shutdown after it; SIGTERM during
 start-up and Ctrl-C while the restarted vLLM loads each end it within 5 s. Only the serving run starts vLLM."""
@@ -247,19 +248,39 @@ def test_serves_then_vllm_killed_restarted_then_ctrl_c_leaves_no_process(
 
     for step in ("starting the Kubernetes API emulator", "kubectl apply -f", "alpha: Loaded on 1 pod(s)"):
         assert step in output
+    alpha = run.root / "adapters" / "alpha-peft"
     want = models.reference_completions(  # after the demo, so transformers does not slow its shutdown down
         model_dir=run.root / "model",
         adapter_dirs=[
-            *(None, run.root / "adapters" / "alpha-peft", run.root / "adapters" / "beta-peft"),
+            *(None, alpha, run.root / "adapters" / "beta-peft"),
             *peft_adapters.values(),
+            _without_experts(alpha, run.root.parent / "alpha-attention-only"),
         ],
         prompt=PROMPT,
         max_tokens=8,
     )
-    assert len({c.token_ids for c in want}) == 5  # every model differs: the comparisons mean something
+    # Every model differs, and alpha's expert LoRA changes its tokens: equal tokens prove the MoE-LoRA path.
+    assert len({c.token_ids for c in want}) == 6
+    want = want[:5]
+    # The whole path as vLLM runs it in its pod: its plugin loader, MOELORA_KERNEL, and the kernel it ran.
+    (log,) = run.root.rglob("logs/vllm.log")
+    assert "fused_moe_lora runs on the moelora torch kernel (cpu)" in log.read_text()
     for name, completion in zip(("tiny-moe", "alpha", "beta"), want):
         assert f"{name:12} -> {completion.text!r}" in output
     assert peft_got == want[3:]
     table = [line.split() for line in output.splitlines() if line.startswith(("LoRAAdapter", "ModelServer"))]
     assert ["LoRAAdapter", "alpha", "Loaded", "1/1", "pods", "8"] in table
     assert ["LoRAAdapter", "beta", "Loaded", "1/1", "pods", "8"] in table
+
+
+def _without_experts(peft_dir: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of a peft adapter with its expert LoRA tensors zeroed."""
+    from safetensors.torch import load_file, save_file
+
+    dest.mkdir()
+    tensors = load_file(str(peft_dir / "adapter_model.safetensors"))
+    save_file(
+        {k: v * 0 if ".mlp.experts" in k else v for k, v in tensors.items()}, str(dest / "adapter_model.safetensors")
+    )
+    (dest / "adapter_config.json").write_text((peft_dir / "adapter_config.json").read_text())
+    return dest
