@@ -13,6 +13,7 @@
 # OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines (kernel_lines.txt,
 # moelora_lines.txt) and their start-up timings (startup_lines.txt). PLUGIN_ARGS: more vLLM flags for plugin servers
 # only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only (PROFILE=1: every server).
+# DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -22,7 +23,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   [ $left -gt $need ] || { echo "skip $mode: ${left}s left"; continue; }
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
   extra=""; kind=$base
-  case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=1"
+  case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1}"
     [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
