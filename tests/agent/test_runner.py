@@ -106,3 +106,20 @@ def test_a_stop_during_a_step_lets_the_step_finish_and_the_loop_end(
     loop.run()  # returns at once: stopping is set
     with pytest.raises(RuntimeError):
         loop.pool.submit(print)  # the loop's end closed the pools
+
+
+def test_a_loop_ended_by_an_exception_past_its_step_still_closes_the_pools(tmp_path: pathlib.Path) -> None:
+    # A KeyboardInterrupt (or SystemExit) passes the step's `except Exception`; open pools would keep the process
+    # waiting for their downloads at exit.
+    settings = agent_settings(tmp_path / "cache", vllm_url=f"http://127.0.0.1:{process.free_port()}", poll_seconds=0.01)
+    loop = Agent(settings=settings, kube=MemoryKube(), desired=MemoryDesired(), vllm=None, metrics=Metrics())  # type: ignore[arg-type]
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    loop.step = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    for pool in (loop.pool, loop.status_pool):
+        with pytest.raises(RuntimeError):
+            pool.submit(print)

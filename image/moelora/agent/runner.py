@@ -110,24 +110,23 @@ class Agent:
             events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
         )
 
-    # ---- the loop ----
-
     def run(self) -> None:
-        self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
-        self.cache.remove_temporaries()
-        while not self.stopping.is_set():
-            self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
-            self.wake.clear()
-            try:
-                self.step()
-            except Exception:
-                logger.exception("reconcile step failed")
-            self.last_loop = self.monotonic()
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.status_pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.settings.cache_dir.mkdir(parents=True, exist_ok=True)
+            self.cache.remove_temporaries()
+            while not self.stopping.is_set():
+                self.wake.wait(self.gate.next_wake(now=self.monotonic(), poll=self.settings.poll_seconds))
+                self.wake.clear()
+                try:
+                    self.step()
+                except Exception:
+                    logger.exception("reconcile step failed")
+                self.last_loop = self.monotonic()
+        finally:  # here, not in stop(): a signal handler runs stop() inside a step that still submits its work
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.status_pool.shutdown(wait=False, cancel_futures=True)
 
     def stop(self) -> None:
-        # Pools close when the loop ends: a signal handler runs this inside a step that still submits its work.
         self.stopping.set()
         self.wake.set()
 
