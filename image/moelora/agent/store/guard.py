@@ -163,7 +163,10 @@ def bounded(
     while not done.wait(poll):
         watch.check(rate=False)
     if "error" in box:
-        raise box["error"]  # type: ignore[misc]
+        error = box["error"]
+        if isinstance(error, Exception) and watch.cancelled.is_set():
+            raise Cancelled() from None  # the cancel shut its socket down: what failed after it is the cancel's doing
+        raise error  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
 
 
