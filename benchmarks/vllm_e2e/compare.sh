@@ -14,6 +14,8 @@
 # moelora_lines.txt) and their start-up timings (startup_lines.txt). PLUGIN_ARGS: more vLLM flags for plugin servers
 # only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only (PROFILE=1: every server).
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
+# plugin-densemain: the plugin with MOELORA_DENSE_LORA_STREAM=main (dense LoRA on the main stream, the MoE's on the
+# second); it shares the plugin servers' caches. PROFILE=MODE (without .N) profiles that mode's servers only.
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -24,7 +26,8 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
   extra=""; kind=$base
   case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1}"
-    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
+    case $base in plugin) ;; plugin-densemain) extra="$extra MOELORA_DENSE_LORA_STREAM=main" ;;
+      *) extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
     cache=$CACHE_ROOT/$MODEL-$kind; mkdir -p "$cache/vllm" "$cache/triton" "$OUT/$MODEL-$mode"
@@ -34,6 +37,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   args=${SERVER_ARGS:-}; prof=${PROFILE:-0}
   [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-}"
   [ "$prof" = plugin ] && { [ $kind = plugin ] && prof=1 || prof=0; }
+  [ "$prof" = "$base" ] && prof=1; [ "$prof" = 1 ] || prof=0
   MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" SERVER_ARGS="$args" PROFILE=$prof timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
   for _ in $(seq 1 30); do  # the next server needs the memory this one held
