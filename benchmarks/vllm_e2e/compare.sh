@@ -14,8 +14,7 @@
 # moelora_lines.txt) and their start-up timings (startup_lines.txt). PLUGIN_ARGS: more vLLM flags for plugin servers
 # only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only (PROFILE=1: every server).
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
-# plugin-densemain: the plugin with MOELORA_DENSE_LORA_STREAM=main (dense LoRA on the main stream, the MoE's on the
-# second); it shares the plugin servers' caches. PROFILE=MODE (without .N) profiles that mode's servers only.
+# PROFILE=MODE (without .N) profiles that mode's servers only.
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -26,8 +25,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
   extra=""; kind=$base
   case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1}"
-    case $base in plugin) ;; plugin-densemain) extra="$extra MOELORA_DENSE_LORA_STREAM=main" ;;
-      *) extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac ;; esac
+    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
     cache=$CACHE_ROOT/$MODEL-$kind; mkdir -p "$cache/vllm" "$cache/triton" "$OUT/$MODEL-$mode"

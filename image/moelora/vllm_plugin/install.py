@@ -95,9 +95,8 @@ def install(*, backend: str | None = None) -> Installed:
 
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
-    the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py), a warm-up of the
-    whole model at every token-count class (model_warmup.py) and, when asked, dense LoRA on the main stream
-    (dense_stream.py)."""
+    the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the
+    whole model at every token-count class (model_warmup.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -119,17 +118,11 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_model_warmup(_PATCHES)
 
-    def dense_stream() -> str | None:
-        from .dense_stream import install_dense_stream
-
-        return install_dense_stream(_PATCHES)
-
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),
-        ("dense LoRA on the main stream", dense_stream),
     ):
         try:
             reason = part()

@@ -40,7 +40,6 @@ __all__ = ["HOOKS", "KINDS", "TOUCHPOINTS", "Touchpoint", "by_name"]
 
 _FUSED_OP = "lora/ops/triton_ops/fused_moe_lora_op.py"
 _PUNICA_GPU = "lora/punica_wrapper/punica_gpu.py"
-_BASE_LINEAR = "lora/layers/base_linear.py"
 _PUNICA_BASE = "lora/punica_wrapper/punica_base.py"
 _META = "lora/ops/triton_ops/lora_kernel_metadata.py"
 _LORA_UTILS = "lora/ops/triton_ops/utils.py"
@@ -198,31 +197,6 @@ HOOKS: tuple[Touchpoint, ...] = (
         "load_lora_op_config",
         ("op_type", "add_inputs"),
         "dense_warmup",
-    ),
-    # ---- dense_stream (CUDA, opt-in): the dense LoRA layers' dual-stream entry point and their single-stream path ----
-    Touchpoint(
-        "dense LoRA dual-stream entry",
-        "params",
-        (_BASE_LINEAR,),
-        "BaseLinearLayerWithLoRA._apply_async_impl",
-        ("self", "x", "bias"),
-        "dense_stream",
-    ),
-    Touchpoint(
-        "dense LoRA single-stream path",
-        "params",
-        (_BASE_LINEAR,),
-        "BaseLinearLayerWithLoRA._apply_sync",
-        ("self", "x", "bias"),
-        "dense_stream",
-    ),
-    Touchpoint(
-        "dense LoRA dual-stream op",
-        "text",
-        (_BASE_LINEAR,),
-        "the custom op that calls the entry point",
-        ("return self._apply_async_impl(x, bias)", 'op_name="lora_linear_async"'),
-        "dense_stream",
     ),
     # ---- model_warmup (CUDA): the worker's kernel warm-up and the V1 model runner's dummy run ----
     Touchpoint(
