@@ -41,10 +41,10 @@ def big_files(mib: float, *, seed: int = 0) -> dict[str, bytes]:
 
 
 def settings(cache: pathlib.Path, **changes: Any) -> Settings:
-    """Small limits, so the faults' deadlines are hit within a test. The rate window is long enough that a loaded CI
-    machine's pauses do not trip the floor; the floor's own test narrows it."""
+    """Small limits, so the faults' deadlines are hit within a test. The listing deadline and the rate window are long
+    enough that a loaded CI machine's pauses do not trip them; the tests of each narrow it."""
     small = {
-        "list_timeout_seconds": 1.0,
+        "list_timeout_seconds": 10.0,
         "download_timeout_seconds": 20.0,
         "min_bytes_per_second": 4096,
         "rate_window_seconds": 5.0,
@@ -99,7 +99,7 @@ def test_a_hanging_listing_gives_up_at_its_deadline(
 ) -> None:
     upload(s3_env, bucket, "a/", adapter_files())
     proxy.rules.append(Rule(match="list-type=2", fault=Hang(seconds=5)))
-    prep = preparer(tmp_path, proxy)
+    prep = preparer(tmp_path, proxy, list_timeout_seconds=1.0)
     started = time.monotonic()
     with pytest.raises(TransientError) as caught:
         prep.prepare(item("a", f"s3://{bucket}/a/", proxy), None)
