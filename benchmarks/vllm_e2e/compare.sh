@@ -12,9 +12,9 @@
 # LoRA stream, as the operator deploys them. Results in OUTPUT_DIR/<MODEL>-<MODE>/, the table in
 # OUTPUT_DIR/compare-<MODEL>.md; server logs are cut to their kernel-config and moelora lines (kernel_lines.txt,
 # moelora_lines.txt) and their start-up timings (startup_lines.txt). PLUGIN_ARGS: more vLLM flags for plugin servers
-# only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only (PROFILE=1: every server).
+# only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only, PROFILE=MODE (without .N) that
+# mode's servers only, PROFILE=1 every server.
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
-# PROFILE=MODE (without .N) profiles that mode's servers only.
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -34,8 +34,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   fi
   args=${SERVER_ARGS:-}; prof=${PROFILE:-0}
   [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-}"
-  [ "$prof" = plugin ] && { [ $kind = plugin ] && prof=1 || prof=0; }
-  [ "$prof" = "$base" ] && prof=1; [ "$prof" = 1 ] || prof=0
+  case $prof in 1) ;; plugin) [ $kind = plugin ] && prof=1 || prof=0 ;; "$base") prof=1 ;; *) prof=0 ;; esac
   MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" SERVER_ARGS="$args" PROFILE=$prof timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
   for _ in $(seq 1 30); do  # the next server needs the memory this one held

@@ -299,21 +299,6 @@ class Watch(threading.Thread):
             time.sleep(0.2)
 
 
-def _refused_by_every_pod(local: stack.Stack, name: str, timeout: float = 120.0) -> dict[str, Any]:
-    """The adapter once every pod has refused it: the roll-up turns Failed at the first refusal, while another pod
-    may still be downloading it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        body = local.wait_adapter(
-            name, phase="Failed", replicas=REPLICAS, timeout=max(1.0, deadline - time.monotonic())
-        )
-        if all(r.get("state") == "Failed" for r in body["status"]["replicas"].values()):
-            return body
-        if time.monotonic() > deadline:
-            return body  # the caller's assertion says which pod had not refused it
-        time.sleep(0.2)
-
-
 def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(
     options: tuple[stack.Stack, dict[str, pathlib.Path]],
 ) -> None:
@@ -337,7 +322,7 @@ def test_hostile_adapters_are_refused_before_vllm_and_disturb_nothing(
             for relpath, body in files.items():
                 s3.put_object(server=local.s3, uri=uri + relpath, body=body)
             local.apply(manifests.adapter(name=name, model_server=SERVER, uri=uri))
-        bodies = {name: _refused_by_every_pod(local, name) for name in cases}
+        bodies = {name: local.wait_adapter(name, phase="Failed", replicas=REPLICAS, timeout=120) for name in cases}
         time.sleep(2)  # a few more rounds of the watch after the last refusal
     finally:
         watch.stop.set()

@@ -223,13 +223,17 @@ class Stack:
     def wait_adapter(
         self, name: str, *, phase: str, timeout: float = 120.0, replicas: int | None = None
     ) -> dict[str, Any]:
-        """Wait until the adapter's status.phase is `phase` (and, if given, `replicas` pods report on it)."""
+        """Wait until the adapter's status.phase is `phase` (and, if given, `replicas` pods report that state
+        themselves: the roll-up turns Failed at the first pod's refusal, while another may still be downloading)."""
         deadline = time.monotonic() + timeout
         body: dict[str, Any] | None = None
         while time.monotonic() < deadline:
             body = self.adapter(name)
             status = (body or {}).get("status") or {}
-            if status.get("phase") == phase and (replicas is None or len(status.get("replicas") or {}) >= replicas):
+            pods = (status.get("replicas") or {}).values()
+            if status.get("phase") == phase and (
+                replicas is None or sum(pod.get("state") == phase for pod in pods) >= replicas
+            ):
                 return body  # type: ignore[return-value]
             time.sleep(0.2)
         raise TimeoutError(f"LoRAAdapter {name} not {phase} after {timeout:.0f} s: {json.dumps(body)[:2000]}")
