@@ -9,6 +9,7 @@ import pytest
 
 from moelora.api import ModelServerSpec
 from moelora.local.kubelet import plan as kubelet_plan
+from moelora.local.kubelet.controller import LocalKubelet
 from moelora.operator.render.deployment import deployment
 from moelora.operator.settings import Settings
 
@@ -126,3 +127,23 @@ def test_paths_of_this_machine_are_never_rewritten(
     assert plan.containers[1].env["KUBECONFIG"] == f"{checkout}/kubeconfig"
     vllm_args = list(plan.containers[0].argv)
     assert vllm_args[vllm_args.index("--model") + 1] == str(tmp_path / "volumes" / "models")  # the pod's own path
+
+
+def test_pods_share_the_nodes_vllm_cache_unless_their_own_sets_one(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host-cache"))
+    base_env = LocalKubelet(api_url="http://127.0.0.1:1", namespace="ns1", root=tmp_path / "pods").base_env
+    shared = str(tmp_path / "host-cache" / "moelora" / "local-node" / "vllm")
+
+    def vllm_env(pod: dict, root: pathlib.Path) -> dict[str, str]:
+        plan = kubelet_plan.plan_pod(
+            pod=pod, root=root, ports={8000: 1, 8081: 2}, secret=lambda n, k: SECRETS.get((n, k)), base_env=base_env
+        )
+        return dict(plan.containers[0].env)
+
+    assert vllm_env(_pod(), tmp_path / "a")["VLLM_CACHE_ROOT"] == shared
+    assert vllm_env(_pod(), tmp_path / "b")["VLLM_CACHE_ROOT"] == shared
+    own = _pod()
+    own["spec"]["containers"][0]["env"].append({"name": "VLLM_CACHE_ROOT", "value": "/var/cache/elsewhere"})
+    assert vllm_env(own, tmp_path / "c")["VLLM_CACHE_ROOT"] != shared  # the pod's compileCache wins

@@ -37,6 +37,14 @@ RECONCILE_INTERVAL = 0.5
 WORKLOADS = {"Deployment": "deployments", "StatefulSet": "statefulsets"}  # kind -> plural, both run here
 
 
+def node_vllm_cache() -> str:
+    """VLLM_CACHE_ROOT for every local container unless its pod sets one (spec.kernels.compileCache): one writable
+    cache that this machine's pods share, as a warm image layer would be. vLLM keeps its model-class inspection there;
+    with each pod's own emptyDir HOME, every vLLM start would inspect the model class again in a child interpreter."""
+    host = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
+    return str(pathlib.Path(host) / "moelora" / "local-node" / "vllm")
+
+
 def _python_path() -> dict[str, str]:
     """This process's PYTHONPATH, made absolute (containers start in their pod's directory): run from a source
     checkout, the pods then run that checkout's code, as an image would hold it."""
@@ -48,7 +56,7 @@ class LocalKubelet:
     """Runs the pods of every Deployment in `namespace` locally and keeps their objects and status current.
 
     `base_env`: the environment of every container (defaults to PATH, HOME, LANG, TMPDIR and PYTHONPATH of this
-    process);
+    process, and `node_vllm_cache()` as VLLM_CACHE_ROOT);
     `extra_env`: more variables per container name (the local stack passes KUBECONFIG to the agent);
     `claims`: PersistentVolumeClaim name -> local directory (other claims get one under `root/claims`, and Jobs run
     once under `root/jobs`: batch.py). Use as a context manager or `start()`/`stop()`.
@@ -72,6 +80,7 @@ class LocalKubelet:
             if base_env is not None
             else {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
             | _python_path()
+            | {"VLLM_CACHE_ROOT": node_vllm_cache()}
         )
         self.extra_env = extra_env
         # PersistentVolumeClaims (those in `claims` bound to their given directory) and Jobs: see batch.py.
