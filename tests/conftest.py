@@ -55,18 +55,28 @@ SHARED_VLLM = frozenset(
 )
 
 
+# The modules on the e2e stack (tests/e2e/conftest.py): one unit on one worker, which starts that stack once.
+SHARED_STACK = frozenset(
+    {"tests/e2e/test_adapters.py", "tests/e2e/test_placement.py", "tests/e2e/test_server_options.py"}
+)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadscope`, with the SHARED_VLLM modules as one scope."""
+    """`--dist loadscope`, with the SHARED_VLLM modules as one scope and the SHARED_STACK modules as another."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class SharedVllmScope(LoadScopeScheduling):
+    class SharedScopes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "the session vLLM" if module in SHARED_VLLM else super()._split_scope(nodeid)
+            if module in SHARED_VLLM:
+                return "the session vLLM"
+            if module in SHARED_STACK:
+                return "the e2e stack"
+            return super()._split_scope(nodeid)
 
-    return SharedVllmScope(config, log)
+    return SharedScopes(config, log)
 
 
 # First, so that `-m` deselects on these marks.
@@ -105,7 +115,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def vllm_url(tiny_llama: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Its base URL. A start costs about 22 s of CPU, so tests/agent and tests/local share one through
+    """Its base URL. A start costs about 19 s of CPU, so tests/agent and tests/local share one through
     `clean_vllm`; a test that leaves harm behind (a NaN adapter) or kills vLLM starts its own."""
     from moelora.local import vllm_server
 

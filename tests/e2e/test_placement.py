@@ -42,22 +42,23 @@ MOVING_PAUSE = 0.5
 
 
 @pytest.fixture(scope="module")
-def placed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stack.Stack]:
-    root = tmp_path_factory.mktemp("placed")
-    # A short load window, so the agents' load estimates (copiesMode Auto's input) show within the test's traffic.
-    agent_env = {"MOELORA_POLL_SECONDS": "1", "MOELORA_LOAD_WINDOW_SECONDS": "10"}
-    with stack.Stack(root=root, agent_env=agent_env) as running:
-        body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=2)  # type: ignore[union-attr]
-        body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
-        running.apply(body)
-        running.wait_pods(SERVER, replicas=2, timeout=900)
-        source = models.make_adapter(
-            model_dir=running.model_dir, path=root / "adapter", base_model_name=manifests.BASE_MODEL_NAME, seed=5
-        )
-        for name in ADAPTERS:
-            running.upload_adapter(source=source, name=name)
-            running.apply(manifests.adapter(name=name, model_server=SERVER, uri=manifests.adapter_uri(name)))
-        yield running
+def placed(e2e_stack: stack.Stack) -> Iterator[stack.Stack]:
+    running = e2e_stack
+    body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=2)  # type: ignore[union-attr]
+    body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
+    running.apply(body)
+    running.wait_pods(SERVER, replicas=2, timeout=900)
+    source = models.make_adapter(
+        model_dir=running.model_dir,
+        path=running.root / "placed-adapter",
+        base_model_name=manifests.BASE_MODEL_NAME,
+        seed=5,
+    )
+    for name in ADAPTERS:
+        running.upload_adapter(source=source, name=name)
+        running.apply(manifests.adapter(name=name, model_server=SERVER, uri=manifests.adapter_uri(name)))
+    yield running
+    running.remove_server(SERVER)
 
 
 def predicted(replicas: int) -> dict[str, list[str]]:

