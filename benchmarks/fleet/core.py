@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 GPU, CPU, DISK, FETCH, FAILED = "gpu", "cpu", "disk", "fetch", "failed"
@@ -249,6 +249,21 @@ def picker(
         return chosen
 
     return pick
+
+
+def pools(seed: int, *, home: Mapping[int, int], shared: Collection[int], prompts: Prompts = Prompts()) -> Router:
+    """A design, not built: one InferencePool per pod and one over all pods, the body-based router sending each
+    adapter to one of them (upstream's BBR sets the routing header from its `bbr-managed` ConfigMaps; an HTTPRoute
+    match per pool then picks the pool). An adapter in `shared` goes to the pool of all pods, its own endpoint picker
+    choosing there; any other goes to the pool of its `home` pod alone, where it is placed."""
+    everyone = picker(seed, prompts=prompts)
+
+    def route(adapter: int, now: float, replicas: Sequence[Replica]) -> int:
+        if adapter in shared or adapter not in home:
+            return everyone(adapter, now, replicas)
+        return home[adapter]
+
+    return route
 
 
 @dataclass

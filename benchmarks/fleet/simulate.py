@@ -2,7 +2,7 @@
 
     PYTHONPATH=operator:image:kernels:benchmarks .venv/bin/python -m fleet.simulate [--adapters 1000 --replicas 16]
 
-For every (adapters, replicas) cell one seeded request stream is served five times, each by the Inference
+For every (adapters, replicas) cell one seeded request stream is served six times, each by the Inference
 Extension's endpoint picker (`fleet.core.picker`):
 - adapter-blind: no adapter placed anywhere, every pod loading on demand what it is sent within placement's disk
   budget, routed by the queue and kv-cache scorers alone (what a picker that ignores adapters does);
@@ -12,7 +12,10 @@ Extension's endpoint picker (`fleet.core.picker`):
   demand anywhere else, routed by the same full picker;
 - placement following load: the same, but every `--operator-s` seconds the operator re-places from each pod's load
   per adapter (`placement.follow_place`, what the operator runs for copiesMode Auto): copies go where the picker
-  sends their adapter.
+  sends their adapter;
+- pools (design, not built): one InferencePool per pod and one over all pods, the body-based router sending each
+  adapter to its home pod's pool (every adapter placed once), or to the pool of all pods if the copy rule puts it on
+  every pod (`fleet.core.pools`).
 Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
 earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
 noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, picker, run
+from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, picker, pools, run
 from fleet.workload import requests, zipf_shares
 from moelora.operator.decide import placement
 
@@ -120,7 +123,7 @@ def place(
 
 
 def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
-    """The four layouts of one (adapters, replicas) cell, on the same request stream."""
+    """The layouts of one (adapters, replicas) cell, on the same request stream."""
     shares = zipf_shares(adapters, args.zipf)
     sizes = [args.adapter_gb] * adapters
     stream = requests(shares, rate=args.rate_per_replica * replicas, count=args.requests, seed=args.seed)
@@ -228,6 +231,28 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
         )
     )
     result[-1].replaced, result[-1].downloaded = state["replaced"], sum(r.background for r in fleet)
+    # Pools, a design not built: every adapter placed once (rendezvous, as copies 1), in an InferencePool of its home
+    # pod alone, except those the copy rule puts on every pod, which go to a pool of all pods.
+    ones = dict.fromkeys(copies, 1)
+    single, _ = place(sizes, ones, replicas, budget, on_demand_slots=args.max_loras)
+    home = {index(name): index(pods[0]) for name, pods in single.homes.items() if pods}
+    shared = {index(name) for name, count in copies.items() if count >= replicas}
+    stats, fleet = serve(on_pods(single.homes), budget, pools(args.seed, home=home, shared=shared, prompts=prompts))
+    grown_single, _ = place(
+        sizes, ones, replicas + 1, budget, current=dict(single.homes), on_demand_slots=args.max_loras
+    )
+    moves = placement.plan(single.homes, grown_single.homes)
+    result.append(
+        cell(
+            "pools (design, not built)",
+            stats,
+            fleet,
+            len(home),
+            len(moves.loads),
+            len(moves.unloads),
+            placement.moved(single.homes, grown_single.homes),
+        )
+    )
     return result
 
 
@@ -271,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         for replicas in args.replicas:
             for cell in cells(args, adapters, replicas):
                 print(row(cell), flush=True)
-    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 5 layouts x {args.requests} requests "
+    print(f"\n{len(args.adapters) * len(args.replicas)} cells x 6 layouts x {args.requests} requests "
           f"in {time.time() - started:.0f} s")  # fmt: skip
 
 

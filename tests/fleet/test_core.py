@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleet.core import CPU, DISK, FAILED, FETCH, GPU, Costs, Prompts, Replica, picker, run
+from fleet.core import CPU, DISK, FAILED, FETCH, GPU, Costs, Prompts, Replica, picker, pools, run
 from fleet.workload import requests, zipf_shares
 
 # 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more; an on-demand fetch and check 1.5 s.
@@ -161,3 +161,17 @@ def test_zipf_shares_and_seeded_requests() -> None:
     assert times == sorted(times)
     assert times[-1] == pytest.approx(200.0, rel=0.1)
     assert sum(adapter == 0 for _, adapter in first) / 2000 == pytest.approx(shares[0], abs=0.03)
+
+
+def test_pools_send_an_adapter_to_its_home_alone_and_a_shared_one_where_the_picker_would() -> None:
+    fleets = [[replica() for _ in range(3)] for _ in range(2)]
+    route, alone = pools(0, home={0: 2, 1: 0}, shared={1}), picker(0)
+    assert {route(0, float(t), fleets[0]) for t in range(20)} == {2}  # its own pool holds one pod
+    chosen: list[list[int]] = [[], []]
+    for t in range(40):  # the shared adapter (and one the pools do not know) among all pods, as the picker sends them
+        adapter = 1 if t % 2 else 3
+        for fleet, router, picks in zip(fleets, (route, alone), chosen):
+            pod = router(adapter, float(t), fleet)
+            fleet[pod].requests.append((float(t), t + 30.0, adapter, float(t)))
+            picks.append(pod)
+    assert chosen[0] == chosen[1] and len(set(chosen[0])) > 1

@@ -1,4 +1,4 @@
-"""The simulator's CLI on a small cell: the five layouts, observed copies, every moved copy counted."""
+"""The simulator's CLI on a small cell: the six layouts, observed copies, every moved copy counted."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from moelora.operator.decide import placement
 
 def test_a_small_cell() -> None:
     args = simulate.parse(["--requests", "4000", "--window", "1000"])
-    blind, on_demand, everywhere, placed, following = simulate.cells(args, adapters=60, replicas=4)
-    assert [c.layout for c in (blind, on_demand, everywhere, placed, following)] == [
+    blind, on_demand, everywhere, placed, following, pooled = simulate.cells(args, adapters=60, replicas=4)
+    assert [c.layout for c in (blind, on_demand, everywhere, placed, following, pooled)] == [
         "adapter-blind",
         "on demand only",
         "all-on-all",
         "placement",
         "placement following load",
+        "pools (design, not built)",
     ]
-    assert {c.stats.requests for c in (blind, on_demand, everywhere, placed, following)} == {3200}
+    assert {c.stats.requests for c in (blind, on_demand, everywhere, placed, following, pooled)} == {3200}
     assert everywhere.stats.tiers[FETCH] == 0 and placed.stats.tiers[FETCH] > 0
     # Nothing placed: every adapter a pod serves it loads on demand, and the blind picker spreads them the most.
     assert blind.stats.tiers[FETCH] > on_demand.stats.tiers[FETCH] > 0 and blind.copies == on_demand.copies == 0
@@ -42,6 +43,10 @@ def test_a_small_cell() -> None:
         and following.stats.requests == 3200
     )
     assert following.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
+    # Pools: one copy of each adapter, so on-demand loads only for those shared by every pod's pool.
+    assert pooled.copies == 60 and pooled.disk_gb <= budget
+    shared = sum(count >= 4 for count in copies.values())
+    assert 0 < shared < 60 and pooled.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
 
 
 def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
@@ -53,5 +58,5 @@ def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
 def test_main_prints_the_table(capsys) -> None:
     simulate.main(["--adapters", "30", "--replicas", "2,3", "--requests", "500", "--window", "300"])
     out = capsys.readouterr().out
-    layouts = ("placement", "placement following load", "all-on-all", "adapter-blind")
+    layouts = ("placement", "placement following load", "all-on-all", "adapter-blind", "pools (design, not built)")
     assert all(out.count(f"| {layout} |") == 2 for layout in layouts)
