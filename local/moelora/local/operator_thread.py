@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Collection
 from typing import Any, Self
 
-log = logging.getLogger("moelora.local.operator_thread")
+log = logging.getLogger("moelora.operator.thread")  # a child of the logger the stack writes to operator.log
 
 
 class OperatorThread:
