@@ -139,7 +139,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_META,),
         "LoRAKernelMeta.make",
         frozenset({"max_loras", "max_num_tokens", "device"}),
-        "dense_warmup, kernels.tools.tune_dense",
+        "dense_warmup, kernels.tools.tune_dense and bench_dense",
     ),
     Touchpoint(
         "LoRAKernelMeta.prepare_tensors",
@@ -164,7 +164,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("lora/ops/triton_ops/lora_shrink_op.py",),
         "_lora_shrink",
         SHRINK_PARAMETERS,
-        "dense_warmup, kernels.tools.tune_dense",
+        "dense_warmup, kernels.tools.tune_dense and bench_dense",
     ),
     Touchpoint(
         "lora_shrink op",
@@ -180,7 +180,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("lora/ops/triton_ops/lora_expand_op.py",),
         "_lora_expand",
         EXPAND_PARAMETERS,
-        "dense_warmup, kernels.tools.tune_dense",
+        "dense_warmup, kernels.tools.tune_dense and bench_dense",
     ),
     Touchpoint(
         "lora_expand op",

@@ -1,0 +1,144 @@
+"""A dense layer's LoRA at decode sizes: vLLM's launches against moelora.kernels.dense's one, in CUDA graphs.
+
+    VLLM_TUNED_CONFIG_FOLDER=kernels/moelora/kernels/configs/NVIDIA_H200 VLLM_LORA_ENABLE_DUAL_STREAM=1 \
+        python -m moelora.kernels.tools.bench_dense
+
+Per model, projection (q/k/v as one op of three slices, o) and token count, the microseconds of one layer's LoRA as
+vLLM 0.26 runs it (`PunicaWrapperGPU.add_lora_linear`), each captured `--layers` times in one CUDA graph and the
+replay divided by that count, so that the gaps between kernels count as they do in a served step:
+- `vllm add`: the single-stream path: a float32 buffer, `lora_shrink` (which zero-fills it) and `lora_expand`
+  adding into the layer's output;
+- `vllm own`: the dual-stream path's LoRA side: a zero-filled output of its own, then the same shrink and an expand
+  that writes it (`BaseLinearLayerWithLoRA._apply_async_impl`; the join and the add after it are not counted);
+- `fused add` / `fused own`: one launch of `dense_lora` for the same two epilogues, its best launch parameters of a
+  small grid (shown), its result checked against vLLM's.
+Only on CUDA, with vLLM importable (its ops and its token grouping, `LoRAKernelMeta`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import statistics
+import sys
+
+import torch
+
+from .dense_one_launch import dense_layout, dense_lora
+from .tune import _ints
+from .tune_dense import DENSE_MODELS, projections
+
+CANDIDATES = list(itertools.product((64, 128), (1, 4, 16), (256, 512), (4, 8), (2, 4)))  # n, tiles, k, warps, stages
+
+
+def time_per_call(fn, *, layers: int, replays: int = 20) -> float:
+    """Median µs per call of fn, captured `layers` times in one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(layers):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / layers)
+    return statistics.median(times)
+
+
+def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
+    from vllm.lora.ops.triton_ops import lora_expand, lora_shrink
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    k, slices = projections(DENSE_MODELS[model])[proj]
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(m)
+    lora_a = [(torch.randn(max_loras, 1, rank, k, device=dev, generator=g) * k**-0.5).to(dt) for _ in slices]
+    lora_b = [(torch.randn(max_loras, 1, n, rank, device=dev, generator=g) * 0.05).to(dt) for n in slices]
+    x = torch.randn(m, k, device=dev, generator=g).to(dt)
+    base = torch.randn(m, sum(slices), device=dev, generator=g).to(dt)
+    meta = LoRAKernelMeta.make(max_loras, m, device=dev)
+    meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)  # every adapter busy
+    args = meta.meta_args(m, False)
+    ours = (args[1], args[2], args[3], args[4], int(args[6].item()))
+    layout = dense_layout(lora_a, lora_b)
+    y_vllm, y_ours, own = base.clone(), base.clone(), torch.empty_like(base)
+
+    def vllm_add() -> None:
+        buffer = torch.empty((len(slices), m, rank), dtype=torch.float32, device=dev)
+        lora_shrink(x, lora_a, buffer, *args, 1.0)
+        lora_expand(buffer, lora_b, y_vllm, *args, offset_start=0, add_inputs=True)
+
+    def vllm_own() -> None:
+        out = torch.zeros_like(base)
+        buffer = torch.empty((len(slices), m, rank), dtype=torch.float32, device=dev)
+        lora_shrink(x, lora_a, buffer, *args, 1.0)
+        lora_expand(buffer, lora_b, out, *args, offset_start=0, add_inputs=False)
+
+    vllm_add()
+    dense_lora(y_ours, x, layout, ours, add=True)
+    want = (y_vllm.float() - base.float()).abs().max().item()
+    error = (y_ours.float() - y_vllm.float()).abs().max().item() / max(want, 1e-6)
+    row = {"model": model, "proj": proj, "m": m, "error": error}
+    row["vllm add"], row["vllm own"] = time_per_call(vllm_add, layers=layers), time_per_call(vllm_own, layers=layers)
+    for add in (True, False):
+        best = None
+        for bn, tiles, bk, w, stages in CANDIDATES:
+            call = functools.partial(
+                dense_lora,
+                y_ours if add else own,
+                x,
+                layout,
+                ours,
+                add=add,
+                block_n=bn,
+                tiles=tiles,
+                block_k=bk,
+                num_warps=w,
+                num_stages=stages,
+            )
+            t = time_per_call(call, layers=layers)
+            if best is None or t < best[0]:
+                best = (t, f"{bn}x{tiles}/{bk}/{w}/{stages}")
+        row["fused add" if add else "fused own"], row["config add" if add else "config own"] = best
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="gpt-oss-20b,qwen3-30b-a3b")
+    p.add_argument("--projections", default="qkv,o")
+    p.add_argument("--m", type=_ints, default=[1, 16, 64])
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--max-loras", type=int, default=8)
+    p.add_argument("--layers", type=int, default=24)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs CUDA", file=sys.stderr)
+        return 2
+    print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer call")
+    print(
+        "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | vllm own | fused own | error / max LoRA |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for proj in args.projections.split(","):
+            for m in args.m:
+                r = bench(model, proj, m, rank=args.rank, max_loras=args.max_loras, layers=args.layers)
+                print(
+                    f"| {model} | {proj} | {m} | {r['vllm add']:.1f} | {r['fused add']:.1f} ({r['config add']}) | "
+                    f"{r['vllm own']:.1f} | {r['fused own']:.1f} ({r['config own']}) | {r['error']:.1e} |",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
