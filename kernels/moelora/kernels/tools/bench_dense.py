@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import statistics
 import sys
 
 import torch
 
+from .bench import time_graph
 from .dense_one_launch import dense_layout, dense_lora
 from .tune import _ints
 from .tune_dense import DENSE_MODELS, projections
@@ -32,25 +32,9 @@ from .tune_dense import DENSE_MODELS, projections
 CANDIDATES = list(itertools.product((64, 128), (1, 4, 16), (256, 512), (4, 8), (2, 4)))  # n, tiles, k, warps, stages
 
 
-def time_per_call(fn, *, layers: int, replays: int = 20) -> float:
+def time_per_call(fn, *, layers: int) -> float:
     """Median µs per call of fn, captured `layers` times in one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(layers):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / layers)
-    return statistics.median(times)
+    return time_graph(lambda: [fn() for _ in range(layers)]) / layers
 
 
 def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
