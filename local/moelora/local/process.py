@@ -30,6 +30,12 @@ _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
 
 
+def cache_dir() -> pathlib.Path:
+    """This machine's cache folder for moelora: $XDG_CACHE_HOME/moelora, else ~/.cache/moelora (XDG: unset or empty
+    means the default)."""
+    return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "moelora"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it) and that this process has not
     handed out before: the OS may offer a just-closed port again before the server it went to has bound it."""

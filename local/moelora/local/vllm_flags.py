@@ -25,10 +25,11 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+from moelora.local import process
 from moelora.operator.render.engine_flags import ANY, FLAGS_FILE, NONE, ONE
 
 # Where fetched sources are kept, one folder per release, so the wheel (about 300 MB) is downloaded once.
-SOURCE_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "moelora" / "vllm"
+SOURCE_CACHE = process.cache_dir() / "vllm"
 
 # Where vLLM keeps its OpenAI server's argument parser, newest home first: common/ (0.33), launchers/ (0.32),
 # openai/ (0.26). It moves between releases, so the first module that exists and has it is used.

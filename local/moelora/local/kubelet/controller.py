@@ -41,8 +41,7 @@ def node_vllm_cache() -> str:
     """VLLM_CACHE_ROOT for every local container unless its pod sets one (spec.kernels.compileCache): one writable
     cache that this machine's pods share, as a warm image layer would be. vLLM keeps its model-class inspection there;
     with each pod's own emptyDir HOME, every vLLM start would inspect the model class again in a child interpreter."""
-    host = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
-    return str(pathlib.Path(host) / "moelora" / "local-node" / "vllm")
+    return str(process.cache_dir() / "local-node" / "vllm")
 
 
 def _python_path() -> dict[str, str]:
