@@ -153,6 +153,15 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
         peak, evicted = max(r.peak_gb for r in fleet), sum(r.evictions for r in fleet)
         return Cell(adapters, replicas, layout, stats, peak, evicted, copies, added, removed, moved)
 
+    def scaled(layout: str, stats: Stats, fleet: list[Replica], before, after) -> Cell:
+        """A layout with homes: its copies, and what the scale event N -> N+1 (homes before -> after) adds, removes
+        and moves."""
+        moves = placement.plan(before, after)
+        copies_held = sum(map(len, before.values()))
+        return cell(
+            layout, stats, fleet, copies_held, len(moves.loads), len(moves.unloads), placement.moved(before, after)
+        )
+
     copies = observed_copies(args, shares, replicas)
     placed, budget = place(sizes, copies, replicas, None, args.disk_slack, on_demand_slots=args.max_loras)
     index = lambda name: int(name.rsplit("-", 1)[1])  # noqa: E731
@@ -177,19 +186,10 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     result.append(cell("all-on-all", stats, fleet, adapters * replicas, adapters, 0, adapters))
     stats, fleet = serve(held, budget, picker(args.seed, prompts=prompts))
     grown = observed_copies(args, shares, replicas + 1, current=copies)
-    scaled, _ = place(sizes, grown, replicas + 1, budget, current=dict(placed.homes), on_demand_slots=args.max_loras)
-    moves = placement.plan(placed.homes, scaled.homes)
-    result.append(
-        cell(
-            "placement",
-            stats,
-            fleet,
-            sum(map(len, held)),
-            len(moves.loads),
-            len(moves.unloads),
-            placement.moved(placed.homes, scaled.homes),
-        )
+    grown_homes, _ = place(
+        sizes, grown, replicas + 1, budget, current=dict(placed.homes), on_demand_slots=args.max_loras
     )
+    result.append(scaled("placement", stats, fleet, placed.homes, grown_homes.homes))
     # Following load: from the same start, the operator re-places every --operator-s seconds from the pods' load.
     state = {"copies": copies, "homes": dict(placed.homes), "replaced": 0}
 
@@ -215,21 +215,10 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     pod_load = pod_loads(fleet, stream[-1][0], adapters)
     totals = {name: sum(pods.values()) for name, pods in pod_load.items()}
     grown = placement.auto_copies(totals, current=state["copies"], replicas=replicas + 1, slots=args.max_cpu_loras)
-    scaled, _ = place(
+    grown_homes, _ = place(
         sizes, grown, replicas + 1, budget, current=state["homes"], on_demand_slots=args.max_loras, pod_load=pod_load
     )
-    moves = placement.plan(state["homes"], scaled.homes)
-    result.append(
-        cell(
-            "placement following load",
-            stats,
-            fleet,
-            sum(map(len, state["homes"].values())),
-            len(moves.loads),
-            len(moves.unloads),
-            placement.moved(state["homes"], scaled.homes),
-        )
-    )
+    result.append(scaled("placement following load", stats, fleet, state["homes"], grown_homes.homes))
     result[-1].replaced, result[-1].downloaded = state["replaced"], sum(r.background for r in fleet)
     # Pools, a design not built: every adapter placed once (rendezvous, as copies 1), in an InferencePool of its home
     # pod alone, except those the copy rule puts on every pod, which go to a pool of all pods.
@@ -241,18 +230,7 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     grown_single, _ = place(
         sizes, ones, replicas + 1, budget, current=dict(single.homes), on_demand_slots=args.max_loras
     )
-    moves = placement.plan(single.homes, grown_single.homes)
-    result.append(
-        cell(
-            "pools (design, not built)",
-            stats,
-            fleet,
-            len(home),
-            len(moves.loads),
-            len(moves.unloads),
-            placement.moved(single.homes, grown_single.homes),
-        )
-    )
+    result.append(scaled("pools (design, not built)", stats, fleet, single.homes, grown_single.homes))
     return result
 
 
