@@ -1,4 +1,4 @@
-"""A dense layer's LoRA at decode sizes: vLLM's launches against moelora.kernels.dense's one, in CUDA graphs.
+"""A dense layer's LoRA at decode sizes: vLLM's launches against two one-launch kernels, in CUDA graphs.
 
     VLLM_TUNED_CONFIG_FOLDER=kernels/moelora/kernels/configs/NVIDIA_H200 VLLM_LORA_ENABLE_DUAL_STREAM=1 \
         python -m moelora.kernels.tools.bench_dense
@@ -11,7 +11,11 @@ replay divided by that count, so that the gaps between kernels count as they do 
 - `vllm own`: the dual-stream path's LoRA side: a zero-filled output of its own, then the same shrink and an expand
   that writes it (`BaseLinearLayerWithLoRA._apply_async_impl`; the join and the add after it are not counted);
 - `fused add` / `fused own`: one launch of `dense_lora` for the same two epilogues, its best launch parameters of a
-  small grid (shown), its result checked against vLLM's.
+  small grid (shown), its result checked against vLLM's;
+- `split add` / `split own`: the same for `dense_splitk` (K split over shrink programs that hand their partial sums
+  to the expand programs inside the launch); configs whose grid the GPU cannot hold at once are skipped.
+The error column: the largest difference from vLLM's result (both kernels in both epilogues, and every timed split-K
+config writing its own output), over the largest LoRA value.
 Only on CUDA, with vLLM importable (its ops and its token grouping, `LoRAKernelMeta`).
 """
 
@@ -26,10 +30,12 @@ import torch
 
 from .bench import time_graph
 from .dense_one_launch import dense_layout, dense_lora
+from .dense_splitk import dense_splitk
 from .tune import _ints
 from .tune_dense import DENSE_MODELS, projections
 
 CANDIDATES = list(itertools.product((64, 128), (1, 4, 16), (256, 512), (4, 8), (2, 4)))  # n, tiles, k, warps, stages
+SPLIT_CANDIDATES = list(itertools.product((4, 8, 16, 32), (64, 128), (4, 8, 16)))  # split_k, block_k, n_chunks
 
 
 def time_per_call(fn, *, layers: int) -> float:
@@ -53,7 +59,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
     args = meta.meta_args(m, False)
     ours = (args[1], args[2], args[3], args[4], int(args[6].item()))
     layout = dense_layout(lora_a, lora_b)
-    y_vllm, y_ours, own = base.clone(), base.clone(), torch.empty_like(base)
+    y_vllm, y_ours, own, own_vllm = base.clone(), base.clone(), torch.empty_like(base), torch.empty_like(base)
 
     def vllm_add() -> None:
         buffer = torch.empty((len(slices), m, rank), dtype=torch.float32, device=dev)
@@ -61,18 +67,49 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
         lora_expand(buffer, lora_b, y_vllm, *args, offset_start=0, add_inputs=True)
 
     def vllm_own() -> None:
-        out = torch.zeros_like(base)
+        own_vllm.zero_()
         buffer = torch.empty((len(slices), m, rank), dtype=torch.float32, device=dev)
         lora_shrink(x, lora_a, buffer, *args, 1.0)
-        lora_expand(buffer, lora_b, out, *args, offset_start=0, add_inputs=False)
+        lora_expand(buffer, lora_b, own_vllm, *args, offset_start=0, add_inputs=False)
 
     vllm_add()
-    dense_lora(y_ours, x, layout, ours, add=True)
+    vllm_own()
     want = (y_vllm.float() - base.float()).abs().max().item()
-    error = (y_ours.float() - y_vllm.float()).abs().max().item() / max(want, 1e-6)
-    row = {"model": model, "proj": proj, "m": m, "error": error}
+    errors = []
+    check_splitk = functools.partial(dense_splitk, split_k=4, block_k=64, n_chunks=4)  # a grid that fits at M = 64
+    for kernel in (dense_lora, check_splitk):
+        y_check = base.clone()
+        kernel(y_check, x, layout, ours, add=True)
+        errors.append((y_check.float() - y_vllm.float()).abs().max().item())
+        own.fill_(float("nan"))
+        kernel(own, x, layout, ours, add=False)
+        errors.append((own.float() - own_vllm.float()).abs().nan_to_num(float("inf")).max().item())
+    row = {"model": model, "proj": proj, "m": m}
     row["vllm add"], row["vllm own"] = time_per_call(vllm_add, layers=layers), time_per_call(vllm_own, layers=layers)
     for add in (True, False):
+        best = None
+        for split_k, bk, chunks in SPLIT_CANDIDATES:
+            call = functools.partial(
+                dense_splitk,
+                y_ours if add else own,
+                x,
+                layout,
+                ours,
+                add=add,
+                split_k=split_k,
+                block_k=bk,
+                n_chunks=chunks,
+            )
+            try:
+                t = time_per_call(call, layers=layers)
+            except ValueError:  # more programs than the GPU holds at once
+                continue
+            if not add:  # every config's hand-off checked: `own` holds its last call's result
+                errors.append((own.float() - own_vllm.float()).abs().nan_to_num(float("inf")).max().item())
+            if best is None or t < best[0]:
+                best = (t, f"{split_k}/{bk}/{chunks}")
+        best = best or (float("nan"), "none fits")
+        row["split add" if add else "split own"], row["split config add" if add else "split config own"] = best
         best = None
         for bn, tiles, bk, w, stages in CANDIDATES:
             call = functools.partial(
@@ -92,6 +129,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
             if best is None or t < best[0]:
                 best = (t, f"{bn}x{tiles}/{bk}/{w}/{stages}")
         row["fused add" if add else "fused own"], row["config add" if add else "config own"] = best
+    row["error"] = max(errors) / max(want, 1e-6)
     return row
 
 
@@ -109,16 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer call")
     print(
-        "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | vllm own | fused own | error / max LoRA |"
+        "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | split add (split/k/chunks) | vllm own "
+        "| fused own | split own | error / max LoRA |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for proj in args.projections.split(","):
             for m in args.m:
                 r = bench(model, proj, m, rank=args.rank, max_loras=args.max_loras, layers=args.layers)
                 print(
                     f"| {model} | {proj} | {m} | {r['vllm add']:.1f} | {r['fused add']:.1f} ({r['config add']}) | "
-                    f"{r['vllm own']:.1f} | {r['fused own']:.1f} ({r['config own']}) | {r['error']:.1e} |",
+                    f"{r['split add']:.1f} ({r['split config add']}) | {r['vllm own']:.1f} | "
+                    f"{r['fused own']:.1f} ({r['config own']}) | {r['split own']:.1f} ({r['split config own']}) | "
+                    f"{r['error']:.1e} |",
                     flush=True,
                 )
     return 0

@@ -1,0 +1,301 @@
+"""An experiment, not served: a dense layer's LoRA as one launch with a split-K shrink, y[t, slice] (+)= scale *
+(x[t] @ A[l].T) @ B[l].T, measured against vLLM's launches and `dense_one_launch` by bench_dense.
+
+A unit is one slice of one row block (16 rows of an adapter group, vLLM's grouping, `LoRAKernelMeta.meta_args`). The
+grid is one dimension, producers first: program p < S * units is split p % S of a unit's shrink; it reduces its K
+range of x @ A.T into a float32 partial of its own (no atomics on data, so no buffer to zero) and counts it on the
+unit's arrival word (a release add). Each program from S * units on owns a run of a unit's column tiles: it fetches
+its first B tile, spins on the arrival word (acquire) until all S partials are there, sums them, rounds to the
+weights' dtype (as vLLM's expand reads its float32 buffer) and writes or adds the output. Rows without an adapter
+(group id -1) get zeros when writing (`add=False`), with no shrink and no wait.
+
+Deadlock: an expand program spins on shrink programs of the same grid. The launcher only launches grids the GPU holds
+whole at once (occupancy of the compiled kernel), so every producer runs whatever the block scheduler's order; the
+producers-first ids make the usual in-order dispatch start them first as well. TRITON_INTERPRET runs programs one
+after another in id order, so there every producer has finished before the first consumer looks.
+
+Counters: each unit has two int32 words, arrivals and departures, zero at rest. Every expand program of a unit adds
+one departure after its wait; the last to depart zeroes both words (all S have arrived, every sibling has stopped
+spinning), so the next op, on the same stream, starts from zero: a CUDA graph replays with no reset node. One buffer
+per device, made outside capture, shared by consecutive ops; two ops must not run at the same time on one device.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..residency import resident_room
+from .dense_one_launch import DenseLayout
+
+__all__ = ["dense_splitk", "splitk_grid"]
+
+
+@triton.jit(do_not_specialize=["num_tokens", "groups", "row_blocks", "n_split", "k_tiles", "n_chunks"])
+def _dense_splitk_kernel(
+    # pointers
+    x_ptr,  # (M, K)
+    y_ptr,  # (M, sum of the slices' N)
+    a_ptrs,  # (S_slices,) int64 addresses of each slice's lora_a, (max_loras, [1,] rank, K)
+    b_ptrs,  # (S_slices,) int64 addresses of each slice's lora_b, (max_loras, [1,] N_s, rank)
+    slice_n_ptr,  # (S_slices,) int32 each slice's N
+    slice_col_ptr,  # (S_slices,) int32 each slice's first column in y
+    b_lora_stride_ptr,  # (S_slices,) int64 lora_b's stride between adapters
+    sorted_ptr,  # (M,) token indices grouped by adapter
+    count_ptr,  # (groups,) tokens per group
+    start_ptr,  # (groups + 1,) first position of each group in sorted_ptr
+    ids_ptr,  # (groups,) adapter slot per group, -1 for rows without one
+    part_ptr,  # (S_slices, M, SPLIT_PAD, RANK_PAD) float32 partial sums, one per K split
+    count_words,  # (>= 2 * units,) int32 arrivals, departures per unit; zero at rest
+    # sizes
+    num_tokens,
+    groups,
+    row_blocks,  # a bound on the groups' row blocks of BLOCK_M: sum of cdiv(count, BLOCK_M)
+    K,
+    rank,
+    scale,
+    n_split,  # S: shrink programs per unit
+    k_tiles,  # K tiles (BLOCK_K) per shrink program
+    n_chunks,  # expand programs per unit
+    # strides
+    stride_xm,
+    stride_ym,
+    stride_al,
+    stride_ar,
+    stride_bn,
+    # meta
+    NUM_SLICES: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,  # groups rounded up to a power of two
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    RANK_PAD: tl.constexpr,
+    SPLIT_PAD: tl.constexpr,
+    ADD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    units = NUM_SLICES * row_blocks
+    producer = pid < n_split * units
+    index = tl.where(producer, pid, pid - n_split * units)
+    per_unit = tl.where(producer, n_split, n_chunks)
+    part = index % per_unit  # the producer's K split, or the consumer's run of column tiles
+    unit = index // per_unit
+    slice_id = unit % NUM_SLICES
+    block = unit // NUM_SLICES
+    # Row blocks numbered over the groups in order: block b is in the first group whose blocks end past b.
+    g = tl.arange(0, GROUPS_PAD)
+    counts = tl.load(count_ptr + g, mask=g < groups, other=0)
+    blocks = tl.cdiv(counts, BLOCK_M)
+    ends = tl.cumsum(blocks, 0)
+    group = tl.sum((ends <= block).to(tl.int32))
+    if group >= groups:
+        return  # past the last group's last block (row_blocks is a bound)
+    here = g == group
+    count = tl.sum(tl.where(here, counts, 0))
+    m0 = (block - tl.sum(tl.where(here, ends - blocks, 0))) * BLOCK_M
+    lora = tl.load(ids_ptr + group)
+    first = tl.load(start_ptr + group)
+    dtype = y_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    ranks = tl.arange(0, RANK_PAD)
+    row_ok = m0 + offs_m < count
+    positions = first + m0 + offs_m  # rows' places in the grouping, which index the partials
+    rows = tl.load(sorted_ptr + positions, mask=row_ok, other=0)
+    counter = count_words + 2 * unit
+    part_rows = part_ptr + ((slice_id * num_tokens + positions).to(tl.int64) * SPLIT_PAD) * RANK_PAD
+
+    if producer:
+        if lora == -1:
+            return
+        a_base = tl.load(a_ptrs + slice_id).to(tl.pointer_type(dtype)) + lora * stride_al
+        k_lo = part * k_tiles * BLOCK_K
+        k_hi = tl.minimum(k_lo + k_tiles * BLOCK_K, K)
+        acc = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < k_hi
+            x = tl.load(
+                x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+            )
+            a = tl.load(
+                a_base + ranks[:, None] * stride_ar + ks[None, :],
+                mask=(ranks < rank)[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            acc += tl.dot(x, tl.trans(a))
+        tl.store(part_rows[:, None] + part * RANK_PAD + ranks[None, :], acc, mask=row_ok[:, None])
+        # Every thread's store is done (the barrier) before one release-add counts this partial.
+        tl.debug_barrier()
+        tl.atomic_add(counter, 1, sem="release", scope="gpu")
+    else:
+        n = tl.load(slice_n_ptr + slice_id)
+        n_tiles = tl.cdiv(n, BLOCK_N)
+        span = tl.cdiv(n_tiles, n_chunks)  # column tiles per expand program of this slice
+        active = tl.cdiv(n_tiles, span)  # the slice's expand programs that have columns
+        if part >= active:
+            return
+        column0 = tl.load(slice_col_ptr + slice_id)
+        n_lo = part * span * BLOCK_N
+        n_hi = tl.minimum(n_lo + span * BLOCK_N, n)
+        if lora == -1:
+            if not ADD:
+                for c0 in range(n_lo, n_hi, BLOCK_N):
+                    cols = c0 + tl.arange(0, BLOCK_N)
+                    out_ptrs = y_ptr + rows[:, None] * stride_ym + column0 + cols[None, :]
+                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dtype)
+                    tl.store(out_ptrs, zeros, mask=row_ok[:, None] & (cols < n_hi)[None, :])
+            return
+        b_base = tl.load(b_ptrs + slice_id).to(tl.pointer_type(dtype)) + lora * tl.load(b_lora_stride_ptr + slice_id)
+        # B's first tile (weights only) is in flight through the wait.
+        cols = n_lo + tl.arange(0, BLOCK_N)
+        b_mask = (cols < n_hi)[:, None] & (ranks < rank)[None, :]
+        b = tl.load(b_base + cols[:, None] * stride_bn + ranks[None, :], mask=b_mask, other=0.0)
+        while tl.atomic_add(counter, 0, sem="acquire", scope="gpu") < n_split:
+            pass
+        # The S partials, (BLOCK_M, RANK_PAD) each, in an unrolled loop: every load in flight at once.
+        part_ptrs = part_rows[:, None] + ranks[None, :]
+        h = tl.zeros((BLOCK_M, RANK_PAD), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_PAD):
+            split_ok = (ranks * 0 + s < n_split)[None, :]  # a tensor: the interpreter takes no Python bool
+            h += tl.load(part_ptrs + s * RANK_PAD, mask=row_ok[:, None] & split_ok, other=0.0, cache_modifier=".cg")
+        # The last sibling past the wait zeroes the unit's words for the next op.
+        if tl.atomic_add(counter + 1, 1, sem="relaxed", scope="gpu") == active - 1:
+            tl.store(counter, 0)
+            tl.store(counter + 1, 0)
+        hb = (h * scale).to(dtype)
+        for c0 in range(n_lo, n_hi, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            col_ok = cols < n_hi
+            if c0 > n_lo:
+                b = tl.load(
+                    b_base + cols[:, None] * stride_bn + ranks[None, :],
+                    mask=col_ok[:, None] & (ranks < rank)[None, :],
+                    other=0.0,
+                )
+            out = tl.dot(hb, tl.trans(b))
+            out_ptrs = y_ptr + rows[:, None] * stride_ym + column0 + cols[None, :]
+            out_mask = row_ok[:, None] & col_ok[None, :]
+            if ADD:
+                out += tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(out_ptrs, out.to(dtype), mask=out_mask)
+
+
+def splitk_grid(*, k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(S, K tiles per shrink program): at most `split_k` programs, each at least one K tile."""
+    tiles = triton.cdiv(k, block_k)
+    per = triton.cdiv(tiles, max(1, min(split_k, tiles)))
+    return triton.cdiv(tiles, per), per
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter_words(device: torch.device, size: int) -> torch.Tensor:
+    """This device's counter words, zero at rest; grown only outside CUDA-graph capture (a graph keeps the address)."""
+    buf = _counters.get(device)
+    if buf is None or buf.numel() < size:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("dense_splitk: run once outside capture at the largest size first")
+        buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
+        _counters[device] = buf
+    return buf
+
+
+_resident: dict[tuple, int] = {}
+
+
+def dense_splitk(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    layout: DenseLayout,
+    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int],
+    *,
+    scale: float = 1.0,
+    add: bool = True,
+    split_k: int = 8,
+    block_k: int = 128,
+    n_chunks: int = 8,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> None:
+    """One launch for all slices, K split over up to `split_k` programs per (slice, row block), the columns over
+    `n_chunks` expand programs. meta: (sorted token indices, tokens per group, group starts, group adapter ids,
+    number of groups), as vLLM's `LoRAKernelMeta.meta_args` gives them; `add`: y += LoRA, else y = LoRA (zeros in
+    rows without an adapter). Raises ValueError, launching nothing, when the grid does not fit on the GPU at once."""
+    sorted_ids, counts, starts, ids, groups = meta
+    if groups == 0:
+        return
+    m, slices = x.shape[0], layout.slice_n.numel()
+    block_m, rank_pad = 16, max(16, triton.next_power_of_2(layout.rank))
+    n_split, k_tiles = splitk_grid(k=layout.k, block_k=block_k, split_k=split_k)
+    # Each group's rows fill cdiv(count, 16) blocks: at most groups * cdiv(M, 16), and at most groups + M // 16.
+    row_blocks = min(groups * triton.cdiv(m, block_m), groups + m // block_m)
+    units = slices * row_blocks
+    grid = ((n_split + n_chunks) * units,)
+    partials = torch.empty((slices, m, triton.next_power_of_2(n_split), rank_pad), dtype=torch.float32, device=x.device)
+    words = _counter_words(x.device, 2 * units)
+    args = (
+        x,
+        y,
+        layout.a_ptrs,
+        layout.b_ptrs,
+        layout.slice_n,
+        layout.columns,
+        layout.b_lora_strides,
+        sorted_ids,
+        counts,
+        starts,
+        ids,
+        partials,
+        words,
+        m,
+        groups,
+        row_blocks,
+        layout.k,
+        layout.rank,
+        scale,
+        n_split,
+        k_tiles,
+        n_chunks,
+        x.stride(0),
+        y.stride(0),
+        layout.stride_al,
+        layout.stride_ar,
+        layout.stride_bn,
+    )
+    consts = {
+        "NUM_SLICES": slices,
+        "GROUPS_PAD": triton.next_power_of_2(groups),
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "RANK_PAD": rank_pad,
+        "SPLIT_PAD": triton.next_power_of_2(n_split),
+        "ADD": add,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+    if x.device.type == "cuda" and grid[0] > _room(x.device, args, consts):
+        raise ValueError(f"dense_splitk: {grid[0]} programs do not fit on the GPU at once")
+    _dense_splitk_kernel[grid](*args, **consts)
+
+
+def _room(device: torch.device, args: tuple, consts: dict) -> int:
+    """Programs of this kernel variant the GPU holds at once, from the compiled kernel's registers and shared memory
+    (compiled, not launched, once per key: the constexprs and what Triton specialises the other arguments on)."""
+
+    def spec(v: object) -> object:
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, v.data_ptr() % 16 == 0)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (v == 1, v % 16 == 0)
+        return v
+
+    key = (device, tuple(sorted(consts.items())), tuple(spec(v) for v in args))
+    if key not in _resident:
+        kernel = _dense_splitk_kernel.warmup(*args, grid=(1,), **consts)
+        kernel._init_handles()
+        _resident[key] = resident_room(device.index or 0, kernel.n_regs, kernel.metadata.shared, consts["num_warps"])
+    return _resident[key]

@@ -1,0 +1,59 @@
+"""The split-K one-launch dense LoRA against PyTorch: rows without an adapter, several adapters, a group over two row
+blocks, partial K and N tiles, several K splits and expand programs, both epilogues, counters back at zero.
+
+Triton's interpreter runs the one-dimensional grid in program-id order, so every shrink (producer) program has run
+before the first expand program waits on its counter: the kernel's producers-first ids are what keep this from
+hanging here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moelora.kernels.tools import dense_splitk as splitk
+from moelora.kernels.tools.dense_one_launch import dense_layout
+
+from .test_dense_one_launch import _meta, _reference
+
+MIXED = [2, -1, 0, 2, 2, -1, 1, 0] + [2] * 15  # 18 rows of slot 2: two row blocks of 16; 5 blocks, the bound's 5
+WHOLE = [1] * 16 + [0] * 3  # one whole block and one of 3: 2 blocks under a bound of 3 (a unit with no rows)
+
+
+@pytest.mark.parametrize(
+    ("add", "k", "split_k", "n_chunks", "slots"),
+    [
+        (True, 48, 3, 2, MIXED),  # three K splits of one tile, SPLIT_PAD 4 (one padded split)
+        (False, 48, 3, 2, MIXED),
+        (True, 40, 2, 3, MIXED),  # the last K tile partial, splits of two tiles and one
+        (False, 40, 1, 1, MIXED),  # one split, one expand program per slice
+        (False, 72, 8, 4, MIXED),  # split_k above the five K tiles: five splits
+        (True, 48, 2, 2, WHOLE),
+    ],
+)
+def test_splitk_matches_shrink_then_expand(add: bool, k: int, split_k: int, n_chunks: int, slots: list[int]) -> None:
+    torch.manual_seed(k + split_k)
+    dtype, rank, widths, loras = torch.float16, 8, (40, 16, 24), 3
+    mapping = torch.tensor(slots)
+    x = torch.randn(mapping.numel(), k, dtype=dtype)
+    lora_a = [torch.randn(loras, 1, rank, k, dtype=dtype) / 4 for _ in widths]
+    lora_b = [torch.randn(loras, 1, n, rank, dtype=dtype) / 4 for n in widths]
+    base = torch.randn(mapping.numel(), sum(widths), dtype=dtype)
+    y = base.clone() if add else torch.full_like(base, float("nan"))  # written rows only: NaN stays where unwritten
+    layout = dense_layout(lora_a, lora_b)
+    run = dict(scale=0.5, add=add, split_k=split_k, block_k=16, n_chunks=n_chunks, block_n=16)
+    splitk.dense_splitk(y, x, layout, _meta(mapping), **run)
+    want = _reference(x, lora_a, lora_b, mapping, 0.5) + (base.double() if add else 0.0)
+    assert not torch.isnan(y).any()
+    torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
+    # The counters are back at zero, so a second call (a graph replay) gives the same result.
+    assert not splitk._counters[x.device].any()
+    again = base.clone() if add else torch.full_like(base, float("nan"))
+    splitk.dense_splitk(again, x, layout, _meta(mapping), **run)
+    torch.testing.assert_close(again, y, atol=0, rtol=0)
+
+
+def test_splitk_grid_covers_k_in_whole_tiles() -> None:
+    assert splitk.splitk_grid(k=2880, block_k=128, split_k=8) == (8, 3)  # 23 tiles: 7 splits of 3, one of 2
+    assert splitk.splitk_grid(k=4096, block_k=256, split_k=32) == (16, 1)
+    assert splitk.splitk_grid(k=40, block_k=16, split_k=2) == (2, 2)
