@@ -1,9 +1,10 @@
 """A Kubernetes API on loopback for the tests and the local stack: kmock's emulator with what kopf and kubectl need.
 
 What belongs here is the API server and the ways to reach it, one concern a module: `schema` (the checks a real
-server makes on our custom objects), `encoding` (built-in objects as the server stores them), `objects` (pure
-helpers on stored objects), `selectors` (label and field selectors as a real server parses them), `watchlog` (the
-event log that lets a watch resume from a list), `tables` and `printers` (the Tables `kubectl get` prints),
+server makes on our custom objects), `encoding` (built-in objects as the server stores them), `garbage` (the
+garbage collector: an object whose owners are all absent goes), `objects` (pure helpers on stored objects),
+`selectors` (label and field selectors as a real server parses them), `watchlog` (the event log that lets a watch
+resume from a list), `tables` and `printers` (the Tables `kubectl get` prints),
 `openapi` (OpenAPI v3 for `kubectl explain` and strict field validation), `crds` (our CRDs as kmock resources),
 `dispatch` (the requests served without kmock's reaction matching), `emulator` (kmock's emulator with those added),
 `server` (`KubeAPI`: the emulator over HTTP in its own thread), `kubectl` (kubeconfig and the kubectl binary),

@@ -10,7 +10,8 @@ What `Emulator` adds to kmock 0.8:
   say: pruning, defaults, schema and every CEL rule, 422 Invalid in the server's words (`upstream`);
 - server-side dry runs: a create, patch or delete is checked and answered, never stored (`dryrun`);
 - built-in objects stored as the server re-encodes them, empty `omitempty` fields dropped (`encoding`);
-- garbage collection, emulated: deleting an object deletes the objects whose ownerReferences name its uid;
+- garbage collection, emulated: an object whose ownerReferences all name absent owners is deleted, when an owner
+  goes and soon after the object itself is created or updated naming only absent owners (`garbage`);
 - watches that resume from a resourceVersion (`watchlog`), 410 Expired when too old, watch-list initial events
   ending in a bookmark (kubectl >= 1.35 waits that way), label and field selectors on lists and watches (`selectors`);
 - kubectl compatibility: `kind`/`apiVersion` on lists, "v1" as the core group's version, JSON content type on
@@ -47,6 +48,7 @@ from moelora.local.apiserver import crd_rules, dryrun, selectors, upstream
 from moelora.local.apiserver.crds import crd_resources
 from moelora.local.apiserver.dispatch import FastDispatch
 from moelora.local.apiserver.encoding import store_as_encoded
+from moelora.local.apiserver.garbage import Collector
 from moelora.local.apiserver.objects import at_path, fold_string_data, merge_diff, now, set_path
 from moelora.local.apiserver.openapi import OpenAPI
 from moelora.local.apiserver.schema import apply_defaults, refuse_invalid
@@ -75,11 +77,15 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
     _selectable: dict[Any, frozenset[str]] = attrs.field(
         factory=lambda: selectors.selectable_fields(kmock.resource), init=False
     )
+    _collector: Collector = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._watchlog = WatchLog(versions=self._versions)
         self._buses = RecordingBuses(self._watchlog)  # type: ignore[assignment]
+        self._collector = Collector(
+            objects=self.objects, resources=self.resources, buses=self._buses, versions=self._versions, lock=self._lock
+        )
         self._tables = Tables(kind_of=self._kind)
         self._openapi = OpenAPI(resources=lambda: [(r, self.resources[r]) for r in self._get_resources()])
         self.resources.load_bundled()
@@ -225,27 +231,17 @@ class Emulator(kmock.KubernetesEmulator, FastDispatch):
         before = self._current(request) if may_delete else None
         response = await super()._handle(request)
         if before is not None and self._current(request) is None:
-            await self._collect_garbage({before.get("metadata", {}).get("uid")})
+            await self._collector.collect({before.get("metadata", {}).get("uid")})
+        # As on a real cluster, a write naming only absent owners succeeds and the object goes soon after: the GC
+        # checks an owner it has not seen by a live lookup (graph_builder.go addDependentToOwners, attemptToDelete).
+        if request.resource is None:
+            pass
+        elif request.action == kmock_enums.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.get("metadata") or {}
+            self._collector.written((request.resource, request.namespace or meta.get("namespace"), meta.get("name")))
+        elif request.action == kmock_enums.action.UPDATE and request.name is not None:
+            self._collector.written((request.resource, request.namespace, request.name))
         return response
-
-    async def _collect_garbage(self, gone: set[str]) -> None:
-        """Delete the dependents of the objects just deleted whose owners are all gone (background propagation)."""
-        while gone:
-            async with self._lock:
-                alive = {obj.raw.get("metadata", {}).get("uid") for obj in self.objects.values() if not obj.deleted}
-                orphans = []
-                for key, obj in self.objects.items():
-                    if obj.deleted:
-                        continue
-                    owners = {owner.get("uid") for owner in obj.raw.get("metadata", {}).get("ownerReferences") or []}
-                    if owners & gone and not owners & alive:
-                        orphans.append(key)
-                gone = set()
-                for key in orphans:
-                    raw = self.objects[key].raw
-                    gone.add(raw.get("metadata", {}).get("uid"))
-                    self.objects[key].delete()
-                    await self._buses[key[0]].put({"type": "DELETED", "object": raw})
 
     # -- lists and watches with resourceVersion semantics -----------------------------------------------------------
     def _matching(self, request: kmock_rendering.Request) -> Any:
