@@ -238,6 +238,12 @@ INVALID = [
         ".spec.lora.maxCpuLoras",
         "maxCpuLoras must be at least maxLoras",
     ),
+    (
+        "home-routing-without-placement",
+        server(routing={"gateway": {"enabled": True, "parentRefs": [{"name": "gw"}], "routeToHome": True}}),
+        ".spec.routing.gateway.routeToHome",
+        "routing.gateway.routeToHome needs spec.placement",
+    ),
     ("kernel-mode-unknown", server(kernels={"configs": "magic"}), ".spec.kernels.configs", "is not one of"),
     (
         "configmap-without-name",

@@ -424,6 +424,9 @@ OPERATOR_NAMESPACED: set[Rule] = {
     *{("", r, v) for r in ("services", "configmaps") for v in ("get", "create", "patch")},
     ("", "configmaps", "delete"),
     ("", "services", "delete"),  # the headless Service of spec.placement, once placement is off
+    # routeToHome's per-pod Services and their routes, found by label to delete those no longer rendered
+    ("", "services", "list"),
+    ("gateway.networking.k8s.io", "httproutes", "list"),
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{
         ("rbac.authorization.k8s.io", r, v)

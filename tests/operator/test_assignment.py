@@ -145,6 +145,35 @@ def test_auto_copies_from_the_agents_load_are_written_with_the_placement() -> No
         assert assign(auto, list(states.values()))["warm"].copies == copies
 
 
+def test_routing_to_homes_places_each_adapter_on_one_pod_or_on_all() -> None:
+    """routeToHome: the copies rule's count becomes one pod, or every pod once it reaches them; spec.replicas wins."""
+    homes = Server(name="ms", replicas=3, copies=1, disk_bytes=None, auto=True, slots=4, one_or_all=True)
+    adapters = [
+        AdapterState(name="hot", load=9.0),  # the rule: 3 copies, every pod
+        AdapterState(name="warm", load=1.5),  # the rule: 2 copies, so one
+        AdapterState(name="pinned", copies=2, load=1.5),  # its own spec.replicas
+        AdapterState(name="idle"),
+    ]
+    result = assign(homes, adapters)
+    assert {name: (len(p.target), p.copies) for name, p in result.items()} == {
+        "hot": (3, 3),
+        "warm": (1, 1),
+        "pinned": (2, 2),
+        "idle": (1, 1),
+    }
+    fixed = Server(name="ms", replicas=3, copies=2, disk_bytes=None, one_or_all=True)
+    assert {len(p.target) for p in assign(fixed, adapters[1:2]).values()} == {1}
+    spec = {
+        "model": {"name": "m"},
+        "replicas": 3,
+        "placement": {},
+        "routing": {"gateway": {"enabled": True, "routeToHome": True}},
+    }
+    assert placement_index(spec=spec, name="ms", namespace="ns")[("ns", "ms")].one_or_all
+    spec["routing"]["gateway"]["enabled"] = False  # no gateway, no homes to route to
+    assert not placement_index(spec=spec, name="ms", namespace="ns")[("ns", "ms")].one_or_all
+
+
 def test_a_pod_holds_at_most_its_count_and_the_rest_is_short() -> None:
     adapters = [AdapterState(name=name) for name in names(30)]
     result = assign(Server(name="ms", replicas=3, copies=1, disk_bytes=None, max_adapters=8), adapters)

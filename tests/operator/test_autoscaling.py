@@ -139,6 +139,13 @@ class Cluster:
         self.objects[key] = desired
         return desired, "created"
 
+    def list_owned(self, *, kind: str, labels: dict[str, str], **_: object) -> list[dict]:
+        return [
+            obj
+            for (found, _name), obj in self.objects.items()
+            if found == kind and labels.items() <= (obj["metadata"].get("labels") or {}).items()
+        ]
+
     def delete_if_owned(self, *, kind: str, name: str, **_: object) -> bool:
         if self.objects.pop((kind, name), None) is None:
             return False
@@ -162,6 +169,7 @@ def test_switching_engines_deletes_the_old_autoscaler_first(
     cluster = Cluster(old[old_kind])
     monkeypatch.setattr(apply, "ensure", cluster.ensure)
     monkeypatch.setattr(apply, "delete_if_owned", cluster.delete_if_owned)
+    monkeypatch.setattr(apply, "list_owned", cluster.list_owned)
     children = list(render(settings, autoscaling=after).values())
     new_kind = ({"ScaledObject", "HorizontalPodAutoscaler"} - {old_kind}).pop()
     _, problem = model_servers.apply_children(api=None, children=children, owner=OWNER)  # type: ignore[arg-type]

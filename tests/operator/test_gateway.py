@@ -1,5 +1,6 @@
-"""The InferencePool, HTTPRoute and body-based router ConfigMap of a ModelServer routed through an inference gateway,
-judged by the published CRDs (tests/operator/published.py) and by the body-based router's own contract."""
+"""The InferencePool, HTTPRoutes, per-pod Services and body-based router ConfigMaps of a ModelServer routed through an
+inference gateway, judged by the published CRDs (tests/operator/published.py) and by the body-based router's own
+contract."""
 
 from __future__ import annotations
 
@@ -27,16 +28,25 @@ MATCHES_RULE_MESSAGE = (
 )
 
 
-def render(settings: Settings, adapters: frozenset[str] = frozenset(), **overrides: object) -> dict[str, dict]:
-    children = desired_children(
+def render_all(settings: Settings, *, name: str = "srv", assigned_pods: int = 0, **overrides: object) -> list[dict]:
+    return desired_children(
         make_spec(**{**ROUTED, **overrides}),
-        name="srv",
+        name=name,
         namespace="ns",
         settings=settings,
         kernel_bundle=None,
-        surroundings=Surroundings(served_adapters=adapters),
+        surroundings=Surroundings(assigned_pods=assigned_pods),
     )
-    return {child["kind"]: child for child in children}
+
+
+def render(settings: Settings, **overrides: object) -> dict[str, dict]:
+    return {child["kind"]: child for child in render_all(settings, **overrides)}
+
+
+HOME = {
+    "routing": {"gateway": {**ROUTED["routing"]["gateway"], "routeToHome": True}},
+    "placement": {"copies": 1},
+}
 
 
 def bbr_mapping(config_map: dict) -> dict[str, str]:
@@ -71,9 +81,8 @@ def test_a_picker_of_the_users_choosing(settings: Settings) -> None:
     assert (ref["name"], ref["port"], ref["failureMode"]) == ("shared-epp", {"number": 9100}, "FailOpen")
 
 
-def test_one_match_on_the_base_model_header_however_many_adapters(settings: Settings) -> None:
-    adapters = frozenset(f"adapter-{index:04}" for index in range(1000))
-    route = render(settings, adapters=adapters)["HTTPRoute"]
+def test_one_match_on_the_base_model_header(settings: Settings) -> None:
+    route = render(settings)["HTTPRoute"]
     assert problems(route) == []
     assert route["spec"]["parentRefs"] == [{"name": "inference-gw", "namespace": "gw"}]
     [rule] = route["spec"]["rules"]
@@ -81,39 +90,82 @@ def test_one_match_on_the_base_model_header_however_many_adapters(settings: Sett
     assert rule["matches"] == [{"headers": [{"type": "Exact", "name": "X-Gateway-Base-Model-Name", "value": "srv"}]}]
 
 
-def test_the_config_map_maps_every_adapter_to_the_base_model_as_bbr_reads_it(settings: Settings) -> None:
-    children = render(settings, adapters=frozenset({"team-b", "team-a/support", "1", "- odd: name"}))
-    config_map = children["ConfigMap"]
+def test_the_servers_config_map_maps_only_the_base_model(settings: Settings) -> None:
+    config_map = render(settings)["ConfigMap"]
     k8s_valid(config_map)
     assert config_map["metadata"]["name"] == "srv-model-names"
     assert config_map["metadata"]["labels"]["inference.networking.k8s.io/bbr-managed"] == "true"  # BBR's selector
-    assert bbr_mapping(config_map) == {
-        "srv": "srv",
-        "team-a/support": "srv",
-        "team-b": "srv",
-        "1": "srv",  # quoted, so YAML keeps it a string
-        "- odd: name": "srv",
+    assert config_map["data"] == {"baseModel": "srv"}
+    served = render(settings, model={"name": "org/m", "servedName": "base"})
+    assert served["ConfigMap"]["data"] == {"baseModel": "base"}
+    assert served["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "base"
+
+
+@pytest.mark.parametrize("served", ["team-b", "team-a/support", "1", "- odd: name"])
+def test_an_adapters_config_map_maps_its_name_as_bbr_reads_it(served: str) -> None:
+    config_map = gateway.route_config_map(adapter="a", served=served, namespace="ns", server="srv", header="srv")
+    k8s_valid(config_map)
+    assert config_map["metadata"]["name"] == "a-route"
+    assert config_map["metadata"]["labels"]["inference.networking.k8s.io/bbr-managed"] == "true"
+    assert bbr_mapping(config_map) == {"srv": "srv", served: "srv"}  # "1" quoted, so YAML keeps it a string
+
+
+def test_long_adapter_names_get_distinct_config_map_names_within_253() -> None:
+    names = {gateway.route_config_map_name("a" * 250 + suffix) for suffix in ("x", "y", "")}
+    assert len(names) == 3
+    for name in names:
+        assert len(name) <= 253 and name.endswith("-route")
+        k8s_valid(
+            gateway.route_config_map(adapter="a", served="a", namespace="ns", server="s", header="s")
+            | {"metadata": {"name": name, "namespace": "ns"}}
+        )
+
+
+def test_home_routing_renders_a_service_per_pod_and_a_route_per_16_pods(settings: Settings) -> None:
+    children = render_all(settings, replicas=20, **HOME)
+    services = [c for c in children if c["kind"] == "Service" and c["metadata"]["name"].startswith("srv-home-")]
+    routes = [c for c in children if c["kind"] == "HTTPRoute"]
+    assert [s["metadata"]["name"] for s in services] == [f"srv-home-{i}" for i in range(20)]
+    for service in services:
+        k8s_valid(service)
+        assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "home"  # not scraped (api only)
+    assert services[7]["spec"]["selector"] == {
+        "moelora.io/model-server": "srv",
+        "statefulset.kubernetes.io/pod-name": "srv-7",
     }
-    route_value = children["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["headers"][0]["value"]
-    assert set(bbr_mapping(config_map).values()) == {route_value}  # every name BBR maps lands on this route
+    assert [r["metadata"]["name"] for r in routes] == ["srv", "srv-homes-0", "srv-homes-1"]
+    for route in routes:
+        assert problems(route) == [], route["metadata"]["name"]
+    homes = [rule for route in routes[1:] for rule in route["spec"]["rules"]]
+    assert [len(r["spec"]["rules"]) for r in routes[1:]] == [16, 4]
+    for ordinal, rule in enumerate(homes):
+        [match] = rule["matches"]
+        assert match["headers"] == [
+            {
+                "type": "Exact",
+                "name": "X-Gateway-Base-Model-Name",
+                "value": gateway.home_header("srv", f"srv-{ordinal}"),
+            }
+        ]
+        assert rule["backendRefs"] == [{"name": f"srv-home-{ordinal}", "port": 8000}]
+    order = [c["kind"] for c in children]
+    assert order.index("Service") < order.index("HTTPRoute")
+    # A scale-down still draining keeps the pods, and their Services and rules, its assignments name.
+    kept = render_all(settings, replicas=2, assigned_pods=3, **HOME)
+    assert sum(c["kind"] == "Service" and "-home-" in c["metadata"]["name"] for c in kept) == 3
 
 
-def test_the_base_models_served_name_is_the_header_value_and_listed_once(settings: Settings) -> None:
-    children = render(settings, adapters=frozenset({"base", "a"}), model={"name": "org/m", "servedName": "base"})
-    assert children["ConfigMap"]["data"] == {"baseModel": "base", "adapters": "- a\n"}
-    assert children["HTTPRoute"]["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "base"
-
-
-def test_without_adapters_the_config_map_names_only_the_base_model(settings: Settings) -> None:
-    assert render(settings)["ConfigMap"]["data"] == {"baseModel": "srv"}
-
-
-def test_more_names_than_one_config_map_holds_are_refused(settings: Settings) -> None:
-    adapters = frozenset(f"{index:05}-" + "x" * 250 for index in range(4200))  # about 1.08 MB of names
+def test_home_routing_needs_service_names_within_a_dns_label(settings: Settings) -> None:
+    name = "s" * 55  # <name>-home-99: 63 characters, <name>-home-100: 64
+    render_all(settings, name=name, replicas=100, **HOME)
     with pytest.raises(SpecProblem) as caught:
-        render(settings, adapters=adapters)
-    assert caught.value.reason == "TooManyModelNames"
-    render(settings, adapters=frozenset(list(adapters)[:4000]))  # about 1.03 MB: still fits
+        render_all(settings, name=name, replicas=101, **HOME)
+    assert caught.value.reason == "NameTooLongForHomes"
+
+
+def test_home_routing_needs_placement_to_render_homes(settings: Settings) -> None:
+    unplaced = {"routing": HOME["routing"]}  # the CRD refuses it (tests/api); the render ignores it
+    assert not any("-home" in c["metadata"]["name"] for c in render_all(settings, replicas=3, **unplaced))
 
 
 def test_the_route_waits_for_its_config_map(settings: Settings) -> None:
@@ -221,18 +273,3 @@ def test_the_published_crds_refuse_a_broken_pool_and_route(settings: Settings) -
         "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct "
         "the existing errors to complete validation",
     ]
-
-
-def test_the_adapter_index_gives_the_served_names_of_all_but_failed_adapters() -> None:
-    from moelora.operator.decide import indexes
-
-    def entry(name: str, served: str | None, phase: str) -> indexes.AdapterEntry:
-        spec = {"modelServer": "srv", **({"servedName": served} if served else {})}
-        body = {"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": {"phase": phase}}
-        [value] = indexes.adapters_index(
-            body=body, spec=spec, status={"phase": phase}, name=name, namespace="ns"
-        ).values()
-        return value
-
-    entries = [entry("a", "team-a/support", "Loaded"), entry("b", None, "Pending"), entry("c", None, "Failed")]
-    assert indexes.served_adapters(entries) == {"team-a/support", "b"}

@@ -265,6 +265,7 @@ def test_a_taken_leader_worker_set_name_keeps_the_deployment(
 
     monkeypatch.setattr(apply, "ensure", ensure)
     monkeypatch.setattr(apply, "delete_if_owned", delete_if_owned)
+    monkeypatch.setattr(apply, "list_owned", lambda **_: [])
     owner = {
         "apiVersion": "moelora.io/v1alpha1",
         "kind": "ModelServer",

@@ -3,7 +3,6 @@ what the adapters' roll-ups write and count, what placement writes and when it a
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 from typing import Any
 
@@ -11,7 +10,7 @@ from moelora.api import AdapterPlacement
 from moelora.operator.decide import plan
 from moelora.operator.decide.assignment import AdapterState, Server
 from moelora.operator.decide.expectations import ServerWrites
-from moelora.operator.decide.indexes import AdapterEntry, ChildEntry, ServerEntry
+from moelora.operator.decide.indexes import AdapterEntry, ChildEntry, GatewayRouting, ServerEntry
 
 KEY = ("ns", "ms")
 NOW = 1_000_000.0
@@ -47,6 +46,7 @@ def observe(adapters: list[AdapterEntry], *, known: ServerWrites | None = None, 
         judge=fields.pop("judge", judge),
         now=NOW,
         wall=WALL,
+        pods=pods,
         **fields,
     )
 
@@ -75,8 +75,6 @@ def test_a_server_is_reconciled_once_then_again_only_when_what_it_renders_from_m
         assert plan.plan(observe(adapters, known=known, judge=[], **fields)).reconcile is not None, what
     other_secret = [adapter("a", secret="s3-b")]
     assert plan.plan(observe(other_secret, known=known, judge=[])).reconcile is not None
-    routed = dataclasses.replace(known, routed=frozenset({"old-name"}))
-    assert plan.plan(observe(adapters, known=routed, judge=[])).reconcile is not None
 
 
 def test_a_phase_change_alone_writes_the_counts_the_rollups_leave() -> None:
@@ -148,3 +146,65 @@ def test_placement_reads_its_own_writes_over_the_index() -> None:
     second = plan.plan(observe([placed_adapter("a", None, {})], placed=server, judge=[], known=known))
     assert second.placements.changes == {}
     assert second.reconcile is not None and second.reconcile.assigned_pods >= 1
+
+
+# --- routes: the header value each adapter's body-based router ConfigMap maps its name to ----------------------------
+
+ROUTED = SERVER._replace(routing=GatewayRouting(base="base"))
+HOMES = SERVER._replace(routing=GatewayRouting(base="base", home=True))
+AT_HOME = AdapterPlacement(replicas=["ms-1"], target=["ms-1"], copies=1)
+
+
+PLACED = Server(name="ms", replicas=2, copies=1, disk_bytes=None, drain_seconds=0.0, one_or_all=True)
+
+
+def routes(entries: list[AdapterEntry], **fields: Any) -> dict[str, str | None]:
+    """The routes a pass writes; with placement (copies 1 of 2 pods) unless `placed` says otherwise."""
+    return plan.plan(observe(entries, judge=[], **{"placed": PLACED, **fields})).routes
+
+
+def test_every_adapter_goes_through_the_pool_without_home_routing() -> None:
+    entries = [adapter("a"), adapter("b", phase="Loaded", served="team/b"), adapter("c", phase="Failed")]
+    assert routes(entries, server=ROUTED) == {"a": "base", "b": "base"}  # a Failed one is left unmapped
+    known = ServerWrites(routes={"a": "base", "b": "base", "c": "base"})
+    assert routes(entries, server=ROUTED, known=known) == {"c": None}  # written before it failed: deleted
+    assert routes(entries, server=SERVER, known=known) == {"a": None, "b": None, "c": None}  # routing turned off
+    assert routes(entries, server=SERVER) == {}  # none written by this operator: none to delete
+    assert routes(entries, server=None, known=known) == {}  # a server not seen yet changes nothing
+    assert routes([adapter("d", served="base")], server=ROUTED) == {}  # the server's own ConfigMap maps it
+
+
+def test_an_adapter_goes_home_only_once_loaded_there_its_move_done_and_its_pod_ready() -> None:
+    loaded = {"ms-1": NOW - 5}
+    ready = {"ms-0": True, "ms-1": True}
+    home = "base@ms-1"
+    assert routes([placed_adapter("a", AT_HOME, loaded)], server=HOMES, pods=ready) == {"a": home}
+    moving = AT_HOME.model_copy(update={"replicas": ["ms-1", "ms-0"], "draining": ["ms-0"]})
+    not_yet = {  # (placement, pods it is loaded on, pods ready)
+        "not loaded there": (AT_HOME, set(), ready),
+        "its pod not ready": (AT_HOME, {"ms-1"}, {"ms-0": True, "ms-1": False}),
+        "its pod gone": (AT_HOME, {"ms-1"}, {"ms-0": True}),
+        "moving, old home draining": (moving, {"ms-1", "ms-0"}, ready),
+        "on two pods": (AdapterPlacement(replicas=["ms-1", "ms-0"], target=["ms-1", "ms-0"]), {"ms-1"}, ready),
+        "not placed": (None, {"ms-1"}, ready),
+    }
+    for what, (placed, on, pods) in not_yet.items():
+        assert plan.routes.header(adapter("a"), HOMES.routing, placed=placed, loaded=on, ready=pods) == "base", what
+    assert plan.routes.header(adapter("a"), HOMES.routing, placed=AT_HOME, loaded={"ms-1"}, ready=ready) == home
+    # Without routeToHome the same adapter stays on the pool; once written, nothing is written again.
+    assert routes([placed_adapter("a", AT_HOME, loaded)], server=ROUTED, pods=ready) == {"a": "base"}
+    known = ServerWrites(routes={"a": home})
+    assert routes([placed_adapter("a", AT_HOME, loaded)], server=HOMES, pods=ready, known=known) == {}
+
+
+def test_a_home_this_pass_assigns_anew_is_not_loaded_whatever_its_old_entry_says() -> None:
+    """A scale-down moves the adapter off ms-5 to a pod whose entry from an earlier stint reads loaded; the pass
+    clears that entry, so the adapter goes through the pool until the new home reports it loaded again."""
+    server = Server(name="ms", replicas=2, copies=1, disk_bytes=None, drain_seconds=0.0, one_or_all=True)
+    was = AdapterPlacement(replicas=["ms-5"], target=["ms-5"], copies=1)
+    entry = placed_adapter("a", was, {"ms-0": NOW - 100, "ms-1": NOW - 100, "ms-5": NOW - 100})
+    ready = {"ms-0": True, "ms-1": True, "ms-5": True}
+    planned = plan.plan(observe([entry], placed=server, server=HOMES, pods=ready, judge=[]))
+    [new_home] = planned.placements.changes["a"].target
+    assert new_home in ("ms-0", "ms-1") and planned.placements.cleared == {"a": [new_home]}
+    assert planned.routes == {"a": "base"}

@@ -140,6 +140,20 @@ class LocalObjectRef(ApiModel):
 class ModelServerSpec(ApiModel):
     """What to serve and how: the base model, replicas and GPUs, vLLM's LoRA limits, kernels and S3 access."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.routing) || !has(self.routing.gateway) || "
+                    "!has(self.routing.gateway.routeToHome) || !self.routing.gateway.routeToHome || "
+                    "has(self.placement)",
+                    "message": "routing.gateway.routeToHome needs spec.placement",
+                    "fieldPath": ".routing.gateway.routeToHome",
+                }
+            ]
+        }
+    )
+
     model: ModelSpec
     image: str | None = Field(
         default=None,

@@ -64,6 +64,15 @@ class GatewayRouting(ApiModel):
         default_factory=list, max_length=8, description="The Gateways the HTTPRoute attaches to."
     )
     endpoint_picker: EndpointPickerRef = Field(default_factory=EndpointPickerRef, json_schema_extra={"default": {}})
+    route_to_home: bool = Field(
+        default=False,
+        description="Needs spec.placement. Each adapter is placed on one pod, its home, or on every pod when the "
+        "copies rule (placement.copies, or copiesMode Auto's) gives it the server's replicas; an adapter's own "
+        "spec.replicas still wins. Requests for an adapter placed on one pod alone go straight to that pod "
+        "(a Service per pod, <name>-home-<ordinal>) once it is loaded there and the pod is ready; every other "
+        "adapter, and one moving or whose home is not ready, goes through the InferencePool and its endpoint "
+        "picker, where any pod serves it (loading it on demand).",
+    )
 
 
 class RoutingSpec(ApiModel):

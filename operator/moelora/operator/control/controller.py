@@ -4,7 +4,8 @@ plan, apply.
 Observe: the server's share of kopf's indexes, read at once in the event loop, with this operator's own writes
 (decide/expectations.py); then, for the adapters whose judgement moved, what their roll-ups read from the API (pods
 the index lacks, the server's S3 endpoint). Plan: decide/plan.py, pure. Apply: the server's reconcile
-(model_servers.reconcile: its children and status) or its adapter counts, then the placements and the roll-ups. The
+(model_servers.reconcile: its children and status) or its adapter counts, then the placements, the adapters' routes
+and the roll-ups. The
 pass returns the seconds after which it wants its key again (a drain time ending), like controller-runtime's
 RequeueAfter.
 """
@@ -17,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from moelora.operator.control import lora_adapters, model_servers, placement_writes
+from moelora.operator.control import lora_adapters, model_servers, placement_writes, route_writes
 from moelora.operator.control.context import Context, wall_clock
 from moelora.operator.decide import indexes, plan
 from moelora.operator.decide.expectations import ServerKey
@@ -72,6 +73,7 @@ async def observe(memo: Context, key: ServerKey, observed: Indexes) -> plan.Obse
         judge=judge,
         now=time.time(),
         wall=wall_clock(),
+        pods=pods,
     )
 
 
@@ -99,6 +101,19 @@ async def apply(memo: Context, key: ServerKey, planned: plan.Plan) -> None:
         placements={**written.kept.placements, **{name: written.changes[name] for name in done}},
         cleared={**written.kept.cleared, **{pair: at for pair, at in written.loaded.items() if pair[0] in done}},
     )
+    if planned.routes:
+        routed = await memo.call(
+            route_writes.write_routes,
+            memo=memo,
+            namespace=key[0],
+            server=key[1],
+            routes=planned.routes,
+            adapters=planned.adapters,
+        )
+        present = {entry.name for entry in planned.adapters}
+        known = memo.expectations.server(key).routes
+        kept = {name: value for name, value in known.items() if name in present}
+        memo.expectations.update_server(key, routes={**kept, **routed})
     await lora_adapters.write_rollups(memo=memo, key=key, rollups=planned.rollups)
     if failed is not None:
         raise failed

@@ -27,8 +27,9 @@ from moelora.operator.decide.expectations import ServerKey
 from moelora.operator.decide.indexes import AdapterEntry
 from moelora.operator.errors import SpecProblem, problem_from_validation
 from moelora.operator.kube import apply, cache_sync
-from moelora.operator.render import multinode
+from moelora.operator.render import multinode, naming
 from moelora.operator.render.children import (
+    COUNTED_CHILDREN,
     NEEDS,
     OPTIONAL_CHILDREN,
     REPLACED_FIRST,
@@ -172,11 +173,25 @@ def apply_children(
 def _delete_unrendered(
     *, api: kubernetes.client.ApiClient, meta: Mapping[str, Any], rendered: set[tuple[str, str, str]], kinds: set[str]
 ) -> None:
-    """Delete the server's optional children of `kinds` that are not in `rendered` (apiVersion, kind, name)."""
+    """Delete the server's optional children of `kinds` that are not in `rendered` (apiVersion, kind, name): those
+    of the names OPTIONAL_CHILDREN gives, and the counted ones its label finds."""
     for (api_version, kind), optional_names in OPTIONAL_CHILDREN.items():
         if kind not in kinds:
             continue
-        for name in (optional_name(meta["name"]) for optional_name in optional_names):
+        names = [optional_name(meta["name"]) for optional_name in optional_names]
+        component = COUNTED_CHILDREN.get((api_version, kind))
+        if component is not None:
+            labels = {**naming.selector(meta["name"]), naming.LABEL_COMPONENT: component}
+            found = apply.list_owned(
+                api=api,
+                api_version=api_version,
+                kind=kind,
+                namespace=meta["namespace"],
+                labels=labels,
+                owner_uid=meta["uid"],
+            )
+            names += [obj["metadata"]["name"] for obj in found]
+        for name in names:
             if (api_version, kind, name) in rendered:
                 continue
             deleted = apply.delete_if_owned(
@@ -244,7 +259,6 @@ def reconcile(
     surroundings = dataclasses.replace(
         observation.surroundings,
         adapter_secrets=indexes.adapter_secrets(adapters),
-        served_adapters=indexes.served_adapters(adapters),
         assigned_pods=assigned_pods,
     )
     if observation.spec is not None:
@@ -267,8 +281,6 @@ def reconcile(
             stored_deployment, problem = apply_children(
                 api=memo.api, children=children, owner=observation.body, held=held
             )
-            routed = surroundings.served_adapters if observation.spec.routing.gateway.enabled else None
-            memo.expectations.update_server(key, routed=routed)
             memo.metrics.set_children(key, [child["kind"] for child in children])
             cache = surroundings.model_cache
             if problem is None and cache is not None:

@@ -37,6 +37,7 @@ class Server:
     auto: bool = False  # placement.copiesMode Auto: copies from the adapters' load
     slots: int = 1  # lora.maxCpuLoras (vLLM's default: maxLoras), the warm slots Auto shares the load over
     on_demand_slots: int = 0  # lora.maxLoras: adapters loaded on demand each pod's disk keeps room for
+    one_or_all: bool = False  # routing.gateway.routeToHome: each adapter on one pod or on all (placement.one_or_all)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,6 +82,8 @@ def assign(
             slots=server.slots,
             minimum=server.copies,
         )
+    if server.one_or_all:
+        copies = placement.one_or_all(copies, replicas=server.replicas)
     wanted = [placement.Adapter(a.name, size_bytes=a.size_bytes, replicas=a.copies or copies[a.name]) for a in adapters]
     # Each adapter's target homes so far (its draining ones are on their way out), which placement keeps where it can.
     current = {a.name: a.current.target or a.assigned for a in adapters if a.current is not None}

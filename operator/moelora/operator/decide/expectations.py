@@ -2,10 +2,10 @@
 
 kopf's indexes learn a write of ours only when its watch event comes back, seconds later under load; judged from the
 older copy meanwhile, a pass would write again what it just wrote, or count a phase it already changed. This store
-keeps, per adapter, the status we last wrote (by resourceVersion) and the inputs we last judged it from with nothing
-to write; per server, what its last reconcile rendered from, the counts we last wrote, the placements we last wrote
-and the loaded entries we cleared. It is the only per-object state the operator keeps besides the queue. Roll-ups
-write it from the executor's threads, so the adapter half is behind a lock.
+keeps, per adapter, the status we last wrote (by resourceVersion) and the inputs we last judged it from with nothing to
+write; per server, what its last reconcile rendered from, the counts we last wrote, the placements we last wrote, the
+loaded entries we cleared and the adapters' routes we last wrote. It is the only per-object state the operator keeps
+besides the queue. Roll-ups write it from the executor's threads, so the adapter half is behind a lock.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class ServerWrites:
     """What this operator last did to one server and its adapters' placements."""
 
     rendered: Any = None  # controller.Rendered of its last reconcile; None: reconcile at the next pass
-    routed: frozenset[str] | None = None  # adapter names its body-based router lists (gateway routing only)
+    # adapter -> the header value its body-based router ConfigMap last got (None: deleted); absent: unknown
+    routes: dict[str, str | None] = dataclasses.field(default_factory=dict)
     counted: dict[str, int] | None = None  # its status.adapters as last written
     placements: dict[str, AdapterPlacement | None] = dataclasses.field(default_factory=dict)  # None: removed
     cleared: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)  # (adapter, pod) -> loadedAt
@@ -113,4 +114,4 @@ class Expectations:
     def forget_rendered(self, key: ServerKey) -> None:
         """Its next pass reconciles the server whatever moved (the resync; the server gone). Placements written
         stay: they are cleared only as the adapters' own copies show them."""
-        self.update_server(key, rendered=None, routed=None, counted=None)
+        self.update_server(key, rendered=None, routes={}, counted=None)

@@ -40,6 +40,13 @@ class PodEntry(NamedTuple):
     ready: bool
 
 
+class GatewayRouting(NamedTuple):
+    """How a server routed through an inference gateway names its adapters to the body-based router."""
+
+    base: str  # the base model's served name: the header value of the server's pool
+    home: bool = False  # routing.gateway.routeToHome
+
+
 class ServerEntry(NamedTuple):
     """A ModelServer as its children depend on it: which object (a server deleted and created again is another) and
     which spec (generation moves with the spec only, not with status writes)."""
@@ -47,6 +54,15 @@ class ServerEntry(NamedTuple):
     key: ServerKey
     uid: str = ""
     generation: int = 0
+    routing: GatewayRouting | None = None  # None: no gateway routing
+
+
+def gateway_routing(spec: Mapping[str, Any], name: str) -> GatewayRouting | None:
+    gateway = (spec.get("routing") or {}).get("gateway") or {}
+    if not gateway.get("enabled"):
+        return None
+    base = (spec.get("model") or {}).get("servedName") or name
+    return GatewayRouting(base=str(base), home=bool(gateway.get("routeToHome")) and spec.get("placement") is not None)
 
 
 class ChildEntry(NamedTuple):
@@ -70,7 +86,8 @@ def model_servers_index(body: kopf.Body, name: str, namespace: str, **_: Any) ->
     # Which servers exist and at which spec: a reconcile reads the server itself when it runs.
     meta = body.get("metadata") or {}
     uid, generation = str(meta.get("uid") or ""), int(meta.get("generation") or 0)
-    return {(namespace, name): ServerEntry(key=(namespace, name), uid=uid, generation=generation)}
+    routing = gateway_routing(body.get("spec") or {}, name)
+    return {(namespace, name): ServerEntry(key=(namespace, name), uid=uid, generation=generation, routing=routing)}
 
 
 def children_index(
@@ -167,6 +184,7 @@ def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dic
     except pydantic.ValidationError:  # the reconcile reports the invalid spec; vLLM's defaults meanwhile
         lora = LoRASpec()
     slots = lora.max_cpu_loras or lora.max_loras  # vLLM's default CPU slots are maxLoras
+    routing = gateway_routing(spec, name)
     per_slot = int(placement.get("adaptersPerCpuLora") or PlacementSpec.model_fields["adapters_per_cpu_lora"].default)
     server = Server(
         name=name,
@@ -178,6 +196,7 @@ def placement_index(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> dic
         auto=placement.get("copiesMode") == CopiesMode.AUTO.value,
         slots=slots,
         on_demand_slots=lora.max_loras,
+        one_or_all=bool(routing and routing.home),
     )
     return {(namespace, name): server}
 

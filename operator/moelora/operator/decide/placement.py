@@ -93,6 +93,13 @@ def clamp_count(count: int, replicas: int) -> int:
     return max(1, min(count, replicas))
 
 
+def one_or_all(copies: Mapping[str, int], *, replicas: int) -> dict[str, int]:
+    """Copies for routing to homes: every replica for an adapter whose count reaches them, else one. An adapter
+    on one pod can have its requests sent straight there; one on a few pods could only be sent to all of them, where
+    the pods not holding it would load it on demand."""
+    return {adapter: replicas if count >= replicas else 1 for adapter, count in copies.items()}
+
+
 def placed_budget(disk_bytes: int | None, *, on_demand_slots: int, largest: int) -> int | None:
     """The part of a pod's disk budget its placed copies may fill. The rest is room for `on_demand_slots` adapters
     of the `largest` size loaded on demand (vLLM's maxLoras: as many as it serves at once), so that a request sent

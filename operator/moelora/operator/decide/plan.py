@@ -16,7 +16,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any, NamedTuple
 
 from moelora.api import AdapterPlacement
-from moelora.operator.decide import assignment, indexes, rollup, status
+from moelora.operator.decide import assignment, indexes, rollup, routes, status
 from moelora.operator.decide.expectations import ServerKey, ServerWrites, resource_version
 from moelora.operator.decide.indexes import AdapterEntry, ChildEntry, ServerEntry
 
@@ -66,6 +66,7 @@ class Observation:
     judge: list[ToJudge]
     now: float  # epoch seconds
     wall: datetime.datetime  # the same, as conditions stamp it
+    pods: Mapping[str, bool] = dataclasses.field(default_factory=dict)  # the server's pods -> ready
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,14 +95,13 @@ class Plan:
     counts: dict[str, int] | None  # status.adapters once applied; None when the server is gone
     write_counts: bool  # write `counts` alone (no reconcile)
     again: float | None  # seconds until the next pass it needs
+    routes: dict[str, str | None] = dataclasses.field(default_factory=dict)  # adapter -> its new route (routes.py)
 
 
 def follows_adapters(known: ServerWrites, adapters: list[AdapterEntry]) -> bool:
     """Whether the server's last reconcile rendered from the adapters as they are: its Role grants the Secrets they
-    name, and (routed through a gateway) its body-based router ConfigMap lists the names they are served by."""
-    if known.rendered is None or known.rendered.secrets != indexes.adapter_secrets(adapters):
-        return False
-    return known.routed is None or known.routed == indexes.served_adapters(adapters)
+    name."""
+    return known.rendered is not None and known.rendered.secrets == indexes.adapter_secrets(adapters)
 
 
 def place(observation: Observation) -> tuple[Placements, float | None]:
@@ -148,6 +148,32 @@ def place(observation: Observation) -> tuple[Placements, float | None]:
     return Placements(changes=changes, cleared=cleared, loaded=loaded, kept=kept), recheck
 
 
+def route(observation: Observation, placements: Placements, adapters: list[AdapterEntry]) -> dict[str, str | None]:
+    """The adapters whose route (routes.header) differs from what this operator last wrote, with the new one. A
+    server not seen yet changes none; an adapter of a server without gateway routing, none this operator has not
+    written (a ConfigMap left from before its start maps the name to a header no route matches)."""
+    server = observation.server
+    if server is None:
+        return {}
+    written = {**placements.kept.placements, **placements.changes}
+    known = observation.known.routes
+    changes: dict[str, str | None] = {}
+    for entry in adapters:
+        state = entry.placed
+        placed = written[entry.name] if entry.name in written else (state.current if state else None)
+        loaded = {
+            pod
+            for pod, at in (state.loaded_on.items() if state else ())
+            if placements.kept.cleared.get((entry.name, pod)) != at and (entry.name, pod) not in placements.loaded
+        }
+        value = routes.header(entry, server.routing, placed=placed, loaded=loaded, ready=observation.pods)
+        if value is None and known.get(entry.name) is None:
+            continue
+        if entry.name not in known or known[entry.name] != value:
+            changes[entry.name] = value
+    return changes
+
+
 def roll_up(observation: Observation) -> list[Rollup]:
     """The status patch of each adapter to judge (rollup.render_status_patch) and its Event."""
     rollups = []
@@ -181,6 +207,7 @@ def plan(observation: Observation) -> Plan:
             again=again,
         )
     written = {**placements.kept.placements, **placements.changes}
+    new_routes = route(observation, placements, adapters)
     rendered = Rendered(
         server=server,
         children=observation.children,
@@ -199,4 +226,5 @@ def plan(observation: Observation) -> Plan:
         counts=counts,
         write_counts=not reconcile and known.counted != counts,
         again=again,
+        routes=new_routes,
     )

@@ -183,10 +183,11 @@ def list_owned(
     labels: dict[str, str],
     owner_uid: str,
 ) -> list[dict[str, Any]]:
-    """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls."""
+    """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls (none when
+    the cluster does not serve the kind)."""
     selector = ",".join(f"{key}={value}" for key, value in labels.items())
     collection = _PATHS[(api_version, kind)].format(namespace=namespace)
-    items = _request(api, "GET", f"{collection}?labelSelector={urllib.parse.quote(selector)}").get("items") or []
+    items = (_get(api, f"{collection}?labelSelector={urllib.parse.quote(selector)}") or {}).get("items") or []
     return [
         item
         for item in items

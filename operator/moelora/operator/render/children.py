@@ -44,6 +44,12 @@ OPTIONAL_CHILDREN: dict[tuple[str, str], tuple[Callable[[str], str], ...]] = {
     (autoscaling.HPA_API_VERSION, "HorizontalPodAutoscaler"): (lambda name: name,),  # autoscaling.engine hpa
     (autoscaling.KEDA_API_VERSION, "ScaledObject"): (lambda name: name,),  # autoscaling.engine keda
 }
+# Children rendered in numbers that vary (one per pod): (apiVersion, kind) -> their component label; those of the
+# server with that label that are not rendered are deleted.
+COUNTED_CHILDREN: dict[tuple[str, str], str] = {
+    ("v1", "Service"): gateway.HOME_COMPONENT,  # routing.gateway.routeToHome: one per pod
+    (gateway.ROUTE_API_VERSION, "HTTPRoute"): gateway.HOME_COMPONENT,  # and one per 16 pods
+}
 # Kind -> the kinds it is applied only after (children are rendered in this order): when a name is taken by an
 # object that is not ours, what depends on it is left alone too. The pods would mount a foreign kernel ConfigMap;
 # the Service, budget and Secret grant exist for our pods; a RoleBinding to a foreign Role would grant what its
@@ -59,7 +65,7 @@ NEEDS: dict[str, set[str]] = {
     "StatefulSet": {"ConfigMap", "PersistentVolumeClaim", "Job"},
     "Service": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "InferencePool": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
-    "HTTPRoute": {"InferencePool", "ConfigMap"},  # no route for names a foreign ConfigMap would map
+    "HTTPRoute": {"InferencePool", "ConfigMap", "Service"},  # no route for names a foreign ConfigMap would map
     "HorizontalPodAutoscaler": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "ScaledObject": {"Deployment", "LeaderWorkerSet", "StatefulSet"},
     "PodDisruptionBudget": {"Deployment", "StatefulSet"},
@@ -88,8 +94,6 @@ class Surroundings:
     kernel_config_map: Mapping[str, Any] | None = None
     # The credentials Secrets the server's LoRAAdapters name (the agents' Role grants get on exactly these).
     adapter_secrets: frozenset[str] = frozenset()
-    # The `model` names of the LoRAAdapters the server serves (the body-based router's ConfigMap lists them).
-    served_adapters: frozenset[str] = frozenset()
     # The shared model cache as observed (model_cache.state); None without spec.model.cache.
     model_cache: model_cache.CacheState | None = None
     # With placement: pods the adapters' assignments still name (a scale-down keeps them until their moves end).
@@ -152,9 +156,14 @@ def desired_children(
     if spec.routing.gateway.enabled:
         children += [
             gateway.inference_pool(spec, name=name, namespace=namespace, selector=selector),
-            gateway.model_names_config_map(spec, name=name, namespace=namespace, adapters=surroundings.served_adapters),
+            gateway.model_names_config_map(spec, name=name, namespace=namespace),
             gateway.http_route(spec, name=name, namespace=namespace),
         ]
+        if spec.routing.gateway.route_to_home and spec.placement is not None:
+            pods = max(spec.replicas, surroundings.assigned_pods)
+            gateway.check_home_names(name=name, pods=pods)
+            children += gateway.home_services(name=name, namespace=namespace, pods=pods)
+            children += gateway.home_routes(spec, name=name, namespace=namespace, pods=pods)
     scaler = autoscaling.autoscaler(spec, name=name, namespace=namespace)
     if scaler is not None:
         children.append(scaler)

@@ -1,0 +1,56 @@
+"""The adapters' routes: each one's body-based router ConfigMap (render/gateway.py), owned by its LoRAAdapter so it
+goes with it, written only where the pass found its route changed (decide/routes.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from moelora.api import GROUP, VERSION
+from moelora.operator.control.context import Context, wall_clock
+from moelora.operator.decide.indexes import AdapterEntry
+from moelora.operator.kube import apply
+from moelora.operator.render import gateway
+
+logger = logging.getLogger(__name__)
+
+ROUTE_NAME_TAKEN = "RouteNameTaken"
+
+
+def write_routes(
+    *, memo: Context, namespace: str, server: str, routes: Mapping[str, str | None], adapters: list[AdapterEntry]
+) -> dict[str, str | None]:
+    """Create, patch or delete each adapter's ConfigMap as `routes` says (None: delete); the routes now in place, by
+    adapter. A name taken by a ConfigMap that is not the adapter's is left alone, reported in a Warning Event on the
+    adapter, and recorded as written so that only the resync tries it again."""
+    by_name = {entry.name: entry for entry in adapters}
+    done: dict[str, str | None] = {}
+    for name, header in routes.items():
+        entry = by_name.get(name)
+        uid = ((entry.body or {}).get("metadata") or {}).get("uid") if entry is not None else None
+        if entry is None or not uid:
+            continue
+        config_map = gateway.route_config_map_name(name)
+        if header is None:
+            apply.delete_if_owned(
+                api=memo.api, api_version="v1", kind="ConfigMap", namespace=namespace, name=config_map, owner_uid=uid
+            )
+            done[name] = None
+            continue
+        desired = gateway.route_config_map(
+            adapter=name, served=entry.served or name, namespace=namespace, server=server, header=header
+        )
+        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LoRAAdapter", "name": name, "uid": uid}
+        desired["metadata"]["ownerReferences"] = [{**owner, "controller": True}]
+        try:
+            _, action = apply.ensure(api=memo.api, desired=desired, owner_uid=uid)
+        except apply.NotOwned:
+            message = f"ConfigMap {config_map} exists and is not LoRAAdapter {name}'s: the gateway cannot route it"
+            when = wall_clock().isoformat().replace("+00:00", "Z")
+            body = {**owner, "metadata": {"name": name, "namespace": namespace, "uid": uid}}
+            apply.post_event(api=memo.api, obj=body, type="Warning", reason=ROUTE_NAME_TAKEN, message=message, now=when)
+        else:
+            if action != "unchanged":
+                logger.info("route of %s/%s %s: %s", namespace, name, action, header)
+        done[name] = header
+    return done
