@@ -251,17 +251,16 @@ def picker(
     return pick
 
 
-def pools(seed: int, *, home: Mapping[int, int], shared: Collection[int], prompts: Prompts = Prompts()) -> Router:
-    """A design, not built: one InferencePool per pod and one over all pods, the body-based router sending each
-    adapter to one of them (upstream's BBR sets the routing header from its `bbr-managed` ConfigMaps; an HTTPRoute
-    match per pool then picks the pool). An adapter in `shared` goes to the pool of all pods, its own endpoint picker
-    choosing there; any other goes to the pool of its `home` pod alone, where it is placed."""
+def homes(seed: int, *, home: Mapping[int, int], prompts: Prompts = Prompts()) -> Router:
+    """Routing to homes (routing.gateway.routeToHome): the body-based router sends an adapter with a `home` (placed on
+    that pod alone) straight to it, through the pod's own Service; any other through the server's pool, where the
+    endpoint picker chooses among all pods."""
     everyone = picker(seed, prompts=prompts)
 
     def route(adapter: int, now: float, replicas: Sequence[Replica]) -> int:
-        if adapter in shared or adapter not in home:
-            return everyone(adapter, now, replicas)
-        return home[adapter]
+        if adapter in home:
+            return home[adapter]
+        return everyone(adapter, now, replicas)
 
     return route
 

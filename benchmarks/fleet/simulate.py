@@ -13,9 +13,9 @@ Extension's endpoint picker (`fleet.core.picker`):
 - placement following load: the same, but every `--operator-s` seconds the operator re-places from each pod's load
   per adapter (`placement.follow_place`, what the operator runs for copiesMode Auto): copies go where the picker
   sends their adapter;
-- pools (design, not built): one InferencePool per pod and one over all pods, the body-based router sending each
-  adapter to its home pod's pool (every adapter placed once), or to the pool of all pods if the copy rule puts it on
-  every pod (`fleet.core.pools`).
+- routing to homes: what the operator does with routing.gateway.routeToHome: the copy rule's counts made one pod or
+  all (`placement.one_or_all`), placed as placement does; the body-based router sends an adapter on one pod straight
+  to it, and one on every pod through the picker (`fleet.core.homes`).
 Copies come from the operator's own rule (`placement.auto_copies`) applied to per-adapter request counts over an
 earlier window of the same workload, every request counted wherever it was served, as the operator sees load,
 noise included. The scale event re-runs the rule and the placement on N+1 replicas with the same disk budget, from
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, picker, pools, run
+from fleet.core import FAILED, FETCH, Costs, Prompts, Replica, Router, Stats, homes, picker, run
 from fleet.workload import requests, zipf_shares
 from moelora.operator.decide import placement
 
@@ -220,17 +220,16 @@ def cells(args: argparse.Namespace, adapters: int, replicas: int) -> list[Cell]:
     )
     result.append(scaled("placement following load", stats, fleet, state["homes"], grown_homes.homes))
     result[-1].replaced, result[-1].downloaded = state["replaced"], sum(r.background for r in fleet)
-    # Pools, a design not built: every adapter placed once (rendezvous, as copies 1), in an InferencePool of its home
-    # pod alone, except those the copy rule puts on every pod, which go to a pool of all pods.
-    ones = dict.fromkeys(copies, 1)
-    single, _ = place(sizes, ones, replicas, budget, on_demand_slots=args.max_loras)
-    home = {index(name): index(pods[0]) for name, pods in single.homes.items() if pods}
-    shared = {index(name) for name, count in copies.items() if count >= replicas}
-    stats, fleet = serve(on_pods(single.homes), budget, pools(args.seed, home=home, shared=shared, prompts=prompts))
-    grown_single, _ = place(
-        sizes, ones, replicas + 1, budget, current=dict(single.homes), on_demand_slots=args.max_loras
+    # Routing to homes: the copy rule's counts made one pod or all, as the operator makes them for routeToHome.
+    one_or_all = placement.one_or_all(copies, replicas=replicas)
+    homed, _ = place(sizes, one_or_all, replicas, budget, on_demand_slots=args.max_loras)
+    home = {index(name): index(pods[0]) for name, pods in homed.homes.items() if len(pods) == 1}
+    stats, fleet = serve(on_pods(homed.homes), budget, homes(args.seed, home=home, prompts=prompts))
+    grown = placement.one_or_all(observed_copies(args, shares, replicas + 1, current=one_or_all), replicas=replicas + 1)
+    grown_homed, _ = place(
+        sizes, grown, replicas + 1, budget, current=dict(homed.homes), on_demand_slots=args.max_loras
     )
-    result.append(scaled("pools (design, not built)", stats, fleet, single.homes, grown_single.homes))
+    result.append(scaled("routing to homes", stats, fleet, homed.homes, grown_homed.homes))
     return result
 
 

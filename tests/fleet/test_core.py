@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleet.core import CPU, DISK, FAILED, FETCH, GPU, Costs, Prompts, Replica, picker, pools, run
+from fleet.core import CPU, DISK, FAILED, FETCH, GPU, Costs, Prompts, Replica, homes, picker, run
 from fleet.workload import requests, zipf_shares
 
 # 1 GB adapters: a copy to the GPU takes 0.1 s, a read from disk 0.5 s more; an on-demand fetch and check 1.5 s.
@@ -163,12 +163,12 @@ def test_zipf_shares_and_seeded_requests() -> None:
     assert sum(adapter == 0 for _, adapter in first) / 2000 == pytest.approx(shares[0], abs=0.03)
 
 
-def test_pools_send_an_adapter_to_its_home_alone_and_a_shared_one_where_the_picker_would() -> None:
+def test_routing_to_homes_sends_an_adapter_to_its_home_alone_and_others_where_the_picker_would() -> None:
     fleets = [[replica() for _ in range(3)] for _ in range(2)]
-    route, alone = pools(0, home={0: 2, 1: 0}, shared={1}), picker(0)
-    assert {route(0, float(t), fleets[0]) for t in range(20)} == {2}  # its own pool holds one pod
+    route, alone = homes(0, home={0: 2}), picker(0)
+    assert {route(0, float(t), fleets[0]) for t in range(20)} == {2}  # however busy its pod gets
     chosen: list[list[int]] = [[], []]
-    for t in range(40):  # the shared adapter (and one the pools do not know) among all pods, as the picker sends them
+    for t in range(40):  # adapters without a home among all pods, as the picker sends them
         adapter = 1 if t % 2 else 3
         for fleet, router, picks in zip(fleets, (route, alone), chosen):
             pod = router(adapter, float(t), fleet)

@@ -18,7 +18,7 @@ def test_a_small_cell() -> None:
         "all-on-all",
         "placement",
         "placement following load",
-        "pools (design, not built)",
+        "routing to homes",
     ]
     assert {c.stats.requests for c in (blind, on_demand, everywhere, placed, following, pooled)} == {3200}
     assert everywhere.stats.tiers[FETCH] == 0 and placed.stats.tiers[FETCH] > 0
@@ -43,10 +43,11 @@ def test_a_small_cell() -> None:
         and following.stats.requests == 3200
     )
     assert following.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
-    # Pools: one copy of each adapter, so on-demand loads only for those shared by every pod's pool.
-    assert pooled.copies == 60 and pooled.disk_gb <= budget
-    shared = sum(count >= 4 for count in copies.values())
-    assert 0 < shared < 60 and pooled.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
+    # Routing to homes: one copy of each adapter but those on every pod, and on-demand loads only for requests the
+    # picker sends to a pod where an evicted adapter no longer is.
+    everywhere_count = sum(count >= 4 for count in copies.values())
+    assert 0 < everywhere_count < 60 and pooled.copies == 60 + 3 * everywhere_count and pooled.disk_gb <= budget
+    assert pooled.stats.tiers[FETCH] < placed.stats.tiers[FETCH]
 
 
 def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
@@ -58,5 +59,5 @@ def test_copies_come_from_a_noisy_window_not_the_shares() -> None:
 def test_main_prints_the_table(capsys) -> None:
     simulate.main(["--adapters", "30", "--replicas", "2,3", "--requests", "500", "--window", "300"])
     out = capsys.readouterr().out
-    layouts = ("placement", "placement following load", "all-on-all", "adapter-blind", "pools (design, not built)")
+    layouts = ("placement", "placement following load", "all-on-all", "adapter-blind", "routing to homes")
     assert all(out.count(f"| {layout} |") == 2 for layout in layouts)
