@@ -129,9 +129,8 @@ def test_deleting_a_server_collects_everything_it_owns_and_nothing_else() -> Non
                         (ref["apiVersion"], ref["kind"], ref["name"], ref["uid"], ref.get("controller")) for ref in refs
                     ] == [("moelora.io/v1alpha1", "ModelServer", name, uid, True)], (kind, child)
 
-        # Deleted with the operator stopped: a reconcile in flight could make a child again after the delete, which
-        # a real garbage collector also collects (its owner's uid is gone) but the emulator's, run at deletion only,
-        # would not.
+        # Deleted with the operator stopped, so what is collected is exactly the deleted servers' children (a reconcile
+        # in flight could make one again after the delete, which the garbage collector would take soon after).
         children = {name: owned(api, uid) for name, uid in uids.items()}
         before = everything(api)
         api.kubectl("delete", "ms", "gone", "cached", "-n", SERVING, "--wait=true", "--timeout=20s")
