@@ -101,10 +101,13 @@ def test_routing_to_homes_follows_the_agents_reports(kube: KubeAPI) -> None:
     assert routes(kube) == {"alpha": "qwen-moe"}
     apply(kube, server_pod(NS, pod, "qwen-moe"))
     make_ready(kube, NS, pod)
+    uid = kube.get(CONFIG_MAPS, NS, "alpha-route")["metadata"]["uid"]
     patch_status(kube, "lora", "alpha", NS, {"replicas": {pod: {"loaded": True, "state": "Loaded"}}})
     wait_for_routes(kube, {"alpha": f"qwen-moe@{pod}"})
     patch_status(kube, "pod", pod, NS, {"conditions": [{"type": "Ready", "status": "False"}]})
     wait_for_routes(kube, {"alpha": "qwen-moe"})
+    # Patched in place each time: BBR sees one update of one ConfigMap, never the name dropped by any.
+    assert kube.get(CONFIG_MAPS, NS, "alpha-route")["metadata"]["uid"] == uid
     # Routing to homes turned off again: the per-pod Services and the homes' route are deleted.
     off = {"spec": {"routing": {"gateway": {"routeToHome": False}}}}
     kube.kubectl("patch", "ms", "qwen-moe", "-n", NS, "--type=merge", "-p", json.dumps(off))
