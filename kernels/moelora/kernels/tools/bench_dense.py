@@ -35,7 +35,8 @@ from .tune import _ints
 from .tune_dense import DENSE_MODELS, projections
 
 CANDIDATES = list(itertools.product((64, 128), (1, 4, 16), (256, 512), (4, 8), (2, 4)))  # n, tiles, k, warps, stages
-SPLIT_CANDIDATES = list(itertools.product((4, 8, 16, 32), (64, 128), (4, 8, 16)))  # split_k, block_k, n_chunks
+# split_k, block_k, n_chunks, warps
+SPLIT_CANDIDATES = list(itertools.product((4, 8, 16, 32), (64, 128), (8, 16, 32), (2, 4)))
 
 
 def time_per_call(fn, *, layers: int) -> float:
@@ -88,7 +89,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
     row["vllm add"], row["vllm own"] = time_per_call(vllm_add, layers=layers), time_per_call(vllm_own, layers=layers)
     for add in (True, False):
         best = None
-        for split_k, bk, chunks in SPLIT_CANDIDATES:
+        for split_k, bk, chunks, warps in SPLIT_CANDIDATES:
             call = functools.partial(
                 dense_splitk,
                 y_ours if add else own,
@@ -99,6 +100,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
                 split_k=split_k,
                 block_k=bk,
                 n_chunks=chunks,
+                num_warps=warps,
             )
             try:
                 t = time_per_call(call, layers=layers)
@@ -107,7 +109,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
             if not add:  # every config's hand-off checked: `own` holds its last call's result
                 errors.append((own.float() - own_vllm.float()).abs().nan_to_num(float("inf")).max().item())
             if best is None or t < best[0]:
-                best = (t, f"{split_k}/{bk}/{chunks}")
+                best = (t, f"{split_k}/{bk}/{chunks}/{warps}")
         best = best or (float("nan"), "none fits")
         row["split add" if add else "split own"], row["split config add" if add else "split config own"] = best
         best = None
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer call")
     print(
-        "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | split add (split/k/chunks) | vllm own "
+        "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | split add (split/k/chunks/w) | vllm own "
         "| fused own | split own | error / max LoRA |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -151,6 +151,8 @@ def _dense_splitk_kernel(
         cols = n_lo + tl.arange(0, BLOCK_N)
         b_mask = (cols < n_hi)[:, None] & (ranks < rank)[None, :]
         b = tl.load(b_base + cols[:, None] * stride_bn + ranks[None, :], mask=b_mask, other=0.0)
+        # Polled with the acquire read-modify-write itself: volatile loads, then one acquire, were 0.5-2.1 µs slower
+        # for q/k/v at M = 16 and 64 on an H200 and 0.2-0.5 µs faster at M = 1 (docs/benchmarks.md).
         while tl.atomic_add(counter, 0, sem="acquire", scope="gpu") < n_split:
             pass
         # The S partials, (BLOCK_M, RANK_PAD) each, in an unrolled loop: every load in flight at once.
