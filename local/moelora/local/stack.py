@@ -81,7 +81,10 @@ class Stack:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.progress("starting the Kubernetes API emulator")
-            self.api = KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace).start()
+            # The gateway's kinds as published, so a server may route through one (nothing routes requests here).
+            published = ("InferencePool", "HTTPRoute")
+            self.api = KubeAPI(kubeconfig=self.root / "kubeconfig", namespace=self.namespace, published=published)
+            self.api.start()
             self.progress(f"  API server at {self.api.url}, kubeconfig {self.api.kubeconfig}")
             self.progress("starting S3 (moto) and uploading the generated tiny model")
             self.s3 = s3.start_moto(access_key_id=self.s3_keys[0], secret_access_key=self.s3_keys[1], port=self.s3_port)
