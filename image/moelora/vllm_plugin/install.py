@@ -95,8 +95,9 @@ def install(*, backend: str | None = None) -> Installed:
 
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
-    the op (moe_hooks.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the
-    whole model at every token-count class (model_warmup.py)."""
+    the op (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), the start-up
+    compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the whole model at every token-count
+    class (model_warmup.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -104,6 +105,13 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         from .moe_hooks import install_moe_hooks
 
         return install_moe_hooks(PunicaWrapperGPU, _PATCHES)
+
+    def dense_lora() -> str | None:
+        from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+        from .dense_lora import install_dense_lora
+
+        return install_dense_lora(PunicaWrapperGPU, _PATCHES)
 
     def dense_warmup() -> str | None:
         from .dense_warmup import install_dense_warmup, reset
@@ -121,6 +129,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
+        ("dense LoRA in one launch at 2-64 tokens", dense_lora),
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),
     ):

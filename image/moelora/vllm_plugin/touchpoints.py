@@ -22,6 +22,7 @@ Stdlib only, like contract.py.
 from __future__ import annotations
 
 from .contract import (
+    ADD_LORA_LINEAR_PARAMETERS,
     DUMMY_RUN_PARAMETERS,
     EXPAND_PARAMETERS,
     EXPERTS_APPLY_PARAMETERS,
@@ -115,7 +116,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_META,),
         "LoRAKernelMeta.meta_args",
         ("self", "token_nums", "specialize_active_lora"),
-        "moe_hooks, dense_warmup",
+        "moe_hooks, dense_warmup, dense_lora",
     ),
     Touchpoint(
         "LoRAKernelMeta.meta_args order",
@@ -131,7 +132,7 @@ HOOKS: tuple[Touchpoint, ...] = (
             "self.no_lora_flag_cpu",
             "num_active_loras",
         ),
-        "moe_hooks (items 0 and 5), dense_warmup (splats it)",
+        "moe_hooks (items 0 and 5), dense_warmup (splats it), dense_lora (items 1 to 6)",
     ),
     Touchpoint(
         "LoRAKernelMeta.make",
@@ -139,7 +140,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_META,),
         "LoRAKernelMeta.make",
         frozenset({"max_loras", "max_num_tokens", "device"}),
-        "dense_warmup, kernels.tools.tune_dense and bench_dense",
+        "dense_warmup, dense_lora, kernels.tools.tune_dense and bench_dense",
     ),
     Touchpoint(
         "LoRAKernelMeta.prepare_tensors",
@@ -147,7 +148,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_META,),
         "LoRAKernelMeta.prepare_tensors",
         ("self", "token_lora_mapping"),
-        "dense_warmup",
+        "dense_warmup, dense_lora",
     ),
     Touchpoint(
         "LoRAConfig.specialize_active_lora",
@@ -156,6 +157,31 @@ HOOKS: tuple[Touchpoint, ...] = (
         "LoRAConfig",
         ("specialize_active_lora",),
         "moe_hooks",
+    ),
+    # ---- dense_lora (CUDA): a linear layer's LoRA, on both of vLLM's paths (one stream, or the LoRA stream) ----
+    Touchpoint(
+        "PunicaWrapperGPU.add_lora_linear",
+        "params",
+        (_PUNICA_GPU,),
+        "PunicaWrapperGPU.add_lora_linear",
+        ADD_LORA_LINEAR_PARAMETERS,
+        "dense_lora",
+    ),
+    Touchpoint(
+        "add_lora_linear's add_inputs",
+        "text",
+        (_PUNICA_GPU,),
+        "add_inputs from **kwargs, adding by default",
+        ('add_inputs = kwargs.pop("add_inputs", True)',),
+        "dense_lora",
+    ),
+    Touchpoint(
+        "LoRA linear layers call add_lora_linear",
+        "text",
+        ("lora/layers/base_linear.py",),
+        "_apply_lora_to_output adds, _apply_async_impl writes a zeroed output",
+        ("self.punica_wrapper.add_lora_linear(", "output, x, self.lora_a_stacked", "add_inputs=False"),
+        "dense_lora",
     ),
     # ---- dense_warmup (CUDA): vLLM's dense LoRA ops and its tuned-config loader ----
     Touchpoint(

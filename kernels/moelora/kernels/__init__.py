@@ -2,8 +2,9 @@
 
 routing (pairs grouped by adapter and expert), fused (the op: plan_op, fused_moe_lora), shrink and expand (its two
 kernels, each with its launcher), tiles (their shared jit helpers), launch_config (KernelConfig and the tuned tables
-in configs/), block_layout (vLLM's blocked routing back to topk_ids), reference (PyTorch). The tuner and the
-benchmark live in moelora.kernels.tools, which this runtime never imports."""
+in configs/), block_layout (vLLM's blocked routing back to topk_ids), reference (PyTorch),
+dense_splitk (a dense layer's LoRA in one launch: the plugin serves it for vLLM's add_lora_linear at small token
+counts). The tuner and the benchmark live in moelora.kernels.tools, which this runtime never imports."""
 
 from .block_layout import topk_ids_from_blocks
 from .fused import OpPlan, fused_moe_lora, plan_op

@@ -28,9 +28,9 @@ import sys
 
 import torch
 
+from ..dense_splitk import dense_layout, dense_splitk
 from .bench import time_graph
-from .dense_one_launch import dense_layout, dense_lora
-from .dense_splitk import dense_splitk
+from .dense_one_launch import dense_lora
 from .tune import _ints
 from .tune_dense import DENSE_MODELS, projections
 

@@ -7,17 +7,16 @@ slice for one adapter and computes that adapter's rank-wide intermediate for its
 the no-adapter group (id -1) get zeros when the kernel writes (`add=False`), so the output needs no fill first. The
 token grouping is vLLM's (`LoRAKernelMeta.meta_args`). On an H200 it is slower than vLLM's tuned two launches at
 every decode size (docs/benchmarks.md): a program's walk over K is serial, where vLLM's shrink splits K across
-programs; kept as the baseline the next design (split K, an in-kernel hand-off to the expand) is measured against.
+programs; kept as the baseline that split K (moelora.kernels.dense_splitk, served) is measured against.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
+
+from ..dense_splitk import DenseLayout, dense_layout
 
 __all__ = ["DenseLayout", "dense_layout", "dense_lora"]
 
@@ -109,49 +108,6 @@ def _dense_lora_kernel(
                 if ADD:
                     out += tl.load(out_ptrs, mask=out_mask, other=0.0).to(tl.float32)
                 tl.store(out_ptrs, out.to(dtype), mask=out_mask)
-
-
-@dataclass(frozen=True)
-class DenseLayout:
-    """One layer's LoRA weights as the kernel reads them: device tables made once per layer (a CUDA graph cannot
-    capture their copies to the device)."""
-
-    a_ptrs: torch.Tensor  # (S,) int64
-    b_ptrs: torch.Tensor  # (S,) int64
-    slice_n: torch.Tensor  # (S,) int32
-    columns: torch.Tensor  # (S,) int32
-    b_lora_strides: torch.Tensor  # (S,) int64
-    rank: int
-    k: int
-    widest: int
-    stride_al: int
-    stride_ar: int
-    stride_bn: int
-
-
-def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
-    """lora_a (max_loras, [1,] rank, K) and lora_b (max_loras, [1,] N_s, rank) per slice, the last dimension
-    contiguous, every slice's lora_a with the same strides (vLLM's stacked weights are)."""
-    rank, k = lora_a[0].shape[-2:]
-    widths = [b.shape[-2] for b in lora_b]
-    device = lora_a[0].device
-
-    def table(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    return DenseLayout(
-        a_ptrs=table([a.data_ptr() for a in lora_a], torch.int64),
-        b_ptrs=table([b.data_ptr() for b in lora_b], torch.int64),
-        slice_n=table(widths, torch.int32),
-        columns=table([sum(widths[:i]) for i in range(len(widths))], torch.int32),
-        b_lora_strides=table([b.stride(0) for b in lora_b], torch.int64),
-        rank=rank,
-        k=k,
-        widest=max(widths),
-        stride_al=lora_a[0].stride(0),
-        stride_ar=lora_a[0].stride(-2),
-        stride_bn=lora_b[0].stride(-2),
-    )
 
 
 def dense_lora(

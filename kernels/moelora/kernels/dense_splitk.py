@@ -1,5 +1,6 @@
-"""An experiment, not served: a dense layer's LoRA as one launch with a split-K shrink, y[t, slice] (+)= scale *
-(x[t] @ A[l].T) @ B[l].T, measured against vLLM's launches and `dense_one_launch` by bench_dense.
+"""A dense layer's LoRA in one launch with a split-K shrink, y[t, slice] (+)= scale * (x[t] @ A[l].T) @ B[l].T: what
+the vLLM plugin serves for vLLM's `add_lora_linear` at 2 <= M <= 64 tokens (`served_config`), in place of vLLM's
+buffer, `lora_shrink` and `lora_expand`.
 
 A unit is one slice of one row block (16 rows of an adapter group, vLLM's grouping, `LoRAKernelMeta.meta_args`). The
 grid is one dimension, producers first: program p < S * units is split p % S of a unit's shrink; it reduces its K
@@ -11,28 +12,134 @@ weights' dtype (as vLLM's expand reads its float32 buffer) and writes or adds th
 
 Deadlock: an expand program spins on shrink programs of the same grid. The launcher only launches grids the GPU holds
 whole at once (occupancy of the compiled kernel), so every producer runs whatever the block scheduler's order; the
-producers-first ids make the usual in-order dispatch start them first as well. TRITON_INTERPRET runs programs one
-after another in id order, so there every producer has finished before the first consumer looks.
+producers-first ids make the usual in-order dispatch start them first as well. A kernel of another stream (vLLM's
+base GEMM beside the LoRA stream) can delay programs but never waits on them, so they all start in the end.
+TRITON_INTERPRET runs programs one after another in id order, so there every producer has finished before the first
+consumer looks.
 
 Counters: each unit has two int32 words, arrivals and departures, zero at rest. Every expand program of a unit adds
 one departure after its wait; the last to depart zeroes both words (all S have arrived, every sibling has stopped
 spinning), so the next op, on the same stream, starts from zero: a CUDA graph replays with no reset node. One buffer
 per device, made outside capture, shared by consecutive ops; two ops must not run at the same time on one device.
+A buffer outgrown is kept (graphs captured with it still use it), so growing never breaks a captured graph.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..residency import resident_room
-from .dense_one_launch import DenseLayout
+from .residency import resident_room
 
-__all__ = ["dense_splitk", "splitk_grid"]
+__all__ = [
+    "MAX_SERVED_M",
+    "DenseLayout",
+    "SplitKConfig",
+    "dense_layout",
+    "dense_splitk",
+    "served_config",
+    "splitk_grid",
+    "served_configs",
+    "served_kwargs",
+    "splitk_prepare",
+    "splitk_programs",
+]
 
 
-@triton.jit(do_not_specialize=["num_tokens", "groups", "row_blocks", "n_split", "k_tiles", "n_chunks"])
+@dataclass(frozen=True)
+class DenseLayout:
+    """One layer's LoRA weights as the kernel reads them: device tables made once per layer (a CUDA graph cannot
+    capture their copies to the device)."""
+
+    a_ptrs: torch.Tensor  # (S,) int64
+    b_ptrs: torch.Tensor  # (S,) int64
+    slice_n: torch.Tensor  # (S,) int32
+    columns: torch.Tensor  # (S,) int32
+    b_lora_strides: torch.Tensor  # (S,) int64
+    rank: int
+    k: int
+    widest: int
+    stride_al: int
+    stride_ar: int
+    stride_bn: int
+
+
+def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
+    """lora_a (max_loras, [1,] rank, K) and lora_b (max_loras, [1,] N_s, rank) per slice, the last dimension
+    contiguous, every slice's lora_a with the same strides (vLLM's stacked weights are). Copies to the device: not
+    inside CUDA-graph capture."""
+    rank, k = lora_a[0].shape[-2:]
+    widths = [b.shape[-2] for b in lora_b]
+    device = lora_a[0].device
+
+    def table(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return DenseLayout(
+        a_ptrs=table([a.data_ptr() for a in lora_a], torch.int64),
+        b_ptrs=table([b.data_ptr() for b in lora_b], torch.int64),
+        slice_n=table(widths, torch.int32),
+        columns=table([sum(widths[:i]) for i in range(len(widths))], torch.int32),
+        b_lora_strides=table([b.stride(0) for b in lora_b], torch.int64),
+        rank=rank,
+        k=k,
+        widest=max(widths),
+        stride_al=lora_a[0].stride(0),
+        stride_ar=lora_a[0].stride(-2),
+        stride_bn=lora_b[0].stride(-2),
+    )
+
+
+@dataclass(frozen=True)
+class SplitKConfig:
+    """Launch parameters: up to `split_k` shrink programs of `block_k` columns of K per unit, `n_chunks` expand
+    programs per unit over tiles of `block_n` output columns."""
+
+    split_k: int = 8
+    block_k: int = 128
+    n_chunks: int = 8
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# The largest token count served: the largest measured. On an H200 (docs/benchmarks.md, "split K", rank 32, 8
+# adapters; benchmarks/vllm_e2e/results/2026-12-04-dense-splitk/run2) split K against vLLM's two launches, written
+# output (the served dual-stream side) / added, µs: GPT-OSS q/k/v M = 16 10.4 / 11.2 vs 15.7 / 15.1, M = 64 12.8 /
+# 14.4 vs 18.2 / 17.6; o M = 16 7.0 / 7.6 vs 8.1 / 7.4, M = 64 7.7 / 8.3 vs 9.0 / 8.3; Qwen3 faster or equal at both.
+# At M = 1 it is slower (q/k/v 8.7 / 9.5 vs 8.4 / 7.8): vLLM keeps M = 1. Above 64, not measured: vLLM keeps those.
+MAX_SERVED_M = 64
+# The best config of bench_dense's sweep per (q/k/v-like: several slices, or one slice) and M class, same run.
+_SEVERAL_SLICES = ((16, SplitKConfig(split_k=8, block_k=64, n_chunks=16)), (64, SplitKConfig(8, 64, 8)))
+_ONE_SLICE = ((16, SplitKConfig(split_k=16, block_k=128, n_chunks=16)), (64, SplitKConfig(32, 64, 16)))
+
+
+def served_config(m: int, slices: int) -> SplitKConfig | None:
+    """The launch parameters for M tokens and this many slices, or None where vLLM's own launches are faster or
+    not measured against (M = 1, M > MAX_SERVED_M)."""
+    if not 2 <= m <= MAX_SERVED_M:
+        return None
+    for bound, config in _SEVERAL_SLICES if slices > 1 else _ONE_SLICE:
+        if m <= bound:
+            return config
+    return None
+
+
+def served_configs(slices: int) -> tuple[SplitKConfig, ...]:
+    """Every config `served_config` can pick for this many slices, with the largest M it is picked for."""
+    return tuple(config for _, config in (_SEVERAL_SLICES if slices > 1 else _ONE_SLICE))
+
+
+# Integers that change between launches of one layer (the token count, the grid's shape): not specialised on.
+_FREE = ("num_tokens", "groups", "row_blocks", "n_split", "k_tiles", "n_chunks")
+
+
+@triton.jit(do_not_specialize=list(_FREE))
 def _dense_splitk_kernel(
     # pointers
     x_ptr,  # (M, K)
@@ -191,51 +298,55 @@ def splitk_grid(*, k: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
+_outgrown: list[torch.Tensor] = []  # buffers replaced by larger ones: graphs captured with them still use them
 
 
 def _counter_words(device: torch.device, size: int) -> torch.Tensor:
-    """This device's counter words, zero at rest; grown only outside CUDA-graph capture (a graph keeps the address)."""
+    """This device's counter words, zero at rest; grown only outside CUDA-graph capture (a graph keeps the address,
+    so the old buffer is kept alive)."""
     buf = _counters.get(device)
     if buf is None or buf.numel() < size:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("dense_splitk: run once outside capture at the largest size first")
+        if buf is not None:
+            _outgrown.append(buf)
         buf = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
         _counters[device] = buf
     return buf
 
 
+def splitk_programs(*, m: int, groups: int, slices: int, k: int, config: SplitKConfig) -> tuple[int, int]:
+    """(programs, units) of the grid for M tokens in `groups` adapter groups: units = slices x row blocks, each
+    with S shrink and `n_chunks` expand programs."""
+    n_split, _ = splitk_grid(k=k, block_k=config.block_k, split_k=config.split_k)
+    # Each group's rows fill cdiv(count, 16) blocks: at most groups * cdiv(M, 16), and at most groups + M // 16.
+    row_blocks = min(groups * triton.cdiv(m, 16), groups + m // 16)
+    units = slices * row_blocks
+    return (n_split + config.n_chunks) * units, units
+
+
 _resident: dict[tuple, int] = {}
 
+_Meta = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]
 
-def dense_splitk(
+
+def _plan(
     y: torch.Tensor,
     x: torch.Tensor,
     layout: DenseLayout,
-    meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int],
+    meta: _Meta,
     *,
-    scale: float = 1.0,
-    add: bool = True,
-    split_k: int = 8,
-    block_k: int = 128,
-    n_chunks: int = 8,
-    block_n: int = 64,
-    num_warps: int = 4,
-    num_stages: int = 2,
-) -> None:
-    """One launch for all slices, K split over up to `split_k` programs per (slice, row block), the columns over
-    `n_chunks` expand programs. meta: (sorted token indices, tokens per group, group starts, group adapter ids,
-    number of groups), as vLLM's `LoRAKernelMeta.meta_args` gives them; `add`: y += LoRA, else y = LoRA (zeros in
-    rows without an adapter). Raises ValueError, launching nothing, when the grid does not fit on the GPU at once."""
+    scale: float,
+    add: bool,
+    config: SplitKConfig,
+) -> tuple[tuple[int], tuple, dict]:
+    """(grid, arguments, constexprs) of one launch; allocates the partials and the counter words."""
     sorted_ids, counts, starts, ids, groups = meta
-    if groups == 0:
-        return
     m, slices = x.shape[0], layout.slice_n.numel()
-    block_m, rank_pad = 16, max(16, triton.next_power_of_2(layout.rank))
-    n_split, k_tiles = splitk_grid(k=layout.k, block_k=block_k, split_k=split_k)
-    # Each group's rows fill cdiv(count, 16) blocks: at most groups * cdiv(M, 16), and at most groups + M // 16.
-    row_blocks = min(groups * triton.cdiv(m, block_m), groups + m // block_m)
-    units = slices * row_blocks
-    grid = ((n_split + n_chunks) * units,)
+    rank_pad = max(16, triton.next_power_of_2(layout.rank))
+    n_split, k_tiles = splitk_grid(k=layout.k, block_k=config.block_k, split_k=config.split_k)
+    programs, units = splitk_programs(m=m, groups=groups, slices=slices, k=layout.k, config=config)
+    row_blocks = units // slices
     partials = torch.empty((slices, m, triton.next_power_of_2(n_split), rank_pad), dtype=torch.float32, device=x.device)
     words = _counter_words(x.device, 2 * units)
     args = (
@@ -260,7 +371,7 @@ def dense_splitk(
         scale,
         n_split,
         k_tiles,
-        n_chunks,
+        config.n_chunks,
         x.stride(0),
         y.stride(0),
         layout.stride_al,
@@ -269,33 +380,80 @@ def dense_splitk(
     )
     consts = {
         "NUM_SLICES": slices,
-        "GROUPS_PAD": triton.next_power_of_2(groups),
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "BLOCK_K": block_k,
+        # From the id table's length (vLLM's max_loras + 1), not the group count: one variant whatever the number of
+        # active adapters a CUDA graph was captured for.
+        "GROUPS_PAD": triton.next_power_of_2(ids.numel()),
+        "BLOCK_M": 16,
+        "BLOCK_N": config.block_n,
+        "BLOCK_K": config.block_k,
         "RANK_PAD": rank_pad,
         "SPLIT_PAD": triton.next_power_of_2(n_split),
         "ADD": add,
-        "num_warps": num_warps,
-        "num_stages": num_stages,
+        "num_warps": config.num_warps,
+        "num_stages": config.num_stages,
     }
+    return (programs,), args, consts
+
+
+def dense_splitk(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    layout: DenseLayout,
+    meta: _Meta,
+    *,
+    scale: float = 1.0,
+    add: bool = True,
+    split_k: int = 8,
+    block_k: int = 128,
+    n_chunks: int = 8,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> None:
+    """One launch for all slices, K split over up to `split_k` programs per (slice, row block), the columns over
+    `n_chunks` expand programs. x (M, K), y (M, sum of the slices' N), both with a contiguous last dimension. meta:
+    (sorted token indices (M,), tokens per group (G,), group starts (G + 1,), group adapter ids (G,), number of
+    groups), as vLLM's `LoRAKernelMeta.meta_args` gives them; `add`: y += LoRA, else y = LoRA (zeros in rows without
+    an adapter). Raises ValueError, launching nothing, when the grid does not fit on the GPU at once."""
+    if meta[4] == 0:
+        return
+    config = SplitKConfig(split_k, block_k, n_chunks, block_n, num_warps, num_stages)
+    grid, args, consts = _plan(y, x, layout, meta, scale=scale, add=add, config=config)
     if x.device.type == "cuda" and grid[0] > _room(x.device, args, consts):
         raise ValueError(f"dense_splitk: {grid[0]} programs do not fit on the GPU at once")
     _dense_splitk_kernel[grid](*args, **consts)
+
+
+def splitk_prepare(
+    y: torch.Tensor, x: torch.Tensor, layout: DenseLayout, meta: _Meta, *, add: bool, config: SplitKConfig
+) -> int:
+    """Compile the variant these arguments launch, grow the counter words to its grid and return how many programs
+    of it the GPU holds at once (no bound off CUDA). Launches nothing; not inside CUDA-graph capture. With the largest
+    M and group count a caller will launch, later launches of that variant need no compile and no new buffer."""
+    _, args, consts = _plan(y, x, layout, meta, scale=1.0, add=add, config=config)
+    return _room(x.device, args, consts) if x.device.type == "cuda" else sys.maxsize
+
+
+def served_kwargs(config: SplitKConfig) -> dict[str, int]:
+    """dense_splitk's keyword arguments for a config."""
+    return asdict(config)
 
 
 def _room(device: torch.device, args: tuple, consts: dict) -> int:
     """Programs of this kernel variant the GPU holds at once, from the compiled kernel's registers and shared memory
     (compiled, not launched, once per key: the constexprs and what Triton specialises the other arguments on)."""
 
-    def spec(v: object) -> object:
+    def spec(name: str, v: object) -> object:
         if isinstance(v, torch.Tensor):
             return (v.dtype, v.data_ptr() % 16 == 0)
+        if name in _FREE or isinstance(v, float):  # not specialised: any value runs the same compiled kernel
+            return None
         if isinstance(v, int) and not isinstance(v, bool):
             return (v == 1, v % 16 == 0)
         return v
 
-    key = (device, tuple(sorted(consts.items())), tuple(spec(v) for v in args))
+    names = _dense_splitk_kernel.arg_names
+    key = (device, tuple(sorted(consts.items())), tuple(spec(n, v) for n, v in zip(names, args, strict=False)))
     if key not in _resident:
         kernel = _dense_splitk_kernel.warmup(*args, grid=(1,), **consts)
         kernel._init_handles()

@@ -1,0 +1,215 @@
+"""A dense layer's LoRA in one launch (CUDA): vLLM's `PunicaWrapperGPU.add_lora_linear` through moelora's
+`dense_splitk` where that is faster, vLLM's own buffer, `lora_shrink` and `lora_expand` everywhere else.
+
+`add_lora_linear` is the one call of both of vLLM's paths for a linear layer's LoRA: `_apply_lora_to_output` (one
+stream: add into the layer's output) and `_apply_async_impl` (vLLM's second LoRA stream: `add_inputs=False` writes
+a zeroed output of its own). The rule, `route`, is decided from what is known before CUDA-graph capture:
+- the token count is in `served_config`'s window (2 <= M <= 64 on the H200 table; M = 1 and M > 64 stay vLLM's);
+- the call is the plain one (no `buffer`, no keyword but `add_inputs`), 2-D, same fp16/bf16 dtype throughout,
+  last dimensions contiguous, the slices' widths those of `lora_b`, and not traced by torch.compile (so the
+  one-stream path is routed only where the model runs eagerly; the second-stream path, the served one, is inside
+  vLLM's opaque `lora_linear_async` op and is routed under torch.compile and CUDA graphs);
+- the layer has been prepared: on its first eager call with an adapter in the batch (vLLM's profile run has none;
+  the plugin's model warm-up, or any served batch, has), outside capture, its weight tables are made and each
+  config it may launch is compiled at the largest M and group count, which gives how many programs the GPU holds;
+  a layer never prepared (first met inside capture) stays vLLM's: with `MOELORA_WARMUP=0` there is no model
+  warm-up, so graphs captured before any batch with adapters keep vLLM's kernels;
+- the grid for this M and group count fits in that room (an arithmetic check; `dense_splitk` raising ValueError
+  anyway also falls back, before anything is launched).
+`MOELORA_DENSE_SPLITK=0` keeps vLLM's kernels for every call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .contract import ADD_LORA_LINEAR_PARAMETERS
+from .patches import Patches
+
+__all__ = ["ENV", "install_dense_lora", "route"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+
+ENV = "MOELORA_DENSE_SPLITK"  # "0": vLLM's dense LoRA kernels for every call
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class _Layer:
+    """One layer's prepared state: its weight tables, the epilogues prepared (`add` values) and, per (config, add),
+    how many programs the GPU holds."""
+
+    layout: Any  # moelora.kernels.dense_splitk.DenseLayout
+    slices: int
+    prepared: set[bool] = field(default_factory=set)
+    rooms: dict[tuple[Any, bool], int] = field(default_factory=dict)
+
+
+_layers: dict[tuple, _Layer | None] = {}  # None: this layer's weights do not fit the kernel (vLLM's, always)
+_original: dict[str, Callable[..., None]] = {}
+
+
+def _weights_key(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> tuple:
+    return tuple((w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype) for w in (*lora_a, *lora_b))
+
+
+def _supported(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+) -> bool:
+    """The call is one dense_splitk computes as vLLM does (checked on every call: cheap, and views change)."""
+    if x.ndim != 2 or y.ndim != 2 or y.size(0) != x.size(0) or x.stride(-1) != 1 or y.stride(-1) != 1:
+        return False
+    if not (len(lora_a) == len(lora_b) == len(output_slices) >= 1) or y.size(1) != sum(output_slices):
+        return False
+    dtype = x.dtype
+    if dtype not in _DTYPES or y.dtype != dtype or any(w.dtype != dtype for w in (*lora_a, *lora_b)):
+        return False
+    return x.device == y.device == lora_a[0].device
+
+
+def _layer_fits(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor], output_slices: Sequence[int]) -> bool:
+    """vLLM's stacked weights: lora_a (max_loras, 1, rank, K) alike across slices, lora_b (max_loras, 1, N_s, rank),
+    last dimensions contiguous."""
+    a0 = lora_a[0]
+    if a0.ndim != 4 or any(a.shape != a0.shape or a.stride() != a0.stride() or a.stride(-1) != 1 for a in lora_a):
+        return False
+    rank = a0.shape[-2]
+    return all(
+        b.ndim == 4 and b.shape[-1] == rank and b.shape[-2] == n and b.stride(-1) == 1
+        for b, n in zip(lora_b, output_slices, strict=True)
+    )
+
+
+def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
+    """Compile each config the layer may launch with this `add` at the largest M and group count, on scratch
+    buffers, and record its room (the counter words grow to that grid now). Outside capture only."""
+    from moelora.kernels.dense_splitk import MAX_SERVED_M, served_configs, splitk_prepare
+
+    from .dense_warmup import _meta
+
+    t0 = time.monotonic()
+    dev, m = x.device, MAX_SERVED_M
+    args = _meta(max_loras, m, dev)
+    meta = (args[1], args[2], args[3], args[4], int(args[6].item()))
+    width = int(layer.layout.slice_n.sum().item())
+    scratch_x = torch.zeros(m, layer.layout.k, device=dev, dtype=x.dtype)
+    scratch_y = torch.zeros(m, width, device=dev, dtype=x.dtype)
+    for config in served_configs(layer.slices):
+        layer.rooms[(config, add)] = splitk_prepare(scratch_y, scratch_x, layer.layout, meta, add=add, config=config)
+    layer.prepared.add(add)
+    log.debug(
+        "moelora: dense LoRA in one launch prepared for K=%d, %d slice(s), add=%s in %.2f s",
+        layer.layout.k,
+        layer.slices,
+        add,
+        time.monotonic() - t0,
+    )
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def route(
+    wrapper: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    scale: float,
+    output_slices: Sequence[int],
+    add: bool,
+) -> bool:
+    """Run this add_lora_linear call as dense_splitk and return True, or return False (nothing done) for vLLM's."""
+    from moelora.kernels.dense_splitk import dense_layout, dense_splitk, served_config, served_kwargs, splitk_programs
+
+    if not _supported(y, x, lora_a, lora_b, output_slices):
+        return False
+    m = x.size(0)
+    meta_args = wrapper.token_mapping_meta.meta_args(m, wrapper.lora_config.specialize_active_lora)
+    if bool(meta_args[5].item()):  # no adapter in this batch: vLLM's ops return at once
+        return False
+    key = _weights_key(lora_a, lora_b)
+    if not _capturing(x.device):
+        if key not in _layers:
+            fits = _layer_fits(lora_a, lora_b, output_slices)
+            _layers[key] = _Layer(dense_layout(lora_a, lora_b), len(lora_a)) if fits else None
+        layer = _layers[key]
+        if layer is not None and add not in layer.prepared:
+            _prepare(layer, x, meta_args[4].numel() - 1, add)
+    layer = _layers.get(key)
+    config = served_config(m, len(output_slices))
+    if layer is None or config is None or (config, add) not in layer.rooms:
+        return False
+    groups = int(meta_args[6].item())
+    programs, _ = splitk_programs(m=m, groups=groups, slices=layer.slices, k=layer.layout.k, config=config)
+    if programs > layer.rooms[(config, add)]:
+        return False
+    meta = (meta_args[1], meta_args[2], meta_args[3], meta_args[4], groups)
+    try:
+        dense_splitk(y, x, layer.layout, meta, scale=scale, add=add, **served_kwargs(config))
+    except ValueError:  # raised before launching: the grid does not fit (a variant the room was not taken for)
+        return False
+    return True
+
+
+def add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    *,
+    buffer: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> None:
+    """vLLM's PunicaWrapperGPU.add_lora_linear, through dense_splitk where `route` takes it. Not while torch.compile
+    traces the call (vLLM's one-stream path inside a compiled model: the route's host-side decisions cannot be
+    traced); vLLM's second-stream path calls it inside vLLM's own opaque op, `lora_linear_async`, so it is routed."""
+    if not torch.compiler.is_compiling() and buffer is None and set(kwargs) <= {"add_inputs"}:
+        add = bool(kwargs.get("add_inputs", True))
+        if route(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, add):
+            return None
+    return _original["add_lora_linear"](
+        self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+    )
+
+
+def install_dense_lora(cls: type, patches: Patches) -> str | None:
+    """Hook cls.add_lora_linear (PunicaWrapperGPU) through `patches`; None when done, else why not (nothing
+    changed)."""
+    fn = cls.__dict__.get("add_lora_linear")
+    if fn is None:
+        return f"{cls.__name__} has no add_lora_linear"
+    params = inspect.signature(fn).parameters.values()
+    named = tuple(p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD)
+    if named != ADD_LORA_LINEAR_PARAMETERS or not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return f"{cls.__name__}.add_lora_linear signature differs from the pinned one"
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
+    import moelora.kernels.dense_splitk  # noqa: F401  (fail here, at start-up, rather than on the first request)
+
+    _original["add_lora_linear"] = fn
+    patches.set(cls, "add_lora_linear", add_lora_linear)
+    patches.on_undo(_forget)
+    return None
+
+
+def _forget() -> None:
+    _original.clear()
+    _layers.clear()

@@ -1,0 +1,216 @@
+"""The plugin's dense LoRA route (moelora.vllm_plugin.dense_lora): which add_lora_linear calls go to dense_splitk and
+which stay vLLM's, the result on both of vLLM's paths against vLLM's own torch LoRA ops (Triton's interpreter, small
+shapes), and the hook's pinned contract."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from moelora.kernels import dense_splitk as splitk
+from moelora.vllm_plugin import dense_lora
+from moelora.vllm_plugin.patches import Patches
+
+# 18 rows: rows without an adapter, three adapters, slot 2 over two row blocks of 16.
+MAPPING = [2, -1, 0, 2, 2, -1, 1, 0] + [2] * 10
+WIDTHS = (40, 16, 24)  # q/k/v-like: three slices of different widths
+
+
+def _wrapper(mapping: list[int], *, loras: int = 3, specialize: bool = False) -> SimpleNamespace:
+    """What the route reads of vLLM's PunicaWrapperGPU: its token-mapping metadata, vLLM's own class."""
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    meta = LoRAKernelMeta.make(loras, 128, device="cpu")
+    meta.prepare_tensors(torch.tensor(mapping, dtype=torch.int32))
+    return SimpleNamespace(token_mapping_meta=meta, lora_config=SimpleNamespace(specialize_active_lora=specialize))
+
+
+def _layer(m: int, *, k: int = 48, rank: int = 8, widths=WIDTHS, loras: int = 3, dtype=torch.float16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return SimpleNamespace(
+        x=torch.randn(m, k, generator=g).to(dtype),
+        a=tuple((torch.randn(loras, 1, rank, k, generator=g) / 4).to(dtype) for _ in widths),
+        b=tuple((torch.randn(loras, 1, n, rank, generator=g) / 4).to(dtype) for n in widths),
+        base=torch.randn(m, sum(widths), generator=g).to(dtype),
+        widths=tuple(widths),
+    )
+
+
+def _vllm_reference(layer, mapping: list[int], scale: float) -> torch.Tensor:
+    """vLLM's torch LoRA ops (its CPU punica path): a float32 shrink per slice, then the expand into the slice."""
+    from vllm.lora.ops.torch_ops import bgmv_expand_slice, bgmv_shrink
+
+    ids = torch.tensor(mapping)
+    rows = ids >= 0
+    out = torch.zeros(len(mapping), sum(layer.widths), dtype=layer.x.dtype)
+    part = out[rows]
+    offset = 0
+    for a, b, n in zip(layer.a, layer.b, layer.widths, strict=True):
+        buffer = torch.zeros(int(rows.sum()), a.shape[-2], dtype=torch.float32)
+        bgmv_shrink(layer.x[rows], a, buffer, ids[rows], scale)
+        bgmv_expand_slice(buffer, b, part, ids[rows], offset, n, add_inputs=True)
+        offset += n
+    out[rows] = part
+    return out
+
+
+@pytest.fixture
+def vllm_calls(monkeypatch):
+    """vLLM's own add_lora_linear replaced by a recorder: a call that reaches it was not routed."""
+    calls: list[dict] = []
+
+    def original(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, **kwargs):
+        calls.append({"m": x.size(0), "buffer": buffer, **kwargs})
+
+    monkeypatch.setitem(dense_lora._original, "add_lora_linear", original)
+    monkeypatch.setattr(dense_lora, "_layers", {})
+    return calls
+
+
+def _call(wrapper, y, layer, **kwargs) -> None:
+    dense_lora.add_lora_linear(wrapper, y, layer.x, layer.a, layer.b, 0.5, layer.widths, **kwargs)
+
+
+def test_served_window_and_configs() -> None:
+    assert splitk.served_config(1, 3) is None  # M = 1: vLLM's launches are faster there
+    assert splitk.served_config(2, 3) == splitk.served_config(16, 3) == splitk.SplitKConfig(8, 64, 16)
+    assert splitk.served_config(17, 3) == splitk.served_config(64, 3) == splitk.SplitKConfig(8, 64, 8)
+    assert splitk.served_config(16, 1) == splitk.SplitKConfig(16, 128, 16)
+    assert splitk.served_config(64, 1) == splitk.SplitKConfig(32, 64, 16)
+    assert splitk.served_config(splitk.MAX_SERVED_M + 1, 1) is None  # not measured: vLLM's
+    for slices in (1, 3):
+        picked = {splitk.served_config(m, slices) for m in range(2, splitk.MAX_SERVED_M + 1)}
+        assert picked == set(splitk.served_configs(slices))
+
+
+def test_grid_arithmetic_matches_the_launch() -> None:
+    config = splitk.SplitKConfig(8, 64, 16)
+    # K 2880 in 45 tiles of 64: 8 splits; 9 groups of one row block each at M = 16, 3 slices: 27 units.
+    assert splitk.splitk_programs(m=16, groups=9, slices=3, k=2880, config=config) == ((8 + 16) * 27, 27)
+    # M = 64, 9 groups: at most 9 + 4 row blocks, not 9 x 4.
+    assert splitk.splitk_programs(m=64, groups=9, slices=3, k=2880, config=config)[1] == 3 * 13
+
+
+@pytest.mark.parametrize("add", [True, False])
+@pytest.mark.parametrize("m", [2, 18])
+def test_routed_calls_match_vllms_reference_on_both_paths(add: bool, m: int, vllm_calls) -> None:
+    mapping = MAPPING[:m]
+    layer = _layer(m, seed=m)
+    wrapper = _wrapper(mapping)
+    # One stream adds into the layer's output; the LoRA stream writes an output of its own (add_inputs=False), which
+    # vLLM zeroes first: NaN here shows every element is written, rows without an adapter as zeros.
+    y = layer.base.clone() if add else torch.full_like(layer.base, float("nan"))
+    _call(wrapper, y, layer, **({} if add else {"add_inputs": False}))
+    assert not vllm_calls
+    want = _vllm_reference(layer, mapping, 0.5).double() + (layer.base.double() if add else 0.0)
+    torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
+    bare = torch.tensor(mapping) < 0
+    assert torch.equal(y[bare], layer.base[bare] if add else torch.zeros_like(layer.base[bare]))
+
+
+def test_calls_outside_the_rule_stay_vllms(vllm_calls) -> None:
+    layer = _layer(18)
+    wrapper = _wrapper(MAPPING)
+    y = layer.base.clone()
+    one = _layer(1)
+    _call(_wrapper([1]), one.base.clone(), one)  # M = 1
+    big = _layer(splitk.MAX_SERVED_M + 1)
+    _call(_wrapper([0] * (splitk.MAX_SERVED_M + 1)), big.base.clone(), big)  # above the window
+    _call(_wrapper([-1] * 18), y, layer)  # no adapter in the batch
+    _call(wrapper, y, layer, buffer=torch.empty(3, 18, 8))  # a caller's buffer
+    _call(wrapper, y, layer, add_inputs=True, offset_start=4)  # a keyword it does not know
+    wide = _layer(18, dtype=torch.float32)  # not fp16/bf16
+    _call(wrapper, wide.base.clone(), wide)
+    with pytest.MonkeyPatch.context() as patch:  # traced by torch.compile: the route's host-side checks cannot be
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        _call(wrapper, y, layer)
+    assert [c["m"] for c in vllm_calls] == [1, splitk.MAX_SERVED_M + 1, 18, 18, 18, 18, 18]
+    assert torch.equal(y, layer.base)
+
+
+def test_a_grid_that_does_not_fit_stays_vllms(vllm_calls, monkeypatch) -> None:
+    layer = _layer(18)
+    wrapper = _wrapper(MAPPING)
+    monkeypatch.setattr(splitk, "splitk_prepare", lambda *a, **k: 100)  # the GPU holds 100 programs
+    y = layer.base.clone()
+    _call(wrapper, y, layer)  # (1 + 8) x 3 slices x 5 row blocks = 135 programs
+    assert len(vllm_calls) == 1 and torch.equal(y, layer.base)
+
+    def refuses(*args, **kwargs):
+        raise ValueError("dense_splitk: does not fit")
+
+    monkeypatch.setattr(splitk, "splitk_prepare", lambda *a, **k: 10**6)
+    monkeypatch.setattr(dense_lora, "_layers", {})
+    monkeypatch.setattr(splitk, "dense_splitk", refuses)
+    _call(wrapper, y, layer)
+    assert len(vllm_calls) == 2 and torch.equal(y, layer.base)
+
+
+def test_each_layer_is_prepared_once_per_epilogue_and_never_in_capture(vllm_calls, monkeypatch) -> None:
+    prepared: list[tuple] = []
+    real = splitk.splitk_prepare
+
+    def counting(y, x, layout, meta, *, add, config):
+        prepared.append((x.shape[0], meta[4], add, config))
+        return real(y, x, layout, meta, add=add, config=config)
+
+    monkeypatch.setattr(splitk, "splitk_prepare", counting)
+    layer = _layer(18)
+    wrapper = _wrapper(MAPPING)
+    monkeypatch.setattr(dense_lora, "_capturing", lambda device: True)
+    _call(wrapper, layer.base.clone(), layer)  # first met inside capture: vLLM's, nothing made
+    assert len(vllm_calls) == 1 and not prepared and not dense_lora._layers
+    monkeypatch.setattr(dense_lora, "_capturing", lambda device: False)
+    big = SimpleNamespace(**{**vars(layer), "x": torch.randn(100, 48).half(), "base": torch.randn(100, 80).half()})
+    _call(_wrapper([0] * 100), big.base.clone(), big)  # an eager batch outside the window prepares the layer
+    assert len(vllm_calls) == 2
+    # Every config at the largest M and group count (max_loras + 1), for this epilogue.
+    assert prepared == [(splitk.MAX_SERVED_M, 4, True, c) for c in splitk.served_configs(3)]
+    monkeypatch.setattr(dense_lora, "_capturing", lambda device: True)
+    _call(wrapper, layer.base.clone(), layer)  # in capture now: served, nothing more prepared
+    _call(wrapper, torch.zeros_like(layer.base), layer, add_inputs=False)  # the other epilogue was never prepared
+    assert len(vllm_calls) == 3 and len(prepared) == 2
+
+
+def test_hook_installs_on_vllms_punica_wrapper_and_comes_off() -> None:
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    before = PunicaWrapperGPU.add_lora_linear
+    patches = Patches()
+    assert dense_lora.install_dense_lora(PunicaWrapperGPU, patches) is None  # the installed vLLM has the pinned one
+    try:
+        assert PunicaWrapperGPU.add_lora_linear is dense_lora.add_lora_linear
+        assert dense_lora._original["add_lora_linear"] is before
+    finally:
+        patches.undo()
+    assert PunicaWrapperGPU.add_lora_linear is before and not dense_lora._original
+
+
+def test_hook_refuses_a_changed_signature_and_the_switch(monkeypatch) -> None:
+    class Changed:
+        def add_lora_linear(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices):  # no buffer, kwargs
+            return "kept"
+
+    patches = Patches()
+    assert "signature differs" in dense_lora.install_dense_lora(Changed, patches)
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    monkeypatch.setenv(dense_lora.ENV, "0")
+    assert dense_lora.install_dense_lora(PunicaWrapperGPU, patches) == f"{dense_lora.ENV}=0"
+    assert not patches.done
+
+
+def test_fewer_groups_than_slots_when_vllm_specialises_on_active_adapters(vllm_calls) -> None:
+    """With `specialize_active_lora` the group count is the batch's (2 here), below the id table's 4 slots: the
+    same compiled variant (its group padding follows the table) serves it."""
+    mapping = [1, -1, 1, 1, -1]
+    layer = _layer(5, seed=5)
+    wrapper = _wrapper(mapping, specialize=True)
+    assert int(wrapper.token_mapping_meta.meta_args(5, True)[6].item()) == 2
+    y = layer.base.clone()
+    _call(wrapper, y, layer)
+    assert not vllm_calls
+    want = _vllm_reference(layer, mapping, 0.5).double() + layer.base.double()
+    torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
