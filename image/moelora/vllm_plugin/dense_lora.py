@@ -56,6 +56,7 @@ class _Layer:
 
 _layers: dict[tuple, _Layer | None] = {}  # None: this layer's weights do not fit the kernel (vLLM's, always)
 _original: dict[str, Callable[..., None]] = {}
+_logged: set[tuple] = set()
 
 
 def _weights_key(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> tuple:
@@ -110,13 +111,16 @@ def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     for config in served_configs(layer.slices):
         layer.rooms[(config, add)] = splitk_prepare(scratch_y, scratch_x, layer.layout, meta, add=add, config=config)
     layer.prepared.add(add)
-    log.debug(
-        "moelora: dense LoRA in one launch prepared for K=%d, %d slice(s), add=%s in %.2f s",
-        layer.layout.k,
-        layer.slices,
-        add,
-        time.monotonic() - t0,
-    )
+    shape = (layer.layout.k, width, layer.slices, add)
+    if shape not in _logged:  # once per shape: the first layer of a shape compiles, the others find it compiled
+        _logged.add(shape)
+        rooms = [layer.rooms[(c, add)] for c in served_configs(layer.slices)]
+        log.info(
+            "moelora: dense LoRA in one launch ready for K=%d, N=%d (%d slices), add=%s: rooms %s, in %.2f s",
+            *shape,
+            rooms,
+            time.monotonic() - t0,
+        )
 
 
 def _capturing(device: torch.device) -> bool:
@@ -213,3 +217,4 @@ def install_dense_lora(cls: type, patches: Patches) -> str | None:
 def _forget() -> None:
     _original.clear()
     _layers.clear()
+    _logged.clear()
