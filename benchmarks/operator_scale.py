@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import pathlib
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import kmock
 
@@ -65,6 +67,31 @@ def deployment_names(kube: KubeAPI) -> list[str]:
     )
 
 
+@contextlib.contextmanager
+def operator_process(kube: KubeAPI, *, resync_seconds: int) -> Iterator[subprocess.Popen[bytes]]:
+    """`python -m moelora.operator` against `kube`, as in a cluster, given kopf's start-up, stopped on exit; the
+    ERROR lines of its log are counted on stderr."""
+    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_RESYNC_SECONDS": str(resync_seconds)}
+    log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "moelora.operator"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        time.sleep(3)  # kopf's startup: discovery, watches
+        if operator.poll() is not None:
+            raise SystemExit(f"operator exited: {pathlib.Path(log.name).read_text()[-2000:]}")
+        yield operator
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+        errors = [line for line in pathlib.Path(log.name).read_text().splitlines() if " ERROR " in line]
+        print(f"operator log: {log.name} ({len(errors)} ERROR lines)", file=sys.stderr)
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -89,50 +116,32 @@ def main() -> int:
     if args.adapters:
         return adapters_table(args)
 
-    with KubeAPI(validate=True) as kube:
-        env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "MOELORA_RESYNC_SECONDS": "300"}
-        log = tempfile.NamedTemporaryFile(prefix="operator-", suffix=".log", delete=False)  # noqa: SIM115
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "moelora.operator"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            time.sleep(3)  # kopf's startup: discovery, watches
-            if operator.poll() is not None:
-                raise SystemExit(f"operator exited: {pathlib.Path(log.name).read_text()[-2000:]}")
-            idle_rss = peak_rss_mib(operator.pid)
-            objects = [model_server(i) for i in range(args.servers)]
-            created: dict[str, float] = {}
-            seen: dict[str, float] = {}
-            start = time.monotonic()
-            with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-                futures = {pool.submit(post, kube.url, obj): obj["metadata"]["name"] for obj in objects}  # type: ignore[index]
-                while len(seen) < args.servers and time.monotonic() - start < args.timeout:
-                    for future in [f for f in futures if f.done() and futures[f] not in created]:
-                        created[futures[future]] = future.result()
-                    now = time.monotonic()
-                    for name in deployment_names(kube):
-                        seen.setdefault(name, now)
-                    time.sleep(0.05)
-                for future, name in futures.items():
-                    created.setdefault(name, future.result())
-            all_deployments = time.monotonic() - start
-            while time.monotonic() - start < args.timeout:  # every server's status written
-                statuses = [s for s in kube.list(MS, "bench") if (s.get("status") or {}).get("conditions")]
-                if len(statuses) == args.servers:
-                    break
-                time.sleep(0.5)
-            all_status = time.monotonic() - start
-            time.sleep(2)
-            peak_rss = peak_rss_mib(operator.pid)
-        finally:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
-            errors = [line for line in pathlib.Path(log.name).read_text().splitlines() if " ERROR " in line]
-            print(f"operator log: {log.name} ({len(errors)} ERROR lines)", file=sys.stderr)
+    with KubeAPI(validate=True) as kube, operator_process(kube, resync_seconds=300) as operator:
+        idle_rss = peak_rss_mib(operator.pid)
+        objects = [model_server(i) for i in range(args.servers)]
+        created: dict[str, float] = {}
+        seen: dict[str, float] = {}
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
+            futures = {pool.submit(post, kube.url, obj): obj["metadata"]["name"] for obj in objects}  # type: ignore[index]
+            while len(seen) < args.servers and time.monotonic() - start < args.timeout:
+                for future in [f for f in futures if f.done() and futures[f] not in created]:
+                    created[futures[future]] = future.result()
+                now = time.monotonic()
+                for name in deployment_names(kube):
+                    seen.setdefault(name, now)
+                time.sleep(0.05)
+            for future, name in futures.items():
+                created.setdefault(name, future.result())
+        all_deployments = time.monotonic() - start
+        while time.monotonic() - start < args.timeout:  # every server's status written
+            statuses = [s for s in kube.list(MS, "bench") if (s.get("status") or {}).get("conditions")]
+            if len(statuses) == args.servers:
+                break
+            time.sleep(0.5)
+        all_status = time.monotonic() - start
+        time.sleep(2)
+        peak_rss = peak_rss_mib(operator.pid)
 
     missing = args.servers - len(seen)
     latencies = [seen[name] - created[name] for name in seen]

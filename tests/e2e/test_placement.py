@@ -207,6 +207,28 @@ class Recorder:
                 raise
 
 
+def check_routes(
+    local: stack.Stack,
+    recorder: Recorder,
+    moved: list[str],
+    *,
+    before: dict[str, list[str]],
+    after: dict[str, list[str]],
+) -> None:
+    """Every adapter routed to its home in the end, and never to another pod; a moved one reached its new home only
+    through the pool (once loaded there). A pod that stops being ready for a moment sends its adapters through the
+    pool meanwhile, so the pool may appear between any two homes."""
+    until(lambda: routed_home(local, after), timeout=60, what=f"every adapter routed home ({routes(local)})")
+    for name in ADAPTERS:
+        old, new = home(before[name][0]), home(after[name][0])
+        until(lambda n=name, w=new: recorder.routes[n][-1:] == [w], timeout=10, what=f"{name} routed to {new}")
+        seen = recorder.routes[name]
+        assert set(seen) <= {old, SERVER, new} and seen[0] == old, (name, seen)
+        if name in moved:
+            first = seen.index(new)
+            assert SERVER in seen[:first], (name, seen)  # old home, then the pool, then the new home
+
+
 class Traffic:
     """Completions for every adapter, one thread per adapter, each request to a pod the adapter's status says holds
     it (re-read before every request)."""
@@ -315,14 +337,7 @@ def test_scale_out_moves_only_what_placement_predicts_without_failed_requests(pl
             assert history[-3:] == [tuple(two[name]), tuple(three[name] + two[name]), tuple(three[name])], history
         else:
             assert history == [tuple(two[name])], (name, history)
-    # Routes: a moved adapter leaves its old home for the pool, and goes to its new home only once loaded there.
-    until(lambda: routed_home(placed, three), timeout=60, what=f"every adapter routed home ({routes(placed)})")
-    for name in ADAPTERS:
-        if name in moved:
-            want = [home(two[name][0]), SERVER, home(three[name][0])]
-            until(lambda n=name, w=want: recorder.routes[n][-3:] == w, timeout=10, what=f"{name}'s routes {want}")
-        else:
-            assert recorder.routes[name] == [home(two[name][0])], (name, recorder.routes[name])
+    check_routes(placed, recorder, moved, before=two, after=three)
     print(  # the figures docs/benchmarks.md records
         f"\nplacement e2e: {len(ADAPTERS)} adapters, 2 -> 3 pods, moved {len(moved)} (placement predicts "
         f"{len(moved)}: {', '.join(moved)} to {new}), requests {sum(traffic.sent.values())} "
@@ -367,13 +382,7 @@ def test_scale_in_moves_only_what_placement_predicts_without_failed_requests(pla
             assert history[-3:] == [tuple(three[name]), tuple(two[name] + three[name]), tuple(two[name])], history
         else:
             assert history == [tuple(three[name])], (name, history)
-    until(lambda: routed_home(placed, two), timeout=60, what=f"every adapter routed home ({routes(placed)})")
-    for name in ADAPTERS:
-        if name in moved:
-            want = [home(three[name][0]), SERVER, home(two[name][0])]
-            until(lambda n=name, w=want: recorder.routes[n][-3:] == w, timeout=10, what=f"{name}'s routes {want}")
-        else:
-            assert recorder.routes[name] == [home(three[name][0])], (name, recorder.routes[name])
+    check_routes(placed, recorder, moved, before=three, after=two)
     until(
         lambda: all(set(status(placed, name).get("replicas") or {}) == set(two[name]) for name in ADAPTERS),
         timeout=60,

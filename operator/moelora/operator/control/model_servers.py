@@ -179,29 +179,16 @@ def _delete_unrendered(
         if kind not in kinds:
             continue
         names = [optional_name(meta["name"]) for optional_name in optional_names]
+        where = {"api": api, "api_version": api_version, "kind": kind, "namespace": meta["namespace"]}
         component = COUNTED_CHILDREN.get((api_version, kind))
         if component is not None:
             labels = {**naming.selector(meta["name"]), naming.LABEL_COMPONENT: component}
-            found = apply.list_owned(
-                api=api,
-                api_version=api_version,
-                kind=kind,
-                namespace=meta["namespace"],
-                labels=labels,
-                owner_uid=meta["uid"],
-            )
+            found = apply.list_owned(**where, labels=labels, owner_uid=meta["uid"])
             names += [obj["metadata"]["name"] for obj in found]
         for name in names:
             if (api_version, kind, name) in rendered:
                 continue
-            deleted = apply.delete_if_owned(
-                api=api,
-                api_version=api_version,
-                kind=kind,
-                namespace=meta["namespace"],
-                name=name,
-                owner_uid=meta["uid"],
-            )
+            deleted = apply.delete_if_owned(**where, name=name, owner_uid=meta["uid"])
             if deleted:
                 logger.info("%s %s/%s deleted", kind, meta["namespace"], name)
 
