@@ -427,6 +427,7 @@ OPERATOR_NAMESPACED: set[Rule] = {
     # routeToHome's per-pod Services and their routes, found by label to delete those no longer rendered
     ("", "services", "list"),
     ("gateway.networking.k8s.io", "httproutes", "list"),
+    ("", "configmaps", "list"),  # the adapters' router ConfigMaps of a routed server
     *{("policy", "poddisruptionbudgets", v) for v in ("get", "create", "patch", "delete")},
     *{
         ("rbac.authorization.k8s.io", r, v)

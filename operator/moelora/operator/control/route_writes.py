@@ -10,7 +10,7 @@ from moelora.api import GROUP, VERSION
 from moelora.operator.control.context import Context, wall_clock
 from moelora.operator.decide.indexes import AdapterEntry
 from moelora.operator.kube import apply
-from moelora.operator.render import gateway
+from moelora.operator.render import gateway, naming
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +25,13 @@ def write_routes(
     adapter, and recorded as written so that only the resync tries it again."""
     by_name = {entry.name: entry for entry in adapters}
     done: dict[str, str | None] = {}
+    # One list of the server's ConfigMaps, so that a pass judging every route again (after a start or a resync)
+    # writes only those that differ instead of reading each one.
+    labels = {**naming.selector(server), naming.LABEL_COMPONENT: gateway.ROUTE_COMPONENT}
+    listed = apply.list_owned(
+        api=memo.api, api_version="v1", kind="ConfigMap", namespace=namespace, labels=labels, owner_uid=None
+    )
+    stored = {obj["metadata"]["name"]: obj for obj in listed}
     for name, header in routes.items():
         entry = by_name.get(name)
         uid = ((entry.body or {}).get("metadata") or {}).get("uid") if entry is not None else None
@@ -32,9 +39,15 @@ def write_routes(
             continue
         config_map = gateway.route_config_map_name(name)
         if header is None:
-            apply.delete_if_owned(
-                api=memo.api, api_version="v1", kind="ConfigMap", namespace=namespace, name=config_map, owner_uid=uid
-            )
+            if config_map in stored:
+                apply.delete_if_owned(
+                    api=memo.api,
+                    api_version="v1",
+                    kind="ConfigMap",
+                    namespace=namespace,
+                    name=config_map,
+                    owner_uid=uid,
+                )
             done[name] = None
             continue
         desired = gateway.route_config_map(
@@ -42,6 +55,10 @@ def write_routes(
         )
         owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LoRAAdapter", "name": name, "uid": uid}
         desired["metadata"]["ownerReferences"] = [{**owner, "controller": True}]
+        found = stored.get(config_map)
+        if found is not None and apply.owned_by(found, uid) and found.get("data") == desired["data"]:
+            done[name] = header
+            continue
         try:
             _, action = apply.ensure(api=memo.api, desired=desired, owner_uid=uid)
         except apply.NotOwned:

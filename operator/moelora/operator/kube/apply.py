@@ -181,17 +181,17 @@ def list_owned(
     kind: str,
     namespace: str,
     labels: dict[str, str],
-    owner_uid: str,
+    owner_uid: str | None,
 ) -> list[dict[str, Any]]:
-    """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls (none when
-    the cluster does not serve the kind)."""
+    """The objects of a kind in `namespace` carrying every label in `labels` that `owner_uid` controls (None: any
+    owner; none when the cluster does not serve the kind)."""
     selector = ",".join(f"{key}={value}" for key, value in labels.items())
     collection = _PATHS[(api_version, kind)].format(namespace=namespace)
     items = (_get(api, f"{collection}?labelSelector={urllib.parse.quote(selector)}") or {}).get("items") or []
     return [
         item
         for item in items
-        if owned_by(item, owner_uid)
+        if (owner_uid is None or owned_by(item, owner_uid))
         and all((item.get("metadata", {}).get("labels") or {}).get(k) == v for k, v in labels.items())
     ]
 
