@@ -20,6 +20,7 @@ RANK, LORAS = 32, 8
 def main() -> int:
     from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
+    from moelora.kernels import dense_config
     from moelora.kernels import dense_splitk as splitk
     from moelora.vllm_plugin import dense_lora
 
@@ -57,7 +58,7 @@ def main() -> int:
                 dense_lora.add_lora_linear(wrapper, got, x, a, b, 1.0, widths, add_inputs=add)
                 scale = (want.float() - base.float()).abs().max().item() or 1.0
                 err = (got.float() - want.float()).abs().max().item() / scale
-                ok = err < 0.03 and (len(routed) > before) == (splitk.served_config(m, len(widths)) is not None)
+                ok = err < 0.03 and (len(routed) > before) == (dense_config.served_config(m, len(widths)) is not None)
                 failed += not ok
                 print(
                     f"{name} M={m} add={add}: routed={len(routed) > before} error/max={err:.1e}", "ok" if ok else "FAIL"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from moelora.kernels import dense_splitk as splitk
-from moelora.kernels.dense_splitk import dense_layout
+from moelora.kernels.dense_config import dense_layout
 
 from .test_dense_one_launch import _meta, _reference
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from moelora.kernels import dense_config as dense
 from moelora.kernels import dense_splitk as splitk
 from moelora.vllm_plugin import dense_lora
 from moelora.vllm_plugin.patches import Patches
@@ -74,23 +75,23 @@ def _call(wrapper, y, layer, **kwargs) -> None:
 
 
 def test_served_window_and_configs() -> None:
-    assert splitk.served_config(1, 3) is None  # M = 1: vLLM's launches are faster there
-    assert splitk.served_config(2, 3) == splitk.served_config(16, 3) == splitk.SplitKConfig(8, 64, 16)
-    assert splitk.served_config(17, 3) == splitk.served_config(64, 3) == splitk.SplitKConfig(8, 64, 8)
-    assert splitk.served_config(16, 1) == splitk.SplitKConfig(16, 128, 16)
-    assert splitk.served_config(64, 1) == splitk.SplitKConfig(32, 64, 16)
-    assert splitk.served_config(splitk.MAX_SERVED_M + 1, 1) is None  # not measured: vLLM's
+    assert dense.served_config(1, 3) is None  # M = 1: vLLM's launches are faster there
+    assert dense.served_config(2, 3) == dense.served_config(16, 3) == dense.SplitKConfig(8, 64, 16)
+    assert dense.served_config(17, 3) == dense.served_config(64, 3) == dense.SplitKConfig(8, 64, 8)
+    assert dense.served_config(16, 1) == dense.SplitKConfig(16, 128, 16)
+    assert dense.served_config(64, 1) == dense.SplitKConfig(32, 64, 16)
+    assert dense.served_config(dense.MAX_SERVED_M + 1, 1) is None  # not measured: vLLM's
     for slices in (1, 3):
-        picked = {splitk.served_config(m, slices) for m in range(2, splitk.MAX_SERVED_M + 1)}
-        assert picked == set(splitk.served_configs(slices))
+        picked = {dense.served_config(m, slices) for m in range(2, dense.MAX_SERVED_M + 1)}
+        assert picked == set(dense.served_configs(slices))
 
 
 def test_grid_arithmetic_matches_the_launch() -> None:
-    config = splitk.SplitKConfig(8, 64, 16)
+    config = dense.SplitKConfig(8, 64, 16)
     # K 2880 in 45 tiles of 64: 8 splits; 9 groups of one row block each at M = 16, 3 slices: 27 units.
-    assert splitk.splitk_programs(m=16, groups=9, slices=3, k=2880, config=config) == ((8 + 16) * 27, 27)
+    assert dense.splitk_programs(m=16, groups=9, slices=3, k=2880, config=config) == ((8 + 16) * 27, 27)
     # M = 64, 9 groups: at most 9 + 4 row blocks, not 9 x 4.
-    assert splitk.splitk_programs(m=64, groups=9, slices=3, k=2880, config=config)[1] == 3 * 13
+    assert dense.splitk_programs(m=64, groups=9, slices=3, k=2880, config=config)[1] == 3 * 13
 
 
 @pytest.mark.parametrize("add", [True, False])
@@ -116,8 +117,8 @@ def test_calls_outside_the_rule_stay_vllms(vllm_calls) -> None:
     y = layer.base.clone()
     one = _layer(1)
     _call(_wrapper([1]), one.base.clone(), one)  # M = 1
-    big = _layer(splitk.MAX_SERVED_M + 1)
-    _call(_wrapper([0] * (splitk.MAX_SERVED_M + 1)), big.base.clone(), big)  # above the window
+    big = _layer(dense.MAX_SERVED_M + 1)
+    _call(_wrapper([0] * (dense.MAX_SERVED_M + 1)), big.base.clone(), big)  # above the window
     _call(_wrapper([-1] * 18), y, layer)  # no adapter in the batch
     _call(wrapper, y, layer, buffer=torch.empty(3, 18, 8))  # a caller's buffer
     _call(wrapper, y, layer, add_inputs=True, offset_start=4)  # a keyword it does not know
@@ -126,7 +127,7 @@ def test_calls_outside_the_rule_stay_vllms(vllm_calls) -> None:
     with pytest.MonkeyPatch.context() as patch:  # traced by torch.compile: the route's host-side checks cannot be
         patch.setattr(torch.compiler, "is_compiling", lambda: True)
         _call(wrapper, y, layer)
-    assert [c["m"] for c in vllm_calls] == [1, splitk.MAX_SERVED_M + 1, 18, 18, 18, 18, 18]
+    assert [c["m"] for c in vllm_calls] == [1, dense.MAX_SERVED_M + 1, 18, 18, 18, 18, 18]
     assert torch.equal(y, layer.base)
 
 
@@ -167,7 +168,7 @@ def test_each_layer_is_prepared_once_per_epilogue_and_never_in_capture(vllm_call
     _call(_wrapper([0] * 100), big.base.clone(), big)  # an eager batch outside the window prepares the layer
     assert len(vllm_calls) == 2
     # Every config at the largest M and group count (max_loras + 1), for this epilogue.
-    assert prepared == [(splitk.MAX_SERVED_M, 4, True, c) for c in splitk.served_configs(3)]
+    assert prepared == [(dense.MAX_SERVED_M, 4, True, c) for c in dense.served_configs(3)]
     monkeypatch.setattr(dense_lora, "_capturing", lambda device: True)
     _call(wrapper, layer.base.clone(), layer)  # in capture now: served, nothing more prepared
     _call(wrapper, torch.zeros_like(layer.base), layer, add_inputs=False)  # the other epilogue was never prepared

@@ -48,7 +48,7 @@ class _Layer:
     """One layer's prepared state: its weight tables, the epilogues prepared (`add` values) and, per (config, add),
     how many programs the GPU holds."""
 
-    layout: Any  # moelora.kernels.dense_splitk.DenseLayout
+    layout: Any  # moelora.kernels.dense_config.DenseLayout
     slices: int
     prepared: set[bool] = field(default_factory=set)
     rooms: dict[tuple[Any, bool], int] = field(default_factory=dict)
@@ -97,7 +97,8 @@ def _layer_fits(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor], 
 def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     """Compile each config the layer may launch with this `add` at the largest M and group count, on scratch
     buffers, and record its room (the counter words grow to that grid now). Outside capture only."""
-    from moelora.kernels.dense_splitk import MAX_SERVED_M, served_configs, splitk_prepare
+    from moelora.kernels.dense_config import MAX_SERVED_M, served_configs
+    from moelora.kernels.dense_splitk import splitk_prepare
 
     from .dense_warmup import _meta
 
@@ -138,7 +139,8 @@ def route(
     add: bool,
 ) -> bool:
     """Run this add_lora_linear call as dense_splitk and return True, or return False (nothing done) for vLLM's."""
-    from moelora.kernels.dense_splitk import dense_layout, dense_splitk, served_config, served_kwargs, splitk_programs
+    from moelora.kernels.dense_config import dense_layout, served_config, served_kwargs, splitk_programs
+    from moelora.kernels.dense_splitk import dense_splitk
 
     if not _supported(y, x, lora_a, lora_b, output_slices):
         return False

@@ -28,7 +28,8 @@ import sys
 
 import torch
 
-from ..dense_splitk import dense_layout, dense_splitk
+from ..dense_config import dense_layout
+from ..dense_splitk import dense_splitk
 from .bench import time_graph
 from .dense_one_launch import dense_lora
 from .tune import _ints

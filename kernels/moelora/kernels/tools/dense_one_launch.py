@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dense_splitk import DenseLayout, dense_layout
+from ..dense_config import DenseLayout, dense_layout
 
 __all__ = ["DenseLayout", "dense_layout", "dense_lora"]
 

@@ -1,0 +1,130 @@
+"""What a dense layer's LoRA launches as `dense_splitk` (dense_splitk.py) runs it: the layer's weight tables
+(`dense_layout`), the launch parameters served per token count (`served_config`, from the H200 sweep) and the grid's
+arithmetic (`splitk_grid`, `splitk_programs`). Host-side: no kernel here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+
+__all__ = [
+    "MAX_SERVED_M",
+    "DenseLayout",
+    "SplitKConfig",
+    "dense_layout",
+    "served_config",
+    "served_configs",
+    "served_kwargs",
+    "splitk_grid",
+    "splitk_programs",
+]
+
+
+@dataclass(frozen=True)
+class DenseLayout:
+    """One layer's LoRA weights as the kernel reads them: device tables made once per layer (a CUDA graph cannot
+    capture their copies to the device)."""
+
+    a_ptrs: torch.Tensor  # (S,) int64
+    b_ptrs: torch.Tensor  # (S,) int64
+    slice_n: torch.Tensor  # (S,) int32
+    columns: torch.Tensor  # (S,) int32
+    b_lora_strides: torch.Tensor  # (S,) int64
+    rank: int
+    k: int
+    widest: int
+    stride_al: int
+    stride_ar: int
+    stride_bn: int
+
+
+def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
+    """lora_a (max_loras, [1,] rank, K) and lora_b (max_loras, [1,] N_s, rank) per slice, the last dimension
+    contiguous, every slice's lora_a with the same strides (vLLM's stacked weights are). Copies to the device: not
+    inside CUDA-graph capture."""
+    rank, k = lora_a[0].shape[-2:]
+    widths = [b.shape[-2] for b in lora_b]
+    device = lora_a[0].device
+
+    def table(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return DenseLayout(
+        a_ptrs=table([a.data_ptr() for a in lora_a], torch.int64),
+        b_ptrs=table([b.data_ptr() for b in lora_b], torch.int64),
+        slice_n=table(widths, torch.int32),
+        columns=table([sum(widths[:i]) for i in range(len(widths))], torch.int32),
+        b_lora_strides=table([b.stride(0) for b in lora_b], torch.int64),
+        rank=rank,
+        k=k,
+        widest=max(widths),
+        stride_al=lora_a[0].stride(0),
+        stride_ar=lora_a[0].stride(-2),
+        stride_bn=lora_b[0].stride(-2),
+    )
+
+
+@dataclass(frozen=True)
+class SplitKConfig:
+    """Launch parameters: up to `split_k` shrink programs of `block_k` columns of K per unit, `n_chunks` expand
+    programs per unit over tiles of `block_n` output columns."""
+
+    split_k: int = 8
+    block_k: int = 128
+    n_chunks: int = 8
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# The largest token count served: the largest measured. On an H200 (docs/benchmarks.md, "split K", rank 32, 8
+# adapters; benchmarks/vllm_e2e/results/2026-12-04-dense-splitk/run2) split K against vLLM's two launches, written
+# output (the served dual-stream side) / added, µs: GPT-OSS q/k/v M = 16 10.4 / 11.2 vs 15.7 / 15.1, M = 64 12.8 /
+# 14.4 vs 18.2 / 17.6; o M = 16 7.0 / 7.6 vs 8.1 / 7.4, M = 64 7.7 / 8.3 vs 9.0 / 8.3; Qwen3 faster or equal at both.
+# At M = 1 it is slower (q/k/v 8.7 / 9.5 vs 8.4 / 7.8): vLLM keeps M = 1. Above 64, not measured: vLLM keeps those.
+MAX_SERVED_M = 64
+# The best config of bench_dense's sweep per (q/k/v-like: several slices, or one slice) and M class, same run.
+_SEVERAL_SLICES = ((16, SplitKConfig(split_k=8, block_k=64, n_chunks=16)), (64, SplitKConfig(8, 64, 8)))
+_ONE_SLICE = ((16, SplitKConfig(split_k=16, block_k=128, n_chunks=16)), (64, SplitKConfig(32, 64, 16)))
+
+
+def served_config(m: int, slices: int) -> SplitKConfig | None:
+    """The launch parameters for M tokens and this many slices, or None where vLLM's own launches are faster or
+    not measured against (M = 1, M > MAX_SERVED_M)."""
+    if not 2 <= m <= MAX_SERVED_M:
+        return None
+    for bound, config in _SEVERAL_SLICES if slices > 1 else _ONE_SLICE:
+        if m <= bound:
+            return config
+    return None
+
+
+def served_configs(slices: int) -> tuple[SplitKConfig, ...]:
+    """Every config `served_config` can pick for this many slices, with the largest M it is picked for."""
+    return tuple(config for _, config in (_SEVERAL_SLICES if slices > 1 else _ONE_SLICE))
+
+
+def splitk_grid(*, k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(S, K tiles per shrink program): at most `split_k` programs, each at least one K tile."""
+    tiles = triton.cdiv(k, block_k)
+    per = triton.cdiv(tiles, max(1, min(split_k, tiles)))
+    return triton.cdiv(tiles, per), per
+
+
+def splitk_programs(*, m: int, groups: int, slices: int, k: int, config: SplitKConfig) -> tuple[int, int]:
+    """(programs, units) of the grid for M tokens in `groups` adapter groups: units = slices x row blocks, each
+    with S shrink and `n_chunks` expand programs."""
+    n_split, _ = splitk_grid(k=k, block_k=config.block_k, split_k=config.split_k)
+    # Each group's rows fill cdiv(count, 16) blocks: at most groups * cdiv(M, 16), and at most groups + M // 16.
+    row_blocks = min(groups * triton.cdiv(m, 16), groups + m // 16)
+    units = slices * row_blocks
+    return (n_split + config.n_chunks) * units, units
+
+
+def served_kwargs(config: SplitKConfig) -> dict[str, int]:
+    """dense_splitk's keyword arguments for a config."""
+    return asdict(config)
