@@ -164,6 +164,12 @@ class Recorder:
     def __enter__(self) -> Recorder:
         for thread in self._threads:
             thread.start()
+        # Both watches have delivered every adapter's state as it is now, so nothing that follows is missed.
+        until(
+            lambda: all(self.seen[name] and self.routes[name] for name in ADAPTERS),
+            timeout=60,
+            what="the watches' first events",
+        )
         return self
 
     def __exit__(self, *_: object) -> None:
