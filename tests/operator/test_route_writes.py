@@ -1,5 +1,6 @@
 """The adapters' router ConfigMaps as a pass writes them (control/route_writes.py): one list of the server's, then a
-write only for those that differ, a delete for those no longer routed, and an Event when the name is someone else's."""
+write only for those that differ, a delete for those no longer routed, and an Event when the name is someone else's,
+folded into one when it comes back."""
 
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ def test_only_the_routes_that_differ_are_written(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(apply, "list_owned", lambda **_: listed)
     monkeypatch.setattr(apply, "ensure", ensure)
     monkeypatch.setattr(apply, "delete_if_owned", lambda *, name, **_: calls.append(("delete", name)) or True)
-    monkeypatch.setattr(
-        apply, "post_event", lambda *, reason, obj, **_: calls.append((reason, obj["metadata"]["name"]))
-    )
+
+    def create_event(*, event: dict, **_: object) -> dict:
+        calls.append((event["reason"], event["involvedObject"]["name"]))
+        return {**event, "metadata": {"name": "e1"}}
+
+    monkeypatch.setattr(apply, "create_event", create_event)
     memo = Context(settings=Settings(), kernel_bundle=None, api=None, executor=concurrent.futures.ThreadPoolExecutor(1))
     adapters = [
         entry("same", "u1"),
@@ -54,9 +58,16 @@ def test_only_the_routes_that_differ_are_written(monkeypatch: pytest.MonkeyPatch
     routes = {"same": "srv@srv-0", "moved": "srv", "gone": None, "taken": "srv", "failed": None}
     done = route_writes.write_routes(memo=memo, namespace="ns", server="srv", routes=routes, adapters=adapters)
     assert done == routes  # all in place (the taken one is reported, and left to the resync)
+    # The resync tries the taken name again: its Warning is counted on the one recorded, not made again.
+    monkeypatch.setattr(
+        apply, "patch_event", lambda **_: calls.append(("counted", "taken")) or {"metadata": {"name": "e1"}, "count": 2}
+    )
+    route_writes.write_routes(memo=memo, namespace="ns", server="srv", routes={"taken": "srv"}, adapters=adapters)
     assert calls == [
         ("ensure", "moved-route"),
         ("ensure", "taken-route"),
         (route_writes.ROUTE_NAME_TAKEN, "taken"),
         ("delete", "failed-route"),  # "gone" has no ConfigMap listed: nothing to delete
+        ("ensure", "taken-route"),
+        ("counted", "taken"),
     ]

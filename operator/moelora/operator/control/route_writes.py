@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from moelora.api import GROUP, VERSION
 from moelora.operator.control.context import Context, wall_clock
 from moelora.operator.decide.indexes import AdapterEntry
-from moelora.operator.kube import apply
+from moelora.operator.decide.rollup import Emission
+from moelora.operator.kube import apply, events
 from moelora.operator.render import gateway, naming
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,8 @@ def write_routes(
 ) -> dict[str, str | None]:
     """Create, patch or delete each adapter's ConfigMap as `routes` says (None: delete); the routes now in place, by
     adapter. A name taken by a ConfigMap that is not the adapter's is left alone, reported in a Warning Event on the
-    adapter, and recorded as written so that only the resync tries it again."""
+    adapter (folded into one while it lasts, as the adapters' other Events), and recorded as written so that only the
+    resync tries it again."""
     by_name = {entry.name: entry for entry in adapters}
     done: dict[str, str | None] = {}
     # One list of the server's ConfigMaps, so that a pass judging every route again (after a start or a resync)
@@ -63,9 +65,9 @@ def write_routes(
             _, action = apply.ensure(api=memo.api, desired=desired, owner_uid=uid)
         except apply.NotOwned:
             message = f"ConfigMap {config_map} exists and is not LoRAAdapter {name}'s: the gateway cannot route it"
-            when = wall_clock().isoformat().replace("+00:00", "Z")
-            body = {**owner, "metadata": {"name": name, "namespace": namespace, "uid": uid}}
-            apply.post_event(api=memo.api, obj=body, type="Warning", reason=ROUTE_NAME_TAKEN, message=message, now=when)
+            involved = events.adapter_reference({"name": name, "namespace": namespace, "uid": uid})
+            warning = Emission(type="Warning", reason=ROUTE_NAME_TAKEN, message=message)
+            memo.events.record(api=memo.api, involved=involved, emission=warning, now=wall_clock())
         else:
             if action != "unchanged":
                 logger.info("route of %s/%s %s: %s", namespace, name, action, header)

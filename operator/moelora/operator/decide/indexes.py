@@ -243,11 +243,6 @@ def adapter_secrets(entries: list[AdapterEntry]) -> frozenset[str]:
     return frozenset(entry.secret for entry in entries if entry.secret)
 
 
-def served_adapters(entries: list[AdapterEntry]) -> frozenset[str]:
-    """The `model` names a server's adapters are routed by: all but the Failed, which no pod serves."""
-    return frozenset(entry.served or entry.name for entry in entries if entry.phase != "Failed")
-
-
 def adapter_phases(known: Expectations, namespace: str, entries: list[AdapterEntry]) -> list[AdapterEntry]:
     """A server's adapters with their latest phases: the index's, except where this operator's last status write
     (expectations.py) is newer than the index's copy, whose watch event has not come back yet. Without

@@ -120,7 +120,7 @@ def place(observation: Observation) -> tuple[Placements, float | None]:
         dataclasses.replace(
             state,
             current=kept.placements.get(state.name, state.current),
-            loaded_on={pod: at for pod, at in state.loaded_on.items() if kept.cleared.get((state.name, pod)) != at},
+            loaded_on=still_loaded(state, kept.cleared),
         )
         for state in states
     ]
@@ -148,24 +148,27 @@ def place(observation: Observation) -> tuple[Placements, float | None]:
     return Placements(changes=changes, cleared=cleared, loaded=loaded, kept=kept), recheck
 
 
+def still_loaded(state: assignment.AdapterState, cleared: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """The adapter's loaded entries but those cleared (`cleared`: (adapter, pod) -> the loadedAt the cleared entry
+    had; a fresh load has another)."""
+    return {pod: at for pod, at in state.loaded_on.items() if cleared.get((state.name, pod)) != at}
+
+
 def route(observation: Observation, placements: Placements, adapters: list[AdapterEntry]) -> dict[str, str | None]:
     """The adapters whose route (routes.header) differs from what this operator last wrote, with the new one. A
     server not seen yet changes none; an adapter of a server without gateway routing, none this operator has not
-    written (a ConfigMap left from before its start maps the name to a header no route matches)."""
+    written (a ConfigMap left from before its start keeps mapping the name to its old server)."""
     server = observation.server
     if server is None:
         return {}
     written = {**placements.kept.placements, **placements.changes}
+    cleared = {**placements.kept.cleared, **placements.loaded}  # before this pass, and by it
     known = observation.known.routes
     changes: dict[str, str | None] = {}
     for entry in adapters:
         state = entry.placed
         placed = written[entry.name] if entry.name in written else (state.current if state else None)
-        loaded = {
-            pod
-            for pod, at in (state.loaded_on.items() if state else ())
-            if placements.kept.cleared.get((entry.name, pod)) != at and (entry.name, pod) not in placements.loaded
-        }
+        loaded = still_loaded(state, cleared) if state else {}
         value = routes.header(entry, server.routing, placed=placed, loaded=loaded, ready=observation.pods)
         if value is None and known.get(entry.name) is None:
             continue

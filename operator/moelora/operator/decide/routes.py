@@ -19,7 +19,8 @@ from moelora.operator.render.gateway import home_header
 
 def home(placed: AdapterPlacement | None, *, loaded: Collection[str], ready: Mapping[str, bool]) -> str | None:
     """The pod an adapter can be sent to alone, if any: its one home, its move done, loaded there and ready."""
-    if placed is None or placed.draining or len(placed.target) != 1 or list(placed.replicas) != list(placed.target):
+    # Its assignment is exactly its target (replicas are the target and any old home still draining), one pod.
+    if placed is None or len(placed.target) != 1 or list(placed.replicas) != list(placed.target):
         return None
     [pod] = placed.target
     return pod if pod in loaded and ready.get(pod, False) else None

@@ -87,11 +87,12 @@ def model_names_config_map(spec: ModelServerSpec, *, name: str, namespace: str) 
         "namespace": namespace,
         "labels": {**naming.labels(name), BBR_MANAGED_LABEL: "true"},
     }
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {BASE_MODEL_KEY: base_model(spec, name)}}
-
-
-def base_model(spec: ModelServerSpec, name: str) -> str:
-    return engine.served_model_name(spec, name=name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {BASE_MODEL_KEY: engine.served_model_name(spec, name=name)},
+    }
 
 
 def home_header(base: str, pod: str) -> str:
@@ -158,7 +159,7 @@ def home_services(*, name: str, namespace: str, pods: int) -> list[dict[str, Any
 
 def home_routes(spec: ModelServerSpec, *, name: str, namespace: str, pods: int) -> list[dict[str, Any]]:
     """Routes matching each pod's header value to its Service, 16 pods a route (the HTTPRoute CRD's most rules)."""
-    base = base_model(spec, name)
+    base = engine.served_model_name(spec, name=name)
     parents = [ref.to_wire() for ref in spec.routing.gateway.parent_refs]
     rules = [
         {
@@ -186,7 +187,7 @@ def _header(value: str) -> dict[str, str]:
 def http_route(spec: ModelServerSpec, *, name: str, namespace: str) -> dict[str, Any]:
     """One route per server: a request BBR found to be for this server's base model (the base model itself or one
     of its adapters) goes to the pool."""
-    match = {"headers": [_header(base_model(spec, name))]}
+    match = {"headers": [_header(engine.served_model_name(spec, name=name))]}
     backend = {"group": POOL_GROUP, "kind": "InferencePool", "name": name}
     parents = [ref.to_wire() for ref in spec.routing.gateway.parent_refs]
     return {
