@@ -44,7 +44,8 @@ def test_good_adapter_waits_for_vllm_and_the_pod_stays_unready(
     desired.synced.set()
     desired.put("ok", {"source": {"uri": f"s3://{bucket}/ok/"}})
     eventually(lambda: len([p for p in loop.settings.cache_dir.iterdir() if not p.name.startswith(".")]) == 1)
-    eventually(lambda: "ok" in kube.status)
+    # The cache directory exists from the download's start: wait for the report that follows Downloading.
+    eventually(lambda: "ok" in kube.status and kube.status["ok"][0].state.value != "Downloading")
     state, info = kube.status["ok"]
     assert (state.loaded, state.state.value) == (False, "Pending") and info is None  # downloaded, waiting for vLLM
     assert not loop.is_ready and not loop.vllm_up
