@@ -47,6 +47,26 @@ def test_lora_limits_tensor_parallel_and_engine_args_last() -> None:
 
 
 @pytest.mark.parametrize(
+    ("names", "flag"),
+    [
+        (["q_proj", "k_proj", "v_proj", "o_proj"], ["q_proj", "k_proj", "v_proj", "o_proj"]),
+        (["q_proj", "gate_proj", "up_proj", "down_proj"], ["q_proj", "gate_proj", "up_proj", "down_proj", "experts"]),
+        (["o_proj", "gate_up_proj", "o_proj"], ["o_proj", "gate_up_proj", "experts"]),
+        (["down_proj", "experts"], ["down_proj", "experts"]),
+    ],
+)
+def test_target_modules_become_vllms_with_its_experts_module(names: list[str], flag: list[str]) -> None:
+    args = engine.vllm_args(make_spec(lora={"targetModules": names}, engineArgs=["--max-model-len=4"]), name="srv")
+    at = args.index("--lora-target-modules")
+    assert args[at + 1 : at + 1 + len(flag)] == flag
+    assert args[at + 1 + len(flag)].startswith("--")  # the list ends where the next flag starts
+
+
+def test_no_target_modules_flag_without_target_modules() -> None:
+    assert "--lora-target-modules" not in engine.vllm_args(make_spec(lora={"targetModules": []}), name="srv")
+
+
+@pytest.mark.parametrize(
     ("source", "model", "scheme"),
     [
         ("hf://org/name", "org/name", "hf"),
@@ -71,6 +91,7 @@ def test_model_sources(source: str, model: str, scheme: str) -> None:
         "--lora-modules",
         "--no-enable-lora",
         "--served-model-name=x",
+        "--lora-target-modules",
     ],
 )
 def test_flags_moelora_sets_are_refused(flag: str) -> None:

@@ -202,6 +202,15 @@ SURFACE: tuple[Touchpoint, ...] = (
     *(_flag(flag, "operator.engine") for flag in _RENDERED_FLAGS),
     _flag("--middleware", "operator.engine (admin_guard)"),
     _flag("--load-format", "operator.engine (model.loadFormat: streamer)"),
+    _flag("--lora-target-modules", "operator.engine (lora.targetModules)"),
+    Touchpoint(
+        "--lora-target-modules matches module suffixes",
+        "text",
+        ("lora/utils.py",),
+        "is_in_target_modules: a wrapped module's last name, or its packed children (q_proj for qkv_proj)",
+        ('module_suffix = module_name.split(".")[-1]', "packed_children = packed_modules_mapping.get(module_suffix)"),
+        "operator.engine (adds `experts` for expert projections)",
+    ),
     Touchpoint(
         "runai_streamer load format",
         "text",

@@ -71,7 +71,11 @@ class LoRASpec(ApiModel):
     target_modules: list[Annotated[str, Field(max_length=64)]] | None = Field(
         default=None,
         max_length=64,
-        description="Modules adapters may target. Default: any; adapters naming others are refused.",
+        description=(
+            "Modules adapters may target, by PEFT's names (q_proj, gate_proj...). Default: any; adapters naming "
+            "others are refused. vLLM then builds LoRA for these only (--lora-target-modules; an expert projection "
+            "selects the MoE experts), so a module no adapter may target (a router, lm_head) costs nothing per step."
+        ),
     )
 
 

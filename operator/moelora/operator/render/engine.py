@@ -46,6 +46,7 @@ MANAGED_FLAGS = frozenset(
         "--tensor-parallel-size",
         "-tp",
         "--lora-modules",
+        "--lora-target-modules",
         "--api-key",
     }
 )
@@ -59,6 +60,7 @@ _INSTEAD = {
     ),
     **dict.fromkeys(COMPILE_CACHE_ENV, "spec.kernels.compileCache sets it"),
     "--api-key": "set spec.apiKeySecret, which the adapter agent also uses",
+    "--lora-target-modules": "set spec.lora.targetModules, which the adapter agent also holds adapters to",
     "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
 }
 # Environment the operator sets on the vLLM container; a user's env entry of the same name is refused.
@@ -77,6 +79,10 @@ MANAGED_ENV = frozenset(
 # vLLM's loader that streams safetensors from object storage (model.loadFormat: streamer).
 LOAD_FORMAT_FLAG = "--load-format"
 STREAMER_LOAD_FORMAT = "runai_streamer"
+# PEFT's names of an expert's projections, per expert or as transformers' fused 3-D experts. vLLM wraps a MoE layer's
+# experts as one module, `experts`, which its --lora-target-modules selects by that name only (no packed mapping).
+EXPERT_PROJECTIONS = frozenset({"gate_proj", "up_proj", "down_proj", "gate_up_proj"})
+VLLM_EXPERTS_MODULE = "experts"
 # The Hugging Face hub's token variable; managed only when spec.model.tokenSecret is set.
 TOKEN_ENV = "HF_TOKEN"
 
@@ -261,6 +267,8 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
         args += ["--max-cpu-loras", str(lora.max_cpu_loras)]
     if lora.fully_sharded:
         args.append("--fully-sharded-loras")
+    if lora.target_modules:
+        args += ["--lora-target-modules", *lora_target_modules(lora.target_modules)]
     if spec.gpus > 1:
         args += ["--tensor-parallel-size", str(spec.gpus)]
     if spec.model.load_format == LoadFormat.STREAMER:
@@ -270,6 +278,16 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
             )
         args += [LOAD_FORMAT_FLAG, STREAMER_LOAD_FORMAT]
     return args + list(spec.engine_args)
+
+
+def lora_target_modules(names: list[str]) -> list[str]:
+    """vLLM's --lora-target-modules for spec.lora.targetModules: the names as given (vLLM matches q_proj to its fused
+    qkv_proj itself), then its experts module when an expert projection is allowed. vLLM then builds LoRA only
+    where an admitted adapter may have it: a router or lm_head that no adapter may target adds no work per step."""
+    modules = list(dict.fromkeys(names))
+    if EXPERT_PROJECTIONS & set(modules) and VLLM_EXPERTS_MODULE not in modules:
+        modules.append(VLLM_EXPERTS_MODULE)
+    return modules
 
 
 def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, Any]]:
