@@ -10,6 +10,7 @@ import base64
 from typing import Any
 
 from moelora.api import API_VERSION
+from moelora.local import moe as moe_model
 from moelora.local import vllm_server
 
 BASE_MODEL_NAME = "moelora/tiny-llama"
@@ -79,6 +80,7 @@ def model_server(
     }
     if moe:
         body["spec"]["kernels"] = {"implementation": "moelora"}
+        lora["targetModules"] = [*moe_model.ATTENTION_MODULES, *moe_model.EXPERT_MODULES]
     return body
 
 

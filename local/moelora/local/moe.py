@@ -18,6 +18,7 @@ from typing import Any
 from moelora.local.models import make_tokenizer
 
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+EXPERT_MODULES = ("gate_proj", "up_proj", "down_proj")  # each expert's, as vLLM reads Qwen3-MoE expert adapters
 EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
@@ -122,7 +123,7 @@ def make_moe_adapter(
     vllm_config = dict(
         peft_config,
         target_parameters=None,
-        target_modules=list(ATTENTION_MODULES) + (["gate_proj", "up_proj", "down_proj"] if experts else []),
+        target_modules=list(ATTENTION_MODULES) + (list(EXPERT_MODULES) if experts else []),
     )
     (path / "adapter_config.json").write_text(json.dumps(vllm_config, indent=2))
     return path
