@@ -82,11 +82,18 @@ class Collector:
         namespaced = self.resources[served[0]].namespaced is not False
         if namespaced and not namespace:
             return False  # a cluster-scoped dependent naming a namespaced owner: unresolvable
-        where = (served[0].group or "", served[0].plural, namespace if namespaced else None, ref.get("name"))
+        # Looked up by key under each version the kind is served in (one store per version): a write of an owned
+        # object costs a few lookups, not a scan of the store.
+        kind = (served[0].group or "", served[0].plural)
+        keys = [
+            (r, namespace if namespaced else None, ref.get("name"))
+            for r in self.resources
+            if (r.group or "", r.plural) == kind
+        ]
         return not any(
-            not obj.deleted and obj.raw.get("metadata", {}).get("uid") == ref.get("uid")
-            for (resource, ns, name), obj in self.objects.items()
-            if (resource.group or "", resource.plural, ns if namespaced else None, name) == where
+            not (obj := self.objects[key]).deleted and obj.raw.get("metadata", {}).get("uid") == ref.get("uid")
+            for key in keys
+            if key in self.objects
         )
 
     async def _delete(self, key: Key) -> str | None:
