@@ -253,11 +253,16 @@ def measure(costs: Costs, *, timeout: float = 600) -> Costs:
         finally:
             if watcher is not None:
                 watcher.stop()
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
-            costs.errors = [line for line in pathlib.Path(log.name).read_text().splitlines() if " ERROR " in line]
+            costs.errors = stop_operator(operator, pathlib.Path(log.name))
     return costs
+
+
+def stop_operator(operator: subprocess.Popen[bytes], log: pathlib.Path) -> list[str]:
+    """Stop the operator process (SIGTERM, then SIGKILL after 30 s) and return the ERROR lines of its log."""
+    operator.terminate()
+    try:
+        operator.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        operator.kill()
+        operator.wait()
+    return [line for line in log.read_text().splitlines() if " ERROR " in line]

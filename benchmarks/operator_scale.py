@@ -82,13 +82,9 @@ def operator_process(kube: KubeAPI, *, resync_seconds: int) -> Iterator[subproce
             raise SystemExit(f"operator exited: {pathlib.Path(log.name).read_text()[-2000:]}")
         yield operator
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
-        errors = [line for line in pathlib.Path(log.name).read_text().splitlines() if " ERROR " in line]
+        from cluster_costs import stop_operator
+
+        errors = stop_operator(operator, pathlib.Path(log.name))
         print(f"operator log: {log.name} ({len(errors)} ERROR lines)", file=sys.stderr)
 
 
