@@ -66,6 +66,33 @@ def test_target_modules(
     assert reason(config(modules=modules), limits(tmp_path, model, allowed)) is expected
 
 
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "allowed", "expected"),
+    [
+        (EXPERTS, ANY, None),
+        (EXPERTS, ATTENTION | {"gate_up_proj", "down_proj"}, None),  # GPT-OSS's names
+        (EXPERTS, ATTENTION | {"gate_proj", "up_proj", "down_proj"}, None),  # a fused gate_up_proj is gate and up
+        (EXPERTS, ATTENTION, FailureReason.UNSUPPORTED_TARGET_MODULES),  # vLLM would build no expert LoRA
+        (EXPERTS, ATTENTION | {"gate_proj", "down_proj"}, FailureReason.UNSUPPORTED_TARGET_MODULES),  # up not allowed
+        (["mlp.experts.down_proj"], ATTENTION | {"down_proj"}, None),
+    ],
+)
+def test_target_parameters_are_held_to_the_servers_modules(
+    tmp_path: pathlib.Path, parameters: list[str], allowed: frozenset[str], expected: Any
+) -> None:
+    adapter = config(modules=["q_proj"], target_parameters=parameters)
+    assert reason(adapter, limits(tmp_path, QWEN3_MOE, allowed)) is expected
+
+
+def test_a_refused_target_parameter_is_named(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(AdapterError) as caught:
+        check_config(config(modules=["q_proj"], target_parameters=EXPERTS), limits(tmp_path, QWEN3_MOE, ATTENTION))
+    assert "target_parameters ['mlp.experts.gate_up_proj', 'mlp.experts.down_proj']" in caught.value.message
+
+
 def test_a_sweeping_pattern_is_refused_naming_what_it_matches(tmp_path: pathlib.Path) -> None:
     with pytest.raises(AdapterError) as caught:
         check_config(config(modules=".*"), limits(tmp_path))

@@ -6,7 +6,8 @@ string is a regular expression that must match a module's whole name (`re.fullma
 "all-linear". vLLM ignores the config's target_modules and loads whatever tensors the file holds, so this check is
 ours: every module a list names or a pattern matches must be a LoRA-targetable module of the base model
 (UnknownTargetModules otherwise, also for a name or pattern that matches none), and a module the server allows
-(UnsupportedTargetModules).
+(UnsupportedTargetModules). The same holds for target_parameters, the LoRA of fused expert weights: the server
+must allow its projection, since the operator has vLLM build LoRA for the allowed modules only.
 
 A tenant's pattern is matched in a separate interpreter with a deadline and a memory limit: Python's `re` cannot be
 interrupted, and nested repetition can take exponential time, holding the GIL (the whole agent) all along.
@@ -32,6 +33,7 @@ MAX_ENTRIES = 1024  # distinct list entries; peft's own saves name a handful of 
 MATCH_SECONDS = 5.0
 MATCH_MEMORY = 512 * 2**20  # address space of the matching interpreter
 _SHOWN = 3  # names quoted in a refusal
+FUSED = {"gate_up_proj": frozenset({"gate_proj", "up_proj"})}  # a fused parameter's LoRA changes both projections
 
 # Reads {"pattern", "names"} on stdin, writes the indices of the names the pattern fully matches, or the error.
 _MATCHER = """
@@ -92,6 +94,26 @@ def check(target_modules: Any, *, base: BaseModel | None, allowed: frozenset[str
         _check_pattern(target_modules, base=base, allowed=allowed)
     else:
         _check_names(list(target_modules), base=base, allowed=allowed)
+
+
+def check_parameters(parameters: Any, *, allowed: frozenset[str]) -> None:
+    """AdapterError unless the server allows the projection of each of `target_parameters` (LoRA of transformers'
+    fused 3-D expert weights, e.g. mlp.experts.gate_up_proj): by its name, or a fused gate_up_proj by both gate_proj
+    and up_proj. vLLM builds expert LoRA only where the server's targetModules select the experts, so one it would
+    not build is refused here instead of its tensors being dropped. A malformed list is peft_moe.plan's to refuse."""
+    if not allowed or not isinstance(parameters, list):
+        return
+    refused = [name for name in parameters if isinstance(name, str) and not _allows_parameter(name, allowed)]
+    if refused:
+        raise AdapterError(
+            FailureReason.UNSUPPORTED_TARGET_MODULES,
+            f"target_parameters {quote(refused[:_SHOWN])}, this server allows only {sorted(allowed)}",
+        )
+
+
+def _allows_parameter(name: str, allowed: frozenset[str]) -> bool:
+    short = _leaf(name)
+    return short in allowed or (short in FUSED and FUSED[short] <= allowed)
 
 
 def _check_names(entries: list[str], *, base: BaseModel | None, allowed: frozenset[str]) -> None:

@@ -169,6 +169,7 @@ def check_config(config: dict[str, Any], limits: Limits) -> tuple[int, str, tupl
         targets.check(
             config["target_modules"], base=basemodel.for_checks(limits.base_config), allowed=limits.target_modules
         )
+        targets.check_parameters(config.get("target_parameters"), allowed=limits.target_modules)
     except AdapterError as error:  # the status shows what was read, so a refused rank is there to compare
         error.facts = AdapterInfo(rank=rank, base_model=base, target_modules=modules)
         raise
