@@ -5,9 +5,8 @@ Observe: the server's share of kopf's indexes, read at once in the event loop, w
 (decide/expectations.py); then, for the adapters whose judgement moved, what their roll-ups read from the API (pods
 the index lacks, the server's S3 endpoint). Plan: decide/plan.py, pure. Apply: the server's reconcile
 (model_servers.reconcile: its children and status) or its adapter counts, then the placements, the adapters' routes
-and the roll-ups. The
-pass returns the seconds after which it wants its key again (a drain time ending), like controller-runtime's
-RequeueAfter.
+and the roll-ups. The pass returns the seconds after which it wants its key again (a drain time ending), like
+controller-runtime's RequeueAfter.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from moelora.api import AdapterPlacement
 from moelora.operator.decide import placement
+from moelora.operator.render import naming
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,7 +60,7 @@ class AdapterState:
 
 def pod_names(server: str, replicas: int) -> list[str]:
     """The StatefulSet's pod names, which are placement's replica identities."""
-    return [f"{server}-{ordinal}" for ordinal in range(replicas)]
+    return [naming.pod_name(server, ordinal) for ordinal in range(replicas)]
 
 
 def assign(

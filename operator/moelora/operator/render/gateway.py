@@ -149,7 +149,7 @@ def home_services(*, name: str, namespace: str, pods: int) -> list[dict[str, Any
             "kind": "Service",
             "metadata": {"name": home_service_name(name, ordinal), "namespace": namespace, "labels": labels},
             "spec": {
-                "selector": {**naming.selector(name), POD_NAME_LABEL: f"{name}-{ordinal}"},
+                "selector": {**naming.selector(name), POD_NAME_LABEL: naming.pod_name(name, ordinal)},
                 "ports": [{"name": "http", "port": engine.VLLM_PORT, "targetPort": engine.VLLM_PORT}],
             },
         }
@@ -163,7 +163,7 @@ def home_routes(spec: ModelServerSpec, *, name: str, namespace: str, pods: int) 
     parents = [ref.to_wire() for ref in spec.routing.gateway.parent_refs]
     rules = [
         {
-            "matches": [{"headers": [_header(home_header(base, f"{name}-{ordinal}"))]}],
+            "matches": [{"headers": [_header(home_header(base, naming.pod_name(name, ordinal)))]}],
             "backendRefs": [{"name": home_service_name(name, ordinal), "port": engine.VLLM_PORT}],
         }
         for ordinal in range(pods)

@@ -36,6 +36,11 @@ def selector_string(name: str) -> str:
     return ",".join(f"{key}={value}" for key, value in selector(name).items())
 
 
+def pod_name(name: str, ordinal: int) -> str:
+    """A placed server's pod: its StatefulSet carries the server's name, and the controller names pods by ordinal."""
+    return f"{name}-{ordinal}"
+
+
 def endpoint(name: str, namespace: str) -> str:
     """The OpenAI-compatible base URL inside the cluster."""
     return f"http://{name}.{namespace}.svc:{VLLM_PORT}/v1"
