@@ -42,8 +42,8 @@ parsed = {"middleware": args.middleware, "api_key": args.api_key, "enable_lora":
 from vllm.lora.utils import is_in_target_modules
 from vllm.model_executor.models.gpt_oss import GptOssForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
-models = {"qwen3_moe": (Qwen3MoeForCausalLM, json.loads(sys.argv[3])["qwen3_moe"]),
-          "gpt_oss": (GptOssForCausalLM, json.loads(sys.argv[3])["gpt_oss"])}
+names = json.loads(sys.argv[3])
+models = {"qwen3_moe": (Qwen3MoeForCausalLM, names["qwen3_moe"]), "gpt_oss": (GptOssForCausalLM, names["gpt_oss"])}
 lists = {"rendered": args.lora_target_modules, **json.loads(sys.argv[2])}
 selected = {label: {model: [m for m in modules if is_in_target_modules(m, targets, cls.packed_modules_mapping)]
                     for model, (cls, modules) in models.items()} for label, targets in lists.items()}
