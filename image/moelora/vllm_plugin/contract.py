@@ -25,6 +25,7 @@ __all__ = [
     "EXPAND_PARAMETERS",
     "EXPERTS_APPLY_PARAMETERS",
     "KERNEL_WARMUP_PARAMETERS",
+    "MERGE_PARAMETERS",
     "KINDS",
     "PARAMETERS",
     "PINNED_VERSIONS",
@@ -179,6 +180,8 @@ SELECT_BACKEND_PARAMETERS = ("moe_config",)
 # Parameters model_warmup needs (a subset: vLLM adds others between releases, which it leaves at their defaults).
 DUMMY_RUN_PARAMETERS = frozenset({"num_tokens", "skip_eplb", "remove_lora", "num_active_loras"})
 KERNEL_WARMUP_PARAMETERS = frozenset({"worker"})
+# adapter_pinning wraps the model manager's merge of a loaded adapter.
+MERGE_PARAMETERS = ("self", "lora_model")
 
 
 # How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).

