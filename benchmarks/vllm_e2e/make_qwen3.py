@@ -51,6 +51,18 @@ CONFIG = {
     "router_aux_loss_coef": 0.001,
 }
 SPECIAL = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>"}
+# The same layout at a size the tests write in milliseconds (the vocabulary still holds the special ids).
+SMALL = {
+    **CONFIG,
+    "num_hidden_layers": 2,
+    "num_experts": 3,
+    "hidden_size": 16,
+    "moe_intermediate_size": 8,
+    "head_dim": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 151946,
+}
 
 
 def write_model(out: Path, config: dict = CONFIG) -> None:

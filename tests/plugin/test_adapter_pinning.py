@@ -19,16 +19,7 @@ from moelora.vllm_plugin.patches import Patches
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
 import make_qwen3  # noqa: E402
 
-SMALL = {
-    **make_qwen3.CONFIG,
-    "num_hidden_layers": 2,
-    "num_experts": 3,
-    "hidden_size": 16,
-    "moe_intermediate_size": 8,
-    "head_dim": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+SMALL = make_qwen3.SMALL
 RANK = 4
 PROJECTIONS = ("gate_proj", "down_proj", "up_proj")  # the order vLLM's packed_modules list an expert's
 

@@ -12,17 +12,7 @@ from moelora.operator.render import model_shapes
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
 import make_qwen3  # noqa: E402
 
-SMALL = {
-    **make_qwen3.CONFIG,
-    "num_hidden_layers": 2,
-    "num_experts": 3,
-    "hidden_size": 16,
-    "moe_intermediate_size": 8,
-    "head_dim": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 151946,  # the specials' ids must fit
-}
+SMALL = make_qwen3.SMALL
 
 
 def test_the_model_is_the_shape_the_operator_knows():

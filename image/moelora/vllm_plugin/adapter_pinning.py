@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -43,7 +43,7 @@ def _pinned_already(tensor: torch.Tensor) -> bool:
     return tensor.is_pinned()
 
 
-def _unpinned(value: object) -> bool:
+def _unpinned(value: object) -> TypeGuard[torch.Tensor]:
     """A tensor to copy: on the CPU and not pinned (vLLM's dummy adapters for warm-up are created pinned, and shared
     between their clones: those stay as they are)."""
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and not _pinned_already(value)
