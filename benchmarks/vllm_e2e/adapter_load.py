@@ -108,7 +108,8 @@ def run_mode(mode: str, root: pathlib.Path, count: int) -> dict:
     result["bytes"] = sum(t.numel() * t.element_size() for t in last)
     result["pinned"] = sum(t.is_pinned() for t in last)
     if torch.cuda.is_available():
-        stats = torch.cuda.memory.host_memory_stats()
+        host_stats = getattr(torch.cuda, "host_memory_stats", None)  # torch 2.6 on
+        stats = host_stats() if host_stats is not None else {}
         result["host_allocs"] = stats.get("num_host_alloc", 0)
         result["host_bytes"] = stats.get("allocated_bytes.all.current", stats.get("allocated_bytes.current", 0))
         torch.cuda.synchronize()
