@@ -105,12 +105,14 @@ def test_a_tensor_held_under_two_names_is_copied_once():
 
     shared, down = torch.randn(3, 4, 16), torch.randn(3, 4, 8)
     b = [torch.randn(3, 8, 4), torch.randn(3, 16, 4), torch.randn(3, 8, 4)]
-    # vLLM's 3D -> 2D conversion hands one gate_up lora_a to both w1 and w3.
+    # vLLM's 3D -> 2D conversion hands one gate_up lora_a to both w1 and w3; GPT-OSS's keeps it under two modules.
     packed = PackedLoRALayerWeights("m.experts", 4, [8, 8, 8], [shared, down, shared], b)
-    model = LoRAModel(1, 4, {"m.experts": packed})
+    alias = PackedLoRALayerWeights("m.experts.base_layer", 4, [8], [shared.view(3, 4, 16)], [b[0]])
+    model = LoRAModel(1, 4, {"m.experts": packed, "m.experts.base_layer": alias})
     nbytes, count = adapter_pinning.pack_into_one_buffer(model, plain)
     assert count == 5
-    assert packed.lora_a[0] is packed.lora_a[2] and torch.equal(packed.lora_a[0], shared)
+    assert packed.lora_a[0] is packed.lora_a[2] is alias.lora_a[0] and torch.equal(packed.lora_a[0], shared)
+    assert alias.lora_b[0] is packed.lora_b[0]
     assert packed.lora_a[0].data_ptr() != packed.lora_a[1].data_ptr()
 
 
