@@ -9,14 +9,16 @@ the merge its manager makes for these modules (q/k/v into qkv_proj with its `Pac
 per-expert adapter's experts with `pack_moe`; GPT-OSS's fused experts are left as read: the manager's reshape of
 them needs the model's layer), then the manager's own `_create_merged_loras_inplace` on a manager with no modules
 (it folds the scalings and runs its pinning pass; installed, the plugin's wrapper replaces that pass). Then every
-tensor of the last adapter is copied to the GPU, as an activation does. Prints one table; needs CUDA for pinning
-(on a CPU both modes pin nothing).
+tensor of the last adapter is copied to the GPU, as an activation does. A third run repeats the plugin's with
+torch's host allocator set to register its blocks from 8 threads (RUNS). Prints one table; needs CUDA for pinning
+(on a CPU no run pins anything).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -26,6 +28,13 @@ import time
 EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$")
 ATTENTION = re.compile(r"^(.*\.self_attn)\.(q_proj|k_proj|v_proj|o_proj)$")
 PROJECTIONS = ("gate_proj", "down_proj", "up_proj")  # vLLM's packed order for an expert
+# (mode, PYTORCH_CUDA_ALLOC_CONF): the last asks torch's host allocator to pin a malloc'd block with
+# cudaHostRegister from 8 threads instead of one cudaHostAlloc, which may page-lock one large buffer faster.
+RUNS = (
+    ("vllm", ""),
+    ("moelora", ""),
+    ("moelora", "pinned_use_cuda_host_register:True,pinned_num_register_threads:8"),
+)
 
 
 def expected_modules(adapter: pathlib.Path) -> set[str]:
@@ -131,16 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_mode(args.mode, args.dir, args.count)))
         return 0
     rows = []
-    for mode in ("vllm", "moelora"):
+    for mode, alloc_conf in RUNS:
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf} if alloc_conf else None
         out = subprocess.run(
             [sys.executable, __file__, str(args.dir), "--count", str(args.count), "--mode", mode],
             capture_output=True,
             text=True,
+            env=env,
         )
         if out.returncode != 0:
             print(out.stderr[-3000:], file=sys.stderr)
             return out.returncode
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        rows.append({**json.loads(out.stdout.strip().splitlines()[-1]), "alloc_conf": alloc_conf})
     size = f"{rows[0]['tensors']} tensors, {rows[0]['bytes'] / 1e9:.2f} GB"
     print(f"{size} per adapter after the merge; CUDA: {rows[0]['cuda']}")
     print(
@@ -153,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         later = r["phases"][1:] or r["phases"]
         mean = sum(sum(ph) for ph in later) / len(later)
         label = r["mode"] + (f" ({r['install']})" if r.get("install") not in (None, "on") else "")
+        label += f", `{r['alloc_conf']}`" if r["alloc_conf"] else ""
         print(
             f"| {label} | {first[0]:.2f} / {first[1]:.2f} / {first[2]:.2f} | {mean:.2f} | "
             f"{r['pinned']} of {r['tensors']} | {r.get('host_allocs', '-')} | "
