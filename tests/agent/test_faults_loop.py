@@ -142,13 +142,23 @@ def test_readiness_stops_waiting_and_the_status_follows_vllm(
         assert loop.metrics.pending._value.get() == 1  # noqa: SLF001 - the gauge's value
         assert kube.status["stuck"][0].state.value in ("Downloading", "Pending")
 
+        # Readiness closes before the status write that says vLLM is gone: record it at each write.
+        publish, ready_at_write = loop.agent.publisher.publish, []
+
+        def recording(*args: Any, **kwargs: Any) -> None:
+            publish(*args, **kwargs)
+            if not kube.status["good"][0].loaded:
+                ready_at_write.append(loop.agent.is_ready)
+
+        loop.agent.publisher.publish = recording  # type: ignore[method-assign]
         vllm.up = False  # vLLM died: at the next poll the entries say so and nothing claims Downloading
         went = time.monotonic()
         eventually(lambda: not kube.status["good"][0].loaded, timeout=5)
         noticed = time.monotonic() - went
         assert noticed <= loop.settings.poll_seconds + 0.5
         print(f"ready after {ready_after:.2f} s (wait 2 s, one adapter hanging); vLLM down noticed in {noticed:.2f} s")
-        assert kube.status["good"][0].state.value == "Pending" and not loop.agent.is_ready
+        assert kube.status["good"][0].state.value == "Pending"
+        assert ready_at_write and not any(ready_at_write)
         proxy.rules.clear()
         loop.stop()
 

@@ -184,11 +184,12 @@ class Agent:
         if self.usage is not None:  # only placement's copiesMode Auto reads the load
             self.usage.update(fetch=self.vllm.metrics_text, records=self.records.values(), now=now)
         self.holding.answer(desired, self.records)
-        # Only placed adapters have a status entry here: the operator keeps only the assigned pods' entries.
-        self.publisher.publish(placed, self.records)
+        # Readiness first: publishing writes to the Kubernetes API, and a pod whose vLLM died should not wait on that.
         self.gate.update(
             vllm_up=self.vllm_up, unsettled=reconcile.unsettled(desired=placed, records=self.records), now=now
         )
+        # Only placed adapters have a status entry here: the operator keeps only the assigned pods' entries.
+        self.publisher.publish(placed, self.records)
 
     @property
     def is_ready(self) -> bool:
