@@ -6,9 +6,9 @@ ADAPTERS_DIR holds lora1..loraN (make_qwen3.py's or the kit's make_loras.py's). 
 (torch's host allocator keeps what it pinned) and loads `count` adapters one after another, keeping each, as vLLM's
 CPU cache does with --max-cpu-loras: vLLM's own reading (`LoRAModel.from_local_checkpoint`, device "cpu", bf16),
 the merge its manager makes for these modules (q/k/v into qkv_proj with its `PackedLoRALayerWeights.pack`; a
-per-expert adapter's experts with `pack_moe`; GPT-OSS's fused experts are left as read: the manager's reshape of
-them needs the model's layer), then the manager's own `_create_merged_loras_inplace` on a manager with no modules
-(it folds the scalings and runs its pinning pass; installed, the plugin's wrapper replaces that pass). Then every
+per-expert adapter's experts with `pack_moe`), then the manager's own `_create_merged_loras_inplace` (it folds the
+scalings, splits GPT-OSS's fused experts per expert for stand-ins of its 3D MoE layers, and runs its pinning pass;
+installed, the plugin's wrapper replaces that pass). Then every
 tensor of the last adapter is copied to the GPU, as an activation does. A third run repeats the plugin's with
 torch's host allocator set to register its blocks from 8 threads (RUNS). Prints one table; needs CUDA for pinning
 (on a CPU no run pins anything).
@@ -71,6 +71,28 @@ def merge(model) -> None:
         model.loras[prefix] = PackedLoRALayerWeights.pack_moe([model.loras.pop(n) for n in names], prefix)
 
 
+def fused_experts(model) -> dict:
+    """GPT-OSS's fused experts (`X.mlp.experts` beside `X.mlp.experts.base_layer`), as vLLM's 3D MoE LoRA layers
+    whose expert count the manager's `_stack_moe_lora_weights` reads; {} for other adapters."""
+    import torch
+    from vllm.lora.layers import FusedMoE3DWithLoRA
+
+    class Layer(FusedMoE3DWithLoRA):
+        global_num_experts = 0  # vLLM's properties read the model's config; these layers have none
+        ep_rank = 0
+
+        def __init__(self, experts: int) -> None:
+            torch.nn.Module.__init__(self)
+            self.w13_lora_a_stacked = [torch.empty(1, experts, 1, 1)]
+            self.global_num_experts = experts
+
+    out = {}
+    for name, weights in model.loras.items():
+        if f"{name}.base_layer" in model.loras:
+            out[name] = Layer(weights.lora_a.shape[0] // weights.rank)
+    return out
+
+
 def tensors(model) -> list:
     out = []
     for weights in model.loras.values():
@@ -94,7 +116,8 @@ def run_mode(mode: str, root: pathlib.Path, count: int) -> dict:
     if torch.cuda.is_available():
         torch.cuda.init()
     manager = object.__new__(manager_module.LRUCacheLoRAModelManager)
-    manager.packed_modules, manager.modules = {}, {}
+    manager.packed_modules, manager.modules, manager._is_3d_moe_model = {}, {}, True
+    manager.is_pooling_model = manager._enable_mixed_moe_lora_format = manager._enable_moe_shared_loras = False
     kept, phases = [], []
     expected = expected_modules(root / "lora1")
     for i in range(1, count + 1):
@@ -106,6 +129,8 @@ def run_mode(mode: str, root: pathlib.Path, count: int) -> dict:
         )
         t1 = time.perf_counter()
         merge(model)
+        if i == 1:
+            manager.modules = fused_experts(model)
         t2 = time.perf_counter()
         manager._create_merged_loras_inplace(model)
         t3 = time.perf_counter()
