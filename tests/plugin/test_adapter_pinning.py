@@ -117,7 +117,7 @@ def test_a_tensor_held_under_two_names_is_copied_once():
 
 
 def test_tensors_already_pinned_are_left_alone(adapter_dir, monkeypatch):
-    """vLLM creates its warm-up dummy adapters pinned and shares their tensors between clones: no copy of those."""
+    """vLLM creates its warm-up dummies' weights pinned, and its clones of a dummy share them: no copy of those."""
     model = load(adapter_dir)
     merge(model)
     before = tensors(model)

@@ -44,8 +44,8 @@ def _pinned_already(tensor: torch.Tensor) -> bool:
 
 
 def _unpinned(value: object) -> TypeGuard[torch.Tensor]:
-    """A tensor to copy: on the CPU and not pinned (vLLM's dummy adapters for warm-up are created pinned, and shared
-    between their clones: those stay as they are)."""
+    """A tensor to copy: on the CPU and not pinned (vLLM creates its warm-up dummies' weights pinned; those stay as
+    they are, and only what its merge stacked from them is copied)."""
     return isinstance(value, torch.Tensor) and value.device.type == "cpu" and not _pinned_already(value)
 
 
