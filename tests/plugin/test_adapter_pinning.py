@@ -17,11 +17,14 @@ from moelora.vllm_plugin import adapter_pinning
 from moelora.vllm_plugin.patches import Patches
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
+import adapter_load  # noqa: E402
 import make_qwen3  # noqa: E402
 
 SMALL = make_qwen3.SMALL
 RANK = 4
-PROJECTIONS = ("gate_proj", "down_proj", "up_proj")  # the order vLLM's packed_modules list an expert's
+# What vLLM's manager does with these modules (q/k/v into qkv_proj, each layer's experts into stacked tensors), as
+# the benchmark of this part does it.
+merge = adapter_load.merge
 
 
 def plain(nbytes: int) -> torch.Tensor:
@@ -40,26 +43,11 @@ def load(adapter_dir: pathlib.Path):
     from vllm.lora.lora_model import LoRAModel
     from vllm.lora.peft_helper import PEFTHelper
 
-    experts = {f"experts.{e}.{p}" for e in range(SMALL["num_experts"]) for p in PROJECTIONS}
-    expected = {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "experts"} | experts
+    expected = adapter_load.expected_modules(adapter_dir)
     helper = PEFTHelper.from_local_dir(str(adapter_dir), max_position_embeddings=None)
     return LoRAModel.from_local_checkpoint(
         str(adapter_dir), expected, helper, lora_model_id=7, device="cpu", dtype=torch.bfloat16
     )
-
-
-def merge(model) -> None:
-    """What vLLM's manager does with these modules: q/k/v into qkv_proj, each layer's experts into stacked tensors."""
-    from vllm.lora.lora_weights import PackedLoRALayerWeights
-
-    for layer in range(SMALL["num_hidden_layers"]):
-        p = f"model.layers.{layer}"
-        names = [f"{p}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj")]
-        model.loras[f"{p}.self_attn.qkv_proj"] = PackedLoRALayerWeights.pack([model.loras.pop(n) for n in names])
-        names = [f"{p}.mlp.experts.{e}.{q}" for e in range(SMALL["num_experts"]) for q in PROJECTIONS]
-        model.loras[f"{p}.mlp.experts"] = PackedLoRALayerWeights.pack_moe(
-            [model.loras.pop(n) for n in names], f"{p}.mlp.experts"
-        )
 
 
 def tensors(model) -> dict[tuple[str, str, int], torch.Tensor]:

@@ -75,28 +75,27 @@ def _aligned(nbytes: int) -> int:
 def pack_into_one_buffer(lora_model: Any, allocate: Callable[[int], torch.Tensor]) -> tuple[int, int]:
     """Copy every unpinned CPU tensor of `lora_model` into one uint8 buffer from `allocate(nbytes)` and point the
     model at views of it; returns (bytes, tensors copied). All or nothing: the model changes only after every copy."""
-    slots = list(_slots(lora_model))
-    offsets: dict[tuple, tuple[int, torch.Tensor]] = {}
+    slots = [(slot, _key(tensor), tensor) for slot, tensor in _slots(lora_model)]
+    offsets: dict[tuple, tuple[int, int, torch.Tensor]] = {}  # key -> (offset, bytes, tensor)
     size = 0
-    for _, tensor in slots:
-        key = _key(tensor)
+    for _, key, tensor in slots:
         if key not in offsets:
-            offsets[key] = (size, tensor)
-            size += _aligned(tensor.numel() * tensor.element_size())
+            nbytes = tensor.numel() * tensor.element_size()
+            offsets[key] = (size, nbytes, tensor)
+            size += _aligned(nbytes)
     if not offsets:
         return 0, 0
     buffer = allocate(size)
     views: dict[tuple, torch.Tensor] = {}
-    for key, (offset, tensor) in offsets.items():
-        nbytes = tensor.numel() * tensor.element_size()
+    for key, (offset, nbytes, tensor) in offsets.items():
         view = buffer[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         views[key] = view
-    for (holder, where), tensor in slots:
+    for (holder, where), key, _ in slots:
         if isinstance(holder, list):
-            holder[where] = views[_key(tensor)]
+            holder[where] = views[key]
         else:
-            setattr(holder, where, views[_key(tensor)])
+            setattr(holder, where, views[key])
     return size, len(offsets)
 
 
@@ -138,8 +137,9 @@ def install_adapter_pinning(patches: Patches, allocate: Callable[[int], torch.Te
     original = vars(manager).get("_create_merged_loras_inplace") if manager is not None else None
     if original is None:
         return "vLLM's LoRAModelManager has no _create_merged_loras_inplace"
-    if tuple(inspect.signature(original).parameters) != MERGE_PARAMETERS:
-        return f"_create_merged_loras_inplace takes {tuple(inspect.signature(original).parameters)}"
+    parameters = tuple(inspect.signature(original).parameters)
+    if parameters != MERGE_PARAMETERS:
+        return f"_create_merged_loras_inplace takes {parameters}"
 
     def _create_merged_loras_inplace(self, lora_model):
         original(self, lora_model)
