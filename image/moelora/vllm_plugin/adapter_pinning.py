@@ -146,6 +146,9 @@ def install_adapter_pinning(patches: Patches, allocate: Callable[[int], torch.Te
         _pin(lora_model, allocate)
 
     _create_merged_loras_inplace.__qualname__ = "moelora_create_merged_loras_inplace"
+    # host_adapters merges off the engine thread without pinning (no CUDA call there), and pins on it later.
+    _create_merged_loras_inplace.moelora_unpinned = original  # type: ignore[attr-defined]
+    _create_merged_loras_inplace.moelora_pin = lambda lora_model: _pin(lora_model, allocate)  # type: ignore[attr-defined]
     patches.set(lora_model_module, "PIN_MEMORY", False)
     patches.set(manager_module, "PIN_MEMORY", False)
     patches.set(manager, "_create_merged_loras_inplace", _create_merged_loras_inplace)

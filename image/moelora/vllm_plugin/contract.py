@@ -21,10 +21,13 @@ from typing import Any
 
 __all__ = [
     "ADD_LORA_LINEAR_PARAMETERS",
+    "CLONE_PARAMETERS",
+    "CREATE_LORA_MANAGER_PARAMETERS",
     "DUMMY_RUN_PARAMETERS",
     "EXPAND_PARAMETERS",
     "EXPERTS_APPLY_PARAMETERS",
     "KERNEL_WARMUP_PARAMETERS",
+    "LOAD_ADAPTER_PARAMETERS",
     "MERGE_PARAMETERS",
     "KINDS",
     "PARAMETERS",
@@ -182,6 +185,10 @@ DUMMY_RUN_PARAMETERS = frozenset({"num_tokens", "skip_eplb", "remove_lora", "num
 KERNEL_WARMUP_PARAMETERS = frozenset({"worker"})
 # adapter_pinning wraps the model manager's merge of a loaded adapter.
 MERGE_PARAMETERS = ("self", "lora_model")
+# host_adapters wraps the worker's load and its creation of the manager, and clones what it kept.
+LOAD_ADAPTER_PARAMETERS = ("self", "lora_request")
+CREATE_LORA_MANAGER_PARAMETERS = ("self", "model", "vllm_config")
+CLONE_PARAMETERS = ("self", "lora_model_id")
 
 
 # How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).

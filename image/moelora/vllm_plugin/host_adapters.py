@@ -1,0 +1,236 @@
+"""Adapters read and merged in host memory before vLLM asks for them, and the last load kept for a second one.
+
+vLLM loads an adapter on its engine thread when asked (`WorkerLoRAManager._load_adapter`: read the files, then the
+manager merges them), one after another, and only once the engine is up. A new pod therefore spends its start-up
+first, then every adapter's read and merge in turn before its agent calls it Ready; and the agent loads each new
+adapter twice (under a random name for its output check, then under the adapter's own), which vLLM reads twice.
+
+Installed, the plugin's `_load_adapter` returns the adapter merged, and remembers the last one by its files' identity
+(path, and each file's size, mtime and inode): loading the same files again gets a clone sharing its tensors
+(`LoRAModel.clone`), not a second read. With `MOELORA_ADAPTERS_AHEAD_DIR` set (the agent's cache, where a directory
+appears only complete and checked), a thread starts when vLLM creates its LoRA manager and reads and merges, one at a
+time while the engine warms up, the newest adapter directories there, up to the manager's capacity and until the
+first load; a load of one of them takes that copy. Nothing read ahead is served unless vLLM is asked for the same
+files; copies not asked for within `KEEP_S` of the first load are dropped.
+
+The thread makes no CUDA call: CUDA-graph capture, which may run meanwhile, forbids host allocations of pinned memory
+from any thread. So it needs vLLM's per-tensor pinning off (adapter_pinning.py, or a platform without pinned memory),
+merges with vLLM's own merge, and the plugin's pinning of an adapter read ahead runs on the engine thread when taken.
+`MOELORA_HOST_ADAPTERS=0` keeps vLLM's loading as it is.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .contract import CLONE_PARAMETERS, CREATE_LORA_MANAGER_PARAMETERS, LOAD_ADAPTER_PARAMETERS
+from .patches import Patches
+
+__all__ = ["AHEAD_ENV", "ENV", "HostAdapters", "adapter_dirs", "identity", "install_host_adapters"]
+
+log = logging.getLogger("vllm.moelora_plugin")
+
+ENV = "MOELORA_HOST_ADAPTERS"
+AHEAD_ENV = "MOELORA_ADAPTERS_AHEAD_DIR"
+MERGED = "moelora_merged"  # set on a LoRAModel already merged: the manager's merge skips it
+CONFIG = "adapter_config.json"
+POLL_S = 1.0  # how often the thread looks for new adapter directories before the first load
+WINDOW_S = 1800.0  # it stops looking after this long even when no load comes
+KEEP_S = 300.0  # copies read ahead and not taken this long after the first load are dropped
+
+Key = tuple[str, tuple[tuple[str, int, int, int], ...], bool]
+
+
+def identity(path: str, is_3d: bool) -> Key | None:
+    """The adapter directory's files as they are now, or None if it cannot be read. Equal keys mean the same bytes
+    unless a file was rewritten in place with its size and mtime kept (the agent's cache renames whole directories)."""
+    try:
+        with os.scandir(path) as entries:
+            files = tuple(
+                sorted(
+                    (e.name, s.st_size, s.st_mtime_ns, s.st_ino) for e in entries if e.is_file() for s in (e.stat(),)
+                )
+            )
+    except OSError:
+        return None
+    return (os.path.realpath(path), files, is_3d)
+
+
+def adapter_dirs(root: str) -> list[str]:
+    """Adapter directories directly under `root`, newest first; dot-named ones (the agent's partial downloads) are
+    not adapters yet."""
+    found = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if entry.name.startswith(".") or not entry.is_dir():
+                    continue
+                try:
+                    found.append((os.stat(os.path.join(entry.path, CONFIG)).st_mtime_ns, entry.path))
+                except OSError:
+                    continue
+    except OSError:
+        return []
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+class HostAdapters:
+    """Merged adapters by file identity: those read ahead (futures) and the last one loaded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ahead: dict[Key, concurrent.futures.Future] = {}
+        self._last: tuple[Key, Any] | None = None
+        self.loading = threading.Event()  # set at the first load: nothing new is read ahead after it
+
+    def ahead(self, key: Key, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._ahead[key] = future
+
+    def remember(self, key: Key, model: Any) -> None:
+        with self._lock:
+            self._last = (key, model)
+
+    def take(self, key: Key) -> tuple[Any, str] | None:
+        """The merged model for these files and where it came from, or None: read them. A copy read ahead but not
+        started is cancelled (the caller reads); one being read is waited for; one that failed is dropped with a
+        warning, and the caller's own read then reports the error as vLLM would."""
+        with self._lock:
+            if self._last is not None and self._last[0] == key:
+                return self._last[1], "its last load"
+            future = self._ahead.pop(key, None)
+        if future is None or future.cancel():
+            return None
+        try:
+            model = future.result()
+        except Exception as exc:  # noqa: BLE001  (the engine thread's own read raises vLLM's error for it)
+            log.warning("moelora: reading %s ahead failed: %r", key[0], exc)
+            return None
+        self.remember(key, model)
+        return model, "the copy read ahead"
+
+    def drop_ahead(self) -> int:
+        with self._lock:
+            futures, self._ahead = list(self._ahead.values()), {}
+        for future in futures:
+            future.cancel()
+        return len(futures)
+
+
+def _read_ahead(store: HostAdapters, root: str, capacity: int, read: Callable[[str], Any]) -> None:
+    """The thread's loop: submit each new adapter directory under `root` to one reader until the first load, the
+    manager's capacity or the window's end; then drop what was not taken within KEEP_S."""
+    reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="moelora-adapters-ahead")
+    seen: set[Key] = set()
+    deadline = time.monotonic() + WINDOW_S
+    while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
+        for path in adapter_dirs(root):
+            key = identity(path, False)
+            if key is not None and key not in seen and len(seen) < capacity:
+                seen.add(key)
+                store.ahead(key, reader.submit(read, path))
+        store.loading.wait(POLL_S)
+    store.loading.wait(max(0.0, deadline - time.monotonic()))
+    time.sleep(KEEP_S)
+    dropped = store.drop_ahead()
+    reader.shutdown(wait=False)
+    if dropped:
+        log.info("moelora: dropped %d adapter(s) read ahead and not loaded", dropped)
+
+
+def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], None]], None] | None = None) -> str | None:
+    """Merge at load, keep the last load, read ahead where `AHEAD_ENV` says; None when installed, else why not
+    (nothing changed). `start` runs the read-ahead loop (a daemon thread unless a test passes its own)."""
+    if os.environ.get(ENV, "1") == "0":
+        return f"{ENV}=0"
+    import vllm.lora.lora_model as lora_model_module
+    import vllm.lora.model_manager as manager_module
+    import vllm.lora.worker_manager as worker_module
+    from vllm.lora.request import LoRARequest
+    from vllm.lora.utils import get_adapter_absolute_path
+
+    worker_cls, lru_cls = worker_module.WorkerLoRAManager, worker_module.LRUCacheWorkerLoRAManager
+    manager_cls = manager_module.LoRAModelManager
+    for owner, name, expected in (
+        (worker_cls, "_load_adapter", LOAD_ADAPTER_PARAMETERS),
+        (lru_cls, "create_lora_manager", CREATE_LORA_MANAGER_PARAMETERS),
+        (lora_model_module.LoRAModel, "clone", CLONE_PARAMETERS),
+    ):
+        found = vars(owner).get(name)
+        if found is None or tuple(inspect.signature(found).parameters) != expected:
+            return f"vLLM's {owner.__name__}.{name} is not {expected}"
+    load, create = vars(worker_cls)["_load_adapter"], vars(lru_cls)["create_lora_manager"]
+    merge = manager_cls._create_merged_loras_inplace
+    # What the read-ahead thread may run: vLLM's merge without the plugin's pinning, and that pinning for later.
+    unpinned, pin = getattr(merge, "moelora_unpinned", merge), getattr(merge, "moelora_pin", lambda model: None)
+    vllm_pins = getattr(manager_module, "PIN_MEMORY", False) or getattr(lora_model_module, "PIN_MEMORY", False)
+    store = HostAdapters()
+
+    def _load_adapter(self, lora_request):
+        store.loading.set()
+        if getattr(lora_request, "tensorizer_config_dict", None):
+            return load(self, lora_request)  # not read from files this part can identify
+        key = identity(
+            get_adapter_absolute_path(lora_request.lora_path), bool(getattr(lora_request, "is_3d_lora_weight", False))
+        )
+        found = store.take(key) if key is not None else None
+        if found is None:
+            model = load(self, lora_request)
+            self._adapter_manager._create_merged_loras_inplace(model)
+            setattr(model, MERGED, True)
+            if key is not None:
+                store.remember(key, model)
+            return model
+        model, source = found
+        pin(model)  # a copy read ahead is pinned here, on the engine thread; a model pinned already is left as it is
+        copy = model.clone(lora_request.lora_int_id)
+        setattr(copy, MERGED, True)
+        log.info("moelora: adapter %s (%s) from %s", lora_request.lora_int_id, lora_request.lora_name, source)
+        return copy
+
+    def _create_merged_loras_inplace(self, lora_model):
+        if not getattr(lora_model, MERGED, False):
+            merge(self, lora_model)
+
+    def create_lora_manager(self, model, vllm_config):
+        out = create(self, model, vllm_config)
+        root = os.environ.get(AHEAD_ENV)
+        if root and not vllm_pins:
+            read = _reader(self, load, unpinned, LoRARequest)
+            loop = lambda: _read_ahead(store, root, self._adapter_manager.capacity, read)  # noqa: E731
+            (start or _daemon)(loop)
+        elif root:
+            log.warning("moelora: not reading %s ahead: vLLM pins each tensor as it reads (CUDA off its thread)", root)
+        return out
+
+    _load_adapter.__qualname__ = "moelora_load_adapter"
+    patches.set(worker_cls, "_load_adapter", _load_adapter)
+    patches.set(manager_cls, "_create_merged_loras_inplace", _create_merged_loras_inplace)
+    patches.set(lru_cls, "create_lora_manager", create_lora_manager)
+    return None
+
+
+def _reader(worker: Any, load: Callable, merge: Callable, request_cls: type) -> Callable[[str], Any]:
+    """Read and merge the adapter at a path as the engine would (vLLM's own read and merge, with a placeholder id
+    that each load's clone replaces)."""
+
+    def read(path: str) -> Any:
+        t0 = time.monotonic()
+        model = load(worker, request_cls(lora_name=os.path.basename(path), lora_int_id=1, lora_path=path))
+        merge(worker._adapter_manager, model)
+        setattr(model, MERGED, True)
+        log.info("moelora: read %s ahead in %.2f s", path, time.monotonic() - t0)
+        return model
+
+    return read
+
+
+def _daemon(loop: Callable[[], None]) -> None:
+    threading.Thread(target=loop, name="moelora-adapters-ahead-scan", daemon=True).start()

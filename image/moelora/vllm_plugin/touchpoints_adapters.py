@@ -1,0 +1,112 @@
+"""Where the plugin meets vLLM's loading of adapters into host memory, as data (touchpoints.py says how each kind is
+checked): adapter_pinning's two pinning passes and the merge they follow, and host_adapters' load, manager and clone.
+Stdlib only, like contract.py.
+"""
+
+from __future__ import annotations
+
+from .contract import (
+    CLONE_PARAMETERS,
+    CREATE_LORA_MANAGER_PARAMETERS,
+    LOAD_ADAPTER_PARAMETERS,
+    MERGE_PARAMETERS,
+    Touchpoint,
+)
+
+__all__ = ["ADAPTERS"]
+
+_MODEL_MANAGER = "lora/model_manager.py"
+_LORA_MODEL = "lora/lora_model.py"
+_WORKER_MANAGER = "lora/worker_manager.py"
+_WEIGHTS = "lora/lora_weights.py"
+_TORCH_UTILS = ("vllm.utils.torch_utils",)
+_A_B = frozenset({"lora_a", "lora_b"})
+_PINNING = "adapter_pinning"
+_HOST = "host_adapters"
+
+ADAPTERS: tuple[Touchpoint, ...] = (
+    # ---- adapter_pinning (CUDA): vLLM's two pinning passes over a loaded adapter, and the merge it follows ----
+    Touchpoint(
+        "LoRAModelManager._create_merged_loras_inplace",
+        "params",
+        (_MODEL_MANAGER,),
+        "LoRAModelManager._create_merged_loras_inplace",
+        MERGE_PARAMETERS,
+        _PINNING,
+    ),
+    Touchpoint(
+        "every added adapter is merged, then pinned",
+        "text",
+        (_MODEL_MANAGER,),
+        "the merge and its pinning pass",
+        ("self._create_merged_loras_inplace(lora)", 'pin_memory = str(lora_device) == "cpu" and PIN_MEMORY'),
+        _PINNING,
+    ),
+    Touchpoint("model_manager binds PIN_MEMORY", "imports", (_MODEL_MANAGER,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
+    Touchpoint(
+        "from_lora_tensors pins as it reads",
+        "text",
+        (_LORA_MODEL,),
+        "the per-tensor pinning pass",
+        ('pin_memory = str(device) == "cpu" and PIN_MEMORY',),
+        _PINNING,
+    ),
+    Touchpoint("lora_model binds PIN_MEMORY", "imports", (_LORA_MODEL,), "PIN_MEMORY", _TORCH_UTILS, _PINNING),
+    Touchpoint(
+        "LoRA weights hold lora_a and lora_b", "params", (_WEIGHTS,), "LoRALayerWeights.__init__", _A_B, _PINNING
+    ),
+    Touchpoint(
+        "packed LoRA weights hold lists of them",
+        "params",
+        (_WEIGHTS,),
+        "PackedLoRALayerWeights.__init__",
+        _A_B,
+        _PINNING,
+    ),
+    # ---- host_adapters (CUDA): the engine thread's load of an adapter, then its add; the manager; the clone ----
+    Touchpoint(
+        "WorkerLoRAManager._load_adapter",
+        "params",
+        (_WORKER_MANAGER,),
+        "WorkerLoRAManager._load_adapter",
+        LOAD_ADAPTER_PARAMETERS,
+        _HOST,
+    ),
+    Touchpoint(
+        "an adapter is loaded, then added to the manager (which merges it)",
+        "text",
+        (_WORKER_MANAGER,),
+        "the worker's add_adapter",
+        ("lora = self._load_adapter(lora_request)", "loaded = self._adapter_manager.add_adapter(lora)"),
+        _HOST,
+    ),
+    Touchpoint(
+        "LRUCacheWorkerLoRAManager.create_lora_manager",
+        "params",
+        (_WORKER_MANAGER,),
+        "LRUCacheWorkerLoRAManager.create_lora_manager",
+        CREATE_LORA_MANAGER_PARAMETERS,
+        _HOST,
+    ),
+    Touchpoint(
+        "the model runner creates the LRU worker manager",
+        "text",
+        ("v1/worker/lora_model_runner_mixin.py",),
+        "the runner's LoRA set-up",
+        ("LRUCacheWorkerLoRAManager(", ".create_lora_manager(model, vllm_config)"),
+        _HOST,
+    ),
+    Touchpoint("LoRAModel.clone shares tensors", "params", (_LORA_MODEL,), "LoRAModel.clone", CLONE_PARAMETERS, _HOST),
+    Touchpoint("the manager's capacity", "members", (_MODEL_MANAGER,), "LoRAModelManager", ("capacity",), _HOST),
+    Touchpoint(
+        "LoRARequest's fields",
+        "fields",
+        ("lora/request.py",),
+        "LoRARequest",
+        ("lora_name", "lora_int_id", "lora_path", "is_3d_lora_weight"),
+        _HOST,
+    ),
+    Touchpoint(
+        "get_adapter_absolute_path", "params", ("lora/utils.py",), "get_adapter_absolute_path", ("lora_path",), _HOST
+    ),
+)
