@@ -187,6 +187,9 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream(settings: Settings) -> 
     spec = make_spec(kernels={"implementation": "moelora"})
     vllm = containers(dep.deployment(spec, name="srv", namespace="ns", settings=settings))["vllm"]
     assert env_of(vllm)["MOELORA_KERNEL"] == "moelora" and env_of(vllm)["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
+    # The directory the plugin reads adapters ahead from is the agent's cache, mounted in the vLLM container.
+    ahead = env_of(vllm)["MOELORA_ADAPTERS_AHEAD_DIR"]
+    assert any(m["mountPath"] == ahead and m["name"] == "adapters" for m in vllm["volumeMounts"])
     vllm = containers(dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings))["vllm"]
     assert "MOELORA_KERNEL" not in env_of(vllm) and "VLLM_LORA_ENABLE_DUAL_STREAM" not in env_of(vllm)
     spec = make_spec(

