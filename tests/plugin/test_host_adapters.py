@@ -34,10 +34,11 @@ class Installed:
     """The part installed over a stand-in read (which counts its calls by path) on a worker whose manager has nothing
     to pack, as on CUDA: vLLM's pinning passes off and the plugin's pinning into one (plain) buffer."""
 
-    def __init__(self, monkeypatch, *, pinning: bool = True, ahead: str | None = None) -> None:
+    def __init__(self, monkeypatch, *, pinning: bool = True, ahead: str | None = None, capture: bool = False) -> None:
         import vllm.lora.lora_model as lora_model_module
         import vllm.lora.model_manager as manager_module
         import vllm.lora.worker_manager as worker_module
+        import vllm.v1.worker.gpu_model_runner as runner_module
 
         self.reads: list[str] = []
         self.threads: list[threading.Thread] = []
@@ -61,6 +62,14 @@ class Installed:
             vllms_merge(self, lora_model)
 
         monkeypatch.setattr(manager_module.LoRAModelManager, "_create_merged_loras_inplace", merge)
+        self.capturing, self.captured = threading.Event(), threading.Event()
+
+        def capture_model(self):  # vLLM's, standing in: a capture until the test lets it end
+            part.capturing.set()
+            part.captured.wait(30)
+            return 0
+
+        monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
         monkeypatch.setattr(worker_module.WorkerLoRAManager, "_load_adapter", read)
         monkeypatch.setattr(worker_module.LRUCacheWorkerLoRAManager, "create_lora_manager", create)
         monkeypatch.setattr(manager_module, "PIN_MEMORY", True)
@@ -70,13 +79,25 @@ class Installed:
         else:
             monkeypatch.setenv(host_adapters.AHEAD_ENV, ahead)
         self.patches = Patches()
+        # The plugin's buffers count as pinned, as the pinned allocator's are on CUDA.
+        buffers: set[int] = set()
+
+        def allocate(nbytes: int) -> torch.Tensor:
+            buffer = plain(nbytes)
+            buffers.add(buffer.untyped_storage().data_ptr())
+            return buffer
+
+        monkeypatch.setattr(adapter_pinning, "_pinned_already", lambda t: t.untyped_storage().data_ptr() in buffers)
         if pinning:
-            assert adapter_pinning.install_adapter_pinning(self.patches, allocate=plain) is None
+            assert adapter_pinning.install_adapter_pinning(self.patches, allocate=allocate) is None
         assert host_adapters.install_host_adapters(self.patches, start=self._start) is None
         self.manager = object.__new__(manager_module.LRUCacheLoRAModelManager)
         self.manager.packed_modules, self.manager.modules = {}, {}
         self.manager.lora_config = types.SimpleNamespace(max_cpu_loras=4)
         self.worker = object.__new__(worker_module.LRUCacheWorkerLoRAManager)
+        if capture:  # the engine thread is capturing CUDA graphs when the read-ahead starts
+            self._start(lambda: runner_module.GPUModelRunner.capture_model(object()))
+            assert self.capturing.wait(30)
         self.worker.create_lora_manager("model", None)
 
     def _start(self, loop) -> None:
@@ -144,8 +165,8 @@ def test_adapters_under_the_directory_are_read_ahead_and_the_load_takes_them(ada
     part = Installed(monkeypatch, ahead=str(adapters))
     try:
         deadline = time.monotonic() + 30
-        while len(part.reads) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        while len([line for line in plugin_log if "ahead in" in line]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # both read, merged and pinned
         assert sorted(part.reads) == sorted(str(adapters / n) for n in ("lora1", "lora2"))
         model = part.add(adapters / "lora2", 21, "adapter-2")
         assert len(part.reads) == 2 and part.merges == 2  # taken from the copy read ahead, not read again
@@ -215,7 +236,7 @@ def test_read_ahead_stops_at_the_managers_capacity_newest_first(adapters, monkey
     newer.write_text(text)
     os.utime(newer, ns=(newer.stat().st_atime_ns, newer.stat().st_mtime_ns + 10**9))
     store, read = host_adapters.HostAdapters(), []
-    loop = threading.Thread(target=host_adapters._read_ahead, args=(store, str(adapters), 1, read.append))
+    loop = threading.Thread(target=host_adapters._read_ahead, args=(store, str(adapters), 1, read.append, lambda: None))
     loop.start()
     deadline = time.monotonic() + 30
     while not read and time.monotonic() < deadline:
@@ -225,3 +246,25 @@ def test_read_ahead_stops_at_the_managers_capacity_newest_first(adapters, monkey
     loop.join(timeout=30)
     assert read == [str(adapters / "lora2")]
     assert any("dropped 1 adapter(s)" in line for line in plugin_log)
+
+
+def test_adapters_read_ahead_are_pinned_only_outside_cuda_graph_capture(adapters, monkeypatch, plugin_log):
+    monkeypatch.setattr(host_adapters, "POLL_S", 0.01)
+    part = Installed(monkeypatch, ahead=str(adapters), capture=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(part.reads) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the first adapter is read and merged by now, and waits for the capture to end
+        assert part.reads and not any("pinned" in line for line in plugin_log)
+        part.captured.set()
+        while len([line for line in plugin_log if "ahead in" in line]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len([line for line in plugin_log if "ahead in" in line and "pinned in" in line]) == 2
+        assert len([line for line in plugin_log if "pinned in one buffer" in line]) == 2
+        model = part.add(adapters / "lora1", 31)
+        assert len({t.untyped_storage().data_ptr() for t in tensors(model).values()}) == 1
+        assert len([line for line in plugin_log if "pinned in one buffer" in line]) == 2  # not pinned again
+    finally:
+        part.captured.set()
+        part.patches.undo()

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "ADD_LORA_LINEAR_PARAMETERS",
+    "CAPTURE_PARAMETERS",
     "CLONE_PARAMETERS",
     "CREATE_LORA_MANAGER_PARAMETERS",
     "DUMMY_RUN_PARAMETERS",
@@ -189,6 +190,8 @@ MERGE_PARAMETERS = ("self", "lora_model")
 LOAD_ADAPTER_PARAMETERS = ("self", "lora_request")
 CREATE_LORA_MANAGER_PARAMETERS = ("self", "model", "vllm_config")
 CLONE_PARAMETERS = ("self", "lora_model_id")
+# host_adapters holds a lock around vLLM's CUDA-graph capture, so its thread never pins memory during one.
+CAPTURE_PARAMETERS = ("self",)
 
 
 # How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).

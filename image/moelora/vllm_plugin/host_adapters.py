@@ -13,9 +13,10 @@ time while the engine warms up, the newest adapter directories there, up to the 
 first load; a load of one of them takes that copy. Nothing read ahead is served unless vLLM is asked for the same
 files; copies not asked for within `KEEP_S` of the first load are dropped.
 
-The thread makes no CUDA call: CUDA-graph capture, which may run meanwhile, forbids host allocations of pinned memory
-from any thread. So it needs vLLM's per-tensor pinning off (adapter_pinning.py, or a platform without pinned memory),
-merges with vLLM's own merge, and the plugin's pinning of an adapter read ahead runs on the engine thread when taken.
+The thread reads and merges with no CUDA call (vLLM's merge with its pinning off: adapter_pinning.py, or a platform
+without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
+allocations from any thread, so vLLM's `capture_model` and each pin take one lock. A copy not pinned yet (the pin
+failed) is pinned on the engine thread when taken.
 `MOELORA_HOST_ADAPTERS=0` keeps vLLM's loading as it is.
 """
 
@@ -30,7 +31,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .contract import CLONE_PARAMETERS, CREATE_LORA_MANAGER_PARAMETERS, LOAD_ADAPTER_PARAMETERS
+import torch
+
+from .contract import CAPTURE_PARAMETERS, CLONE_PARAMETERS, CREATE_LORA_MANAGER_PARAMETERS, LOAD_ADAPTER_PARAMETERS
 from .patches import Patches
 
 __all__ = ["AHEAD_ENV", "ENV", "HostAdapters", "adapter_dirs", "identity", "install_host_adapters"]
@@ -124,10 +127,14 @@ class HostAdapters:
         return len(futures)
 
 
-def _read_ahead(store: HostAdapters, root: str, capacity: int, read: Callable[[str], Any]) -> None:
-    """The thread's loop: submit each new adapter directory under `root` to one reader until the first load, the
-    manager's capacity or the window's end; then drop what was not taken within KEEP_S."""
-    reader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="moelora-adapters-ahead")
+def _read_ahead(
+    store: HostAdapters, root: str, capacity: int, read: Callable[[str], Any], on_start: Callable[[], None]
+) -> None:
+    """The thread's loop: submit each new adapter directory under `root` to one reader (which runs `on_start` first)
+    until the first load, the manager's capacity or the window's end; then drop what was not taken within KEEP_S."""
+    reader = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="moelora-adapters-ahead", initializer=on_start
+    )
     seen: set[Key] = set()
     deadline = time.monotonic() + WINDOW_S
     while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
@@ -153,12 +160,14 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
     import vllm.lora.lora_model as lora_model_module
     import vllm.lora.model_manager as manager_module
     import vllm.lora.worker_manager as worker_module
+    import vllm.v1.worker.gpu_model_runner as runner_module
     from vllm.lora.request import LoRARequest
     from vllm.lora.utils import get_adapter_absolute_path
 
     worker_cls, lru_cls = worker_module.WorkerLoRAManager, worker_module.LRUCacheWorkerLoRAManager
-    manager_cls = manager_module.LoRAModelManager
+    manager_cls, runner_cls = manager_module.LoRAModelManager, runner_module.GPUModelRunner
     for owner, name, expected in (
+        (runner_cls, "capture_model", CAPTURE_PARAMETERS),
         (worker_cls, "_load_adapter", LOAD_ADAPTER_PARAMETERS),
         (lru_cls, "create_lora_manager", CREATE_LORA_MANAGER_PARAMETERS),
         (lora_model_module.LoRAModel, "clone", CLONE_PARAMETERS),
@@ -167,6 +176,8 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         if found is None or tuple(inspect.signature(found).parameters) != expected:
             return f"vLLM's {owner.__name__}.{name} is not {expected}"
     load, create = vars(worker_cls)["_load_adapter"], vars(lru_cls)["create_lora_manager"]
+    capture = vars(runner_cls)["capture_model"]
+    capturing = threading.Lock()
     merge = manager_cls._create_merged_loras_inplace
     # What the read-ahead thread may run: vLLM's merge without the plugin's pinning, and that pinning for later.
     unpinned, pin = getattr(merge, "moelora_unpinned", merge), getattr(merge, "moelora_pin", lambda model: None)
@@ -189,7 +200,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
                 store.remember(key, model)
             return model
         model, source = found
-        pin(model)  # a copy read ahead is pinned here, on the engine thread; a model pinned already is left as it is
+        pin(model)  # only a copy whose pin failed ahead is pinned here; a model pinned already is left as it is
         copy = model.clone(lora_request.lora_int_id)
         setattr(copy, MERGED, True)
         log.info("moelora: adapter %s (%s) from %s", lora_request.lora_int_id, lora_request.lora_name, source)
@@ -203,30 +214,50 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         out = create(self, model, vllm_config)
         root = os.environ.get(AHEAD_ENV)
         if root and not vllm_pins:
-            read = _reader(self, load, unpinned, LoRARequest)
-            loop = lambda: _read_ahead(store, root, self._adapter_manager.capacity, read)  # noqa: E731
+            read = _reader(self, load, unpinned, lambda model: _outside(capturing, pin, model), LoRARequest)
+            loop = lambda: _read_ahead(store, root, self._adapter_manager.capacity, read, _on_device(self))  # noqa: E731
             (start or _daemon)(loop)
         elif root:
             log.warning("moelora: not reading %s ahead: vLLM pins each tensor as it reads (CUDA off its thread)", root)
         return out
 
+    def capture_model(self):
+        with capturing:
+            return capture(self)
+
     _load_adapter.__qualname__ = "moelora_load_adapter"
+    patches.set(runner_cls, "capture_model", capture_model)
     patches.set(worker_cls, "_load_adapter", _load_adapter)
     patches.set(manager_cls, "_create_merged_loras_inplace", _create_merged_loras_inplace)
     patches.set(lru_cls, "create_lora_manager", create_lora_manager)
     return None
 
 
-def _reader(worker: Any, load: Callable, merge: Callable, request_cls: type) -> Callable[[str], Any]:
-    """Read and merge the adapter at a path as the engine would (vLLM's own read and merge, with a placeholder id
-    that each load's clone replaces)."""
+def _outside(capturing: threading.Lock, pin: Callable[[Any], None], model: Any) -> None:
+    with capturing:
+        pin(model)
+
+
+def _on_device(worker: Any) -> Callable[[], None]:
+    """The reader thread's CUDA calls go to the engine's GPU (a new thread starts on device 0)."""
+    device = getattr(worker, "device", None)
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return lambda: torch.cuda.set_device(device)
+    return lambda: None
+
+
+def _reader(worker: Any, load: Callable, merge: Callable, pin: Callable, request_cls: type) -> Callable[[str], Any]:
+    """Read, merge and pin the adapter at a path as the engine would (vLLM's own read and merge, with a placeholder
+    id that each load's clone replaces; the plugin's pinning)."""
 
     def read(path: str) -> Any:
         t0 = time.monotonic()
         model = load(worker, request_cls(lora_name=os.path.basename(path), lora_int_id=1, lora_path=path))
         merge(worker._adapter_manager, model)
         setattr(model, MERGED, True)
-        log.info("moelora: read %s ahead in %.2f s", path, time.monotonic() - t0)
+        t1 = time.monotonic()
+        pin(model)
+        log.info("moelora: read %s ahead in %.2f s, pinned in %.2f s", path, t1 - t0, time.monotonic() - t1)
         return model
 
     return read

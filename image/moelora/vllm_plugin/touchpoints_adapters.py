@@ -6,6 +6,7 @@ Stdlib only, like contract.py.
 from __future__ import annotations
 
 from .contract import (
+    CAPTURE_PARAMETERS,
     CLONE_PARAMETERS,
     CREATE_LORA_MANAGER_PARAMETERS,
     LOAD_ADAPTER_PARAMETERS,
@@ -104,6 +105,22 @@ ADAPTERS: tuple[Touchpoint, ...] = (
         ("lora/request.py",),
         "LoRARequest",
         ("lora_name", "lora_int_id", "lora_path", "is_3d_lora_weight"),
+        _HOST,
+    ),
+    Touchpoint(
+        "GPUModelRunner.capture_model",
+        "params",
+        ("v1/worker/gpu_model_runner.py",),
+        "GPUModelRunner.capture_model",
+        CAPTURE_PARAMETERS,
+        _HOST,
+    ),
+    Touchpoint(
+        "the worker captures CUDA graphs through capture_model",
+        "text",
+        ("v1/worker/gpu_worker.py",),
+        "the worker's start-up",
+        ("self.model_runner.capture_model()",),
         _HOST,
     ),
     Touchpoint(
