@@ -166,6 +166,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
 
     worker_cls, lru_cls = worker_module.WorkerLoRAManager, worker_module.LRUCacheWorkerLoRAManager
     manager_cls, runner_cls = manager_module.LoRAModelManager, runner_module.GPUModelRunner
+    originals = []
     for owner, name, expected in (
         (runner_cls, "capture_model", CAPTURE_PARAMETERS),
         (worker_cls, "_load_adapter", LOAD_ADAPTER_PARAMETERS),
@@ -175,8 +176,8 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         found = vars(owner).get(name)
         if found is None or tuple(inspect.signature(found).parameters) != expected:
             return f"vLLM's {owner.__name__}.{name} is not {expected}"
-    load, create = vars(worker_cls)["_load_adapter"], vars(lru_cls)["create_lora_manager"]
-    capture = vars(runner_cls)["capture_model"]
+        originals.append(found)
+    capture, load, create, _ = originals
     capturing = threading.Lock()
     merge = manager_cls._create_merged_loras_inplace
     # What the read-ahead thread may run: vLLM's merge without the plugin's pinning, and that pinning for later.
