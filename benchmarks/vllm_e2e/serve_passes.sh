@@ -12,7 +12,8 @@
 # PASSES (default 2), NP (prompts, default 128), EXTRA_ENV ("K=V ..."), SERVER_ARGS (more vLLM flags, e.g.
 # --enable-logging-iteration-details), PASS_S (timeout per pass), CAPTURE_MAX (the largest CUDA-graph batch, default 64:
 # a decode step of 16 or 64 sequences replays a graph; the operator leaves vLLM's default, 2 x max-num-seqs), AHEAD=0
-# (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on).
+# (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on), PROFILE_STARTUP=1
+# (plugin servers: the warm-ups and graph capture under cProfile, in OUTPUT_DIR/NAME/startup_profile).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -45,7 +46,8 @@ PP=$SITE; ENVS=""
 case $MODE in
   plugin) PP=$R/image:$R/kernels:$R/operator:/tmp/moelora-ep:$SITE; ENVS="VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora VLLM_TUNED_CONFIG_FOLDER=$CFG"
           # The adapters' directory for the plugin's read-ahead, as the operator renders it (AHEAD=0: none).
-          [ "${AHEAD:-1}" = 0 ] || ENVS="$ENVS MOELORA_ADAPTERS_AHEAD_DIR=$L" ;;
+          [ "${AHEAD:-1}" = 0 ] || ENVS="$ENVS MOELORA_ADAPTERS_AHEAD_DIR=$L"
+          [ "${PROFILE_STARTUP:-0}" = 1 ] && ENVS="$ENVS MOELORA_PROFILE_STARTUP=$OUTD/startup_profile" ;;
   tuned)  ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   stock)  ;;
   nolora) SRV_LORA=""; BENCH_LORA="" ;;

@@ -35,6 +35,7 @@ import torch
 
 from .contract import CAPTURE_PARAMETERS, CLONE_PARAMETERS, CREATE_LORA_MANAGER_PARAMETERS, LOAD_ADAPTER_PARAMETERS
 from .patches import Patches
+from .startup_profile import profiled
 
 __all__ = ["AHEAD_ENV", "ENV", "HostAdapters", "adapter_dirs", "identity", "install_host_adapters"]
 
@@ -224,7 +225,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
 
     def capture_model(self):
         with capturing:
-            return capture(self)
+            return profiled("vllm-capture-model", capture, self)
 
     _load_adapter.__qualname__ = "moelora_load_adapter"
     patches.set(runner_cls, "capture_model", capture_model)

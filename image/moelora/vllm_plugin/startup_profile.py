@@ -1,0 +1,71 @@
+"""Where an engine's start-up goes, as a diagnostic: with `MOELORA_PROFILE_STARTUP=DIR` the plugin's model warm-up,
+vLLM's own kernel warm-up and vLLM's CUDA-graph capture each run under cProfile, and each writes DIR/<phase>-<pid>.txt
+(its functions by cumulative and by own time) and logs its three costliest functions by own time.
+
+A second pod's engine init is where a LoRA server loses most against one without LoRA; this tells host Python (the
+plugin's and vLLM's per-call work, multiplied by every captured size) from waits on the GPU (time inside
+synchronize, `item` or a copy to the host). cProfile slows Python-heavy code, so the figures are shares, not timings.
+Unset (the default), the wrapped functions are called directly.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import logging
+import os
+import pathlib
+import pstats
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["PROFILE_ENV", "profiled"]
+
+T = TypeVar("T")
+log = logging.getLogger("vllm.moelora_plugin")
+
+PROFILE_ENV = "MOELORA_PROFILE_STARTUP"
+ROWS = 60  # functions listed per ordering: enough to reach past vLLM's wrappers to the calls they make
+
+
+def profiled(phase: str, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """fn(*args, **kwargs), under cProfile when PROFILE_ENV names a folder; the profile is written even if fn raises."""
+    root = os.environ.get(PROFILE_ENV, "")
+    if not root:
+        return fn(*args, **kwargs)
+    profile = cProfile.Profile()
+    try:
+        profile.enable()
+    except ValueError as exc:  # another profiler holds the interpreter's profiling hook
+        log.warning("moelora: %s not profiled: %s", phase, exc)
+        return fn(*args, **kwargs)
+    t0 = time.monotonic()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        profile.disable()
+        _write(profile, phase, time.monotonic() - t0, pathlib.Path(root))
+
+
+def _write(profile: cProfile.Profile, phase: str, seconds: float, root: pathlib.Path) -> None:
+    """The profile's two orderings to a file, its top three by own time to the log; never raises."""
+    try:
+        out = io.StringIO()
+        stats = pstats.Stats(profile, stream=out)
+        out.write(f"{phase}: {seconds:.2f} s (under cProfile)\n\n")
+        stats.sort_stats("cumulative").print_stats(ROWS)
+        stats.sort_stats("tottime").print_stats(ROWS)
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{phase}-{os.getpid()}.txt"
+        path.write_text(out.getvalue())
+        top = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:3]  # type: ignore[attr-defined]
+        costliest = ", ".join(f"{_name(func)} {row[2]:.2f} s in {row[1]} calls" for func, row in top)
+        log.info("moelora: %s took %.2f s under cProfile (%s); costliest: %s", phase, seconds, path, costliest)
+    except Exception as exc:  # noqa: BLE001  (a diagnostic must not stop a start-up)
+        log.warning("moelora: profile of %s not written: %r", phase, exc)
+
+
+def _name(func: tuple[str, int, str]) -> str:
+    filename, line, name = func
+    return name if filename == "~" else f"{pathlib.Path(filename).name}:{line}({name})"
