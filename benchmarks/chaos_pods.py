@@ -296,7 +296,7 @@ class AgentChaos:
         self.serial = 0
         self.agent: subprocess.Popen[bytes] | None = None
         self.port = 0
-        self.log_path = root / "agent.log"
+        self.logs = root / "agents"  # one log per agent process, so a crash report can quote its own
         self._next: tuple[subprocess.Popen[bytes], int] | None = None  # a parked agent process and its port
         self.staged: list[Uploaded] = []  # in S3, no LoRAAdapter yet
 
@@ -437,8 +437,8 @@ class AgentChaos:
         before go."""
         if self._next is None:
             port = process.free_port()
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log_path, "ab") as log:
+            self.logs.mkdir(parents=True, exist_ok=True)
+            with open(self.logs / f"{port}.log", "ab") as log:
                 proc = subprocess.Popen(
                     [sys.executable, "-c", PARKED_AGENT],
                     env=self._agent_env(port),
@@ -468,7 +468,10 @@ class AgentChaos:
     def _alive(self) -> None:
         if self.agent is not None and self.agent.poll() is not None:
             self.report.crashes += 1
-            self.report.problems.append(f"the agent exited with {self.agent.returncode} on its own")
+            log = (self.logs / f"{self.port}.log").read_text(errors="replace").splitlines()
+            tail = "\n".join(log[-30:])
+            code = self.agent.returncode
+            self.report.problems.append(f"the agent exited with {code} on its own; its log ends:\n{tail}")
             self.agent = None
             self.spawn()
 

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -26,8 +27,10 @@ T = TypeVar("T")
 log = logging.getLogger("moelora.local.process")
 
 
+PORT_FLOOR = 10000  # handed-out ports lie in [PORT_FLOOR, the ephemeral range's start)
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+_random = random.Random()  # seeded from the OS: two pytest workers walk different sequences
 
 
 def cache_dir() -> pathlib.Path:
@@ -37,16 +40,32 @@ def cache_dir() -> pathlib.Path:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it) and that this process has not
-    handed out before: the OS may offer a just-closed port again before the server it went to has bound it."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not handed out before: the
+    OS may offer a just-closed port again before the server it went to has bound it. It lies below the ephemeral
+    range where there is room, because every outbound connection takes its local port from that range, and one that
+    takes a handed-out port before its server binds makes that bind fail (EADDRINUSE)."""
+    low = ephemeral_range()[0]
     with _handed_out_lock:
         while True:
+            candidate = _random.randrange(PORT_FLOOR, low) if low - PORT_FLOOR >= 1000 else 0
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
+                try:
+                    sock.bind(("127.0.0.1", candidate))
+                except OSError:
+                    continue  # bound by someone else: another candidate
                 port = int(sock.getsockname()[1])
             if port not in _handed_out:
                 _handed_out.add(port)
                 return port
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The local ports Linux gives outbound connections (and bind to port 0); elsewhere its default."""
+    try:
+        low, high = (int(v) for v in pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
 
 
 def spawn(
