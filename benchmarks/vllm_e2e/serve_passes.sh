@@ -13,7 +13,7 @@
 # --enable-logging-iteration-details), PASS_S (timeout per pass), CAPTURE_MAX (the largest CUDA-graph batch, default 64:
 # a decode step of 16 or 64 sequences replays a graph; the operator leaves vLLM's default, 2 x max-num-seqs), AHEAD=0
 # (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on), PROFILE_STARTUP=1
-# (plugin servers: the warm-ups and graph capture under cProfile, in OUTPUT_DIR/NAME/startup_profile).
+# (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}

@@ -1,9 +1,7 @@
-"""The start-up profile (MOELORA_PROFILE_STARTUP): off by default, a file and a log line per phase when on, and the
-model warm-up and graph capture wrapped in it."""
+"""The start-up profile (MOELORA_PROFILE_STARTUP): off by default; when on, one profile from the LoRA manager's
+creation to the end of graph capture, written to a file and summed up in a log line."""
 
 from __future__ import annotations
-
-import pathlib
 
 import pytest
 
@@ -19,84 +17,74 @@ def phase_work(n: int) -> int:
     return busy_helper(n) + busy_helper(n // 2)
 
 
+@pytest.fixture(autouse=True)
+def no_profile_left_running():
+    yield
+    startup_profile.stop()  # a failed test must not leave its profiler on the next one's thread
+
+
 def test_without_the_variable_nothing_is_profiled_or_written(monkeypatch, tmp_path, plugin_log):
     monkeypatch.delenv(startup_profile.PROFILE_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    assert startup_profile.profiled("capture", phase_work, 1000) == phase_work(1000)
-    assert list(tmp_path.iterdir()) == [] and not any("cProfile" in line for line in plugin_log)
+    startup_profile.start("engine-init")
+    phase_work(1000)
+    startup_profile.stop()
+    assert list(tmp_path.iterdir()) == [] and plugin_log == []
 
 
-def test_a_phase_writes_its_functions_and_logs_the_costliest(monkeypatch, tmp_path, plugin_log):
+def test_a_profile_writes_its_functions_and_logs_the_costliest(monkeypatch, tmp_path, plugin_log):
     monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path / "prof"))
-    assert startup_profile.profiled("capture", phase_work, 200_000) == phase_work(200_000)
+    startup_profile.start("engine-init")
+    startup_profile.start("another")  # one profile at a time: this one is ignored
+    phase_work(200_000)
+    startup_profile.stop()
+    startup_profile.stop()  # nothing left to stop
     (written,) = (tmp_path / "prof").iterdir()
-    assert written.name.startswith("capture-") and written.suffix == ".txt"
+    assert written.name.startswith("engine-init-") and written.suffix == ".txt"
     text = written.read_text()
-    assert text.startswith("capture: ") and "busy_helper" in text and "phase_work" in text
+    assert text.startswith("engine-init: ") and "busy_helper" in text and "phase_work" in text
     assert text.count("Ordered by") == 2  # cumulative, then own time
     (line,) = [line for line in plugin_log if "under cProfile" in line]
-    assert "capture took" in line and str(written) in line and "costliest:" in line and "calls" in line
-
-
-def test_a_phase_that_raises_still_leaves_its_profile(monkeypatch, tmp_path):
-    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
-
-    def failing() -> None:
-        busy_helper(1000)
-        raise RuntimeError("capture failed")
-
-    with pytest.raises(RuntimeError, match="capture failed"):
-        startup_profile.profiled("capture", failing)
-    (written,) = tmp_path.iterdir()
-    assert "failing" in written.read_text()
+    assert "engine-init took" in line and str(written) in line and "costliest:" in line and "calls" in line
 
 
 def test_an_unwritable_folder_costs_a_warning_not_the_start_up(monkeypatch, tmp_path, plugin_log):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv(startup_profile.PROFILE_ENV, str(blocker / "prof"))  # a folder under a file
-    assert startup_profile.profiled("capture", phase_work, 10) == phase_work(10)
-    assert any("profile of capture not written" in line for line in plugin_log)
+    startup_profile.start("engine-init")
+    phase_work(10)
+    startup_profile.stop()
+    assert any("profile of engine-init not written" in line for line in plugin_log)
 
 
-def test_model_warmup_and_vllms_kernel_warmup_are_profiled_apart(monkeypatch, tmp_path):
-    from vllm.model_executor.warmup import kernel_warmup as warmup_module
-    from vllm.v1.worker import gpu_worker
-
-    from moelora.vllm_plugin import model_warmup
-
-    def vllms(worker, **kw):
-        busy_helper(100)
-
-    monkeypatch.setattr(warmup_module, "kernel_warmup", vllms)
-    monkeypatch.setattr(gpu_worker, "kernel_warmup", vllms)
-    monkeypatch.setattr(model_warmup, "warm_model", lambda worker: busy_helper(100))
-    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
-    patches = Patches()
-    assert model_warmup.install_model_warmup(patches) is None
-    try:
-        gpu_worker.kernel_warmup("w")
-    finally:
-        patches.undo()
-    assert sorted(p.name.split("-")[:-1] for p in tmp_path.iterdir()) == [
-        ["moelora", "model", "warmup"],
-        ["vllm", "kernel", "warmup"],
-    ]
-
-
-def test_graph_capture_is_profiled(monkeypatch, tmp_path: pathlib.Path):
+def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monkeypatch, tmp_path):
+    from vllm.lora import worker_manager
     from vllm.v1.worker import gpu_model_runner as runner_module
 
     from moelora.vllm_plugin import host_adapters
 
-    captured = []
-    monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", lambda self: captured.append(self) or 7)
+    def create_lora_manager(self, model, vllm_config):
+        busy_helper(1000)
+        return "lora model"
+
+    def capture_model(self):
+        phase_work(1000)
+        raise RuntimeError("capture failed")  # the profile is written all the same
+
+    monkeypatch.setattr(worker_manager.LRUCacheWorkerLoRAManager, "create_lora_manager", create_lora_manager)
+    monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
     monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
+    monkeypatch.delenv(host_adapters.AHEAD_ENV, raising=False)
     patches = Patches()
     assert host_adapters.install_host_adapters(patches) is None
     try:
-        assert runner_module.GPUModelRunner.capture_model("runner") == 7
+        assert worker_manager.LRUCacheWorkerLoRAManager.create_lora_manager(object(), None, None) == "lora model"
+        assert list(tmp_path.iterdir()) == []  # still running
+        with pytest.raises(RuntimeError, match="capture failed"):
+            runner_module.GPUModelRunner.capture_model(object())
     finally:
         patches.undo()
-    assert captured == ["runner"]
-    assert [p.name.split("-")[:-1] for p in tmp_path.iterdir()] == [["vllm", "capture", "model"]]
+    (written,) = tmp_path.iterdir()
+    text = written.read_text()
+    assert written.name.startswith("engine-init-") and "create_lora_manager" in text and "phase_work" in text

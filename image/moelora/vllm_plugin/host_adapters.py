@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from . import startup_profile
 from .contract import CAPTURE_PARAMETERS, CLONE_PARAMETERS, CREATE_LORA_MANAGER_PARAMETERS, LOAD_ADAPTER_PARAMETERS
 from .patches import Patches
-from .startup_profile import profiled
 
 __all__ = ["AHEAD_ENV", "ENV", "HostAdapters", "adapter_dirs", "identity", "install_host_adapters"]
 
@@ -213,6 +213,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
             merge(self, lora_model)
 
     def create_lora_manager(self, model, vllm_config):
+        startup_profile.start("engine-init")  # to the end of graph capture, on this (the engine's) thread
         out = create(self, model, vllm_config)
         root = os.environ.get(AHEAD_ENV)
         if root and not vllm_pins:
@@ -225,7 +226,10 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
 
     def capture_model(self):
         with capturing:
-            return profiled("vllm-capture-model", capture, self)
+            try:
+                return capture(self)
+            finally:
+                startup_profile.stop()
 
     _load_adapter.__qualname__ = "moelora_load_adapter"
     patches.set(runner_cls, "capture_model", capture_model)

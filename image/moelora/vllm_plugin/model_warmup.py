@@ -26,7 +26,6 @@ from typing import Any
 from . import warmups_on
 from .contract import DUMMY_RUN_PARAMETERS, KERNEL_WARMUP_PARAMETERS
 from .patches import Patches
-from .startup_profile import profiled
 
 __all__ = ["ANCHORS", "OFFSETS", "install_model_warmup", "warm_token_counts"]
 
@@ -160,8 +159,8 @@ def install_model_warmup(patches: Patches) -> str | None:
         return None
 
     def kernel_warmup(worker, *args, **kwargs):
-        profiled("moelora-model-warmup", warm_model, worker)
-        return profiled("vllm-kernel-warmup", original, worker, *args, **kwargs)
+        warm_model(worker)
+        return original(worker, *args, **kwargs)
 
     kernel_warmup.__qualname__ = "moelora_kernel_warmup"
     _original["kernel_warmup"] = original

@@ -1,11 +1,12 @@
-"""Where an engine's start-up goes, as a diagnostic: with `MOELORA_PROFILE_STARTUP=DIR` the plugin's model warm-up,
-vLLM's own kernel warm-up and vLLM's CUDA-graph capture each run under cProfile, and each writes DIR/<phase>-<pid>.txt
-(its functions by cumulative and by own time) and logs its three costliest functions by own time.
+"""Where an engine's start-up goes, as a diagnostic: with `MOELORA_PROFILE_STARTUP=DIR`, cProfile runs on the engine's
+thread from the creation of vLLM's LoRA manager (right after the weights load) to the end of CUDA-graph capture:
+torch.compile's cache, the profile run, the KV cache, the plugin's and vLLM's warm-ups and the capture. It writes
+DIR/<phase>-<pid>.txt (functions by cumulative and by own time) and logs the three costliest by own time.
 
 A second pod's engine init is where a LoRA server loses most against one without LoRA; this tells host Python (the
 plugin's and vLLM's per-call work, multiplied by every captured size) from waits on the GPU (time inside
-synchronize, `item` or a copy to the host). cProfile slows Python-heavy code, so the figures are shares, not timings.
-Unset (the default), the wrapped functions are called directly.
+synchronize, `item` or a copy to the host), and which phase holds them. cProfile slows Python-heavy code, so the
+figures are shares, not timings. Unset (the default), nothing is profiled. host_adapters places the two calls.
 """
 
 from __future__ import annotations
@@ -17,35 +18,40 @@ import os
 import pathlib
 import pstats
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
-__all__ = ["PROFILE_ENV", "profiled"]
+__all__ = ["PROFILE_ENV", "start", "stop"]
 
-T = TypeVar("T")
 log = logging.getLogger("vllm.moelora_plugin")
 
 PROFILE_ENV = "MOELORA_PROFILE_STARTUP"
 ROWS = 60  # functions listed per ordering: enough to reach past vLLM's wrappers to the calls they make
 
 
-def profiled(phase: str, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """fn(*args, **kwargs), under cProfile when PROFILE_ENV names a folder; the profile is written even if fn raises."""
+_running: list[tuple[cProfile.Profile, str, float, pathlib.Path]] = []  # at most one; started, stopped on one thread
+
+
+def start(phase: str) -> None:
+    """Start profiling this thread as `phase` when PROFILE_ENV names a folder and no profile runs yet."""
     root = os.environ.get(PROFILE_ENV, "")
-    if not root:
-        return fn(*args, **kwargs)
+    if not root or _running:
+        return
     profile = cProfile.Profile()
     try:
         profile.enable()
     except ValueError as exc:  # another profiler holds the interpreter's profiling hook
         log.warning("moelora: %s not profiled: %s", phase, exc)
-        return fn(*args, **kwargs)
-    t0 = time.monotonic()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        profile.disable()
-        _write(profile, phase, time.monotonic() - t0, pathlib.Path(root))
+        return
+    _running.append((profile, phase, time.monotonic(), pathlib.Path(root)))
+    log.info("moelora: profiling %s into %s", phase, root)
+
+
+def stop() -> None:
+    """Stop the running profile, if any, and write it; on the thread that started it."""
+    if not _running:
+        return
+    profile, phase, t0, root = _running.pop()
+    profile.disable()
+    _write(profile, phase, time.monotonic() - t0, root)
 
 
 def _write(profile: cProfile.Profile, phase: str, seconds: float, root: pathlib.Path) -> None:
