@@ -1,4 +1,5 @@
-"""Where a decode step's GPU time goes, from vLLM's torch-profiler trace (serve_passes.sh with PROFILE=1).
+"""Where a decode step's GPU time goes, and each prefill step's, from vLLM's torch-profiler trace (serve_passes.sh with
+PROFILE=1).
 
     python3 benchmarks/vllm_e2e/profile_step.py TRACE_OR_DIR [--json FILE]
 
@@ -10,7 +11,8 @@ figure is their mean. "sum" adds every kernel's duration, "busy" is the union of
 two kernels ran at once); the main stream carries the most kernel time, and a kernel's "beside" part is where a
 kernel of another stream ran at the same time (vLLM's dual LoRA stream overlapping the base model). Under the
 profiler each kernel starts later than it would (its tracing), so the span overstates a served step; the kernel
-times do not.
+times do not. Then one row per step with prompt tokens (vLLM 0.26's labels only): its kernel time by kind, LoRA's
+summed, so a LoRA server's slower time to first token can be traced to the kernels of its prefill steps.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 
 # First match wins: vLLM's dense LoRA kernels are named *_shrink_kernel / *_expand_kernel too.
 CATEGORIES = (
+    ("dense LoRA (moelora split K)", r"_dense_splitk_kernel"),
     ("dense LoRA shrink", r"_lora_shrink_kernel"),
     ("dense LoRA expand", r"_lora_expand_kernel"),
     ("MoE-LoRA (moelora)", r"_shrink_kernel|_expand_kernel|_route_\w*kernel|_onepass_kernel|_scatter_block_experts"),
@@ -40,7 +43,16 @@ CATEGORIES = (
 )
 # vLLM 0.26 annotates each step as execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>); older releases
 # marked the runner's phases, the first of which starts a step.
-STEP_LABEL = re.compile(r"^execute_context_\d+\(\d+\)_generation_\d+\(\d+\)$")
+STEP_LABEL = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
+LORA = (
+    "dense LoRA (moelora split K)",
+    "dense LoRA shrink",
+    "dense LoRA expand",
+    "MoE-LoRA (moelora)",
+    "MoE-LoRA (vLLM)",
+)
+# Prefill columns: kernel time of each kind, in ms.
+PREFILL_KINDS = ("base MoE GEMMs", "attention", "dense GEMMs")
 STEP_MARKS = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "execute_model")
 
 
@@ -147,6 +159,50 @@ def step_figures(kernels: list[dict]) -> dict:
     }
 
 
+def prefill_steps(steps: list[tuple[str, list[dict]]]) -> list[dict]:
+    """Each step with prompt tokens: its requests and tokens, and its kernel time (ms) by kind, LoRA's summed."""
+    rows = []
+    for label, kernels in steps:
+        m = STEP_LABEL.match(label)
+        if m is None or int(m.group(2)) == 0:
+            continue
+        f = step_figures(kernels)
+        by_cat = f["by_cat"]
+        rows.append(
+            {
+                "prompts": int(m.group(1)),
+                "prompt_tokens": int(m.group(2)),
+                "decodes": int(m.group(3)),
+                "kernels": f["kernels"],
+                "span_ms": f["span"] / 1000,
+                "busy_ms": f["busy"] / 1000,
+                "lora_ms": sum(by_cat.get(c, 0.0) for c in LORA) / 1000,
+                "lora_beside_ms": sum(f["hidden"].get(c, 0.0) for c in LORA) / 1000,
+                **{kind: by_cat.get(kind, 0.0) / 1000 for kind in PREFILL_KINDS},
+                "moe_lora_ms": (by_cat.get("MoE-LoRA (moelora)", 0.0) + by_cat.get("MoE-LoRA (vLLM)", 0.0)) / 1000,
+            }
+        )
+    return rows
+
+
+def print_prefill(rows: list[dict]) -> None:
+    if not rows:
+        print("\nno step with prompt tokens (or a vLLM without step labels)")
+        return
+    print("\nsteps with prompt tokens, ms (kernel time by kind; LoRA: every LoRA kernel, of it MoE-LoRA and the part")
+    print("beside another stream's kernel)\n")
+    kinds = " | ".join(PREFILL_KINDS)
+    print(f"| prompts (tokens) + decodes | kernels | span | busy | LoRA | of it MoE-LoRA | beside | {kinds} |")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(PREFILL_KINDS))
+    for r in rows:
+        cells = " | ".join(f"{r[kind]:.2f}" for kind in PREFILL_KINDS)
+        print(
+            f"| {r['prompts']} ({r['prompt_tokens']}) + {r['decodes']} | {r['kernels']} | {r['span_ms']:.2f} | "
+            f"{r['busy_ms']:.2f} | {r['lora_ms']:.2f} | {r['moe_lora_ms']:.2f} | {r['lora_beside_ms']:.2f} | "
+            f"{cells} |"
+        )
+
+
 def mean_of(figs: list[dict], key: str) -> dict[str, float]:
     names = {n for f in figs for n in f[key]}
     return {n: statistics.fmean(f[key].get(n, 0.0) for f in figs) for n in names}
@@ -193,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for name, us in sorted(names.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| `{name}` | {category(name)} | {us:.1f} |")
+    prefill = prefill_steps(steps)
+    print_prefill(prefill)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -205,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                     "on_side": side,
                     "hidden": hidden,
                     "by_name": names,
+                    "prefill": prefill,
                 },
                 indent=1,
             )
