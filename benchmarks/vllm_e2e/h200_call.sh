@@ -24,6 +24,8 @@ fi
 BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
 echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
 cp "$OUT"/r/compare-*.md "$OUT/" 2>/dev/null
+# Each server's decode and prefill steps as vLLM timed them (serve_passes.sh keeps its per-step lines).
+python3 benchmarks/vllm_e2e/iterations.py "$OUT"/r/*-*/ --json "$OUT/r/iterations.json" > "$OUT/iterations.md" 2>&1
 # A profiled server (PROFILE=1): where its decode steps went, read here; its trace comes back beside the results
 # only when small (a device call returns files of at most 16 MiB), never inside results.tgz.
 for d in "$OUT"/r/*/prof; do

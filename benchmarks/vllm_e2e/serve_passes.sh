@@ -13,7 +13,9 @@
 # --enable-logging-iteration-details), PASS_S (timeout per pass), CAPTURE_MAX (the largest CUDA-graph batch, default 64:
 # a decode step of 16 or 64 sequences replays a graph; the operator leaves vLLM's default, 2 x max-num-seqs), AHEAD=0
 # (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on), PROFILE_STARTUP=1
-# (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile).
+# (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile),
+# ITERATIONS=0 (no per-step lines: by default vLLM logs each step's token counts and time, kept in iterations.txt
+# for iterations.py).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -54,10 +56,11 @@ case $MODE in
   nolora-tuned) SRV_LORA=""; BENCH_LORA=""; ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   *) log "unknown MODE $MODE"; exit 2 ;;
 esac
+STEPS=""; [ "${ITERATIONS:-1}" = 1 ] && STEPS=--enable-logging-iteration-details
 PROF=(); [ "${PROFILE:-0}" = 1 ] && PROF=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$OUTD/prof\", \"torch_profiler_with_stack\": false}")
 env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name $SERVED \
   --load-format dummy $SRV_LORA --max-model-len 4096 --max-num-seqs 64 --max-cudagraph-capture-size ${CAPTURE_MAX:-64} --port 8000 \
-  ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
+  $STEPS ${SERVER_ARGS:-} "${PROF[@]}" > $OUTD/server.log 2>&1 &
 SP=$!; TS=$(date +%s); date +%T > $OUTD/launched_at.txt  # the log's clock: where the start-up went
 for _ in $(seq 1 400); do
   python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
@@ -83,7 +86,7 @@ if [ ${#PROF[@]} -gt 0 ]; then
 fi
 kill $SP; sleep 4
 grep -E "moelora|Using .*MoE|LoRA kernel config" $OUTD/server.log | sort -u | head -12
-# Keep the per-step lines (if --enable-logging-iteration-details was given in SERVER_ARGS) and cut a long log.
+# Keep the per-step lines (ITERATIONS, or --enable-logging-iteration-details in SERVER_ARGS) and cut a long log.
 grep -oE "Iteration\([0-9]+\): [0-9]+ context requests, [0-9]+ context tokens, [0-9]+ generation requests, [0-9]+ generation tokens, iteration elapsed time: [0-9.]+" \
   $OUTD/server.log > $OUTD/iterations.txt
 grep -v "Iteration(" $OUTD/server.log | tail -c 2000000 > $OUTD/server.tmp && mv $OUTD/server.tmp $OUTD/server.log
