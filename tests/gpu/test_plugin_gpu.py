@@ -239,3 +239,64 @@ def test_after_the_warm_up_serving_compiles_nothing(method, monkeypatch):
         serve(m)
     torch.cuda.synchronize()
     assert variants() == before
+
+
+def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_replayed(monkeypatch):
+    """dense_lora.apply_async on a real second stream, GPT-OSS-20B's q/k/v at 16 tokens (rows without an adapter
+    among them): its LoRA output is never zero-filled, so dense_splitk must write every row, eagerly and when a CUDA
+    graph captured with new inputs replays."""
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    from moelora.vllm_plugin import dense_lora
+
+    def not_routed(*args, **kwargs):
+        raise AssertionError("the call fell back to vLLM's kernels")
+
+    monkeypatch.setitem(dense_lora._original, "add_lora_linear", not_routed)
+    monkeypatch.setattr(dense_lora, "_layers", {})
+    dev, dt, m, loras, rank, k, widths = "cuda", torch.bfloat16, 16, 8, 32, 2880, (4096, 512, 512)
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = tuple((torch.randn(loras, 1, rank, k, generator=g, device=dev) / 16).to(dt) for _ in widths)
+    b = tuple((torch.randn(loras, 1, n, rank, generator=g, device=dev) / 16).to(dt) for n in widths)
+    weight = (torch.randn(sum(widths), k, generator=g, device=dev) / 64).to(dt)
+    mapping = torch.tensor([3, -1, 0, 7, 7, -1, 1, 0, 2, 2, 5, -1, 4, 6, 6, 3], device=dev, dtype=torch.int32)
+    meta = LoRAKernelMeta.make(loras, 64, device=dev)
+    meta.prepare_tensors(mapping)
+    layer = SimpleNamespace(
+        punica_wrapper=SimpleNamespace(
+            token_mapping_meta=meta, lora_config=SimpleNamespace(specialize_active_lora=False)
+        ),
+        lora_a_stacked=a,
+        lora_b_stacked=b,
+        output_slices=widths,
+        device=torch.device(dev),
+        base_layer=None,
+        _get_quant_method=lambda: SimpleNamespace(apply=lambda base_layer, x, bias: x @ weight.T),
+        _events=[torch.cuda.Event(), torch.cuda.Event()],
+        _lora_stream=torch.cuda.Stream(),
+    )
+
+    def oracle(x: torch.Tensor) -> torch.Tensor:
+        out = (x.double() @ weight.double().T).clone()
+        for t, lora in enumerate(mapping.tolist()):
+            if lora < 0:
+                continue
+            cols = 0
+            for a_s, b_s, n in zip(a, b, widths, strict=True):
+                out[t, cols : cols + n] += (x[t].double() @ a_s[lora, 0].double().T) @ b_s[lora, 0].double().T
+                cols += n
+        return out
+
+    x = torch.randn(m, k, generator=g, device=dev).to(dt)
+    dense_lora.apply_async(layer, x)  # the first eager call with adapters prepares the layer
+    garbage = torch.full((m, sum(widths)), float("nan"), device=dev, dtype=dt)
+    del garbage  # its block goes back to the caching allocator: the next output of that size likely reuses it
+    torch.testing.assert_close(dense_lora.apply_async(layer, x).double(), oracle(x), atol=3e-2, rtol=3e-2)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = dense_lora.apply_async(layer, static_x)
+    static_x.copy_(torch.randn(m, k, generator=g, device=dev).to(dt))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out.double(), oracle(static_x), atol=3e-2, rtol=3e-2)

@@ -176,17 +176,105 @@ def test_each_layer_is_prepared_once_per_epilogue_and_never_in_capture(vllm_call
 
 
 def test_hook_installs_on_vllms_punica_wrapper_and_comes_off() -> None:
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
     from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
 
-    before = PunicaWrapperGPU.add_lora_linear
+    before, fork = PunicaWrapperGPU.add_lora_linear, BaseLinearLayerWithLoRA._apply_async_impl
     patches = Patches()
     assert dense_lora.install_dense_lora(PunicaWrapperGPU, patches) is None  # the installed vLLM has the pinned one
     try:
         assert PunicaWrapperGPU.add_lora_linear is dense_lora.add_lora_linear
-        assert dense_lora._original["add_lora_linear"] is before
+        assert BaseLinearLayerWithLoRA._apply_async_impl is dense_lora.apply_async
+        assert dense_lora._original == {"add_lora_linear": before, "apply_async": fork}
     finally:
         patches.undo()
-    assert PunicaWrapperGPU.add_lora_linear is before and not dense_lora._original
+    assert PunicaWrapperGPU.add_lora_linear is before and BaseLinearLayerWithLoRA._apply_async_impl is fork
+    assert not dense_lora._original
+
+
+def test_a_changed_lora_stream_fork_is_kept_with_its_fill(monkeypatch, plugin_log) -> None:
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    def changed(self, x, bias=None, stream=None):
+        return "kept"
+
+    monkeypatch.setattr(BaseLinearLayerWithLoRA, "_apply_async_impl", changed)
+    patches = Patches()
+    assert dense_lora.install_dense_lora(PunicaWrapperGPU, patches) is None  # the route itself still installs
+    try:
+        assert BaseLinearLayerWithLoRA._apply_async_impl is changed
+        assert PunicaWrapperGPU.add_lora_linear is dense_lora.add_lora_linear
+    finally:
+        patches.undo()
+    assert any("output fill stays" in line for line in plugin_log)
+
+
+class _Base:
+    """The base layer's quant method: returns the layer's base output (a copy, as a GEMM writes a new tensor)."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        self.out = out
+
+    def apply(self, base_layer, x, bias):
+        return self.out.clone()
+
+
+def _linear(layer, wrapper) -> SimpleNamespace:
+    """What apply_async reads of vLLM's linear LoRA layer; no LoRA stream (vLLM's fork then runs both in turn)."""
+    return SimpleNamespace(
+        punica_wrapper=wrapper,
+        lora_a_stacked=layer.a,
+        lora_b_stacked=layer.b,
+        output_slices=layer.widths,
+        device=layer.x.device,
+        base_layer=None,
+        _get_quant_method=lambda: _Base(layer.base),
+        _events=[None, None],
+        _lora_stream=None,
+    )
+
+
+def _garbage_in_half_buffers(monkeypatch) -> None:
+    """torch.empty hands out NaN where it makes an fp16 buffer (the LoRA stream's output; the kernels' own scratch is
+    int32 and float32)."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        out = real_empty(*args, **kwargs)
+        return out.fill_(float("nan")) if out.dtype == torch.float16 else out
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def test_the_lora_stream_output_is_not_filled_where_the_route_writes_every_row(vllm_calls, monkeypatch) -> None:
+    fills: list[torch.Size] = []
+    real_zero, real_zeros = torch.Tensor.zero_, torch.zeros
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: fills.append(t.shape) or real_zero(t))
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: fills.append(a) or real_zeros(*a, **k))
+    _garbage_in_half_buffers(monkeypatch)  # were any row of the unfilled output left unwritten, the sum shows it
+    layer = _layer(18, seed=3)
+    linear = _linear(layer, _wrapper(MAPPING))
+    dense_lora.apply_async(linear, layer.x)  # the first call prepares the layer (its scratch is zeroed)
+    fills.clear()
+    out = dense_lora.apply_async(linear, layer.x)
+    assert not vllm_calls and fills == []
+    want = layer.base.double() + _vllm_reference(layer, MAPPING, 1.0).double()
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_a_call_the_route_declines_gets_vllms_filled_output(vllm_calls, monkeypatch) -> None:
+    _garbage_in_half_buffers(monkeypatch)
+    for m, mapping in ((1, [0]), (18, [-1] * 18)):  # M = 1 (vLLM's kernels), no adapter in the batch
+        layer = _layer(m, seed=m)
+        out = dense_lora.apply_async(_linear(layer, _wrapper(mapping)), layer.x)
+        assert torch.equal(out, layer.base)  # filled with zeros; vLLM's kernels (the recorder) added nothing
+    assert [(c["m"], c["add_inputs"]) for c in vllm_calls] == [(1, False), (18, False)]
+
+
+def test_a_3d_input_stays_with_vllms_fork(monkeypatch) -> None:
+    monkeypatch.setitem(dense_lora._original, "apply_async", lambda self, x, bias=None: ("vllm's", x.shape))
+    assert dense_lora.apply_async(SimpleNamespace(), torch.zeros(1, 4, 8)) == ("vllm's", (1, 4, 8))
 
 
 def test_hook_refuses_a_changed_signature_and_the_switch(monkeypatch) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "ADD_LORA_LINEAR_PARAMETERS",
+    "APPLY_ASYNC_PARAMETERS",
     "CAPTURE_PARAMETERS",
     "CLONE_PARAMETERS",
     "CREATE_LORA_MANAGER_PARAMETERS",
@@ -31,6 +32,7 @@ __all__ = [
     "LOAD_ADAPTER_PARAMETERS",
     "MERGE_PARAMETERS",
     "KINDS",
+    "PARALLEL_PARAMETERS",
     "PARAMETERS",
     "PINNED_VERSIONS",
     "SELECT_BACKEND_PARAMETERS",
@@ -133,6 +135,10 @@ W2_PARAMETERS = (
 # PunicaWrapperGPU.add_lora_linear: dense_lora replaces it on CUDA (both of vLLM's paths for a linear layer's LoRA call
 # it), named parameters; `add_inputs` arrives in its **kwargs (dense_lora checks that it has them).
 ADD_LORA_LINEAR_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer")
+# BaseLinearLayerWithLoRA._apply_async_impl (vLLM's LoRA stream for a linear layer) and the helper it forks with:
+# dense_lora replaces the first, the same contract without the zero fill where dense_splitk writes every row.
+APPLY_ASYNC_PARAMETERS = ("self", "x", "bias")
+PARALLEL_PARAMETERS = ("fn0", "fn1", "event0", "event1", "aux_stream")
 # vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py: dense_warmup wraps these ops' CUDA kernels.
 SHRINK_PARAMETERS = (
     "inputs",

@@ -17,6 +17,12 @@ a zeroed output of its own). The rule, `route`, is decided from what is known be
 - the grid for this M and group count fits in that room (an arithmetic check; `dense_splitk` raising ValueError
   anyway also falls back, before anything is launched).
 `MOELORA_DENSE_SPLITK=0` keeps vLLM's kernels for every call.
+
+On vLLM's LoRA stream (`VLLM_LORA_ENABLE_DUAL_STREAM=1`, as the operator deploys it) vLLM zero-fills the LoRA's
+output before computing into it, because its expand leaves rows without an adapter unwritten. dense_splitk writes
+every row (zeros where there is no adapter), so `BaseLinearLayerWithLoRA._apply_async_impl` is replaced by the same
+fork and join (`apply_async`) whose output is filled only when the route does not take the call: the fill was a
+launch on the LoRA stream's critical path, two per layer and decode step.
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ from typing import Any
 
 import torch
 
-from .contract import ADD_LORA_LINEAR_PARAMETERS
+from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, PARALLEL_PARAMETERS
 from .patches import Patches
 
-__all__ = ["ENV", "install_dense_lora", "route"]
+__all__ = ["ENV", "apply_async", "install_dense_lora", "route"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
@@ -55,7 +61,7 @@ class _Layer:
 
 
 _layers: dict[tuple, _Layer | None] = {}  # None: this layer's weights do not fit the kernel (vLLM's, always)
-_original: dict[str, Callable[..., None]] = {}
+_original: dict[str, Callable[..., Any]] = {}
 _logged: set[tuple] = set()
 
 
@@ -196,6 +202,31 @@ def add_lora_linear(
     )
 
 
+def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """vLLM's `BaseLinearLayerWithLoRA._apply_async_impl`: the base layer on the current stream, the LoRA on vLLM's
+    LoRA stream into an output of its own, that output added once both are done; the output is left unfilled where
+    `route` takes the call (dense_splitk writes every row). A 3-D input (the transformers backend) stays vLLM's."""
+    if x.ndim != 2:
+        return _original["apply_async"](self, x, bias)
+    from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
+
+    wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices
+
+    def base() -> torch.Tensor:
+        return self._get_quant_method().apply(self.base_layer, x, bias)
+
+    def lora() -> torch.Tensor:
+        delta = torch.empty((x.size(0), sum(slices)), device=self.device, dtype=x.dtype)
+        if not route(wrapper, delta, x, a, b, 1.0, slices, False):
+            delta.zero_()  # vLLM's kernels leave rows without an adapter unwritten
+            _original["add_lora_linear"](wrapper, delta, x, a, b, 1.0, slices, add_inputs=False)
+        return delta
+
+    output, delta = maybe_execute_in_parallel(base, lora, self._events[0], self._events[1], self._lora_stream)
+    output.add_(delta)
+    return output
+
+
 def install_dense_lora(cls: type, patches: Patches) -> str | None:
     """Hook cls.add_lora_linear (PunicaWrapperGPU) through `patches`; None when done, else why not (nothing
     changed)."""
@@ -213,7 +244,27 @@ def install_dense_lora(cls: type, patches: Patches) -> str | None:
     _original["add_lora_linear"] = fn
     patches.set(cls, "add_lora_linear", add_lora_linear)
     patches.on_undo(_forget)
+    _install_apply_async(patches)
     return None
+
+
+def _install_apply_async(patches: Patches) -> None:
+    """Replace vLLM's LoRA-stream fork for linear layers when it is the pinned one; otherwise keep it (its fill)."""
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+    from vllm.utils import multi_stream_utils
+
+    fn = BaseLinearLayerWithLoRA.__dict__.get("_apply_async_impl")
+    fork = getattr(multi_stream_utils, "maybe_execute_in_parallel", None)
+    if (
+        fn is None
+        or fork is None
+        or tuple(inspect.signature(fn).parameters) != APPLY_ASYNC_PARAMETERS
+        or tuple(inspect.signature(fork).parameters) != PARALLEL_PARAMETERS
+    ):
+        log.info("moelora: vLLM's LoRA-stream fork for linear layers is not the pinned one: its output fill stays")
+        return
+    _original["apply_async"] = fn
+    patches.set(BaseLinearLayerWithLoRA, "_apply_async_impl", apply_async)
 
 
 def _forget() -> None:
