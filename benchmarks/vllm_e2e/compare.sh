@@ -47,9 +47,10 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
     > "$OUT/$MODEL-$mode/cache_new.txt"
   [ -f "$log" ] && grep -E "Using .*MoE|MoE config|LoRA kernel config|moelora: (fused|model warm)|Error|error:" "$log" \
     | cut -c1-300 | sort -u | head -20 > "$OUT/$MODEL-$mode/kernel_lines.txt"
-  # The plugin's lines (warm-ups; with MOELORA_LOG_COMPILES=1 every Triton compile) and the line where serving
-  # began, so a compile under the first requests shows after "Application startup complete".
-  [ -f "$log" ] && grep -nE "moelora:|Application startup complete" "$log" | cut -c1-400 | head -600 \
+  # The plugin's lines (warm-ups; with MOELORA_LOG_COMPILES=1 every Triton compile), vLLM's own warning for a JIT
+  # compile after its warm-up (its jit_monitor: "... during inference: <kernel>", once per kernel) and the line where
+  # serving began, so a compile under the first requests shows after "Application startup complete".
+  [ -f "$log" ] && grep -nE "moelora:|during inference:|Application startup complete" "$log" | cut -c1-400 | head -600 \
     > "$OUT/$MODEL-$mode/moelora_lines.txt"
   # Where the start-up went (weights, torch.compile, profiling, graph capture, warm-ups), in the log's order.
   [ -f "$log" ] && grep -E " took | takes |finished in|warm-up ran|Starting to load|Application startup complete" \
