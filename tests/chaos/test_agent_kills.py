@@ -6,6 +6,7 @@ benchmarks/chaos_pods.py; `make chaos` runs the full size, the default run ten k
 from __future__ import annotations
 
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -34,3 +35,21 @@ def test_ten_agent_kills_mid_download_leave_no_leftovers(tmp_path: pathlib.Path)
 @pytest.mark.chaos
 def test_a_hundred_agent_kills_mid_download_leave_no_leftovers(tmp_path: pathlib.Path) -> None:
     run_and_check(tmp_path, 100)
+
+
+def test_an_agent_that_exits_on_its_own_is_reported_with_the_end_of_its_own_log(tmp_path: pathlib.Path) -> None:
+    chaos = chaos_pods.AgentChaos(root=tmp_path)  # not entered: no server is started
+    chaos.logs.mkdir(parents=True)
+    chaos.port = 41234
+    with open(chaos.logs / "41234.log", "wb") as log:
+        code = "import sys; print('starting'); print('OSError: [Errno 98] Address already in use'); sys.exit(1)"
+        chaos.agent = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+    chaos.agent.wait(timeout=30)
+    (chaos.logs / "41235.log").write_text("another agent's line\n")
+    respawned = []
+    chaos.spawn = lambda: respawned.append(True)  # type: ignore[method-assign]
+    chaos._alive()
+    assert chaos.report.crashes == 1 and respawned == [True]
+    (problem,) = chaos.report.problems
+    assert problem.startswith("the agent exited with 1 on its own; its log ends:")
+    assert "Address already in use" in problem and "another agent" not in problem
