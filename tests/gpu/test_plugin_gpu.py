@@ -242,9 +242,10 @@ def test_after_the_warm_up_serving_compiles_nothing(method, monkeypatch):
 
 
 def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_replayed(monkeypatch):
-    """dense_lora.apply_async on a real second stream, GPT-OSS-20B's q/k/v at 16 tokens (rows without an adapter
-    among them): its LoRA output is never zero-filled, so dense_splitk must write every row, eagerly and when a CUDA
-    graph captured with new inputs replays."""
+    """dense_lora.apply_async on a real second stream, GPT-OSS-20B's q/k/v: 13 tokens scheduled (rows without an
+    adapter among them) in a batch padded to 16, as vLLM pads to a captured size. Its LoRA output is never
+    zero-filled, so dense_splitk must write every row, the 3 padded ones included, eagerly and when a CUDA graph
+    captured with new inputs replays."""
     from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
 
     from moelora.vllm_plugin import dense_lora
@@ -259,7 +260,7 @@ def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_repl
     a = tuple((torch.randn(loras, 1, rank, k, generator=g, device=dev) / 16).to(dt) for _ in widths)
     b = tuple((torch.randn(loras, 1, n, rank, generator=g, device=dev) / 16).to(dt) for n in widths)
     weight = (torch.randn(sum(widths), k, generator=g, device=dev) / 64).to(dt)
-    mapping = torch.tensor([3, -1, 0, 7, 7, -1, 1, 0, 2, 2, 5, -1, 4, 6, 6, 3], device=dev, dtype=torch.int32)
+    mapping = torch.tensor([3, -1, 0, 7, 7, -1, 1, 0, 2, 2, 5, -1, 4], device=dev, dtype=torch.int32)  # 13 of 16
     meta = LoRAKernelMeta.make(loras, 64, device=dev)
     meta.prepare_tensors(mapping)
     layer = SimpleNamespace(
@@ -289,8 +290,9 @@ def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_repl
 
     x = torch.randn(m, k, generator=g, device=dev).to(dt)
     dense_lora.apply_async(layer, x)  # the first eager call with adapters prepares the layer
-    garbage = torch.full((m, sum(widths)), float("nan"), device=dev, dtype=dt)
-    del garbage  # its block goes back to the caching allocator: the next output of that size likely reuses it
+    with torch.cuda.stream(layer._lora_stream):  # the allocator reuses a block on the stream that freed it
+        garbage = torch.full((m, sum(widths)), float("nan"), device=dev, dtype=dt)
+        del garbage  # the LoRA stream's next output of that size likely gets this block, NaN and all
     torch.testing.assert_close(dense_lora.apply_async(layer, x).double(), oracle(x), atol=3e-2, rtol=3e-2)
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()

@@ -65,3 +65,23 @@ def test_outgrown_counter_words_are_kept_for_graphs_captured_with_them() -> None
     grown = splitk._counter_words(device, first.numel() + 1)
     assert grown.numel() > first.numel() and any(old is first for old in splitk._outgrown)
     assert splitk._counter_words(device, 8) is grown
+
+
+@pytest.mark.parametrize("add", [True, False])
+def test_rows_past_the_grouped_tokens_are_zeroed_when_writing_and_left_when_adding(add: bool) -> None:
+    """vLLM pads a batch to a captured graph's size (13 decodes run at 16) and groups only the 13 tokens it scheduled:
+    the 3 rows past them are in no group. Writing (the LoRA stream's own output, not filled first) they get zeros;
+    adding (into the layer's output) they are left as they are."""
+    torch.manual_seed(13)
+    dtype, k, rank, widths, loras, real, rows = torch.float16, 48, 8, (40, 16, 24), 3, 13, 16
+    mapping = torch.tensor(MIXED[:real])
+    x = torch.randn(rows, k, dtype=dtype)
+    lora_a = [torch.randn(loras, 1, rank, k, dtype=dtype) / 4 for _ in widths]
+    lora_b = [torch.randn(loras, 1, n, rank, dtype=dtype) / 4 for n in widths]
+    base = torch.randn(rows, sum(widths), dtype=dtype)
+    y = base.clone() if add else torch.full_like(base, float("nan"))
+    run = dict(scale=0.5, add=add, split_k=3, block_k=16, n_chunks=2, block_n=16)
+    splitk.dense_splitk(y, x, dense_layout(lora_a, lora_b), _meta(mapping), **run)
+    want = _reference(x[:real], lora_a, lora_b, mapping, 0.5) + (base[:real].double() if add else 0.0)
+    torch.testing.assert_close(y[:real].double(), want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(y[real:], base[real:] if add else torch.zeros_like(base[real:]))

@@ -211,13 +211,14 @@ def test_a_changed_lora_stream_fork_is_kept_with_its_fill(monkeypatch, plugin_lo
 
 
 class _Base:
-    """The base layer's quant method: returns the layer's base output (a copy, as a GEMM writes a new tensor)."""
+    """The base layer's quant method: returns the layer's base output (a copy, as a GEMM writes a new tensor), plus
+    the bias when one is passed."""
 
     def __init__(self, out: torch.Tensor) -> None:
         self.out = out
 
     def apply(self, base_layer, x, bias):
-        return self.out.clone()
+        return self.out.clone() if bias is None else self.out + bias
 
 
 def _linear(layer, wrapper) -> SimpleNamespace:
@@ -261,6 +262,29 @@ def test_the_lora_stream_output_is_not_filled_where_the_route_writes_every_row(v
     assert not vllm_calls and fills == []
     want = layer.base.double() + _vllm_reference(layer, MAPPING, 1.0).double()
     torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_rows_past_the_grouped_tokens_come_back_zero_with_the_bias_added(vllm_calls, monkeypatch) -> None:
+    """vLLM pads a batch to a captured graph's size and groups only the tokens it scheduled (13 of 16 here): the
+    padded rows of the unfilled output must not carry garbage into the layer's output."""
+    _garbage_in_half_buffers(monkeypatch)
+    real, rows = 13, 16
+    layer = _layer(real, seed=13)
+    layer.x = torch.cat([layer.x, torch.randn(rows - real, layer.x.shape[1]).half()])
+    layer.base = torch.cat([layer.base, torch.randn(rows - real, layer.base.shape[1]).half()])
+    bias = torch.randn(sum(layer.widths)).half()
+    out = dense_lora.apply_async(_linear(layer, _wrapper(MAPPING[:real])), layer.x, bias)
+    assert not vllm_calls
+    want = (layer.base + bias).double()
+    grouped = SimpleNamespace(**{**vars(layer), "x": layer.x[:real]})
+    want[:real] += _vllm_reference(grouped, MAPPING[:real], 1.0).double()
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_graphs_per_adapter_count_keep_vllms_filled_fork(monkeypatch) -> None:
+    monkeypatch.setitem(dense_lora._original, "apply_async", lambda self, x, bias=None: "vllm's")
+    layer = _layer(18)
+    assert dense_lora.apply_async(_linear(layer, _wrapper(MAPPING, specialize=True)), layer.x) == "vllm's"
 
 
 def test_a_call_the_route_declines_gets_vllms_filled_output(vllm_calls, monkeypatch) -> None:

@@ -3,6 +3,8 @@ creation to the end of graph capture, written to a file and summed up in a log l
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from moelora.vllm_plugin import startup_profile
@@ -88,3 +90,26 @@ def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monk
     (written,) = tmp_path.iterdir()
     text = written.read_text()
     assert written.name.startswith("engine-init-") and "create_lora_manager" in text and "phase_work" in text
+
+
+def test_without_graph_capture_the_profile_ends_after_vllms_kernel_warm_up(monkeypatch, tmp_path):
+    from vllm.model_executor.warmup import kernel_warmup as warmup_module
+    from vllm.v1.worker import gpu_worker
+
+    from moelora.vllm_plugin import model_warmup
+
+    monkeypatch.setattr(warmup_module, "kernel_warmup", lambda worker: busy_helper(100))
+    monkeypatch.setattr(gpu_worker, "kernel_warmup", warmup_module.kernel_warmup)
+    monkeypatch.setattr(model_warmup, "warm_model", lambda worker: None)
+    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
+    patches = Patches()
+    assert model_warmup.install_model_warmup(patches) is None
+    try:
+        startup_profile.start("engine-init")
+        gpu_worker.kernel_warmup(SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False)))
+        assert list(tmp_path.iterdir()) == []  # graph capture follows: still running
+        gpu_worker.kernel_warmup(SimpleNamespace(model_config=SimpleNamespace(enforce_eager=True)))
+    finally:
+        patches.undo()
+    (written,) = tmp_path.iterdir()
+    assert written.name.startswith("engine-init-")

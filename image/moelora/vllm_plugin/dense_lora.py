@@ -20,9 +20,10 @@ a zeroed output of its own). The rule, `route`, is decided from what is known be
 
 On vLLM's LoRA stream (`VLLM_LORA_ENABLE_DUAL_STREAM=1`, as the operator deploys it) vLLM zero-fills the LoRA's
 output before computing into it, because its expand leaves rows without an adapter unwritten. dense_splitk writes
-every row (zeros where there is no adapter), so `BaseLinearLayerWithLoRA._apply_async_impl` is replaced by the same
-fork and join (`apply_async`) whose output is filled only when the route does not take the call: the fill was a
-launch on the LoRA stream's critical path, two per layer and decode step.
+every row (zeros where there is no adapter, and past the tokens grouped in a batch padded to a graph's size), so
+`BaseLinearLayerWithLoRA._apply_async_impl` is replaced by the same fork and join (`apply_async`) whose output is
+filled only when the route does not take the call: the fill was a launch on the LoRA stream's critical path, two per
+layer and decode step.
 """
 
 from __future__ import annotations
@@ -205,8 +206,10 @@ def add_lora_linear(
 def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """vLLM's `BaseLinearLayerWithLoRA._apply_async_impl`: the base layer on the current stream, the LoRA on vLLM's
     LoRA stream into an output of its own, that output added once both are done; the output is left unfilled where
-    `route` takes the call (dense_splitk writes every row). A 3-D input (the transformers backend) stays vLLM's."""
-    if x.ndim != 2:
+    `route` takes the call (dense_splitk writes every row, rows past the tokens vLLM grouped included). A 3-D input
+    (the transformers backend) and `specialize_active_lora` (graphs per adapter count, whose group count a replay may
+    outgrow) stay vLLM's, filled."""
+    if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
     from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import warmups_on
+from . import startup_profile, warmups_on
 from .contract import DUMMY_RUN_PARAMETERS, KERNEL_WARMUP_PARAMETERS
 from .patches import Patches
 
@@ -160,7 +160,11 @@ def install_model_warmup(patches: Patches) -> str | None:
 
     def kernel_warmup(worker, *args, **kwargs):
         warm_model(worker)
-        return original(worker, *args, **kwargs)
+        try:
+            return original(worker, *args, **kwargs)
+        finally:
+            if getattr(getattr(worker, "model_config", None), "enforce_eager", False):
+                startup_profile.stop()  # no graph capture follows: the start-up ends here
 
     kernel_warmup.__qualname__ = "moelora_kernel_warmup"
     _original["kernel_warmup"] = original

@@ -1,7 +1,9 @@
-"""Where an engine's start-up goes, as a diagnostic: with `MOELORA_PROFILE_STARTUP=DIR`, cProfile runs on the engine's
-thread from the creation of vLLM's LoRA manager (right after the weights load) to the end of CUDA-graph capture:
-torch.compile's cache, the profile run, the KV cache, the plugin's and vLLM's warm-ups and the capture. It writes
-DIR/<phase>-<pid>.txt (functions by cumulative and by own time) and logs the three costliest by own time.
+"""Where an engine's start-up goes, as a diagnostic: with `MOELORA_PROFILE_STARTUP=DIR`, cProfile runs from the
+creation of vLLM's LoRA manager (right after the weights load) to the end of CUDA-graph capture, or of vLLM's kernel
+warm-up where nothing is captured (`--enforce-eager`): torch.compile's cache, the profile run, the KV cache, the
+plugin's and vLLM's warm-ups and the capture. It writes DIR/<phase>-<pid>.txt (functions by cumulative and by own
+time) and logs the three costliest by own time. Up to Python 3.11 it sees the engine's thread only; from 3.12
+(cProfile on sys.monitoring) every thread, the plugin's adapter read-ahead included.
 
 A second pod's engine init is where a LoRA server loses most against one without LoRA; this tells host Python (the
 plugin's and vLLM's per-call work, multiplied by every captured size) from waits on the GPU (time inside

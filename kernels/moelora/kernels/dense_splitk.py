@@ -8,7 +8,8 @@ range of x @ A.T into a float32 partial of its own (no atomics on data, so no bu
 unit's arrival word (a release add). Each program from S * units on owns a run of a unit's column tiles: it fetches
 its first B tile, spins on the arrival word (acquire) until all S partials are there, sums them, rounds to the
 weights' dtype (as vLLM's expand reads its float32 buffer) and writes or adds the output. Rows without an adapter
-(group id -1) get zeros when writing (`add=False`), with no shrink and no wait.
+(group id -1) get zeros when writing (`add=False`), with no shrink and no wait, and so do rows in no group at all (a
+batch padded past the tokens grouped): writing, every row of the output is written.
 
 Deadlock: an expand program spins on shrink programs of the same grid. The launcher only launches grids the GPU holds
 whole at once (occupancy of the compiled kernel), so every producer runs whatever the block scheduler's order; the
@@ -148,6 +149,17 @@ def _dense_splitk_kernel(
         column0 = tl.load(slice_col_ptr + slice_id)
         n_lo = part * span * BLOCK_N
         n_hi = tl.minimum(n_lo + span * BLOCK_N, n)
+        if not ADD and block == 0:
+            # Rows past the grouped tokens (vLLM pads a batch to a captured graph's size and groups only the tokens
+            # it scheduled) are in no group: the first row block's expand programs write them zeros, so a written
+            # output needs no fill first.
+            for r0 in range(tl.sum(counts), num_tokens, BLOCK_M):
+                tail = r0 + offs_m
+                for c0 in range(n_lo, n_hi, BLOCK_N):
+                    cols = c0 + tl.arange(0, BLOCK_N)
+                    out_ptrs = y_ptr + tail[:, None] * stride_ym + column0 + cols[None, :]
+                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dtype)
+                    tl.store(out_ptrs, zeros, mask=(tail < num_tokens)[:, None] & (cols < n_hi)[None, :])
         if lora == -1:
             if not ADD:
                 for c0 in range(n_lo, n_hi, BLOCK_N):
