@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pathlib
+import sys
 import threading
 import time
 import types
@@ -268,3 +269,30 @@ def test_adapters_read_ahead_are_pinned_only_outside_cuda_graph_capture(adapters
     finally:
         part.captured.set()
         part.patches.undo()
+
+
+def test_the_switch_interval_is_short_while_reads_run_and_restored_after(adapters, monkeypatch):
+    monkeypatch.setattr(host_adapters, "POLL_S", 0.01)
+    monkeypatch.setattr(host_adapters, "KEEP_S", 0.0)
+    before = sys.getswitchinterval()
+    assert before > host_adapters.SWITCH_S  # the interpreter's default, 5 ms
+    seen: list[float] = []
+    started, finish = threading.Event(), threading.Event()
+
+    def read(path: str) -> str:
+        started.set()
+        finish.wait(30)
+        seen.append(sys.getswitchinterval())
+        return path
+
+    store = host_adapters.HostAdapters()
+    # Capacity 1: the loop stops after one submission, and waits for that read before it restores the interval.
+    loop = threading.Thread(target=host_adapters._read_ahead, args=(store, str(adapters), 1, read, lambda: None))
+    loop.start()
+    assert started.wait(30)
+    time.sleep(0.1)
+    assert sys.getswitchinterval() == host_adapters.SWITCH_S
+    finish.set()
+    store.loading.set()  # the first load: the loop goes on to drop what was not taken
+    loop.join(timeout=30)
+    assert seen == [host_adapters.SWITCH_S] and sys.getswitchinterval() == before

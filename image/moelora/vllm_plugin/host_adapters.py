@@ -17,6 +17,9 @@ The thread reads and merges with no CUDA call (vLLM's merge with its pinning off
 without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
 allocations from any thread, so vLLM's `capture_model` and each pin take one lock. A copy not pinned yet (the pin
 failed) is pinned on the engine thread when taken.
+While it reads, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
+in every torch call and waits up to that interval to take it back from a reader running Python (the read-ahead made
+a GPT-OSS second pod's engine init 5 s longer on 2026-12-05, docs/benchmarks.md).
 `MOELORA_HOST_ADAPTERS=0` keeps vLLM's loading as it is.
 """
 
@@ -26,6 +29,7 @@ import concurrent.futures
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -48,6 +52,9 @@ CONFIG = "adapter_config.json"
 POLL_S = 1.0  # how often the thread looks for new adapter directories before the first load
 WINDOW_S = 1800.0  # it stops looking after this long even when no load comes
 KEEP_S = 300.0  # copies read ahead and not taken this long after the first load are dropped
+# While reading ahead, the interpreter's thread switch interval (5 ms by default) is at most this: every torch call of
+# the engine thread lets go of the GIL, and taking it back from a reader running Python waits up to the interval.
+SWITCH_S = 0.0005
 
 Key = tuple[str, tuple[tuple[str, int, int, int], ...], bool]
 
@@ -137,14 +144,22 @@ def _read_ahead(
         max_workers=1, thread_name_prefix="moelora-adapters-ahead", initializer=on_start
     )
     seen: set[Key] = set()
+    submitted: list[concurrent.futures.Future] = []
     deadline = time.monotonic() + WINDOW_S
-    while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
-        for path in adapter_dirs(root):
-            key = identity(path, False)
-            if key is not None and key not in seen and len(seen) < capacity:
-                seen.add(key)
-                store.ahead(key, reader.submit(read, path))
-        store.loading.wait(POLL_S)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, SWITCH_S))
+    try:
+        while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
+            for path in adapter_dirs(root):
+                key = identity(path, False)
+                if key is not None and key not in seen and len(seen) < capacity:
+                    seen.add(key)
+                    submitted.append(reader.submit(read, path))
+                    store.ahead(key, submitted[-1])
+            store.loading.wait(POLL_S)
+        concurrent.futures.wait(submitted)  # the reads still running keep the short interval
+    finally:
+        sys.setswitchinterval(switch)
     store.loading.wait(max(0.0, deadline - time.monotonic()))
     time.sleep(KEEP_S)
     dropped = store.drop_ahead()
