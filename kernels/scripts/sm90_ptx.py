@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moelora.kernels import expand, onepass, routing, shrink
+from moelora.kernels import dense_config, dense_splitk, expand, onepass, routing, shrink
 
 TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {
@@ -46,6 +46,17 @@ POINTERS = {
     "rank_ptr": "*i32",
     "group_end_ptr": "*i32",
     "count_ptr": "*i32",
+    # dense_splitk
+    "y_ptr": "*bf16",
+    "a_ptrs": "*i64",
+    "b_ptrs": "*i64",
+    "slice_n_ptr": "*i32",
+    "slice_col_ptr": "*i32",
+    "b_lora_stride_ptr": "*i64",
+    "start_ptr": "*i32",
+    "ids_ptr": "*i32",
+    "count_words": "*i32",
+    "scale": "fp32",
 }
 UNIT_STRIDES = {"stride_xk", "stride_ak", "stride_br", "stride_on"}
 NOT_DIVISIBLE = {
@@ -60,6 +71,12 @@ NOT_DIVISIBLE = {
     "n_split",
     "k_tiles",
     "n_tiles",
+    # dense_splitk's free integers (do_not_specialize) and its float
+    "num_tokens",
+    "groups",
+    "row_blocks",
+    "n_chunks",
+    "scale",
 }
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
@@ -201,6 +218,25 @@ def main() -> None:
             )
         )
     print("route count: " + describe(compile_sm90(routing._route_count_kernel, {"BLOCK": 1024}, 4, 1)))
+    # A dense layer's LoRA in one launch, every served config (q/k/v: 3 slices; o: 1), adding and writing; 9 groups
+    # (vLLM's max_loras 8, plus rows without an adapter), rank 32.
+    for slices, add in itertools.product((3, 1), (True, False)):
+        for config in dense_config.served_configs(slices):
+            consts = {
+                "NUM_SLICES": slices,
+                "GROUPS_PAD": 16,
+                "BLOCK_M": 16,
+                "BLOCK_N": config.block_n,
+                "BLOCK_K": config.block_k,
+                "RANK_PAD": 32,
+                "SPLIT_PAD": triton.next_power_of_2(config.split_k),
+                "ADD": add,
+            }
+            compiled = compile_sm90(dense_splitk._dense_splitk_kernel, consts, config.num_warps, config.num_stages)
+            print(
+                f"dense add={add:d} slices={slices} split_k={config.split_k} block_k={config.block_k} "
+                f"block_n={config.block_n}: " + describe(compiled)
+            )
 
 
 if __name__ == "__main__":
