@@ -286,13 +286,35 @@ def test_the_switch_interval_is_short_while_reads_run_and_restored_after(adapter
         return path
 
     store = host_adapters.HostAdapters()
-    # Capacity 1: the loop stops after one submission, and waits for that read before it restores the interval.
     loop = threading.Thread(target=host_adapters._read_ahead, args=(store, str(adapters), 1, read, lambda: None))
     loop.start()
     assert started.wait(30)
-    time.sleep(0.1)
     assert sys.getswitchinterval() == host_adapters.SWITCH_S
     finish.set()
     store.loading.set()  # the first load: the loop goes on to drop what was not taken
     loop.join(timeout=30)
     assert seen == [host_adapters.SWITCH_S] and sys.getswitchinterval() == before
+
+
+def test_overlapping_reads_restore_the_interval_that_was_there_before_the_first(monkeypatch):
+    before = sys.getswitchinterval()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    during: list[float] = []
+
+    def first(path: str) -> None:
+        first_in.set()
+        assert second_in.wait(30)
+
+    def second(path: str) -> None:
+        second_in.set()
+        assert first_out.wait(30)  # the first read has ended: its manager's loop would have restored here
+        during.append(sys.getswitchinterval())
+
+    a = threading.Thread(target=host_adapters._short_switch, args=(first, "a"))
+    b = threading.Thread(target=lambda: (first_in.wait(30), host_adapters._short_switch(second, "b")))
+    a.start()
+    b.start()
+    a.join(timeout=30)
+    first_out.set()
+    b.join(timeout=30)
+    assert during == [host_adapters.SWITCH_S] and sys.getswitchinterval() == before

@@ -17,7 +17,7 @@ The thread reads and merges with no CUDA call (vLLM's merge with its pinning off
 without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
 allocations from any thread, so vLLM's `capture_model` and each pin take one lock. A copy not pinned yet (the pin
 failed) is pinned on the engine thread when taken.
-While it reads, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
+While a read runs, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
 in every torch call and waits up to that interval to take it back from a reader running Python (the read-ahead made
 a GPT-OSS second pod's engine init 5 s longer on 2026-12-05, docs/benchmarks.md).
 `MOELORA_HOST_ADAPTERS=0` keeps vLLM's loading as it is.
@@ -52,8 +52,8 @@ CONFIG = "adapter_config.json"
 POLL_S = 1.0  # how often the thread looks for new adapter directories before the first load
 WINDOW_S = 1800.0  # it stops looking after this long even when no load comes
 KEEP_S = 300.0  # copies read ahead and not taken this long after the first load are dropped
-# While reading ahead, the interpreter's thread switch interval (5 ms by default) is at most this: every torch call of
-# the engine thread lets go of the GIL, and taking it back from a reader running Python waits up to the interval.
+# While a read ahead runs, the interpreter's thread switch interval (5 ms by default) is at most this: every torch call
+# of the engine thread lets go of the GIL, and taking it back from a reader running Python waits up to the interval.
 SWITCH_S = 0.0005
 
 Key = tuple[str, tuple[tuple[str, int, int, int], ...], bool]
@@ -135,6 +135,27 @@ class HostAdapters:
         return len(futures)
 
 
+_switch = {"users": 0, "saved": 0.0}
+_switch_lock = threading.Lock()
+
+
+def _short_switch(read: Callable[[str], Any], path: str) -> Any:
+    """read(path) with the switch interval at most SWITCH_S meanwhile; the first of overlapping reads (two LoRA
+    managers in one process) lowers it, the last restores what was there before."""
+    with _switch_lock:
+        if _switch["users"] == 0:
+            _switch["saved"] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch["saved"], SWITCH_S))
+        _switch["users"] += 1
+    try:
+        return read(path)
+    finally:
+        with _switch_lock:
+            _switch["users"] -= 1
+            if _switch["users"] == 0:
+                sys.setswitchinterval(_switch["saved"])
+
+
 def _read_ahead(
     store: HostAdapters, root: str, capacity: int, read: Callable[[str], Any], on_start: Callable[[], None]
 ) -> None:
@@ -144,22 +165,14 @@ def _read_ahead(
         max_workers=1, thread_name_prefix="moelora-adapters-ahead", initializer=on_start
     )
     seen: set[Key] = set()
-    submitted: list[concurrent.futures.Future] = []
     deadline = time.monotonic() + WINDOW_S
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(min(switch, SWITCH_S))
-    try:
-        while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
-            for path in adapter_dirs(root):
-                key = identity(path, False)
-                if key is not None and key not in seen and len(seen) < capacity:
-                    seen.add(key)
-                    submitted.append(reader.submit(read, path))
-                    store.ahead(key, submitted[-1])
-            store.loading.wait(POLL_S)
-        concurrent.futures.wait(submitted)  # the reads still running keep the short interval
-    finally:
-        sys.setswitchinterval(switch)
+    while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
+        for path in adapter_dirs(root):
+            key = identity(path, False)
+            if key is not None and key not in seen and len(seen) < capacity:
+                seen.add(key)
+                store.ahead(key, reader.submit(_short_switch, read, path))
+        store.loading.wait(POLL_S)
     store.loading.wait(max(0.0, deadline - time.monotonic()))
     time.sleep(KEEP_S)
     dropped = store.drop_ahead()
