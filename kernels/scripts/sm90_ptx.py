@@ -225,6 +225,7 @@ def main() -> None:
             consts = {
                 "NUM_SLICES": slices,
                 "GROUPS_PAD": 16,
+                "TABLE": 9,
                 "BLOCK_M": 16,
                 "BLOCK_N": config.block_n,
                 "BLOCK_K": config.block_k,

@@ -85,3 +85,23 @@ def test_rows_past_the_grouped_tokens_are_zeroed_when_writing_and_left_when_addi
     want = _reference(x[:real], lora_a, lora_b, mapping, 0.5) + (base[:real].double() if add else 0.0)
     torch.testing.assert_close(y[:real].double(), want, atol=2e-2, rtol=2e-2)
     assert torch.equal(y[real:], base[real:] if add else torch.zeros_like(base[real:]))
+
+
+def test_padded_rows_start_after_every_grouped_token_even_past_the_groups_launched_for() -> None:
+    """A graph captured for fewer groups than a replay has (vLLM's `specialize_active_lora`) computes only the first
+    ones; the zeros for padded rows must still start after every token grouped, never inside a group's rows."""
+    torch.manual_seed(7)
+    dtype, k, rank, widths, loras, rows = torch.float16, 48, 8, (40, 16, 24), 3, 9
+    mapping = torch.tensor([0, 1, -1, 1, 0, -1, 1])  # groups -1, 0, 1; rows 7 and 8 padded
+    x = torch.randn(rows, k, dtype=dtype)
+    lora_a = [torch.randn(loras, 1, rank, k, dtype=dtype) / 4 for _ in widths]
+    lora_b = [torch.randn(loras, 1, n, rank, dtype=dtype) / 4 for n in widths]
+    y = torch.full((rows, sum(widths)), float("nan"), dtype=dtype)
+    order, counts, starts, ids, _ = _meta(mapping)
+    run = dict(scale=0.5, add=False, split_k=3, block_k=16, n_chunks=2, block_n=16)
+    splitk.dense_splitk(y, x, dense_layout(lora_a, lora_b), (order, counts, starts, ids, 2), **run)  # 2 of 3 groups
+    want = _reference(x[:7], lora_a, lora_b, mapping, 0.5)
+    computed = torch.tensor([0, 2, 4, 5])  # slot 0's rows and the rows without an adapter
+    torch.testing.assert_close(y[computed].double(), want[computed], atol=2e-2, rtol=2e-2)
+    assert torch.isnan(y[[1, 3, 6]]).all()  # slot 1's group was not launched for: untouched, not zeroed
+    assert torch.equal(y[7:], torch.zeros_like(y[7:]))

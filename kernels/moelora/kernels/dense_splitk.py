@@ -54,9 +54,9 @@ def _dense_splitk_kernel(
     slice_col_ptr,  # (S_slices,) int32 each slice's first column in y
     b_lora_stride_ptr,  # (S_slices,) int64 lora_b's stride between adapters
     sorted_ptr,  # (M,) token indices grouped by adapter
-    count_ptr,  # (groups,) tokens per group
+    count_ptr,  # (TABLE,) tokens per group, the first `groups` of them launched for
     start_ptr,  # (groups + 1,) first position of each group in sorted_ptr
-    ids_ptr,  # (groups,) adapter slot per group, -1 for rows without one
+    ids_ptr,  # (TABLE,) adapter slot per group, -1 for rows without one
     part_ptr,  # (S_slices, M, SPLIT_PAD, RANK_PAD) float32 partial sums, one per K split
     count_words,  # (>= 2 * units,) int32 arrivals, departures per unit; zero at rest
     # sizes
@@ -77,7 +77,8 @@ def _dense_splitk_kernel(
     stride_bn,
     # meta
     NUM_SLICES: tl.constexpr,
-    GROUPS_PAD: tl.constexpr,  # groups rounded up to a power of two
+    GROUPS_PAD: tl.constexpr,  # the tables' length rounded up to a power of two
+    TABLE: tl.constexpr,  # the count and id tables' length (vLLM's max_loras + 1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -152,8 +153,10 @@ def _dense_splitk_kernel(
         if not ADD and block == 0:
             # Rows past the grouped tokens (vLLM pads a batch to a captured graph's size and groups only the tokens
             # it scheduled) are in no group: the first row block's expand programs write them zeros, so a written
-            # output needs no fill first.
-            for r0 in range(tl.sum(counts), num_tokens, BLOCK_M):
+            # output needs no fill first. Their start sums the whole count table (vLLM zeroes it every step), not
+            # the `groups` a graph was captured with, which a replay may outgrow.
+            table = tl.load(count_ptr + g, mask=g < TABLE, other=0)
+            for r0 in range(tl.sum(table), num_tokens, BLOCK_M):
                 tail = r0 + offs_m
                 for c0 in range(n_lo, n_hi, BLOCK_N):
                     cols = c0 + tl.arange(0, BLOCK_N)
@@ -281,6 +284,7 @@ def _plan(
         # From the id table's length (vLLM's max_loras + 1), not the group count: one variant whatever the number of
         # active adapters a CUDA graph was captured for.
         "GROUPS_PAD": triton.next_power_of_2(ids.numel()),
+        "TABLE": ids.numel(),
         "BLOCK_M": 16,
         "BLOCK_N": config.block_n,
         "BLOCK_K": config.block_k,
