@@ -43,6 +43,16 @@ __all__ = ["dense_splitk", "splitk_prepare"]
 _FREE = ("num_tokens", "groups", "row_blocks", "n_split", "k_tiles", "n_chunks")
 
 
+@triton.jit
+def _store_zeros(y_ptr, rows, row_ok, stride_ym, n_lo, n_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zeros into columns [n_lo, n_hi) of the rows where row_ok, a column tile at a time."""
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=y_ptr.dtype.element_ty)
+    for c0 in range(n_lo, n_hi, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        mask = row_ok[:, None] & (cols < n_hi)[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], zeros, mask=mask)
+
+
 @triton.jit(do_not_specialize=list(_FREE))
 def _dense_splitk_kernel(
     # pointers
@@ -97,7 +107,8 @@ def _dense_splitk_kernel(
     block = unit // NUM_SLICES
     # Row blocks numbered over the groups in order: block b is in the first group whose blocks end past b.
     g = tl.arange(0, GROUPS_PAD)
-    counts = tl.load(count_ptr + g, mask=g < groups, other=0)
+    table = tl.load(count_ptr + g, mask=g < TABLE, other=0)
+    counts = tl.where(g < groups, table, 0)
     blocks = tl.cdiv(counts, BLOCK_M)
     ends = tl.cumsum(blocks, 0)
     group = tl.sum((ends <= block).to(tl.int32))
@@ -155,21 +166,12 @@ def _dense_splitk_kernel(
             # it scheduled) are in no group: the first row block's expand programs write them zeros, so a written
             # output needs no fill first. Their start sums the whole count table (vLLM zeroes it every step), not
             # the `groups` a graph was captured with, which a replay may outgrow.
-            table = tl.load(count_ptr + g, mask=g < TABLE, other=0)
             for r0 in range(tl.sum(table), num_tokens, BLOCK_M):
                 tail = r0 + offs_m
-                for c0 in range(n_lo, n_hi, BLOCK_N):
-                    cols = c0 + tl.arange(0, BLOCK_N)
-                    out_ptrs = y_ptr + tail[:, None] * stride_ym + column0 + cols[None, :]
-                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dtype)
-                    tl.store(out_ptrs, zeros, mask=(tail < num_tokens)[:, None] & (cols < n_hi)[None, :])
+                _store_zeros(y_ptr + column0, tail, tail < num_tokens, stride_ym, n_lo, n_hi, BLOCK_M, BLOCK_N)
         if lora == -1:
             if not ADD:
-                for c0 in range(n_lo, n_hi, BLOCK_N):
-                    cols = c0 + tl.arange(0, BLOCK_N)
-                    out_ptrs = y_ptr + rows[:, None] * stride_ym + column0 + cols[None, :]
-                    zeros = tl.zeros((BLOCK_M, BLOCK_N), dtype=dtype)
-                    tl.store(out_ptrs, zeros, mask=row_ok[:, None] & (cols < n_hi)[None, :])
+                _store_zeros(y_ptr + column0, rows, row_ok, stride_ym, n_lo, n_hi, BLOCK_M, BLOCK_N)
             return
         b_base = tl.load(b_ptrs + slice_id).to(tl.pointer_type(dtype)) + lora * tl.load(b_lora_stride_ptr + slice_id)
         # B's first tile (weights only) is in flight through the wait.
