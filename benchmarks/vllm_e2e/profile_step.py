@@ -44,13 +44,8 @@ CATEGORIES = (
 # vLLM 0.26 annotates each step as execute_context_<reqs>(<tokens>)_generation_<reqs>(<tokens>); older releases
 # marked the runner's phases, the first of which starts a step.
 STEP_LABEL = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
-LORA = (
-    "dense LoRA (moelora split K)",
-    "dense LoRA shrink",
-    "dense LoRA expand",
-    "MoE-LoRA (moelora)",
-    "MoE-LoRA (vLLM)",
-)
+MOE_LORA = ("MoE-LoRA (moelora)", "MoE-LoRA (vLLM)")
+LORA = ("dense LoRA (moelora split K)", "dense LoRA shrink", "dense LoRA expand", *MOE_LORA)
 # Prefill columns: kernel time of each kind, in ms.
 PREFILL_KINDS = ("base MoE GEMMs", "attention", "dense GEMMs")
 STEP_MARKS = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "execute_model")
@@ -179,7 +174,7 @@ def prefill_steps(steps: list[tuple[str, list[dict]]]) -> list[dict]:
                 "lora_ms": sum(by_cat.get(c, 0.0) for c in LORA) / 1000,
                 "lora_beside_ms": sum(f["hidden"].get(c, 0.0) for c in LORA) / 1000,
                 **{kind: by_cat.get(kind, 0.0) / 1000 for kind in PREFILL_KINDS},
-                "moe_lora_ms": (by_cat.get("MoE-LoRA (moelora)", 0.0) + by_cat.get("MoE-LoRA (vLLM)", 0.0)) / 1000,
+                "moe_lora_ms": sum(by_cat.get(c, 0.0) for c in MOE_LORA) / 1000,
             }
         )
     return rows
