@@ -253,7 +253,10 @@ def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_repl
     def not_routed(*args, **kwargs):
         raise AssertionError("the call fell back to vLLM's kernels")
 
+    from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
+
     monkeypatch.setitem(dense_lora._original, "add_lora_linear", not_routed)
+    monkeypatch.setitem(dense_lora._original, "fork", maybe_execute_in_parallel)  # as the install keeps it
     monkeypatch.setattr(dense_lora, "_layers", {})
     dev, dt, m, loras, rank, k, widths = "cuda", torch.bfloat16, 16, 8, 32, 2880, (4096, 512, 512)
     g = torch.Generator(device=dev).manual_seed(0)

@@ -65,7 +65,10 @@ def vllm_calls(monkeypatch):
     def original(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, *, buffer=None, **kwargs):
         calls.append({"m": x.size(0), "buffer": buffer, **kwargs})
 
+    from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
+
     monkeypatch.setitem(dense_lora._original, "add_lora_linear", original)
+    monkeypatch.setitem(dense_lora._original, "fork", maybe_execute_in_parallel)  # as the install keeps it
     monkeypatch.setattr(dense_lora, "_layers", {})
     return calls
 
@@ -185,7 +188,13 @@ def test_hook_installs_on_vllms_punica_wrapper_and_comes_off() -> None:
     try:
         assert PunicaWrapperGPU.add_lora_linear is dense_lora.add_lora_linear
         assert BaseLinearLayerWithLoRA._apply_async_impl is dense_lora.apply_async
-        assert dense_lora._original == {"add_lora_linear": before, "apply_async": fork}
+        from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
+
+        assert dense_lora._original == {
+            "add_lora_linear": before,
+            "apply_async": fork,
+            "fork": maybe_execute_in_parallel,
+        }
     finally:
         patches.undo()
     assert PunicaWrapperGPU.add_lora_linear is before and BaseLinearLayerWithLoRA._apply_async_impl is fork

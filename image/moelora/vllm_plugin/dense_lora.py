@@ -211,8 +211,6 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     outgrow) stay vLLM's, filled."""
     if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
-    from vllm.utils.multi_stream_utils import maybe_execute_in_parallel
-
     wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices
 
     def base() -> torch.Tensor:
@@ -225,7 +223,7 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
             _original["add_lora_linear"](wrapper, delta, x, a, b, 1.0, slices, add_inputs=False)
         return delta
 
-    output, delta = maybe_execute_in_parallel(base, lora, self._events[0], self._events[1], self._lora_stream)
+    output, delta = _original["fork"](base, lora, self._events[0], self._events[1], self._lora_stream)
     output.add_(delta)
     return output
 
@@ -266,7 +264,7 @@ def _install_apply_async(patches: Patches) -> None:
     ):
         log.info("moelora: vLLM's LoRA-stream fork for linear layers is not the pinned one: its output fill stays")
         return
-    _original["apply_async"] = fn
+    _original["apply_async"], _original["fork"] = fn, fork  # the fork checked here, not imported on every call
     patches.set(BaseLinearLayerWithLoRA, "_apply_async_impl", apply_async)
 
 
