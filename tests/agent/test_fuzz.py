@@ -4,7 +4,9 @@ either return a result or raise the agent's own AdapterError with a reason; noth
 from __future__ import annotations
 
 import json
+import random
 import struct
+import threading
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -173,3 +175,26 @@ def test_a_well_formed_header_parses_with_the_library_agreeing() -> None:
     assert {n: t.shape for n, t in header.tensors.items()} == {n: a.shape for n, a in arrays.items()}
     assert header.metadata == {"format": "pt"}
     assert header.data_bytes == len(data) - 8 - struct.unpack("<Q", data[:8])[0]
+
+
+def test_a_thread_drawing_from_the_global_random_does_not_fail_a_property_test() -> None:
+    """Other tests' threads in the same worker (botocore's retry jitter, s3transfer's temporary names) draw from the
+    global generator while Hypothesis draws; CI failed on that once, with strategies that never touch `random`."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            random.random()
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(json_values)
+    def draws(value: Any) -> None:
+        json.dumps(value)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        draws()
+    finally:
+        stop.set()
+        thread.join(timeout=5)
