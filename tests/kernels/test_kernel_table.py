@@ -78,3 +78,25 @@ def test_a_malformed_table_fails_by_its_field(tmp_path, monkeypatch, config, fie
     monkeypatch.setattr(launch_config, "_config_file", lambda device: path)  # the plugin's warm-up reads it first
     with pytest.raises(KernelTableError, match=rf"entries\[0\]\.{field}"):
         table_token_counts(CPU)
+
+
+def test_a_problem_seen_before_is_answered_without_the_table_or_the_device(tmp_path, monkeypatch):
+    """The lookup runs for every op of every eager forward (warm-ups, capture, prefill steps): after the first call
+    for a problem it reads neither the table nor the GPU's name again."""
+    entry = {"k": 32, "n": 16, "rank": 8, "num_experts": E, "max_loras": LORAS, "m": 4, "config": {"split_k": 3}}
+    (tmp_path / "NVIDIA_H200.json").write_text(json.dumps({"entries": [entry]}))
+    names, reads = [], []
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: names.append(device) or "NVIDIA H200")
+    loaded = launch_config._load_configs
+    monkeypatch.setattr(launch_config, "_load_configs", lambda path: reads.append(path) or loaded(path))
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    for cached in (launch_config._device_name, launch_config._named_file, launch_config._nearest):
+        cached.cache_clear()
+    cuda = torch.device("cuda", 0)
+    first = launch_config._tuned_config(routing=routing(4), k=32, n=16, rank=8, device=cuda)
+    again = [launch_config._tuned_config(routing=routing(4), k=32, n=16, rank=8, device=cuda) for _ in range(3)]
+    assert first == KernelConfig(split_k=3) and again == [first] * 3
+    assert (names, reads) == ([0], [tmp_path / "NVIDIA_H200.json"])
+    # Another problem is looked up in the table (already parsed), not answered from the first one's entry.
+    other = launch_config._tuned_config(routing=routing(4, max_loras=4), k=32, n=16, rank=8, device=cuda)
+    assert other == KernelConfig(split_k=3) and len(reads) == 2

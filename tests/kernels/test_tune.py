@@ -277,6 +277,7 @@ def test_the_mounted_config_folder_wins_over_the_bundled_configs(tmp_path, monke
     from moelora.kernels import launch_config
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    launch_config._device_name.cache_clear()
     cuda = torch.device("cuda")
     monkeypatch.delenv("VLLM_TUNED_CONFIG_FOLDER", raising=False)
     bundled = launch_config._config_file(cuda)
@@ -285,4 +286,5 @@ def test_the_mounted_config_folder_wins_over_the_bundled_configs(tmp_path, monke
     monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
     assert launch_config._config_file(cuda) == bundled  # nothing of ours mounted: the bundled set
     (tmp_path / "NVIDIA_H200.json").write_text("[]")
+    launch_config._named_file.cache_clear()  # a pod's folder is mounted before vLLM starts, and read once
     assert launch_config._config_file(cuda) == tmp_path / "NVIDIA_H200.json"

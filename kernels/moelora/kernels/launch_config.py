@@ -86,8 +86,18 @@ def _config_file(device: torch.device) -> Path | None:
     ModelServer's kernel configs reach our kernel too; else the bundled one."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device).replace(" ", "_").replace("-", "_")
-    mounted = os.environ.get("VLLM_TUNED_CONFIG_FOLDER")
+    return _named_file(_device_name(device.index), os.environ.get("VLLM_TUNED_CONFIG_FOLDER"))
+
+
+# Both once per process: otherwise a device query and two file checks on every op of every eager forward. The folder
+# is a volume the pod mounts before vLLM starts.
+@functools.lru_cache(maxsize=16)
+def _device_name(index: int | None) -> str:
+    return torch.cuda.get_device_name(index).replace(" ", "_").replace("-", "_")
+
+
+@functools.lru_cache(maxsize=16)
+def _named_file(name: str, mounted: str | None) -> Path | None:
     for folder in ([Path(mounted)] if mounted else []) + [Path(__file__).with_name("configs")]:
         if (folder / f"{name}.json").is_file():
             return folder / f"{name}.json"
@@ -114,9 +124,18 @@ def _tuned_config(
     if path is None:
         return None
     m = max(1, routing.num_pairs // routing.top_k)
-    candidates = [e for e in _load_configs(path) if (e.k, e.n, e.num_experts) == (k, n, routing.num_experts)]
+    return _nearest(path, k, n, routing.num_experts, rank, routing.max_loras, m, routing.direct)
+
+
+# Called for every op of every eager forward; the table is read once per path (_load_configs), so the answer for
+# one problem never changes.
+@functools.lru_cache(maxsize=4096)
+def _nearest(
+    path: Path, k: int, n: int, num_experts: int, rank: int, max_loras: int, m: int, direct: bool
+) -> KernelConfig | None:
+    candidates = [e for e in _load_configs(path) if (e.k, e.n, e.num_experts) == (k, n, num_experts)]
     # Prefer entries tuned with this routing's kind (an entry tuned with direct routing says so).
-    kind = "direct" if routing.direct else "grouped"
+    kind = "direct" if direct else "grouped"
     candidates = [e for e in candidates if e.route == kind] or candidates
     if not candidates:
         return None
@@ -124,7 +143,7 @@ def _tuned_config(
     def distance(e: TableEntry) -> tuple[float, float, float]:
         return (
             abs(math.log2(e.rank / rank)),
-            abs(math.log2(e.max_loras / routing.max_loras)),
+            abs(math.log2(e.max_loras / max_loras)),
             abs(math.log2(e.m / m)),
         )
 
