@@ -6,7 +6,7 @@
 # profiled server's decode-step breakdown, profile_step.py, beside it).
 # Usage: bash benchmarks/vllm_e2e/h200_call.sh OUTPUT_DIR
 # Env: MODEL, MODES, PLUGIN_S, NP (as compare.sh and serve_passes.sh), CALL_S (the call's limit less what follows,
-# default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit).
+# default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit), GPU_TESTS (below).
 set -u
 T0=$(date +%s); R=$(pwd); OUT=${1:?usage: h200_call.sh OUTPUT_DIR}; SITE=${SITE:-/tmp/vllm-site}; mkdir -p "$OUT/r"
 export KIT=${KIT:-$R/.bundle/b/kit} VLLM_ARCHIVE=${VLLM_ARCHIVE:-$R/.bundle/c/vllm-site.tar.xz} SITE
@@ -20,6 +20,14 @@ if [ ! -f "$SITE/.done" ]; then
   PYTHONPATH=$SITE timeout 120 python3 -c "import torch; torch.zeros(1).cuda(); import vllm.entrypoints.openai.api_server" \
     > /dev/null 2>&1
   echo "machine set up in $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
+fi
+# GPU_TESTS=1 (or a -k expression): tests/gpu first, without the project's pytest settings (the H200 image has no
+# pytest-asyncio, whose option there would fail the run), in OUTPUT_DIR/gpu_tests.txt; its time leaves the budget.
+if [ -n "${GPU_TESTS:-}" ]; then
+  k=(); [ "$GPU_TESTS" = 1 ] || k=(-k "$GPU_TESTS")
+  PYTHONPATH=$R/kernels:$R/image:$R/operator:$SITE timeout "${TESTS_S:-150}" python3 -m pytest -c /dev/null \
+    --rootdir=. -q -p no:cacheprovider tests/gpu "${k[@]}" > "$OUT/gpu_tests.txt" 2>&1
+  echo "rc=$? after $(( $(date +%s) - T0 )) s" >> "$OUT/gpu_tests.txt"; tail -2 "$OUT/gpu_tests.txt"
 fi
 BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
 echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
