@@ -11,7 +11,7 @@ import torch
 
 from moelora.kernels import dense_config as dense
 from moelora.kernels import dense_splitk as splitk
-from moelora.vllm_plugin import dense_lora
+from moelora.vllm_plugin import dense_lora, lora_stream
 from moelora.vllm_plugin.patches import Patches
 
 # 18 rows: rows without an adapter, three adapters, slot 2 over two row blocks of 16.
@@ -194,6 +194,7 @@ def test_hook_installs_on_vllms_punica_wrapper_and_comes_off() -> None:
             "add_lora_linear": before,
             "apply_async": fork,
             "fork": maybe_execute_in_parallel,
+            "apply_sync": BaseLinearLayerWithLoRA._apply_sync,
         }
     finally:
         patches.undo()
@@ -336,3 +337,20 @@ def test_fewer_groups_than_slots_when_vllm_specialises_on_active_adapters(vllm_c
     assert not vllm_calls
     want = _vllm_reference(layer, mapping, 0.5).double() + layer.base.double()
     torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_above_the_bound_the_lora_is_added_on_the_current_stream_without_a_fork(monkeypatch) -> None:
+    """A step of more tokens than lora_stream's bound runs vLLM's path without the second stream (the LoRA added into
+    the base output): no LoRA-only output, no fork; at the bound itself the fork runs."""
+    calls: list[str] = []
+    in_place = lambda self, x, bias=None: calls.append("sync") or "in place"  # noqa: E731
+    monkeypatch.setitem(dense_lora._original, "apply_sync", in_place)
+    monkeypatch.setitem(dense_lora._original, "fork", lambda *args: calls.append("fork") or (torch.ones(1), 1))
+    monkeypatch.setenv("MOELORA_STREAM_MAX_TOKENS", "18")
+    monkeypatch.setattr(lora_stream, "_bound", [])
+    monkeypatch.setattr(dense_lora, "_layers", {})
+    linear = _linear(_layer(19), _wrapper([0] * 19))
+    assert dense_lora.apply_async(linear, _layer(19).x) == "in place" and calls == ["sync"]
+    calls.clear()
+    dense_lora.apply_async(_linear(_layer(18), _wrapper(MAPPING)), _layer(18).x)
+    assert calls == ["fork"]

@@ -22,6 +22,7 @@ from typing import Any
 __all__ = [
     "ADD_LORA_LINEAR_PARAMETERS",
     "APPLY_ASYNC_PARAMETERS",
+    "APPLY_SYNC_PARAMETERS",
     "CAPTURE_PARAMETERS",
     "CLONE_PARAMETERS",
     "CREATE_LORA_MANAGER_PARAMETERS",
@@ -138,6 +139,7 @@ ADD_LORA_LINEAR_PARAMETERS = ("self", "y", "x", "lora_a_stacked", "lora_b_stacke
 # BaseLinearLayerWithLoRA._apply_async_impl (vLLM's LoRA stream for a linear layer) and the helper it forks with:
 # dense_lora replaces the first, the same contract without the zero fill where dense_splitk writes every row.
 APPLY_ASYNC_PARAMETERS = ("self", "x", "bias")
+APPLY_SYNC_PARAMETERS = ("self", "x", "bias")
 PARALLEL_PARAMETERS = ("fn0", "fn1", "event0", "event1", "aux_stream")
 # vllm/lora/ops/triton_ops/lora_{shrink,expand}_op.py: dense_warmup wraps these ops' CUDA kernels.
 SHRINK_PARAMETERS = (

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, PARALLEL_PARAMETERS
+from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, APPLY_SYNC_PARAMETERS, PARALLEL_PARAMETERS
+from .lora_stream import in_place
 from .patches import Patches
 
 __all__ = ["ENV", "apply_async", "install_dense_lora", "route"]
@@ -208,9 +209,12 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     LoRA stream into an output of its own, that output added once both are done; the output is left unfilled where
     `route` takes the call (dense_splitk writes every row, rows past the tokens vLLM grouped included). A 3-D input
     (the transformers backend) and `specialize_active_lora` (graphs per adapter count, whose group count a replay may
-    outgrow) stay vLLM's, filled."""
+    outgrow) stay vLLM's, filled. Above lora_stream's bound the LoRA runs as without the second stream (`_apply_sync`:
+    added into the base output on the current stream)."""
     if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
+    if "apply_sync" in _original and in_place(x.size(0)):
+        return _original["apply_sync"](self, x, bias)
     wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices
 
     def base() -> torch.Tensor:
@@ -265,6 +269,11 @@ def _install_apply_async(patches: Patches) -> None:
         log.info("moelora: vLLM's LoRA-stream fork for linear layers is not the pinned one: its output fill stays")
         return
     _original["apply_async"], _original["fork"] = fn, fork  # the fork checked here, not imported on every call
+    sync = BaseLinearLayerWithLoRA.__dict__.get("_apply_sync")
+    if sync is not None and tuple(inspect.signature(sync).parameters) == APPLY_SYNC_PARAMETERS:
+        _original["apply_sync"] = sync
+    else:
+        log.info("moelora: vLLM's LoRA path without the second stream is not the pinned one: every size forks")
     patches.set(BaseLinearLayerWithLoRA, "_apply_async_impl", apply_async)
 
 

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 from .contract import (
     ADD_LORA_LINEAR_PARAMETERS,
-    APPLY_ASYNC_PARAMETERS,
     DUMMY_RUN_PARAMETERS,
     EXPAND_PARAMETERS,
     EXPERTS_APPLY_PARAMETERS,
     KERNEL_WARMUP_PARAMETERS,
     KINDS,
-    PARALLEL_PARAMETERS,
     PARAMETERS,
     SELECT_BACKEND_PARAMETERS,
     SHRINK_PARAMETERS,
@@ -39,6 +37,7 @@ from .contract import (
 )
 from .surface import SURFACE
 from .touchpoints_adapters import ADAPTERS
+from .touchpoints_streams import STREAMS
 
 __all__ = ["HOOKS", "KINDS", "TOUCHPOINTS", "Touchpoint", "by_name"]
 
@@ -177,35 +176,6 @@ HOOKS: tuple[Touchpoint, ...] = (
         "add_inputs from **kwargs, adding by default",
         ('add_inputs = kwargs.pop("add_inputs", True)',),
         "dense_lora",
-    ),
-    Touchpoint(
-        "BaseLinearLayerWithLoRA._apply_async_impl",
-        "params",
-        ("lora/layers/base_linear.py",),
-        "BaseLinearLayerWithLoRA._apply_async_impl",
-        APPLY_ASYNC_PARAMETERS,
-        "dense_lora (apply_async replaces it)",
-    ),
-    Touchpoint(
-        "the LoRA-stream fork's parts",
-        "text",
-        ("lora/layers/base_linear.py",),
-        "base on the current stream, LoRA into a zeroed output on the LoRA stream, added after the join",
-        (
-            "self._get_quant_method().apply(self.base_layer, x, bias)",
-            "self._events[0],",
-            "self._lora_stream,",
-            "output.add_(lora_result)",
-        ),
-        "dense_lora.apply_async",
-    ),
-    Touchpoint(
-        "maybe_execute_in_parallel",
-        "params",
-        ("utils/multi_stream_utils.py",),
-        "maybe_execute_in_parallel",
-        PARALLEL_PARAMETERS,
-        "dense_lora.apply_async",
     ),
     Touchpoint(
         "LoRA linear layers call add_lora_linear",
@@ -371,7 +341,7 @@ HOOKS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint("experts' LoRA context", "members", (_LORA_MIXIN,), "LoRAExpertsMixin", ("_lora_context",), "cpu_moe"),
 )
-TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + ADAPTERS + SURFACE
+TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + STREAMS + ADAPTERS + SURFACE
 
 
 def by_name() -> dict[str, Touchpoint]:

@@ -1,0 +1,82 @@
+"""Where the plugin meets vLLM's second LoRA stream, as data (touchpoints.py says how each kind is checked):
+dense_lora's own fork for linear layers and its path without the fork, and lora_stream's choice per MoE call.
+Stdlib only, like contract.py.
+"""
+
+from __future__ import annotations
+
+from .contract import (
+    APPLY_ASYNC_PARAMETERS,
+    APPLY_SYNC_PARAMETERS,
+    EXPERTS_APPLY_PARAMETERS,
+    PARALLEL_PARAMETERS,
+    Touchpoint,
+)
+
+__all__ = ["STREAMS"]
+
+_TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
+
+STREAMS: tuple[Touchpoint, ...] = (
+    Touchpoint(
+        "BaseLinearLayerWithLoRA._apply_async_impl",
+        "params",
+        ("lora/layers/base_linear.py",),
+        "BaseLinearLayerWithLoRA._apply_async_impl",
+        APPLY_ASYNC_PARAMETERS,
+        "dense_lora (apply_async replaces it)",
+    ),
+    Touchpoint(
+        "the LoRA-stream fork's parts",
+        "text",
+        ("lora/layers/base_linear.py",),
+        "base on the current stream, LoRA into a zeroed output on the LoRA stream, added after the join",
+        (
+            "self._get_quant_method().apply(self.base_layer, x, bias)",
+            "self._events[0],",
+            "self._lora_stream,",
+            "output.add_(lora_result)",
+        ),
+        "dense_lora.apply_async",
+    ),
+    Touchpoint(
+        "maybe_execute_in_parallel",
+        "params",
+        ("utils/multi_stream_utils.py",),
+        "maybe_execute_in_parallel",
+        PARALLEL_PARAMETERS,
+        "dense_lora.apply_async",
+    ),
+    Touchpoint(
+        "BaseLinearLayerWithLoRA._apply_sync",
+        "params",
+        ("lora/layers/base_linear.py",),
+        "BaseLinearLayerWithLoRA._apply_sync",
+        APPLY_SYNC_PARAMETERS,
+        "dense_lora.apply_async (above lora_stream's bound)",
+    ),
+    Touchpoint(
+        "TritonExperts.apply for its stream",
+        "params",
+        (_TRITON_EXPERTS,),
+        "TritonExperts.apply",
+        EXPERTS_APPLY_PARAMETERS,
+        "lora_stream",
+    ),
+    Touchpoint(
+        "the MoE LoRA's stream, chosen per call",
+        "text",
+        (_TRITON_EXPERTS,),
+        "TritonExperts.apply forks only while its LoRA context has a stream",
+        ("if lora_context is not None and lora_context.aux_stream is not None:",),
+        "lora_stream",
+    ),
+    Touchpoint(
+        "MoELoRAContext's stream and events",
+        "fields",
+        ("model_executor/layers/fused_moe/experts/lora_context.py",),
+        "MoELoRAContext",
+        ("aux_stream", "events"),
+        "lora_stream",
+    ),
+)
