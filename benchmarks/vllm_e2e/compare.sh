@@ -15,6 +15,8 @@
 # only (e.g. --lora-target-modules ...); PROFILE=plugin profiles plugin servers only, PROFILE=MODE (without .N) that
 # mode's servers only, PROFILE=1 every server.
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
+# PLUGIN_ENV: more environment for plugin servers (e.g. MOELORA_STREAM_MAX_TOKENS=100000: the second stream at every
+# size, as before lora_stream).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -24,7 +26,7 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   [ $left -gt $need ] || { echo "skip $mode: ${left}s left"; continue; }
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
   extra=""; kind=$base
-  case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1}"
+  case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1} ${PLUGIN_ENV:-}"
     [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
