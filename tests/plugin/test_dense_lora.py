@@ -339,18 +339,29 @@ def test_fewer_groups_than_slots_when_vllm_specialises_on_active_adapters(vllm_c
     torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
 
 
-def test_above_the_bound_the_lora_is_added_on_the_current_stream_without_a_fork(monkeypatch) -> None:
-    """A step of more tokens than lora_stream's bound runs vLLM's path without the second stream (the LoRA added into
-    the base output): no LoRA-only output, no fork; at the bound itself the fork runs."""
-    calls: list[str] = []
-    in_place = lambda self, x, bias=None: calls.append("sync") or "in place"  # noqa: E731
-    monkeypatch.setitem(dense_lora._original, "apply_sync", in_place)
-    monkeypatch.setitem(dense_lora._original, "fork", lambda *args: calls.append("fork") or (torch.ones(1), 1))
-    monkeypatch.setenv("MOELORA_STREAM_MAX_TOKENS", "18")
+def test_above_the_bound_the_lora_is_added_on_the_current_stream_without_a_fork(vllm_calls, monkeypatch) -> None:
+    """A step of more tokens than lora_stream's bound runs vLLM's own path without the second stream: the base output,
+    then the LoRA added into it (routed here, so dense_splitk adding); no fork, no LoRA-only output. At the bound
+    itself the fork runs."""
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+
+    forks: list[int] = []
+    fork = dense_lora._original["fork"]
+    monkeypatch.setitem(dense_lora._original, "fork", lambda *args: forks.append(1) or fork(*args))
+    monkeypatch.setitem(dense_lora._original, "apply_sync", BaseLinearLayerWithLoRA._apply_sync)  # as installed
+    monkeypatch.setenv(lora_stream.ENV, "18")
     monkeypatch.setattr(lora_stream, "_bound", [])
-    monkeypatch.setattr(dense_lora, "_layers", {})
-    linear = _linear(_layer(19), _wrapper([0] * 19))
-    assert dense_lora.apply_async(linear, _layer(19).x) == "in place" and calls == ["sync"]
-    calls.clear()
-    dense_lora.apply_async(_linear(_layer(18), _wrapper(MAPPING)), _layer(18).x)
-    assert calls == ["fork"]
+    layer, mapping = _layer(19, seed=19), [0, 2, -1, 1] * 4 + [1, 0, 2]
+    linear = _linear(layer, _wrapper(mapping))
+    linear.punica_wrapper.add_lora_linear = lambda *args, **kwargs: dense_lora.add_lora_linear(
+        linear.punica_wrapper, *args, **kwargs
+    )
+    linear._apply_sync = lambda x, bias=None: BaseLinearLayerWithLoRA._apply_sync(linear, x, bias)
+    linear._apply_lora_to_output = lambda x, out: BaseLinearLayerWithLoRA._apply_lora_to_output(linear, x, out)
+    out = dense_lora.apply_async(linear, layer.x)
+    assert forks == [] and not vllm_calls  # routed, adding into the base output
+    want = layer.base.double() + _vllm_reference(layer, mapping, 1.0).double()
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    at_bound = _layer(18, seed=18)
+    dense_lora.apply_async(_linear(at_bound, _wrapper(MAPPING)), at_bound.x)
+    assert forks == [1]

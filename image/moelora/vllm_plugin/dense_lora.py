@@ -214,7 +214,7 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
     if "apply_sync" in _original and in_place(x.size(0)):
-        return _original["apply_sync"](self, x, bias)
+        return self._apply_sync(x, bias)
     wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices
 
     def base() -> torch.Tensor:
