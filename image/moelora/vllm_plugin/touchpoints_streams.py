@@ -1,5 +1,6 @@
 """Where the plugin meets vLLM's second LoRA stream, as data (touchpoints.py says how each kind is checked):
-dense_lora's own fork for linear layers and its path without the fork, and lora_stream's choice per MoE call.
+dense_lora's own fork for linear layers and its path without the fork, and lora_stream's choice per MoE call (the
+parameters of the TritonExperts.apply it wraps are cpu_moe's touchpoint too, listed once in touchpoints.py).
 Stdlib only, like contract.py.
 """
 
@@ -8,7 +9,6 @@ from __future__ import annotations
 from .contract import (
     APPLY_ASYNC_PARAMETERS,
     APPLY_SYNC_PARAMETERS,
-    EXPERTS_APPLY_PARAMETERS,
     PARALLEL_PARAMETERS,
     Touchpoint,
 )
@@ -54,14 +54,6 @@ STREAMS: tuple[Touchpoint, ...] = (
         "BaseLinearLayerWithLoRA._apply_sync",
         APPLY_SYNC_PARAMETERS,
         "dense_lora.apply_async (above lora_stream's bound)",
-    ),
-    Touchpoint(
-        "TritonExperts.apply for its stream",
-        "params",
-        (_TRITON_EXPERTS,),
-        "TritonExperts.apply",
-        EXPERTS_APPLY_PARAMETERS,
-        "lora_stream",
     ),
     Touchpoint(
         "the MoE LoRA's stream, chosen per call",
