@@ -106,3 +106,13 @@ def align():
 @pytest.fixture
 def naive():
     return naive_moe_lora
+
+
+@pytest.fixture
+def fresh_bound() -> Iterator[None]:
+    """lora_stream's bound read again from the environment the test sets, and forgotten after it."""
+    from moelora.vllm_plugin import lora_stream
+
+    lora_stream.max_tokens.cache_clear()
+    yield
+    lora_stream.max_tokens.cache_clear()

@@ -14,7 +14,7 @@ from moelora.vllm_plugin.patches import Patches
 
 
 @pytest.fixture
-def seen(monkeypatch):
+def seen(monkeypatch, fresh_bound):
     """vLLM's TritonExperts.apply replaced by a recorder of the stream its context showed during the call."""
     calls: list[object] = []
 
@@ -26,7 +26,6 @@ def seen(monkeypatch):
         return "applied"
 
     monkeypatch.setitem(lora_stream._original, "apply", original)
-    monkeypatch.setattr(lora_stream, "_bound", [])
     monkeypatch.delenv(lora_stream.ENV, raising=False)
     return calls
 
@@ -64,8 +63,7 @@ def test_no_context_or_no_stream_is_vllms_call_as_it_was(seen) -> None:
 
 
 @pytest.mark.parametrize(("value", "bound"), [("64", 64), ("0", 0), ("-3", 0), ("many", lora_stream.MAX_TOKENS)])
-def test_the_bound_comes_from_the_variable_read_once(monkeypatch, value, bound) -> None:
-    monkeypatch.setattr(lora_stream, "_bound", [])
+def test_the_bound_comes_from_the_variable_read_once(monkeypatch, fresh_bound, value, bound) -> None:
     monkeypatch.setenv(lora_stream.ENV, value)
     assert lora_stream.max_tokens() == bound
     monkeypatch.setenv(lora_stream.ENV, "5")

@@ -271,7 +271,7 @@ def _install_apply_async(patches: Patches) -> None:
     _original["apply_async"], _original["fork"] = fn, fork  # the fork checked here, not imported on every call
     sync = BaseLinearLayerWithLoRA.__dict__.get("_apply_sync")
     if sync is not None and tuple(inspect.signature(sync).parameters) == APPLY_SYNC_PARAMETERS:
-        _original["apply_sync"] = sync
+        _original["apply_sync"] = sync  # a mark that it is pinned: apply_async calls the layer's own, overrides kept
     else:
         log.info("moelora: vLLM's LoRA path without the second stream is not the pinned one: every size forks")
     patches.set(BaseLinearLayerWithLoRA, "_apply_async_impl", apply_async)

@@ -15,6 +15,7 @@ events) from a call with more tokens and puts them back after it. Dense layers: 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -33,19 +34,17 @@ ENV = "MOELORA_STREAM_MAX_TOKENS"
 MAX_TOKENS = 1024
 
 _original: dict[str, Callable[..., Any]] = {}
-_bound: list[int] = []  # read once, at install
 
 
+@functools.cache  # read once a process (install starts afresh): it is asked on every layer's call
 def max_tokens() -> int:
     """The most tokens a step may have for its LoRA to run on the second stream."""
-    if not _bound:
-        raw = os.environ.get(ENV, "")
-        try:
-            _bound.append(max(0, int(raw)) if raw.strip() else MAX_TOKENS)
-        except ValueError:
-            log.warning("moelora: %s=%r is not a whole number; the bound stays %d tokens", ENV, raw, MAX_TOKENS)
-            _bound.append(MAX_TOKENS)
-    return _bound[0]
+    raw = os.environ.get(ENV, "")
+    try:
+        return max(0, int(raw)) if raw.strip() else MAX_TOKENS
+    except ValueError:
+        log.warning("moelora: %s=%r is not a whole number; the bound stays %d tokens", ENV, raw, MAX_TOKENS)
+        return MAX_TOKENS
 
 
 def in_place(num_tokens: int) -> bool:
@@ -73,7 +72,7 @@ def install_lora_stream(patches: Patches) -> str | None:
     fn = TritonExperts.__dict__.get("apply")
     if fn is None or tuple(inspect.signature(fn).parameters) != EXPERTS_APPLY_PARAMETERS:
         return "TritonExperts.apply is not the pinned one"
-    _bound.clear()
+    max_tokens.cache_clear()
     _original["apply"] = fn
     patches.set(TritonExperts, "apply", experts_apply)
     patches.on_undo(_original.clear)
