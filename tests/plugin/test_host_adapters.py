@@ -35,7 +35,7 @@ class Installed:
     """The part installed over a stand-in read (which counts its calls by path) on a worker whose manager has nothing
     to pack, as on CUDA: vLLM's pinning passes off and the plugin's pinning into one (plain) buffer."""
 
-    def __init__(self, monkeypatch, *, pinning: bool = True, ahead: str | None = None, capture: bool = False) -> None:
+    def __init__(self, monkeypatch, *, pinning: bool = True, ahead: str | None = None, capture: str = "") -> None:
         import vllm.lora.lora_model as lora_model_module
         import vllm.lora.model_manager as manager_module
         import vllm.lora.worker_manager as worker_module
@@ -65,12 +65,13 @@ class Installed:
         monkeypatch.setattr(manager_module.LoRAModelManager, "_create_merged_loras_inplace", merge)
         self.capturing, self.captured = threading.Event(), threading.Event()
 
-        def capture_model(self):  # vLLM's, standing in: a capture until the test lets it end
+        def capture_model(self):  # vLLM's two capture phases, standing in: a capture until the test lets it end
             part.capturing.set()
             part.captured.wait(30)
             return 0
 
         monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
+        monkeypatch.setattr(runner_module.GPUModelRunner, "profile_cudagraph_memory", capture_model)
         monkeypatch.setattr(worker_module.WorkerLoRAManager, "_load_adapter", read)
         monkeypatch.setattr(worker_module.LRUCacheWorkerLoRAManager, "create_lora_manager", create)
         monkeypatch.setattr(manager_module, "PIN_MEMORY", True)
@@ -96,8 +97,8 @@ class Installed:
         self.manager.packed_modules, self.manager.modules = {}, {}
         self.manager.lora_config = types.SimpleNamespace(max_cpu_loras=4)
         self.worker = object.__new__(worker_module.LRUCacheWorkerLoRAManager)
-        if capture:  # the engine thread is capturing CUDA graphs when the read-ahead starts
-            self._start(lambda: runner_module.GPUModelRunner.capture_model(object()))
+        if capture:  # the engine thread is in this capture phase when the read-ahead starts
+            self._start(lambda: getattr(runner_module.GPUModelRunner, capture)(object()))
             assert self.capturing.wait(30)
         self.worker.create_lora_manager("model", None)
 
@@ -249,9 +250,12 @@ def test_read_ahead_stops_at_the_managers_capacity_newest_first(adapters, monkey
     assert any("dropped 1 adapter(s)" in line for line in plugin_log)
 
 
-def test_adapters_read_ahead_are_pinned_only_outside_cuda_graph_capture(adapters, monkeypatch, plugin_log):
+@pytest.mark.parametrize("phase", ["capture_model", "profile_cudagraph_memory"])
+def test_adapters_read_ahead_are_pinned_only_outside_cuda_graph_capture(adapters, monkeypatch, plugin_log, phase):
+    """Both phases capture graphs (vLLM 0.26's worker measures graph memory with captures before its KV cache); a pin
+    during either invalidated that capture and failed a GPT-OSS pod's start on an H100."""
     monkeypatch.setattr(host_adapters, "POLL_S", 0.01)
-    part = Installed(monkeypatch, ahead=str(adapters), capture=True)
+    part = Installed(monkeypatch, ahead=str(adapters), capture=phase)
     try:
         deadline = time.monotonic() + 30
         while len(part.reads) < 1 and time.monotonic() < deadline:

@@ -198,7 +198,8 @@ MERGE_PARAMETERS = ("self", "lora_model")
 LOAD_ADAPTER_PARAMETERS = ("self", "lora_request")
 CREATE_LORA_MANAGER_PARAMETERS = ("self", "model", "vllm_config")
 CLONE_PARAMETERS = ("self", "lora_model_id")
-# host_adapters holds a lock around vLLM's CUDA-graph capture, so its thread never pins memory during one.
+# host_adapters holds a lock around each of vLLM's CUDA-graph capture phases (capture_model and
+# profile_cudagraph_memory take the same parameters), so its thread never pins memory during one.
 CAPTURE_PARAMETERS = ("self",)
 
 

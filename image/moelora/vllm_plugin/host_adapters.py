@@ -15,7 +15,8 @@ files; copies not asked for within `KEEP_S` of the first load are dropped.
 
 The thread reads and merges with no CUDA call (vLLM's merge with its pinning off: adapter_pinning.py, or a platform
 without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
-allocations from any thread, so vLLM's `capture_model` and each pin take one lock. A copy not pinned yet (the pin
+allocations from any thread (it invalidates the capture, and the engine fails to start), so each of vLLM's two capture
+phases, `profile_cudagraph_memory` and `capture_model`, and each pin take one lock. A copy not pinned yet (the pin
 failed) is pinned on the engine thread when taken.
 While a read runs, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
 in every torch call and waits up to that interval to take it back from a reader running Python (the read-ahead made
@@ -198,6 +199,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
     originals = []
     for owner, name, expected in (
         (runner_cls, "capture_model", CAPTURE_PARAMETERS),
+        (runner_cls, "profile_cudagraph_memory", CAPTURE_PARAMETERS),
         (worker_cls, "_load_adapter", LOAD_ADAPTER_PARAMETERS),
         (lru_cls, "create_lora_manager", CREATE_LORA_MANAGER_PARAMETERS),
         (lora_model_module.LoRAModel, "clone", CLONE_PARAMETERS),
@@ -206,7 +208,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         if found is None or tuple(inspect.signature(found).parameters) != expected:
             return f"vLLM's {owner.__name__}.{name} is not {expected}"
         originals.append(found)
-    capture, load, create, _ = originals
+    capture, profile_graphs, load, create, _ = originals
     capturing = threading.Lock()
     merge = manager_cls._create_merged_loras_inplace
     # What the read-ahead thread may run: vLLM's merge without the plugin's pinning, and that pinning for later.
@@ -259,8 +261,13 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
             finally:
                 startup_profile.stop()
 
+    def profile_cudagraph_memory(self):
+        with capturing:
+            return profile_graphs(self)
+
     _load_adapter.__qualname__ = "moelora_load_adapter"
     patches.set(runner_cls, "capture_model", capture_model)
+    patches.set(runner_cls, "profile_cudagraph_memory", profile_cudagraph_memory)
     patches.set(worker_cls, "_load_adapter", _load_adapter)
     patches.set(manager_cls, "_create_merged_loras_inplace", _create_merged_loras_inplace)
     patches.set(lru_cls, "create_lora_manager", create_lora_manager)

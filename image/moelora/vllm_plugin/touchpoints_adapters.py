@@ -116,11 +116,19 @@ ADAPTERS: tuple[Touchpoint, ...] = (
         _HOST,
     ),
     Touchpoint(
-        "the worker captures CUDA graphs through capture_model",
+        "GPUModelRunner.profile_cudagraph_memory",
+        "params",
+        ("v1/worker/gpu_model_runner.py",),
+        "GPUModelRunner.profile_cudagraph_memory",
+        CAPTURE_PARAMETERS,
+        _HOST,
+    ),
+    Touchpoint(
+        "the worker's two CUDA-graph capture phases",
         "text",
         ("v1/worker/gpu_worker.py",),
         "the worker's start-up",
-        ("self.model_runner.capture_model()",),
+        ("self.model_runner.capture_model()", "self.model_runner.profile_cudagraph_memory()"),
         _HOST,
     ),
     Touchpoint(
