@@ -297,6 +297,10 @@ def test_the_switch_interval_is_short_while_reads_run_and_restored_after(adapter
     finish.set()
     store.loading.set()  # the first load: the loop goes on to drop what was not taken
     loop.join(timeout=30)
+    # The reader thread restores the interval after read returns; the loop does not wait for that thread.
+    deadline = time.monotonic() + 30
+    while sys.getswitchinterval() != before and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert seen == [host_adapters.SWITCH_S] and sys.getswitchinterval() == before
 
 
