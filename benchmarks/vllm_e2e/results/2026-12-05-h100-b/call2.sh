@@ -1,0 +1,8 @@
+# Call 2: the archive joined (h200_call unpacks it), the plugin's GPU tests, then cold nolora and plugin servers with
+# decode- and prefill-step profiles.
+T=$(date +%s); bash .bundle/b/names.sh
+cat /tmp/part.aa .bundle/b/part.ab > /tmp/vllm-site.tar.xz || exit 4
+export VLLM_ARCHIVE=/tmp/vllm-site.tar.xz KIT=$PWD/.bundle/b/kit MODEL=gpt-oss
+export PLUGIN_ARGS="--lora-target-modules qkv_proj o_proj experts"
+GPU_TESTS="test_plugin_gpu" TESTS_S=100 MODES="nolora plugin" PROFILE=1 PLUGIN_S=170 MODE_S=170 \
+  CALL_S=$(( 588 - ($(date +%s) - T) )) bash benchmarks/vllm_e2e/h200_call.sh "$OUT"
