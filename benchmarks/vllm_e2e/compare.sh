@@ -16,7 +16,8 @@
 # mode's servers only, PROFILE=1 every server.
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
 # PLUGIN_ENV: more environment for plugin servers (e.g. MOELORA_STREAM_MAX_TOKENS=100000: the second stream at every
-# size, as before lora_stream).
+# size, as before lora_stream); PLUGIN_ENV_<N>: more for the server of mode plugin.N only, so one call compares two
+# settings on one machine (e.g. MODES="plugin.2 plugin.3" PLUGIN_ENV_3=MOELORA_STREAM_MAX_TOKENS=100000).
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -27,7 +28,8 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
   extra=""; kind=$base
   case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1} ${PLUGIN_ENV:-}"
-    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}" ;; esac
+    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}"
+    own=PLUGIN_ENV_${mode##*.}; [ "$mode" = "$base" ] || extra="$extra ${!own:-}" ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
     cache=$CACHE_ROOT/$MODEL-$kind; mkdir -p "$cache/vllm" "$cache/triton" "$OUT/$MODEL-$mode"
