@@ -6,7 +6,8 @@
 # profiled server's decode-step breakdown, profile_step.py, beside it).
 # Usage: bash benchmarks/vllm_e2e/h200_call.sh OUTPUT_DIR
 # Env: MODEL, MODES, PLUGIN_S, NP (as compare.sh and serve_passes.sh), CALL_S (the call's limit less what follows,
-# default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit), GPU_TESTS (below).
+# default 585), VLLM_ARCHIVE (default .bundle/c/vllm-site.tar.xz), KIT (default .bundle/b/kit), GPU_TESTS (below),
+# SERVED_CHECK (serve_passes.sh; the servers' answers compared in OUTPUT_DIR/served_check.md).
 set -u
 T0=$(date +%s); R=$(pwd); OUT=${1:?usage: h200_call.sh OUTPUT_DIR}; SITE=${SITE:-/tmp/vllm-site}; mkdir -p "$OUT/r"
 export KIT=${KIT:-$R/.bundle/b/kit} VLLM_ARCHIVE=${VLLM_ARCHIVE:-$R/.bundle/c/vllm-site.tar.xz} SITE
@@ -32,6 +33,12 @@ fi
 BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
 echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
 cp "$OUT"/r/compare-*.md "$OUT/" 2>/dev/null
+# SERVED_CHECK=1: each server's answers against the first server's that has them (served_check.py compare).
+first=""; for s in "$OUT"/r/*/served.json; do
+  [ -f "$s" ] || continue; [ -z "$first" ] && { first=$s; continue; }
+  echo "$(basename "$(dirname "$first")") (A) against $(basename "$(dirname "$s")") (B)" >> "$OUT/served_check.md"
+  python3 benchmarks/vllm_e2e/served_check.py compare "$first" "$s" >> "$OUT/served_check.md" 2>&1
+done
 # Each server's decode and prefill steps as vLLM timed them (serve_passes.sh keeps its per-step lines).
 python3 benchmarks/vllm_e2e/iterations.py "$OUT"/r/*-*/ --json "$OUT/r/iterations.json" > "$OUT/iterations.md" 2>&1
 # A profiled server (PROFILE=1): where its decode steps went, read here; its trace comes back beside the results

@@ -15,7 +15,8 @@
 # (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on), PROFILE_STARTUP=1
 # (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile),
 # ITERATIONS=0 (no per-step lines: by default vLLM logs each step's token counts and time, kept in iterations.txt
-# for iterations.py).
+# for iterations.py), SERVED_CHECK=1 (greedy answers of the base model and each adapter in OUTPUT_DIR/NAME/served.json,
+# before the passes: served_check.py).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -67,6 +68,11 @@ for _ in $(seq 1 400); do
   kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1
 done
 echo $(( $(date +%s) - TS )) > $OUTD/ready_s.txt; log "server ready after $(cat $OUTD/ready_s.txt) s"
+if [ "${SERVED_CHECK:-0}" = 1 ]; then  # what the base model and each adapter answer, before any pass
+  models=$SERVED; [ -n "$SRV_LORA" ] && models="$models,$(echo $NAMES | tr ' ' ',')"
+  timeout 240 python3 $R/benchmarks/vllm_e2e/served_check.py collect http://127.0.0.1:8000 $OUTD/served.json \
+    --models $models && log "served answers collected"
+fi
 for p in $(seq 1 $PASSES); do
   PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
     --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
