@@ -178,6 +178,22 @@ def test_each_layer_is_prepared_once_per_epilogue_and_never_in_capture(vllm_call
     assert len(vllm_calls) == 3 and len(prepared) == 2
 
 
+@pytest.mark.parametrize("bound, prepares", [(80, False), (40, True)])
+def test_a_call_above_the_bound_prepares_only_where_the_window_reaches_past_it(
+    bound, prepares, vllm_calls, monkeypatch, fresh_bound
+) -> None:
+    """Above lora_stream's bound a layer's LoRA is added in place (vLLM's add_inputs=True): with the whole window
+    at or below the bound that epilogue is never served, so a call there prepares nothing; with part of the window
+    above the bound it prepares as any eager call outside the window does."""
+    prepared: list[bool] = []
+    monkeypatch.setattr(splitk, "splitk_prepare", lambda *args, add, config: prepared.append(add) or 10**6)
+    monkeypatch.setenv(lora_stream.ENV, str(bound))
+    big = _layer(100)
+    _call(_wrapper([0] * 100), big.base.clone(), big)  # add_inputs defaults to True, as in vLLM's path in place
+    assert len(vllm_calls) == 1  # outside the window: vLLM's either way
+    assert bool(prepared) is prepares and set(prepared) <= {True}
+
+
 def test_hook_installs_on_vllms_punica_wrapper_and_comes_off() -> None:
     from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
     from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU

@@ -263,6 +263,71 @@ def test_dense_warmup_covers_every_bucket_and_m_class():
     assert 65536 not in dense_warmup.warm_ms({65536})  # bounded scratch buffers
 
 
+def _config_and_class(keys: set[int], m: int) -> tuple[int, int]:
+    """What picks a compiled variant of vLLM's dense LoRA kernels at m tokens: the nearest bucket's configuration
+    (vLLM's get_lora_op_configs) and Triton's class of the integer (1, a multiple of 16, other)."""
+    return min(keys, key=lambda k: abs(k - m)), 1 if m == 1 else 16 if m % 16 == 0 else 0
+
+
+@pytest.mark.parametrize("bound", [1024, 1000, 1023, 64, 0, 100_000])
+def test_dense_warmup_split_at_the_bound_loses_no_variant(bound, monkeypatch, fresh_bound):
+    """A call warms its own side of lora_stream's bound (the second stream below, in place above: different
+    epilogues): every token count on that side whose variant the whole warm-up covers meets one warmed there."""
+    from moelora.vllm_plugin import lora_stream
+
+    monkeypatch.setenv(lora_stream.ENV, str(bound))
+    buckets, cap = {1, 16, 64, 128, 256, 1024, 4096, 8192}, 8192
+    ms = dense_warmup.warm_ms(buckets, cap=cap)
+    keys = buckets | {1, 128}
+    whole = {_config_and_class(keys, n) for n in ms}
+    for side_m in (1, bound, bound + 1, cap):
+        if not 1 <= side_m <= cap:
+            continue
+        warmed = dense_warmup.side_ms(ms, side_m, cap)
+        above = lora_stream.in_place(side_m)
+        assert warmed and all(lora_stream.in_place(n) == above and n <= cap for n in warmed)
+        have = {_config_and_class(keys, n) for n in warmed}
+        side = [m for m in range(1, cap + 1) if lora_stream.in_place(m) == above]
+        missing = [m for m in side if _config_and_class(keys, m) in whole - have]
+        assert not missing, missing[:5]
+    if 64 < bound < cap:  # the sides split the warm-up: neither warms the other's buckets
+        assert 8192 not in dense_warmup.side_ms(ms, 1, cap) and 1 not in dense_warmup.side_ms(ms, cap, cap)
+
+
+def test_a_dense_expand_warms_its_side_of_the_bound_first_and_the_other_at_its_first_call(monkeypatch, fresh_bound):
+    """vLLM's lora_expand through the wrapper: a call above lora_stream's bound (vLLM's adding epilogue, in place)
+    runs the op at that side's token counts only; the first call below it runs the rest; a second call on a side
+    runs nothing more."""
+    from moelora.vllm_plugin import lora_stream
+
+    monkeypatch.setenv(lora_stream.ENV, "1024")
+    ran: list[int] = []
+    warmed: set = set()
+
+    def should_warm(key, inputs, no_lora_flag_cpu):  # _should_warm without its CUDA-only conditions
+        return key not in warmed and not warmed.add(key)
+
+    monkeypatch.setattr(dense_warmup, "_should_warm", should_warm)
+    monkeypatch.setattr(dense_warmup, "_file_ms", lambda op, add: {16, 1024, 4096})
+    monkeypatch.setattr(dense_warmup, "_meta", lambda loras, m, dev: (None,) * 9)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    expand = dense_warmup.make_expand(lambda inputs, *args, **kwargs: ran.append(inputs.size(1)))
+    b = (torch.zeros(3, 1, 40, 8),)
+    mapping = torch.zeros(8192, dtype=torch.int32)
+
+    def call(m: int) -> list[int]:
+        ran.clear()
+        inputs = torch.zeros(1, m, 8)
+        expand(inputs, b, torch.zeros(m, 40), mapping[:m], None, None, None, torch.zeros(4), None, None, 0, True)
+        return ran[:-1]  # the warm-up's runs, without the call itself
+
+    above = call(2000)
+    assert above and all(m > 1024 for m in above) and 4096 in above and 1040 in above
+    below = call(100)
+    assert below and all(m <= 1024 for m in below) and {1, 16, 17, 1024, 1023} <= set(below)
+    assert call(3000) == [] and call(50) == []
+
+
 def test_dense_warmup_contract_matches_the_installed_vllm():
     registered = {}
     assert dense_warmup.install_dense_warmup(lambda name, fn: registered.__setitem__(name, fn)) is None

@@ -147,7 +147,7 @@ def route(
     add: bool,
 ) -> bool:
     """Run this add_lora_linear call as dense_splitk and return True, or return False (nothing done) for vLLM's."""
-    from moelora.kernels.dense_config import dense_layout, served_config, served_kwargs, splitk_programs
+    from moelora.kernels.dense_config import MAX_SERVED_M, dense_layout, served_config, served_kwargs, splitk_programs
     from moelora.kernels.dense_splitk import dense_splitk
 
     if not _supported(y, x, lora_a, lora_b, output_slices):
@@ -162,7 +162,10 @@ def route(
             fits = _layer_fits(lora_a, lora_b, output_slices)
             _layers[key] = _Layer(dense_layout(lora_a, lora_b), len(lora_a)) if fits else None
         layer = _layers[key]
-        if layer is not None and add not in layer.prepared:
+        # Above lora_stream's bound the LoRA is added in place; with the window below the bound, such a call's
+        # epilogue is never served, so it prepares nothing.
+        idle = in_place(m) and not in_place(MAX_SERVED_M)
+        if layer is not None and add not in layer.prepared and not idle:
             _prepare(layer, x, meta_args[4].numel() - 1, add)
     layer = _layers.get(key)
     config = served_config(m, len(output_slices))

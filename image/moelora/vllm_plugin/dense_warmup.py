@@ -8,7 +8,9 @@ measurements).
 
 We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per
 weight shape it runs vLLM's own function on scratch buffers at every token bucket of the tuned file (both classes),
-then every call goes straight to vLLM's function.
+then every call goes straight to vLLM's function. lora_stream's bound splits the buckets: below it a layer's LoRA
+runs on vLLM's second stream (the expand writing, `add_inputs=False`), above it in place (adding), so a call warms
+only the buckets on its own side and the first eager call on the other side warms the rest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from . import warmups_on
 from .contract import EXPAND_PARAMETERS, SHRINK_PARAMETERS
+from .lora_stream import in_place, max_tokens
 
 __all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "warm_ms"]
 
@@ -43,6 +46,15 @@ def warm_ms(file_ms: set[int], cap: int = MAX_WARM_M) -> list[int]:
     for k in set(file_ms) | set(_DEFAULT_SWITCH):
         ms |= {k, k + 1}
     return sorted(m for m in ms if 1 <= m <= cap)
+
+
+def side_ms(ms: list[int], m: int, cap: int = MAX_WARM_M) -> list[int]:
+    """The token counts of `ms` on the side of lora_stream's bound where a call of m tokens is, and next to the bound
+    on that side one count of each class: vLLM takes the nearest bucket's configuration, so one bucket's counts can
+    lie on both sides."""
+    bound, above = max_tokens(), in_place(m)
+    edge = (bound + 1, bound + 2, (bound // 16 + 1) * 16) if above else (bound, bound - 1, bound // 16 * 16)
+    return sorted({n for n in (*ms, *edge) if 1 <= n <= cap and in_place(n) == above})
 
 
 def _file_ms(op_type: str, add_inputs: bool | None) -> set[int]:
@@ -106,10 +118,12 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
         num_active_loras,
         scaling,
     ):
-        key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
+        side = in_place(inputs.size(0))
+        key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0), side)
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, k = inputs.device, inputs.size(1)
             row_bytes = k * inputs.element_size() + len(lora_a_weights) * output_tensor.size(-1) * 4
+            cap = _cap(token_lora_mapping, row_bytes)
 
             def on_scratch(m: int) -> None:
                 out = torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype)
@@ -122,7 +136,7 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
                 )
 
             _compile_at(
-                warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes)),
+                side_ms(warm_ms(_file_ms("shrink", None), cap=cap), inputs.size(0), cap),
                 dev,
                 f"lora_shrink for K={k}, {len(lora_a_weights)} slice(s)",
                 on_scratch,
@@ -169,10 +183,12 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
             offset_start,
             bool(add_inputs),
             lora_ids.size(0),
+            in_place(inputs.size(1)),
         )
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, n = inputs.device, output_tensor.size(-1)
             row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + n * output_tensor.element_size()
+            cap = _cap(token_lora_mapping, row_bytes)
 
             def on_scratch(m: int) -> None:
                 part = torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype)
@@ -186,7 +202,7 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
                 )
 
             _compile_at(
-                warm_ms(_file_ms("expand", bool(add_inputs)), cap=_cap(token_lora_mapping, row_bytes)),
+                side_ms(warm_ms(_file_ms("expand", bool(add_inputs)), cap=cap), inputs.size(1), cap),
                 dev,
                 f"lora_expand for N={n}, {len(lora_b_weights)} slice(s)",
                 on_scratch,
