@@ -294,10 +294,10 @@ def test_dense_warmup_split_at_the_bound_loses_no_variant(bound, monkeypatch, fr
         assert 8192 not in dense_warmup.side_ms(ms, 1, cap) and 1 not in dense_warmup.side_ms(ms, cap, cap)
 
 
-def test_a_dense_expand_warms_its_side_of_the_bound_first_and_the_other_at_its_first_call(monkeypatch, fresh_bound):
-    """vLLM's lora_expand through the wrapper: a call above lora_stream's bound (vLLM's adding epilogue, in place)
-    runs the op at that side's token counts only; the first call below it runs the rest; a second call on a side
-    runs nothing more."""
+def test_the_adding_expand_warms_its_side_of_the_bound_and_the_writing_one_every_bucket(monkeypatch, fresh_bound):
+    """vLLM's lora_expand through the wrapper: an adding call above lora_stream's bound (the LoRA added in place)
+    runs the op at that side's token counts only, the first adding call below it runs the rest, and a second call
+    on a side runs nothing more; the writing expand (the second stream's) warms every bucket at its first call."""
     from moelora.vllm_plugin import lora_stream
 
     monkeypatch.setenv(lora_stream.ENV, "1024")
@@ -315,17 +315,19 @@ def test_a_dense_expand_warms_its_side_of_the_bound_first_and_the_other_at_its_f
     b = (torch.zeros(3, 1, 40, 8),)
     mapping = torch.zeros(8192, dtype=torch.int32)
 
-    def call(m: int) -> list[int]:
+    def call(m: int, add: bool) -> list[int]:
         ran.clear()
         inputs = torch.zeros(1, m, 8)
-        expand(inputs, b, torch.zeros(m, 40), mapping[:m], None, None, None, torch.zeros(4), None, None, 0, True)
+        expand(inputs, b, torch.zeros(m, 40), mapping[:m], None, None, None, torch.zeros(4), None, None, 0, add)
         return ran[:-1]  # the warm-up's runs, without the call itself
 
-    above = call(2000)
+    above = call(2000, True)
     assert above and all(m > 1024 for m in above) and 4096 in above and 1040 in above
-    below = call(100)
+    below = call(100, True)
     assert below and all(m <= 1024 for m in below) and {1, 16, 17, 1024, 1023} <= set(below)
-    assert call(3000) == [] and call(50) == []
+    assert call(3000, True) == [] and call(50, True) == []
+    assert set(call(100, False)) == set(dense_warmup.warm_ms({16, 1024, 4096}, cap=8192))
+    assert call(2000, False) == []
 
 
 def test_dense_warmup_contract_matches_the_installed_vllm():

@@ -8,9 +8,10 @@ measurements).
 
 We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per
 weight shape it runs vLLM's own function on scratch buffers at every token bucket of the tuned file (both classes),
-then every call goes straight to vLLM's function. lora_stream's bound splits the buckets: below it a layer's LoRA
-runs on vLLM's second stream (the expand writing, `add_inputs=False`), above it in place (adding), so a call warms
-only the buckets on its own side and the first eager call on the other side warms the rest.
+then every call goes straight to vLLM's function. The adding expand (`add_inputs=True`) is split at lora_stream's
+bound: with vLLM's second stream on, only steps above the bound run it (the LoRA added in place; at or below, the
+stream's expand writes), so an adding call warms the buckets on its own side of the bound and the first eager adding
+call on the other side (vLLM's one-stream path) warms the rest.
 """
 
 from __future__ import annotations
@@ -118,12 +119,10 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
         num_active_loras,
         scaling,
     ):
-        side = in_place(inputs.size(0))
-        key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0), side)
+        key = ("shrink", tuple(tuple(w.shape) for w in lora_a_weights), inputs.dtype, lora_ids.size(0))
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, k = inputs.device, inputs.size(1)
             row_bytes = k * inputs.element_size() + len(lora_a_weights) * output_tensor.size(-1) * 4
-            cap = _cap(token_lora_mapping, row_bytes)
 
             def on_scratch(m: int) -> None:
                 out = torch.zeros(len(lora_a_weights), m, output_tensor.size(-1), device=dev, dtype=output_tensor.dtype)
@@ -136,7 +135,7 @@ def make_shrink(original: Callable[..., None]) -> Callable[..., None]:
                 )
 
             _compile_at(
-                side_ms(warm_ms(_file_ms("shrink", None), cap=cap), inputs.size(0), cap),
+                warm_ms(_file_ms("shrink", None), cap=_cap(token_lora_mapping, row_bytes)),
                 dev,
                 f"lora_shrink for K={k}, {len(lora_a_weights)} slice(s)",
                 on_scratch,
@@ -183,12 +182,15 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
             offset_start,
             bool(add_inputs),
             lora_ids.size(0),
-            in_place(inputs.size(1)),
+            in_place(inputs.size(1)) if add_inputs else None,  # the adding expand warms one side at a time
         )
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, n = inputs.device, output_tensor.size(-1)
             row_bytes = inputs.size(0) * inputs.size(2) * inputs.element_size() + n * output_tensor.element_size()
             cap = _cap(token_lora_mapping, row_bytes)
+            ms = warm_ms(_file_ms("expand", bool(add_inputs)), cap=cap)
+            if add_inputs:
+                ms = side_ms(ms, inputs.size(1), cap)
 
             def on_scratch(m: int) -> None:
                 part = torch.zeros(inputs.size(0), m, inputs.size(2), device=dev, dtype=inputs.dtype)
@@ -202,7 +204,7 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
                 )
 
             _compile_at(
-                side_ms(warm_ms(_file_ms("expand", bool(add_inputs)), cap=cap), inputs.size(1), cap),
+                ms,
                 dev,
                 f"lora_expand for N={n}, {len(lora_b_weights)} slice(s)",
                 on_scratch,
