@@ -35,7 +35,9 @@ class Installed:
     """The part installed over a stand-in read (which counts its calls by path) on a worker whose manager has nothing
     to pack, as on CUDA: vLLM's pinning passes off and the plugin's pinning into one (plain) buffer."""
 
-    def __init__(self, monkeypatch, *, pinning: bool = True, ahead: str | None = None, capture: str = "") -> None:
+    def __init__(
+        self, monkeypatch, *, pinning: bool = True, ahead: str | None = None, capture: str = "", vllm_config=None
+    ) -> None:
         import vllm.lora.lora_model as lora_model_module
         import vllm.lora.model_manager as manager_module
         import vllm.lora.worker_manager as worker_module
@@ -100,7 +102,7 @@ class Installed:
         if capture:  # the engine thread is in this capture phase when the read-ahead starts
             self._start(lambda: getattr(runner_module.GPUModelRunner, capture)(object()))
             assert self.capturing.wait(30)
-        self.worker.create_lora_manager("model", None)
+        self.worker.create_lora_manager("model", vllm_config)
 
     def _start(self, loop) -> None:
         self.threads.append(threading.Thread(target=loop, daemon=True))
@@ -188,6 +190,17 @@ def test_nothing_is_read_ahead_where_vllm_pins_as_it_reads(adapters, monkeypatch
     try:
         assert part.threads == []
         assert any("not reading" in line and "ahead" in line for line in plugin_log)
+    finally:
+        part.patches.undo()
+
+
+def test_nothing_is_read_ahead_under_vllms_v2_model_runner(adapters, monkeypatch, plugin_log):
+    """V2 captures CUDA graphs in methods of its own, where the capture lock does not reach: a pin from the reader
+    could land inside one."""
+    part = Installed(monkeypatch, ahead=str(adapters), vllm_config=types.SimpleNamespace(use_v2_model_runner=True))
+    try:
+        assert part.threads == [] and part.reads == []
+        assert any("not reading" in line and "V2 model runner" in line for line in plugin_log)
     finally:
         part.patches.undo()
 

@@ -16,7 +16,8 @@ files; copies not asked for within `KEEP_S` of the first load are dropped.
 The thread reads and merges with no CUDA call (vLLM's merge with its pinning off: adapter_pinning.py, or a platform
 without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
 allocations from any thread (it invalidates the capture, and the engine fails to start), so each of vLLM's two capture
-phases, `profile_cudagraph_memory` and `capture_model`, and each pin take one lock. A copy not pinned yet (the pin
+phases, `profile_cudagraph_memory` and `capture_model`, and each pin take one lock. vLLM's V2 model runner captures
+in methods of its own, out of the lock's reach, so there nothing is read ahead. A copy not pinned yet (the pin
 failed) is pinned on the engine thread when taken.
 While a read runs, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
 in every torch call and waits up to that interval to take it back from a reader running Python (the read-ahead made
@@ -209,7 +210,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
             return f"vLLM's {owner.__name__}.{name} is not {expected}"
         originals.append(found)
     capture, profile_graphs, load, create, _ = originals
-    capturing = threading.Lock()
+    capturing = threading.RLock()  # re-entrant: a capture phase that ran the other inside it must not wait on itself
     merge = manager_cls._create_merged_loras_inplace
     # What the read-ahead thread may run: vLLM's merge without the plugin's pinning, and that pinning for later.
     unpinned, pin = getattr(merge, "moelora_unpinned", merge), getattr(merge, "moelora_pin", lambda model: None)
@@ -246,12 +247,16 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         startup_profile.start("engine-init")  # to the end of graph capture, on this (the engine's) thread
         out = create(self, model, vllm_config)
         root = os.environ.get(AHEAD_ENV)
-        if root and not vllm_pins:
+        v2 = bool(getattr(vllm_config, "use_v2_model_runner", False))
+        if root and not vllm_pins and not v2:
             read = _reader(self, load, unpinned, lambda model: _outside(capturing, pin, model), LoRARequest)
             loop = lambda: _read_ahead(store, root, self._adapter_manager.capacity, read, _on_device(self))  # noqa: E731
             (start or _daemon)(loop)
         elif root:
-            log.warning("moelora: not reading %s ahead: vLLM pins each tensor as it reads (CUDA off its thread)", root)
+            why = (
+                "vLLM's V2 model runner captures CUDA graphs out of the lock's reach" if v2 else "vLLM pins as it reads"
+            )
+            log.warning("moelora: not reading %s ahead: %s (CUDA off the engine thread)", root, why)
         return out
 
     def capture_model(self):
@@ -274,7 +279,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
     return None
 
 
-def _outside(capturing: threading.Lock, pin: Callable[[Any], None], model: Any) -> None:
+def _outside(capturing: Any, pin: Callable[[Any], None], model: Any) -> None:
     with capturing:
         pin(model)
 

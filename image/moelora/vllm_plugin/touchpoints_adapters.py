@@ -124,6 +124,14 @@ ADAPTERS: tuple[Touchpoint, ...] = (
         _HOST,
     ),
     Touchpoint(
+        "VllmConfig says which model runner runs",
+        "members",
+        ("config/vllm.py",),
+        "VllmConfig",
+        ("use_v2_model_runner",),
+        _HOST,
+    ),
+    Touchpoint(
         "the worker's two CUDA-graph capture phases",
         "text",
         ("v1/worker/gpu_worker.py",),
