@@ -4,9 +4,8 @@ With `VLLM_LORA_ENABLE_DUAL_STREAM=1` (the operator sets it) vLLM runs each laye
 the base GEMM, into an output of its own that the main stream zero-fills first and adds after the join. That pays
 at decode sizes, where both are small and the LoRA hides beside the base kernels. A step carrying prompt chunks has
 thousands of tokens: its base GEMMs fill every SM, so the LoRA runs after them anyway, and the fill and the add are
-two more passes over the layer's whole output (on an H100 at 8,191 tokens: 1.9 of 25.5 ms of LoRA kernels beside
-the base ones, 21.9 ms of fills and adds; docs/benchmarks.md). Above the bound the LoRA runs as vLLM runs it without
-the second stream: on the main stream, added straight into the layer's output.
+two more passes over the layer's whole output (the prefill-step profiles in docs/benchmarks.md). Above the bound the
+LoRA runs as vLLM runs it without the second stream: on the main stream, added straight into the layer's output.
 
 MoE layers: `TritonExperts.apply` reads `lora_context.aux_stream` to choose; the wrapper hides the stream (and its
 events) from a call with more tokens and puts them back after it. Dense layers: dense_lora.apply_async calls
