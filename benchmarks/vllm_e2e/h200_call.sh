@@ -33,11 +33,15 @@ fi
 BUDGET_S=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 15 )) bash benchmarks/vllm_e2e/compare.sh "$OUT/r"
 echo "call took $(( $(date +%s) - T0 )) s" | tee -a "$OUT/r/info.txt"
 cp "$OUT"/r/compare-*.md "$OUT/" 2>/dev/null
-# SERVED_CHECK=1: each server's answers against the first server's that has them (served_check.py compare).
-first=""; for s in "$OUT"/r/*/served.json; do
-  [ -f "$s" ] || continue; [ -z "$first" ] && { first=$s; continue; }
-  echo "$(basename "$(dirname "$first")") (A) against $(basename "$(dirname "$s")") (B)" >> "$OUT/served_check.md"
-  python3 benchmarks/vllm_e2e/served_check.py compare "$first" "$s" >> "$OUT/served_check.md" 2>&1
+# SERVED_CHECK=1: each server's answers against the first server's that answered the same models (a plugin server
+# against a plugin server, adapters included), else against the first server's (served_check.py compare).
+declare -A first_of=(); any=""
+for s in "$OUT"/r/*/served.json; do
+  [ -f "$s" ] || continue; models=$(python3 -c "import json,sys; print(','.join(json.load(open(sys.argv[1]))))" "$s")
+  a=${first_of[$models]:-$any}; [ -z "${first_of[$models]:-}" ] && first_of[$models]=$s; [ -z "$any" ] && any=$s
+  [ -n "$a" ] && [ "$a" != "$s" ] || continue
+  echo "$(basename "$(dirname "$a")") (A) against $(basename "$(dirname "$s")") (B)" >> "$OUT/served_check.md"
+  python3 benchmarks/vllm_e2e/served_check.py compare "$a" "$s" >> "$OUT/served_check.md" 2>&1
 done
 # Each server's decode and prefill steps as vLLM timed them (serve_passes.sh keeps its per-step lines).
 python3 benchmarks/vllm_e2e/iterations.py "$OUT"/r/*-*/ --json "$OUT/r/iterations.json" > "$OUT/iterations.md" 2>&1

@@ -7,6 +7,8 @@ burst of concurrent short prompts whose decode steps run dense split K and the M
 `compare` lines up two such files: for each model, how often the servers' greedy tokens agree and the largest
 difference of a logprob both list at a position, beside the same figures for that adapter against the base model on
 each server. An adapter served wrong (or not at all) disagrees across servers about as much as it does with the base.
+A model whose top logprobs are flat (vLLM's dummy weights give every token about the same logprob, so greedy tokens
+are ties decided by rounding) proves nothing either way: `compare` says so and fails.
 
 Usage: served_check.py collect URL OUT.json --models base,lora1,... [--vocab N] [--long N,N]
        served_check.py compare A.json B.json [--bound 0.1]   (exit 1 when a model's first tokens differ across the
@@ -25,6 +27,7 @@ import urllib.request
 LONG = (1100, 1500)  # prompt lengths above the plugin's default bound of 1024 tokens, one request at a time
 BURST, SHORT = 16, 40  # concurrent requests and their prompt length: decode steps of 16 sequences
 MAX_TOKENS, TOP = 8, 5
+FLAT = 1e-3  # top logprobs closer than this at a position: the greedy token is a tie, not an answer
 
 Answer = dict  # {"tokens": [id, ...], "top": [{id: logprob, ...}, ...]}
 
@@ -83,9 +86,16 @@ def agreement(a: list[Answer], b: list[Answer]) -> tuple[float, float, float]:
     return first / len(a), whole / len(a), worst
 
 
+def flat_share(answers: list[Answer]) -> float:
+    """The share of positions whose listed top logprobs all lie within FLAT of each other."""
+    spreads = [max(top.values()) - min(top.values()) for a in answers for top in a["top"] if len(top) > 1]
+    return sum(s < FLAT for s in spreads) / max(len(spreads), 1)
+
+
 def compare(a: dict, b: dict, bound: float) -> tuple[list[str], bool]:
     """A table of each model's agreement across the two servers, beside how far it moves from the base model on
-    each server; ok when every model's first tokens agree across servers and its logprobs within `bound`."""
+    each server; ok when every model's first tokens agree across servers and its logprobs within `bound`, and the
+    answers are not ties (flat top logprobs at most positions make agreement meaningless)."""
     base = next(iter(a))  # collect's first model is the base one
     lines = [
         "| model | A = B: first token / all tokens / largest logprob difference | A: model = base | B: model = base |",
@@ -98,6 +108,13 @@ def compare(a: dict, b: dict, bound: float) -> tuple[list[str], bool]:
         ok &= across[0] == 1.0 and across[2] <= bound
         own = ("-", "-") if model == base else (show(agreement(a[model], a[base])), show(agreement(b[model], b[base])))
         lines.append(f"| {model} | {show(across)} | {own[0]} | {own[1]} |")
+    flat = max(flat_share(answers) for answers in [*a.values(), *b.values()])
+    if flat > 0.5:
+        ok = False
+        lines.append(
+            f"\ninconclusive: at {flat:.0%} of one model's positions the top {TOP} logprobs lie within {FLAT} of each"
+            " other, so its greedy tokens are ties (dummy weights?), and agreement above says nothing"
+        )
     return lines, ok
 
 

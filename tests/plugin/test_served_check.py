@@ -95,3 +95,13 @@ def test_logprobs_beyond_the_bound_fail_the_comparison(server, tmp_path):
     assert served_check.compare(a, b, bound=0.1)[1]
     assert not served_check.compare(a, b, bound=0.01)[1]
     assert served_check.main(["compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--bound", "0.01"]) == 1
+
+
+def test_flat_logprobs_make_the_comparison_inconclusive(server, tmp_path):
+    a = saved(served_check.collect(server, ["base", "lora1"], vocab=500, long=(30,)), tmp_path / "a.json")
+    assert served_check.compare(a, a, bound=0.1)[1]
+    for answers in a.values():  # as vLLM's dummy weights answer: every listed token about equally likely
+        for answer in answers:
+            answer["top"] = [{t: -12.2114 - 1e-6 * i for i, t in enumerate(top)} for top in answer["top"]]
+    lines, ok = served_check.compare(a, a, bound=0.1)
+    assert not ok and "inconclusive: at 100% of one model's positions" in "\n".join(lines)
