@@ -113,3 +113,45 @@ def test_without_graph_capture_the_profile_ends_after_vllms_kernel_warm_up(monke
         patches.undo()
     (written,) = tmp_path.iterdir()
     assert written.name.startswith("engine-init-")
+
+
+class Knot:
+    """A reference cycle: only the collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_gc_watch_logs_slow_collections_with_the_heaps_commonest_types(monkeypatch, plugin_log):
+    import gc
+
+    monkeypatch.delenv(startup_profile.PROFILE_ENV, raising=False)
+    monkeypatch.setenv(startup_profile.GC_ENV, "1")
+    monkeypatch.setattr(startup_profile, "SLOW_MS", 0.0)  # every collection counts as slow here
+    callbacks = list(gc.callbacks)
+    startup_profile.start("engine-init")
+    startup_profile.start("again")  # one watch at a time
+    assert len(gc.callbacks) == len(callbacks) + 1
+    kept = [Knot() for _ in range(50_000)]
+    [Knot() for _ in range(20_000)]  # garbage in cycles
+    gc.collect()
+    startup_profile.stop()
+    assert gc.callbacks == callbacks and kept
+    full = [line for line in plugin_log if "gc (generation 2) took" in line]
+    assert full and "collected" in full[0] and "commonest:" in full[0]
+    assert f"{__name__}.Knot" in full[0].split("commonest:")[1]  # the kept knots are among the heap's commonest
+    (summary,) = [line for line in plugin_log if "garbage collection during the start-up" in line]
+    assert "full ones in" in summary
+
+
+def test_without_the_gc_variable_the_collector_is_not_watched(monkeypatch, plugin_log):
+    import gc
+
+    monkeypatch.delenv(startup_profile.PROFILE_ENV, raising=False)
+    monkeypatch.delenv(startup_profile.GC_ENV, raising=False)
+    callbacks = list(gc.callbacks)
+    startup_profile.start("engine-init")
+    assert gc.callbacks == callbacks
+    gc.collect()
+    startup_profile.stop()
+    assert not any("gc" in line for line in plugin_log)

@@ -9,11 +9,18 @@ A second pod's engine init is where a LoRA server loses most against one without
 plugin's and vLLM's per-call work, multiplied by every captured size) from waits on the GPU (time inside
 synchronize, `item` or a copy to the host), and which phase holds them. cProfile slows Python-heavy code, so the
 figures are shares, not timings. Unset (the default), nothing is profiled. host_adapters places the two calls.
+
+With `MOELORA_STARTUP_GC=1`, the same window logs each garbage collection that takes SLOW_MS or more (vLLM collects
+in full around its profile run and each capture phase) with the size of the heap it traversed, and after the first
+slow full ones the heap's commonest types, so a costly collection can be traced to what fills the heap. No cProfile
+is needed for it, so it can watch a cold start without cProfile's slowdown.
 """
 
 from __future__ import annotations
 
+import collections
 import cProfile
+import gc
 import io
 import logging
 import os
@@ -21,19 +28,71 @@ import pathlib
 import pstats
 import time
 
-__all__ = ["PROFILE_ENV", "start", "stop"]
+__all__ = ["GC_ENV", "PROFILE_ENV", "start", "stop"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 PROFILE_ENV = "MOELORA_PROFILE_STARTUP"
 ROWS = 60  # functions listed per ordering: enough to reach past vLLM's wrappers to the calls they make
+GC_ENV = "MOELORA_STARTUP_GC"
+SLOW_MS = 20.0  # a collection logged: well above a young generation's, near what a full one over a large heap costs
+CENSUSES, TOP_TYPES = 3, 8  # each census walks the heap once: a few suffice
 
 
 _running: list[tuple[cProfile.Profile, str, float, pathlib.Path]] = []  # at most one; started, stopped on one thread
 
 
+class _GcWatch:
+    """A gc callback: times each collection, logs the slow ones with the tracked heap's size (for full ones) and,
+    after the first CENSUSES slow full ones, the heap's commonest types."""
+
+    def __init__(self) -> None:
+        self.t0 = self.total_ms = self.full_ms = 0.0
+        self.collections = self.full = self.censuses = self.heap = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        generation = info.get("generation", 0)
+        if phase == "start":
+            self.heap = len(gc.get_objects()) if generation == 2 else 0
+            self.t0 = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self.t0) * 1e3
+        self.collections += 1
+        self.total_ms += ms
+        if generation == 2:
+            self.full += 1
+            self.full_ms += ms
+        if ms < SLOW_MS:
+            return
+        census = ""
+        if generation == 2 and self.censuses < CENSUSES:
+            self.censuses += 1
+            counts = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+            census = "; commonest: " + ", ".join(f"{name} {n:,}" for name, n in counts.most_common(TOP_TYPES))
+        log.info(
+            "moelora: gc (generation %d) took %.0f ms over %s tracked objects, %s collected%s",
+            generation,
+            ms,
+            f"{self.heap:,}" if generation == 2 else "the young",
+            info.get("collected", "?"),
+            census,
+        )
+
+    def summary(self) -> str:
+        return (
+            f"{self.collections} collections in {self.total_ms:.0f} ms, {self.full} full ones in {self.full_ms:.0f} ms"
+        )
+
+
+_gc_watch: list[_GcWatch] = []  # at most one, from start to stop
+
+
 def start(phase: str) -> None:
-    """Start profiling this thread as `phase` when PROFILE_ENV names a folder and no profile runs yet."""
+    """Start profiling this thread as `phase` when PROFILE_ENV names a folder and no profile runs yet; watch the
+    garbage collector when GC_ENV is 1."""
+    if os.environ.get(GC_ENV) == "1" and not _gc_watch:
+        _gc_watch.append(_GcWatch())
+        gc.callbacks.append(_gc_watch[0])
     root = os.environ.get(PROFILE_ENV, "")
     if not root or _running:
         return
@@ -48,7 +107,11 @@ def start(phase: str) -> None:
 
 
 def stop() -> None:
-    """Stop the running profile, if any, and write it; on the thread that started it."""
+    """Stop the running profile, if any, and write it; on the thread that started it. Stop watching the collector."""
+    if _gc_watch:
+        watch = _gc_watch.pop()
+        gc.callbacks.remove(watch)
+        log.info("moelora: garbage collection during the start-up: %s", watch.summary())
     if not _running:
         return
     profile, phase, t0, root = _running.pop()
