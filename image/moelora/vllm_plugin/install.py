@@ -94,12 +94,13 @@ def install(*, backend: str | None = None) -> Installed:
 
 
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
-    """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above
-    the op (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), a MoE layer's
-    LoRA on the main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up
-    compile of vLLM's dense LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count
-    class (model_warmup.py), each loaded adapter pinned in one host buffer (adapter_pinning.py), and adapters merged at
-    load, the last kept for a reload of its files and others read ahead off the engine thread (host_adapters.py)."""
+    """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above the op
+    (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), a MoE layer's LoRA on the
+    main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
+    LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
+    loaded adapter pinned in one host buffer (adapter_pinning.py), and adapters merged at load, the last kept for a
+    reload of its files and others read ahead off the engine thread (host_adapters.py), and, when asked, the start-up's
+    heap kept frozen for vLLM's full collections (startup_gc.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -143,6 +144,11 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_host_adapters(_PATCHES)
 
+    def startup_gc() -> str | None:
+        from .startup_gc import install_startup_gc
+
+        return install_startup_gc(_PATCHES)
+
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
@@ -152,6 +158,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         ("model warm-up at every token-count class", model_warmup),
         ("each adapter pinned in one buffer", adapter_pinning),
         ("adapters merged at load, the last one kept, read ahead where asked", host_adapters),
+        ("start-up heap frozen before the profile run and kept frozen across captures", startup_gc),
     ):
         try:
             reason = part()

