@@ -282,7 +282,7 @@ HOOKS: tuple[Touchpoint, ...] = (
         "members",
         (_RUNNER,),
         "GPUModelRunner",
-        ("_freeze_gc", "profile_run"),
+        ("_freeze_gc", "profile_run", "_cleanup_profiling_kv_cache"),
         "startup_gc",
     ),
     Touchpoint(
@@ -294,11 +294,11 @@ HOOKS: tuple[Touchpoint, ...] = (
         "startup_gc",
     ),
     Touchpoint(
-        "both capture phases enter _freeze_gc",
+        "capture phases enter _freeze_gc; the profiling cleanup",
         "text",
         (_RUNNER,),
         "profile_cudagraph_memory and capture_model",
-        ("self._freeze_gc(),",),
+        ("self._freeze_gc(),", "self._cleanup_profiling_kv_cache()"),
         "startup_gc",
     ),
     Touchpoint("VLLM_ENABLE_CUDAGRAPH_GC", "env", ("envs.py",), "VLLM_ENABLE_CUDAGRAPH_GC", (), "startup_gc"),
