@@ -97,19 +97,21 @@ def test_a_capture_phase_restores_the_collector_when_the_capture_fails():
     assert not gc.isenabled()  # a collector that was off stays off
 
 
-def test_the_profile_run_starts_on_a_frozen_heap(monkeypatch, runner_cls, plugin_log):
+def test_the_profile_run_starts_on_a_collected_frozen_heap(monkeypatch, runner_cls, plugin_log):
     seen = {}
 
     def profile_run(self, randomize_inputs=False):
         seen["frozen"] = gc.get_freeze_count()
+        seen["garbage"] = garbage()
         return "profiled"
 
     monkeypatch.setattr(runner_cls, "profile_run", profile_run)
     kept = [Knot() for _ in range(1000)]
     with installed(monkeypatch):
+        garbage = dead_knot()  # collected first: garbage is never frozen
         assert runner_cls.profile_run(object(), randomize_inputs=False) == "profiled"
     assert runner_cls.profile_run is profile_run
-    assert seen["frozen"] >= len(kept)
+    assert seen["frozen"] >= len(kept) and seen["garbage"] is None
     assert any("objects frozen before the profile run" in line for line in plugin_log)
 
 

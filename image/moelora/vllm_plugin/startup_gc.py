@@ -4,8 +4,8 @@ until a GPU has measured it).
 vLLM's V1 model runner collects in full around its profile run, the KV-cache sizing and on both sides of each
 CUDA-graph capture phase (`_freeze_gc`: collect, freeze, capture, unfreeze, collect), and each full collection walks
 the whole heap: about a million tracked objects in a LoRA server by then (imported code, the model, torch.compile's
-graphs), half a second or more each (docs/benchmarks.md). Here the heap is frozen before the profile run (vLLM has
-just collected), a capture phase keeps frozen what it freezes (collect, freeze, collector off while capturing as
+graphs), half a second or more each (docs/benchmarks.md). Here the heap is collected and frozen before the profile
+run, a capture phase keeps frozen what it freezes (collect, freeze, collector off while capturing as
 vLLM 0.33 does, since a collection inside a capture can unload a kernel it uses, then collect what the capture left),
 and the heap is walked once in full where vLLM drops the profiling KV cache and graphs: unfreeze, vLLM's cleanup
 (which collects), freeze again. That cleanup runs before vLLM measures the memory left for the KV cache, so anything
@@ -72,8 +72,11 @@ def install_startup_gc(patches: Patches) -> str | None:
     profile, cleanup = GPUModelRunner.profile_run, GPUModelRunner._cleanup_profiling_kv_cache
 
     def profile_run(self, *args, **kwargs):  # 0.32 and 0.33 take randomize_inputs
-        gc.freeze()  # vLLM's memory profiling has just collected: what is tracked now is alive
-        log.info("moelora: %s objects frozen before the profile run", f"{gc.get_freeze_count():,}")
+        t0 = time.monotonic()
+        gc.collect()  # vLLM's memory profiling has just collected, but a fixed KV-cache size skips it
+        gc.freeze()
+        frozen = f"{gc.get_freeze_count():,}"
+        log.info("moelora: %s objects frozen before the profile run in %.2f s", frozen, time.monotonic() - t0)
         return profile(self, *args, **kwargs)
 
     def _cleanup_profiling_kv_cache(self):
