@@ -163,9 +163,8 @@ def route(
             _layers[key] = _Layer(dense_layout(lora_a, lora_b), len(lora_a)) if fits else None
         layer = _layers[key]
         # Above lora_stream's bound the LoRA is added in place; with the window below the bound, such a call's
-        # epilogue is never served, so it prepares nothing.
-        idle = in_place(m) and not in_place(MAX_SERVED_M)
-        if layer is not None and add not in layer.prepared and not idle:
+        # epilogue is never served, so it prepares nothing (asked last: only a layer not yet prepared asks).
+        if layer is not None and add not in layer.prepared and not (in_place(m) and not in_place(MAX_SERVED_M)):
             _prepare(layer, x, meta_args[4].numel() - 1, add)
     layer = _layers.get(key)
     config = served_config(m, len(output_slices))
