@@ -255,7 +255,7 @@ HOOKS: tuple[Touchpoint, ...] = (
     Touchpoint(
         "GPUModelRunner._dummy_run (V1)",
         "params",
-        ("v1/worker/gpu_model_runner.py",),
+        (_RUNNER,),
         "GPUModelRunner._dummy_run",
         DUMMY_RUN_PARAMETERS,
         "model_warmup",
