@@ -13,7 +13,8 @@ T0=$(date +%s); R=$(pwd); OUT=${1:?usage: h200_call.sh OUTPUT_DIR}; SITE=${SITE:
 export KIT=${KIT:-$R/.bundle/b/kit} VLLM_ARCHIVE=${VLLM_ARCHIVE:-$R/.bundle/c/vllm-site.tar.xz} SITE
 export CACHE_ROOT=${CACHE_ROOT:-/tmp/cc}
 { date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
-  git rev-parse HEAD 2>/dev/null; git status --short benchmarks image kernels 2>/dev/null | head -20; } > "$OUT/r/info.txt"
+  git rev-parse HEAD 2>/dev/null; git status --short benchmarks image kernels 2>/dev/null | head -20
+  echo "routing: ${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-as the model routes}"; } > "$OUT/r/info.txt"
 if [ ! -f "$SITE/.done" ]; then
   mkdir -p "$SITE" && python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" \
     "$VLLM_ARCHIVE" "$SITE" && touch "$SITE/.done" || exit 3
