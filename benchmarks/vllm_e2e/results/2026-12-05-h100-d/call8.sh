@@ -1,0 +1,2 @@
+# Call 8 (typed inline): second pods from calls 6 and 7's caches, routing simulated as there.
+T=$(date +%s); bash .bundle/b/names.sh >/dev/null; export VLLM_ARCHIVE=/tmp/vllm-site.tar.xz KIT=$PWD/.bundle/b/kit MODEL=gpt-oss PLUGIN_ARGS="--lora-target-modules qkv_proj o_proj experts" VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random; MODES="plugin.2 nolora.2" PLUGIN_S=140 MODE_S=120 CALL_S=$(( 320 - ($(date +%s) - T) )) bash benchmarks/vllm_e2e/h200_call.sh "$OUT" 2>&1 | tail -5
