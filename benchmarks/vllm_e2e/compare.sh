@@ -16,7 +16,8 @@
 # mode's servers only, PROFILE=1 every server.
 # DUAL_STREAM=0: plugin servers without vLLM's dual LoRA stream (an experiment; the operator deploys it on).
 # VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random (vLLM's own, inherited by every server): experts drawn uniformly
-# per token instead of by the dummy weights' router, which sends nearly every token to the same few experts.
+# per token instead of by the dummy weights' router, which sends nearly every token to the same few experts. vLLM
+# hashes it into torch.compile's cache key: a second pod reuses only a first pod's cache made with the same value.
 # PLUGIN_ENV: more environment for plugin servers (e.g. MOELORA_STREAM_MAX_TOKENS=100000: the second stream at every
 # size, as before lora_stream); PLUGIN_ENV_<N>: more for the server of mode plugin.N only, so one call compares two
 # settings on one machine (e.g. MODES="plugin.2 plugin.3" PLUGIN_ENV_3=MOELORA_STREAM_MAX_TOKENS=100000).
