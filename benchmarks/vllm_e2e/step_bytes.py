@@ -1,0 +1,105 @@
+"""What one decode step of the benchmark kit's models reads from GPU memory, with and without the adapters' LoRA.
+
+Arithmetic from the shapes (bf16 weights and KV cache), for the load of compare.sh: `--tokens` sequences decoding
+one token each, spread round-robin over `--adapters` adapters of rank `--rank` on attention and every expert. The
+experts a step reads depend on the routing: `uniform` draws each token's top-k experts uniformly (vLLM's
+`VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random`, with repeats), a number (`--experts 4.6`) says how many
+experts a layer the router sends every token to (the kit's dummy weights send nearly every token to the same few).
+A step's time is not its bytes over the bandwidth; the ratio says how much more a step with LoRA must read.
+
+Usage: python benchmarks/vllm_e2e/step_bytes.py [--tokens 16] [--adapters 8] [--rank 32] [--context 1900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+BF16 = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    layers: int
+    hidden: int
+    experts: int
+    top_k: int
+    moe_intermediate: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    full_attention_layers: int  # the rest attend over a sliding window
+    window: int
+
+
+GPT_OSS = Shape("GPT-OSS-20B", 24, 2880, 32, 4, 2880, 64, 8, 64, 201088, 12, 128)
+QWEN3 = Shape("Qwen3-30B-A3B", 48, 2048, 128, 8, 768, 32, 4, 128, 151936, 48, 0)
+
+
+def distinct(draws: float, choices: int) -> float:
+    """Expected number of distinct values among `draws` uniform draws (with repeats) from `choices`."""
+    return choices * (1.0 - (1.0 - 1.0 / choices) ** draws)
+
+
+def step_bytes(shape: Shape, tokens: int, adapters: int, rank: int, context: int, experts: float | None) -> dict:
+    """Bytes one decode step reads, by part; experts=None means uniform routing, else experts read a layer, every
+    token routed among them."""
+    s = shape
+    q, kv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+    expert = 3 * s.hidden * s.moe_intermediate * BF16  # gate and up (w13) and down (w2)
+    pair = rank * 3 * (s.hidden + s.moe_intermediate) * BF16  # one adapter's A and B on one expert's three projections
+    attention = (s.hidden * (q + 2 * kv) + q * s.hidden) * BF16
+    attention_lora = adapters * rank * (3 * s.hidden + (q + 2 * kv) + q + s.hidden) * BF16  # q/k/v A each, o's A
+    per_adapter = tokens / adapters
+    if experts is None:
+        read = distinct(tokens * s.top_k, s.experts)
+        pairs = adapters * distinct(per_adapter * s.top_k, s.experts)
+    else:
+        read = experts
+        pairs = adapters * min(experts, per_adapter * s.top_k)
+    sliding = s.layers - s.full_attention_layers
+    kv_tokens = tokens * (s.full_attention_layers * context + sliding * min(context, s.window))
+    base = {
+        "experts": s.layers * read * expert,
+        "attention": s.layers * attention,
+        "lm_head": s.vocab * s.hidden * BF16,
+        "KV cache": kv_tokens * 2 * kv * BF16,
+    }
+    lora = {"MoE LoRA": s.layers * pairs * pair, "attention LoRA": s.layers * attention_lora}
+    return {"experts a layer": read, "pairs a layer": pairs, "base": base, "lora": lora}
+
+
+def table(rows: list[tuple[Shape, str, dict]]) -> str:
+    out = [
+        "| model | routing | experts a layer | (adapter, expert) pairs a layer | base GB | LoRA GB | LoRA / base |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for shape, routing, r in rows:
+        base, lora = sum(r["base"].values()) / 1e9, sum(r["lora"].values()) / 1e9
+        out.append(
+            f"| {shape.name} | {routing} | {r['experts a layer']:.1f} | {r['pairs a layer']:.1f} | {base:.1f} "
+            f"| {lora:.2f} | +{100 * lora / base:.1f}% |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--adapters", type=int, default=8)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("--context", type=int, default=1900, help="tokens a sequence attends over")
+    ap.add_argument("--experts", type=float, action="append", help="experts a layer, collapsed router")
+    a = ap.parse_args()
+    rows = []
+    for shape in (GPT_OSS, QWEN3):
+        for experts in [None, *(a.experts or [])]:
+            routing = "uniform" if experts is None else f"{experts:g} experts"
+            rows.append((shape, routing, step_bytes(shape, a.tokens, a.adapters, a.rank, a.context, experts)))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

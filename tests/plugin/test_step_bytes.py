@@ -1,0 +1,50 @@
+"""benchmarks/vllm_e2e/step_bytes.py: the expected distinct experts match sampled routing, LoRA's bytes follow the
+rank, and a collapsed router reads fewer expert weights than uniform routing while the LoRA's share grows."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
+import step_bytes  # noqa: E402
+
+
+@pytest.mark.parametrize(("draws", "choices"), [(64, 32), (128, 128), (8, 32), (16, 128)])
+def test_distinct_matches_sampling(draws, choices):
+    rng = random.Random(0)
+    trials = 4000
+    sampled = sum(len({rng.randrange(choices) for _ in range(draws)}) for _ in range(trials)) / trials
+    assert step_bytes.distinct(draws, choices) == pytest.approx(sampled, rel=0.02)
+
+
+@pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
+def test_lora_bytes_follow_the_rank_and_base_bytes_do_not(shape):
+    r16 = step_bytes.step_bytes(shape, 16, 8, 16, 1900, None)
+    r32 = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
+    assert r32["base"] == r16["base"]
+    for part in r32["lora"]:
+        assert r32["lora"][part] == pytest.approx(2 * r16["lora"][part])
+
+
+@pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
+def test_a_collapsed_router_makes_the_lora_weigh_more(shape):
+    uniform = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
+    collapsed = step_bytes.step_bytes(shape, 16, 8, 32, 1900, 4.6)
+    assert collapsed["base"]["experts"] < uniform["base"]["experts"]
+    share = {name: sum(r["lora"].values()) / sum(r["base"].values()) for name, r in [("u", uniform), ("c", collapsed)]}
+    assert share["c"] > 2 * share["u"]
+    # One adapter cannot reach more experts than its tokens' routed slots.
+    assert collapsed["pairs a layer"] <= 8 * min(4.6, 2 * shape.top_k)
+
+
+def test_table_prints_a_row_per_model_and_routing(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["step_bytes.py", "--experts", "4.6"])
+    step_bytes.main()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 + 4
+    assert any(line.startswith("| GPT-OSS-20B | uniform |") for line in out)
+    assert any(line.startswith("| Qwen3-30B-A3B | 4.6 experts |") for line in out)
