@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import make_qwen3
+
 BF16 = 2
 
 
@@ -34,8 +36,23 @@ class Shape:
     window: int
 
 
+# The GPT-OSS kit's config.json (../shared/tools/vllm-h200/make_model_dir.py: every other layer a 128-token window).
 GPT_OSS = Shape("GPT-OSS-20B", 24, 2880, 32, 4, 2880, 64, 8, 64, 201088, 12, 128)
-QWEN3 = Shape("Qwen3-30B-A3B", 48, 2048, 128, 8, 768, 32, 4, 128, 151936, 48, 0)
+_Q = make_qwen3.CONFIG  # the Qwen3 model the benchmark serves
+QWEN3 = Shape(
+    "Qwen3-30B-A3B",
+    _Q["num_hidden_layers"],
+    _Q["hidden_size"],
+    _Q["num_experts"],
+    _Q["num_experts_per_tok"],
+    _Q["moe_intermediate_size"],
+    _Q["num_attention_heads"],
+    _Q["num_key_value_heads"],
+    _Q["head_dim"],
+    _Q["vocab_size"],
+    _Q["num_hidden_layers"],
+    0,
+)
 
 
 def distinct(draws: float, choices: int) -> float:
