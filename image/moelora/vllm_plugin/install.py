@@ -98,7 +98,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), a MoE layer's LoRA on the
     main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
     LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
-    loaded adapter pinned in one host buffer (adapter_pinning.py), and adapters merged at load, the last kept for a
+    loaded adapter pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a
     reload of its files and others read ahead off the engine thread (host_adapters.py), and, when asked, the start-up's
     heap kept frozen for vLLM's full collections (startup_gc.py)."""
 

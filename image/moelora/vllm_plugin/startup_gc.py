@@ -1,5 +1,5 @@
-"""Keep vLLM's start-up garbage collections off the heap that outlives them (`MOELORA_GC_FREEZE=1`; off by default
-until a GPU has measured it).
+"""Keep vLLM's start-up garbage collections off the heap that outlives them (`MOELORA_GC_FREEZE=1`; off by default:
+on the one GPU host that measured it the start-up was no faster, docs/benchmarks.md).
 
 vLLM's V1 model runner collects in full around its profile run, the KV-cache sizing and on both sides of each
 CUDA-graph capture phase (`_freeze_gc`: collect, freeze, capture, unfreeze, collect), and each full collection walks
