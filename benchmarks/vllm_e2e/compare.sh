@@ -20,7 +20,8 @@
 # hashes it into torch.compile's cache key: a second pod reuses only a first pod's cache made with the same value.
 # PLUGIN_ENV: more environment for plugin servers (e.g. MOELORA_STREAM_MAX_TOKENS=100000: the second stream at every
 # size, as before lora_stream); PLUGIN_ENV_<N>: more for the server of mode plugin.N only, so one call compares two
-# settings on one machine (e.g. MODES="plugin.2 plugin.3" PLUGIN_ENV_3=MOELORA_STREAM_MAX_TOKENS=100000).
+# settings on one machine (e.g. MODES="plugin.2 plugin.3" PLUGIN_ENV_3=MOELORA_STREAM_MAX_TOKENS=100000); PLUGIN_ARGS_<N>
+# the same for vLLM flags. BASE_PASS=1 (serve_passes.sh): servers with adapters run a base-model pass too (row "base").
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -40,7 +41,8 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
     ls "$cache/triton" > "$OUT/$MODEL-$mode/cache_before.txt"
   fi
   args=${SERVER_ARGS:-}; prof=${PROFILE:-0}
-  [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-}"
+  own_args=PLUGIN_ARGS_${mode##*.}; [ "$mode" = "$base" ] && own_args=PLUGIN_ARGS_NONE
+  [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-} ${!own_args:-}"
   case $prof in 1) ;; plugin) [ $kind = plugin ] && prof=1 || prof=0 ;; "$base") prof=1 ;; *) prof=0 ;; esac
   MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" SERVER_ARGS="$args" PROFILE=$prof timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"

@@ -16,7 +16,8 @@
 # (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile),
 # ITERATIONS=0 (no per-step lines: by default vLLM logs each step's token counts and time, kept in iterations.txt
 # for iterations.py), SERVED_CHECK=1 (greedy answers of the base model and each adapter in OUTPUT_DIR/NAME/served.json,
-# before the passes: served_check.py).
+# before the passes: served_check.py), BASE_PASS=1 (a server with adapters: one more pass asking the base model
+# only, in passbase.json: what serving adapters costs requests without one, e.g. under one CUDA graph per size).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -81,6 +82,14 @@ for p in $(seq 1 $PASSES); do
     --result-dir $OUTD --result-filename pass$p.json --seed $p 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
   log "pass $p done"
 done
+if [ "${BASE_PASS:-0}" = 1 ] && [ -n "$BENCH_LORA" ]; then
+  PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
+    --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
+    --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
+    --num-warmups 16 --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
+    --result-dir $OUTD --result-filename passbase.json --seed 1 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
+  log "base-model pass done"
+fi
 if [ ${#PROF[@]} -gt 0 ]; then
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/start_profile', method='POST'))"
   PYTHONPATH=$SITE timeout 90 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
