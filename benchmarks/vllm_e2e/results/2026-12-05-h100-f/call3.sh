@@ -1,0 +1,2 @@
+# Call 3 (machine S, 22:05 UTC): the plugin cold, its pass with the 8 adapters, then a base-model pass (BASE_PASS).
+T=$(date +%s); bash .bundle/b/names.sh >/dev/null; export VLLM_ARCHIVE=/tmp/vllm-site.tar.xz KIT=$PWD/.bundle/b/kit MODEL=gpt-oss VLLM_MOE_ROUTING_SIMULATION_STRATEGY=uniform_random PLUGIN_ARGS="--lora-target-modules qkv_proj o_proj experts" NP=64; MODES=plugin BASE_PASS=1 PLUGIN_S=200 CALL_S=$((315 - ($(date +%s) - T))) bash benchmarks/vllm_e2e/h200_call.sh "$OUT"
