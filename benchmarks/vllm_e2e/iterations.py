@@ -8,7 +8,9 @@ and the time per output token is a decode step plus the prefill steps that stall
 profiler's step breakdown (profile_step.py) slows every kernel launch; these are the engine's own timings of every
 step served, so they split the end-to-end gap between the two kinds of step. One row per server: decode steps (no
 prompt tokens; median, and the mean of the most common batch size), steps with prompt tokens (how many, their median,
-the prompt tokens they carry, milliseconds per 1000 of them) and the share of the served time in each.
+the prompt tokens they carry, milliseconds per 1000 of them) and the share of the served time in each. Where the
+server's folder has pass_steps.txt (serve_passes.sh: each pass's name and the steps logged by its end), one row per
+pass instead, so a base-model pass (BASE_PASS) is not averaged into the adapters' pass.
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ def read(path: pathlib.Path) -> list[tuple[int, int, int, float]]:
         if m := LINE.search(line):
             steps.append((int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(6))))
     return steps
+
+
+def by_pass(steps: list, marks: pathlib.Path) -> dict[str, list]:
+    """The steps cut at each pass's end (`name count` lines, counts ascending); what was logged before a pass's
+    start (the server's own warm-up, an earlier pass's tail) goes with that pass."""
+    out, start = {}, 0
+    for line in marks.read_text().splitlines():
+        name, _, count = line.partition(" ")
+        end = min(int(count), len(steps))
+        out[name] = steps[start:end]
+        start = end
+    return out
 
 
 def figures(steps: list[tuple[int, int, int, float]]) -> dict:
@@ -68,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     for d in args.dirs:
         path = d / "iterations.txt" if d.is_dir() else d
         steps = read(path) if path.exists() else []
-        if steps:
-            rows[d.name] = figures(steps)
-        else:
+        marks = d / "pass_steps.txt"
+        parts = by_pass(steps, marks) if d.is_dir() and marks.exists() else {"": steps}
+        for name, part in parts.items():
+            if part:
+                rows[f"{d.name} {name}".strip()] = figures(part)
+        if not steps:
             print(f"{d.name}: no per-step lines", file=sys.stderr)
     if not rows:
         return 1

@@ -80,7 +80,7 @@ for p in $(seq 1 $PASSES); do
     --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
     --num-warmups 16 $BENCH_LORA --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
     --result-dir $OUTD --result-filename pass$p.json --seed $p 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
-  log "pass $p done"
+  log "pass $p done"; echo "pass$p $(grep -c 'Iteration(' $OUTD/server.log)" >> $OUTD/pass_steps.txt
 done
 if [ "${BASE_PASS:-0}" = 1 ] && [ -n "$BENCH_LORA" ]; then
   PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
@@ -88,7 +88,7 @@ if [ "${BASE_PASS:-0}" = 1 ] && [ -n "$BENCH_LORA" ]; then
     --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
     --num-warmups 16 --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
     --result-dir $OUTD --result-filename passbase.json --seed 1 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
-  log "base-model pass done"
+  log "base-model pass done"; echo "passbase $(grep -c 'Iteration(' $OUTD/server.log)" >> $OUTD/pass_steps.txt
 fi
 if [ ${#PROF[@]} -gt 0 ]; then
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/start_profile', method='POST'))"

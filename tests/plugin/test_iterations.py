@@ -44,3 +44,18 @@ def test_a_server_without_step_lines_is_named_and_fails(tmp_path, capsys):
     (tmp_path / "iterations.txt").write_text("")
     assert iterations.main([str(tmp_path)]) == 1
     assert "no per-step lines" in capsys.readouterr().err
+
+
+def test_a_server_with_pass_marks_gets_a_row_per_pass(tmp_path):
+    """pass_steps.txt (each pass's name and the steps logged by its end) splits one server's steps: a base-model
+    pass's faster decodes are not averaged into the adapters' pass."""
+    server = tmp_path / "gpt-oss-plugin"
+    server.mkdir()
+    lines = [line(i, 0, 0, 16, 5.0) for i in range(4)] + [line(4 + i, 0, 0, 16, 4.0) for i in range(3)]
+    (server / "iterations.txt").write_text("\n".join(lines) + "\n")
+    (server / "pass_steps.txt").write_text("pass1 4\npassbase 7\n")
+    assert iterations.main([str(server), "--json", str(tmp_path / "out.json")]) == 0
+    rows = json.loads((tmp_path / "out.json").read_text())
+    assert set(rows) == {"gpt-oss-plugin pass1", "gpt-oss-plugin passbase"}
+    decode = {name: (f["decode_steps"], f["decode_median_ms"]) for name, f in rows.items()}
+    assert decode == {"gpt-oss-plugin pass1": (4, 5.0), "gpt-oss-plugin passbase": (3, 4.0)}
