@@ -74,21 +74,21 @@ if [ "${SERVED_CHECK:-0}" = 1 ]; then  # what the base model and each adapter an
   timeout 240 python3 $R/benchmarks/vllm_e2e/served_check.py collect http://127.0.0.1:8000 $OUTD/served.json \
     --models $models && log "served answers collected"
 fi
-for p in $(seq 1 $PASSES); do
+# One pass of the kit's load: its name (results in pass<NAME>.json), seed, then the adapters' flags if any;
+# pass_steps.txt gets the pass's name and the steps logged by its end (iterations.py splits the steps by pass).
+bench_pass() {
   PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
     --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
     --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
-    --num-warmups 16 $BENCH_LORA --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
-    --result-dir $OUTD --result-filename pass$p.json --seed $p 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
-  log "pass $p done"; echo "pass$p $(grep -c 'Iteration(' $OUTD/server.log)" >> $OUTD/pass_steps.txt
+    --num-warmups 16 "${@:3}" --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
+    --result-dir $OUTD --result-filename pass$1.json --seed $2 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
+  echo "pass$1 $(grep -c 'Iteration(' $OUTD/server.log)" >> $OUTD/pass_steps.txt
+}
+for p in $(seq 1 $PASSES); do
+  bench_pass $p $p $BENCH_LORA; log "pass $p done"
 done
 if [ "${BASE_PASS:-0}" = 1 ] && [ -n "$BENCH_LORA" ]; then
-  PYTHONPATH=$SITE timeout ${PASS_S:-200} python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
-    --base-url http://127.0.0.1:8000 --model $SERVED --tokenizer $M --dataset-name random --random-input-len 1600 \
-    --random-output-len 600 --random-range-ratio 0 --num-prompts $NP --max-concurrency 16 --ignore-eos \
-    --num-warmups 16 --percentile-metrics ttft,tpot,itl,e2el --save-result --save-detailed \
-    --result-dir $OUTD --result-filename passbase.json --seed 1 2>&1 | grep -E "throughput|TTFT|TPOT" | head -8
-  log "base-model pass done"; echo "passbase $(grep -c 'Iteration(' $OUTD/server.log)" >> $OUTD/pass_steps.txt
+  bench_pass base 1; log "base-model pass done"
 fi
 if [ ${#PROF[@]} -gt 0 ]; then
   python3 -c "import urllib.request as u; u.urlopen(u.Request('http://127.0.0.1:8000/start_profile', method='POST'))"
