@@ -30,19 +30,19 @@ for mode in ${MODES:-nolora nolora-tuned plugin}; do
   case $base in plugin*) need=${PLUGIN_S:-$need} ;; esac
   [ $left -gt $need ] || { echo "skip $mode: ${left}s left"; continue; }
   # plugin-ROUTING (e.g. plugin-decode): the plugin with MOELORA_ROUTING=ROUTING, so two routings fit one table.
-  extra=""; kind=$base
+  extra=""; kind=$base; plugin_args=""
   case $base in plugin*) kind=plugin; extra="VLLM_LORA_ENABLE_DUAL_STREAM=${DUAL_STREAM:-1} ${PLUGIN_ENV:-}"
-    [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}"
-    own=PLUGIN_ENV_${mode##*.}; [ "$mode" = "$base" ] || extra="$extra ${!own:-}" ;; esac
+    plugin_args=${PLUGIN_ARGS:-}; [ "$base" = plugin ] || extra="$extra MOELORA_ROUTING=${base#plugin-}"
+    # plugin.N: PLUGIN_ENV_N and PLUGIN_ARGS_N too.
+    [ "$mode" = "$base" ] || { env_n=PLUGIN_ENV_${mode##*.}; args_n=PLUGIN_ARGS_${mode##*.}
+      extra="$extra ${!env_n:-}"; plugin_args="$plugin_args ${!args_n:-}"; } ;; esac
   cache=""
   if [ -n "${CACHE_ROOT:-}" ]; then
     cache=$CACHE_ROOT/$MODEL-$kind; mkdir -p "$cache/vllm" "$cache/triton" "$OUT/$MODEL-$mode"
     extra="$extra VLLM_CACHE_ROOT=$cache/vllm TRITON_CACHE_DIR=$cache/triton TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)"
     ls "$cache/triton" > "$OUT/$MODEL-$mode/cache_before.txt"
   fi
-  args=${SERVER_ARGS:-}; prof=${PROFILE:-0}
-  own_args=PLUGIN_ARGS_${mode##*.}; [ "$mode" = "$base" ] && own_args=PLUGIN_ARGS_NONE
-  [ $kind = plugin ] && args="$args ${PLUGIN_ARGS:-} ${!own_args:-}"
+  args="${SERVER_ARGS:-} $plugin_args"; prof=${PROFILE:-0}
   case $prof in 1) ;; plugin) [ $kind = plugin ] && prof=1 || prof=0 ;; "$base") prof=1 ;; *) prof=0 ;; esac
   MODE=$kind PASSES=${PASSES:-1} PASS_S=150 EXTRA_ENV="$extra" SERVER_ARGS="$args" PROFILE=$prof timeout $((left - 5)) \
     bash benchmarks/vllm_e2e/serve_passes.sh "$OUT" "$MODEL-$mode"
