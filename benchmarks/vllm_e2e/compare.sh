@@ -22,6 +22,8 @@
 # size, as before lora_stream); PLUGIN_ENV_<N>: more for the server of mode plugin.N only, so one call compares two
 # settings on one machine (e.g. MODES="plugin.2 plugin.3" PLUGIN_ENV_3=MOELORA_STREAM_MAX_TOKENS=100000); PLUGIN_ARGS_<N>
 # the same for vLLM flags. BASE_PASS=1 (serve_passes.sh): servers with adapters run a base-model pass too (row "base").
+# ADAPTERS=runtime (serve_passes.sh): adapters loaded through vLLM's runtime API after the server answers, as the agent
+# loads them; the table's last column is then when the last one was in.
 set -u
 R=$(pwd); OUT=${1:?usage: compare.sh OUTPUT_DIR}; MODEL=${MODEL:-gpt-oss}; T0=$(date +%s); export MODEL
 mkdir -p "$OUT"
@@ -69,16 +71,17 @@ done
 python3 - "$OUT" "$MODEL" "${MODES:-nolora nolora-tuned plugin}" <<'PY' | tee "$OUT/compare-$MODEL.md"
 import json, pathlib, sys
 out, model, modes = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split()
-print("| server | pass | output tok/s | median TPOT ms | p99 TPOT ms | median TTFT ms | p99 TTFT ms | TPOT / first | tok/s / first | ready after s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| server | pass | output tok/s | median TPOT ms | p99 TPOT ms | median TTFT ms | p99 TTFT ms | TPOT / first | tok/s / first | ready after s | adapters in after s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 base = None
 for mode in modes:
     d = out / f"{model}-{mode}"
     ready = (d / "ready_s.txt").read_text().strip() if (d / "ready_s.txt").exists() else "-"
+    loaded = (d / "adapters_s.txt").read_text().strip() if (d / "adapters_s.txt").exists() else "-"
     for p in sorted(d.glob("pass*.json")):
         r = json.loads(p.read_text())
         base = base or r
         print(f"| {mode} | {p.stem[4:]} | {r['output_throughput']:.0f} | {r['median_tpot_ms']:.2f} | {r['p99_tpot_ms']:.2f} | "
               f"{r['median_ttft_ms']:.0f} | {r['p99_ttft_ms']:.0f} | {r['median_tpot_ms'] / base['median_tpot_ms']:.3f} | "
-              f"{r['output_throughput'] / base['output_throughput']:.3f} | {ready} |")
+              f"{r['output_throughput'] / base['output_throughput']:.3f} | {ready} | {loaded} |")
 PY

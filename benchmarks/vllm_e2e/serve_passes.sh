@@ -17,7 +17,10 @@
 # ITERATIONS=0 (no per-step lines: by default vLLM logs each step's token counts and time, kept in iterations.txt
 # for iterations.py), SERVED_CHECK=1 (greedy answers of the base model and each adapter in OUTPUT_DIR/NAME/served.json,
 # before the passes: served_check.py), BASE_PASS=1 (a server with adapters: one more pass asking the base model
-# only, in passbase.json: what serving adapters costs requests without one, e.g. under one CUDA graph per size).
+# only, in passbase.json: what serving adapters costs requests without one, e.g. under one CUDA graph per size),
+# ADAPTERS=runtime (a server with adapters: none named on vLLM's command line, which the operator refuses; each loaded
+# through vLLM's runtime API once the server answers, one after another as the agent does, so ready_s.txt is when the
+# pod answers and adapters_s.txt when its last adapter is in; each load's seconds in adapter_loads.txt).
 set -uo pipefail
 R=$(pwd); KIT=${KIT:-$R/.bundle/kit}; ARCH=${VLLM_ARCHIVE:-$R/.bundle/vllm-site.tar.xz}; SITE=${SITE:-/tmp/vllm-site}
 NAME=${2:?usage: serve_passes.sh OUTPUT_DIR NAME}; MODE=${MODE:-plugin}; PASSES=${PASSES:-2}; NP=${NP:-128}
@@ -58,6 +61,9 @@ case $MODE in
   nolora-tuned) SRV_LORA=""; BENCH_LORA=""; ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   *) log "unknown MODE $MODE"; exit 2 ;;
 esac
+RUNTIME=0; if [ "${ADAPTERS:-startup}" = runtime ] && [ -n "$SRV_LORA" ]; then
+  RUNTIME=1; SRV_LORA=${SRV_LORA% --lora-modules*}; ENVS="$ENVS VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+fi
 STEPS=""; [ "${ITERATIONS:-1}" = 1 ] && STEPS=--enable-logging-iteration-details
 PROF=(); [ "${PROFILE:-0}" = 1 ] && PROF=(--profiler-config "{\"profiler\": \"torch\", \"torch_profiler_dir\": \"$OUTD/prof\", \"torch_profiler_with_stack\": false}")
 env PYTHONPATH=$PP $ENVS ${EXTRA_ENV:-} python3 -m vllm.entrypoints.cli.main serve $M --served-model-name $SERVED \
@@ -69,6 +75,20 @@ for _ in $(seq 1 400); do
   kill -0 $SP 2>/dev/null || { log "server died"; tail -40 $OUTD/server.log; exit 5; }; sleep 1
 done
 echo $(( $(date +%s) - TS )) > $OUTD/ready_s.txt; log "server ready after $(cat $OUTD/ready_s.txt) s"
+if [ $RUNTIME = 1 ]; then  # the agent's path: each adapter through the runtime API
+  python3 - $L $OUTD/adapter_loads.txt $NAMES <<'PY' || { log "an adapter failed to load"; kill $SP; exit 6; }
+import json, sys, time, urllib.request as u
+where, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(out, "w") as f:
+    for name in names:
+        t = time.monotonic()
+        body = json.dumps({"lora_name": name, "lora_path": f"{where}/{name}"}).encode()
+        u.urlopen(u.Request("http://127.0.0.1:8000/v1/load_lora_adapter", body, {"Content-Type": "application/json"}),
+                  timeout=300).read()
+        f.write(f"{name} {time.monotonic() - t:.2f}\n")
+PY
+  echo $(( $(date +%s) - TS )) > $OUTD/adapters_s.txt; log "adapters loaded after $(cat $OUTD/adapters_s.txt) s"
+fi
 if [ "${SERVED_CHECK:-0}" = 1 ]; then  # what the base model and each adapter answer, before any pass
   models=$SERVED; [ -n "$SRV_LORA" ] && models="$models,$(echo $NAMES | tr ' ' ',')"
   timeout 240 python3 $R/benchmarks/vllm_e2e/served_check.py collect http://127.0.0.1:8000 $OUTD/served.json \
