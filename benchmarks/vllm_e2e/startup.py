@@ -1,5 +1,6 @@
 """Where a vLLM server's start-up went: seconds from launch to each phase's end, from its log's timestamps.
-Usage: python startup.py SERVER_DIR...   (each a serve_passes.sh folder: server.log[.gz], launched_at.txt, ready_s.txt)
+Usage: python startup.py SERVER_DIR...   (each a serve_passes.sh folder: server.log[.gz], launched_at.txt, ready_s.txt,
+and adapters_s.txt where its adapters were loaded through the runtime API: ADAPTERS=runtime)
 The log's clock has whole seconds; the plugin's warm-ups also report their own durations."""
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def main(dirs: list[str]) -> None:
         h, m, s = map(int, (d / "launched_at.txt").read_text().split(":"))
         launched, lines = h * 3600 + m * 60 + s, read(logs[0])
         ready = (d / "ready_s.txt").read_text().strip() if (d / "ready_s.txt").exists() else "-"
-        print(f"\n{d.name}: ready after {ready} s; {compiles(lines, launched)}")
+        loaded = d / "adapters_s.txt"
+        after = f"; last adapter in after {loaded.read_text().strip()} s" if loaded.exists() else ""
+        print(f"\n{d.name}: ready after {ready} s{after}; {compiles(lines, launched)}")
         print("| phase ends | s after launch | step s | reported s |\n|---|---|---|---|")
         last = 0
         for label, t, reported in phases(lines, launched):
