@@ -76,15 +76,14 @@ for _ in $(seq 1 400); do
 done
 echo $(( $(date +%s) - TS )) > $OUTD/ready_s.txt; log "server ready after $(cat $OUTD/ready_s.txt) s"
 if [ $RUNTIME = 1 ]; then  # the agent's path: each adapter through the runtime API
-  python3 - $L $OUTD/adapter_loads.txt $NAMES <<'PY' || { log "an adapter failed to load"; kill $SP; exit 6; }
-import json, sys, time, urllib.request as u
-where, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+  PYTHONPATH=$R/local python3 - $L $OUTD/adapter_loads.txt $NAMES <<'PY' || { log "an adapter failed to load"; kill $SP; exit 6; }
+import pathlib, sys, time
+from moelora.local.vllm_server import load_adapter
+where, out, names = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 with open(out, "w") as f:
     for name in names:
         t = time.monotonic()
-        body = json.dumps({"lora_name": name, "lora_path": f"{where}/{name}"}).encode()
-        u.urlopen(u.Request("http://127.0.0.1:8000/v1/load_lora_adapter", body, {"Content-Type": "application/json"}),
-                  timeout=300).read()
+        load_adapter(url="http://127.0.0.1:8000", name=name, path=where / name, timeout=300)
         f.write(f"{name} {time.monotonic() - t:.2f}\n")
 PY
   echo $(( $(date +%s) - TS )) > $OUTD/adapters_s.txt; log "adapters loaded after $(cat $OUTD/adapters_s.txt) s"

@@ -167,6 +167,12 @@ def models(*, url: str) -> dict[str, str | None]:
     return {entry["id"]: entry.get("parent") for entry in answer["data"]}
 
 
-def load_adapter(*, url: str, name: str, path: pathlib.Path) -> None:
-    """Register an adapter directory under `name` (for tests of vLLM itself; in the stack the agent does this)."""
-    request(url=f"{url}/v1/load_lora_adapter", method="POST", body={"lora_name": name, "lora_path": str(path)})
+def load_adapter(*, url: str, name: str, path: pathlib.Path, timeout: float = 60.0) -> None:
+    """Register an adapter directory under `name` (for tests of vLLM itself, and the GPU benchmark's adapters loaded
+    as the agent loads them; in the stack the agent does this)."""
+    request(
+        url=f"{url}/v1/load_lora_adapter",
+        method="POST",
+        body={"lora_name": name, "lora_path": str(path)},
+        timeout=timeout,
+    )
