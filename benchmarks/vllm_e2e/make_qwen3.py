@@ -2,13 +2,17 @@
 
     python benchmarks/vllm_e2e/make_qwen3.py model DIR                 # config.json + a synthetic tokenizer
     python benchmarks/vllm_e2e/make_qwen3.py loras DIR COUNT RANK      # COUNT PEFT adapters of rank RANK
+    ... --layers N                                                     # both: the first N layers only
 
 The model has Qwen3-30B-A3B's config.json values (48 layers, hidden 2048, 128 experts of intermediate 768, top-8,
 32 query and 4 KV heads of 128) and no weights: vLLM fills them with random values. The tokenizer is one word per
 id ("t<i>"), so any token id a benchmark draws decodes and encodes back. Each adapter covers attention (q/k/v/o) and
 every expert's gate, up and down projections, under the names vLLM 0.26 maps onto its fused MoE layer
 (`mlp.experts.<e>.<proj>`, PEFT's per-expert layout); one random adapter is written and the others hard-link it,
-like the GPT-OSS kit's adapters. A test (tests/image/test_make_qwen3.py) checks the names against vLLM's own parser.
+like the GPT-OSS kit's adapters. A test (tests/plugin/test_make_qwen3.py) checks the names against vLLM's own parser.
+
+`--layers N` keeps every layer's shape and drops the others: the whole model and eight adapters need more memory
+than an H100 has, so there the model runs at part of its depth, with ratios against a base model of the same depth.
 """
 
 from __future__ import annotations
@@ -88,6 +92,15 @@ def write_model(out: Path, config: dict = CONFIG) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
 
 
+def with_layers(layers: int | None, config: dict = CONFIG) -> dict:
+    """The config cut to its first `layers` layers (None: all of them)."""
+    if layers is None:
+        return config
+    if not 1 <= layers <= config["num_hidden_layers"]:
+        raise ValueError(f"--layers must be 1..{config['num_hidden_layers']}, not {layers}")
+    return {**config, "num_hidden_layers": layers}
+
+
 def adapter_shapes(config: dict, rank: int) -> dict[str, tuple[int, ...]]:
     """PEFT tensor name -> shape of one adapter: lora_A is (rank, in), lora_B (out, rank)."""
     h, inter = config["hidden_size"], config["moe_intermediate_size"]
@@ -144,18 +157,25 @@ def write_loras(out: Path, count: int, rank: int, *, config: dict = CONFIG, devi
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
-    sub.add_parser("model").add_argument("dir", type=Path)
+    model = sub.add_parser("model")
+    model.add_argument("dir", type=Path)
     loras = sub.add_parser("loras")
     loras.add_argument("dir", type=Path)
     loras.add_argument("count", type=int)
     loras.add_argument("rank", type=int)
     loras.add_argument("--device", default="cpu")
+    for sp in (model, loras):
+        sp.add_argument("--layers", type=int, default=None, help="the first N layers only (default: all 48)")
     args = p.parse_args(argv)
+    try:
+        config = with_layers(args.layers)
+    except ValueError as e:
+        p.error(str(e))
     if args.what == "model":
-        write_model(args.dir)
-        print(f"wrote {args.dir}")
+        write_model(args.dir, config)
+        print(f"wrote {args.dir} ({config['num_hidden_layers']} layers)")
     else:
-        n = write_loras(args.dir, args.count, args.rank, device=args.device)
+        n = write_loras(args.dir, args.count, args.rank, config=config, device=args.device)
         print(f"{args.count} adapters, rank {args.rank}, {n / 1e6:.1f} M parameters ({2 * n / 1e9:.2f} GB bf16) each")
     return 0
 

@@ -39,10 +39,12 @@ case ${MODEL:-gpt-oss} in
   gpt-oss-mxfp4) M=/tmp/m_mxfp4; L=/tmp/loras; SERVED=gpt-oss-20b
            [ -d $M ] || PYTHONPATH=$SITE python3 $KIT/make_model_dir.py $M --mxfp4
            [ -d $L ] || PYTHONPATH=$SITE python3 $KIT/make_loras.py $L 8 32 --device cuda ;;
-  qwen3)   M=/tmp/m_qwen3; L=/tmp/loras_qwen3; SERVED=qwen3-30b-a3b
-           [ -d $M ] || PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py model $M
+  # QWEN3_LAYERS=N: the first N of its 48 layers (all of them and 8 adapters do not fit an H100's memory).
+  qwen3)   M=/tmp/m_qwen3; L=/tmp/loras_qwen3; SERVED=qwen3-30b-a3b; CUT=()
+           if [ -n "${QWEN3_LAYERS:-}" ]; then M=${M}_l$QWEN3_LAYERS; L=${L}_l$QWEN3_LAYERS; CUT=(--layers "$QWEN3_LAYERS"); fi
+           [ -d $M ] || PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py model $M "${CUT[@]}" || exit 2
            [ "$MODE" = nolora ] || [ "$MODE" = nolora-tuned ] || [ -d $L ] || \
-             PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py loras $L 8 32 --device cuda ;;
+             PYTHONPATH=$SITE python3 $R/benchmarks/vllm_e2e/make_qwen3.py loras $L 8 32 --device cuda "${CUT[@]}" || exit 2 ;;
   *) log "unknown MODEL ${MODEL}"; exit 2 ;;
 esac
 CFG=$R/kernels/moelora/kernels/configs/NVIDIA_H200

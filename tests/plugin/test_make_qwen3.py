@@ -7,6 +7,8 @@ import pathlib
 import re
 import sys
 
+import pytest
+
 from moelora.operator.render import model_shapes
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks" / "vllm_e2e"))
@@ -64,3 +66,30 @@ def test_adapters_name_what_vllm_maps_onto_its_layers(tmp_path):
     assert len(seen) == 2 * 2 * (4 + 3 * 3) and total == params  # layers x (A, B) x (attention + experts x 3)
     config = json.loads((tmp_path / "lora2" / "adapter_config.json").read_text())
     assert config["r"] == rank and {"gate_proj", "up_proj", "down_proj"} <= set(config["target_modules"])
+
+
+def test_layers_cut_the_depth_and_nothing_else():
+    cut = make_qwen3.with_layers(1, SMALL)
+    assert cut["num_hidden_layers"] == 1
+    assert {k: v for k, v in cut.items() if k != "num_hidden_layers"} == {
+        k: v for k, v in SMALL.items() if k != "num_hidden_layers"
+    }
+    assert {int(name.split(".")[4]) for name in make_qwen3.adapter_shapes(cut, 4)} == {0}
+    assert make_qwen3.with_layers(None) is make_qwen3.CONFIG
+
+
+def test_the_command_line_passes_layers_to_model_and_adapters(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(make_qwen3, "write_model", lambda out, config: seen.append(config["num_hidden_layers"]))
+    monkeypatch.setattr(
+        make_qwen3,
+        "write_loras",
+        lambda out, count, rank, *, config, device: seen.append(config["num_hidden_layers"]) or 1,
+    )
+    make_qwen3.main(["model", str(tmp_path), "--layers", "24"])
+    make_qwen3.main(["loras", str(tmp_path), "8", "32", "--layers", "24"])
+    make_qwen3.main(["model", str(tmp_path)])
+    assert seen == [24, 24, 48]
+    with pytest.raises(SystemExit):
+        make_qwen3.main(["model", str(tmp_path), "--layers", "49"])
+    assert seen == [24, 24, 48]
