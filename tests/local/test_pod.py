@@ -7,6 +7,7 @@ import os
 import pathlib
 import signal
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -15,7 +16,8 @@ import pytest
 
 from moelora.local import __main__ as local_main
 from moelora.local.apiserver import KubeAPI, Rest
-from moelora.local.kubelet import ContainerPlan, LocalKubelet, LocalPod, PodPlan
+from moelora.local.kubelet import ContainerPlan, LocalKubelet, LocalPod, PodPlan, Probe
+from moelora.local.kubelet import pod as pod_module
 
 # A container's process tree like vLLM's: a child in its process group, one in a process group of its own (same
 # session), and a grandchild re-parented to init by a double fork. Each appends its pid to argv[1]/<session id>.
@@ -135,3 +137,42 @@ def test_a_container_that_cannot_start_fails_the_pod_at_once(tmp_path: pathlib.P
                 for c in api.get("v1/pods", "default", pod.name)["status"]["containerStatuses"]
             }
             assert reasons == {"sidecar": "RunContainerError", "server": "RunContainerError"}
+
+
+def test_the_stop_does_not_wait_for_a_probe_that_hangs(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM accepts connections before it answers them, so a probe can hang for its whole timeout; Ctrl-C on the local
+    # stack must not wait behind it before the containers get their SIGTERM.
+    probing, release = threading.Event(), threading.Event()
+
+    def hanging_probe(url: str, *, timeout: float = 2.0) -> bool:
+        probing.set()
+        release.wait(60)
+        return False
+
+    monkeypatch.setattr(pod_module.process, "http_ok", hanging_probe)
+    server = ContainerPlan(
+        name="server",
+        argv=(sys.executable, "-c", "import time; time.sleep(600)"),
+        env={},
+        startup=Probe(url="http://127.0.0.1:9/health"),
+    )
+    pod = LocalPod(
+        plan=PodPlan(name="hang", init_containers=(), containers=(server,), volumes={}, ports={}), root=tmp_path
+    )
+    pod.start()
+    stopper = threading.Thread(target=pod.stop, kwargs={"grace": 1.0})
+    try:
+        assert probing.wait(20)
+        proc = pod.containers["server"].process
+        assert proc is not None and proc.poll() is None
+        stopper.start()
+        _until(lambda: proc.poll() is not None)  # stopped while the probe still hangs
+        assert not release.is_set() and stopper.is_alive()  # the stop then waits for the supervisor's probe
+    finally:
+        release.set()
+        if stopper.is_alive():
+            stopper.join(30)
+    assert not stopper.is_alive() and not pod._thread.is_alive()
+    assert pod.containers["server"].restarts == 0  # nothing started again after the stop

@@ -62,6 +62,7 @@ class LocalPod:
         self.waiting_reason: str | None = None  # set with `error` when the pod never started
         self.ready = False
         self._stop = threading.Event()
+        self._grace = GRACE  # what `stop_pods` gave, for an init container the supervisor stops itself
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"pod-{plan.name}", daemon=True)
 
@@ -120,7 +121,7 @@ class LocalPod:
             proc = process.spawn(argv=init.argv, env=init.env, log_path=log_path, cwd=self.root)
             while proc.poll() is None:
                 if self._stop.wait(0.2):
-                    process.stop(proc)
+                    process.stop(proc, timeout=self._grace)
                     return
             if proc.returncode != 0:
                 self.error = f"init container {init.name} exited with {proc.returncode}; see {log_path}"
@@ -129,11 +130,15 @@ class LocalPod:
                 self.on_change()
                 return
         with self._lock:
+            if self._stop.is_set():  # stop_pods has stopped what ran under this lock; start nothing after it
+                return
             for state in self.containers.values():
                 self._spawn(state)
         while not self._stop.wait(PROBE_INTERVAL):
             changed = False
             with self._lock:
+                if self._stop.is_set():
+                    return
                 for state in self.containers.values():
                     assert state.process is not None
                     if state.process.poll() is not None:  # restartPolicy: Always
@@ -178,15 +183,21 @@ class LocalPod:
 
 
 def stop_pods(pods: Sequence[LocalPod], *, grace: float = GRACE) -> None:
-    """Stop pods together: their supervisors first, then every container of every pod at once (SIGTERM, SIGKILL
-    after `grace` s), so stopping many pods takes one grace period, not one each."""
+    """Stop pods together: every container of every pod at once (SIGTERM, SIGKILL after `grace` s), so stopping many
+    pods takes one grace period, not one each, then their supervisors.
+
+    The supervisors are told first but not waited for: one may be inside a probe of a server that accepts
+    connections and does not answer yet (vLLM while it loads), which would hold the stop for the probe's timeout
+    per container. Holding every pod's lock is enough: a supervisor restarts or starts containers only under its
+    lock, and only while it has not been told to stop."""
     for pod in pods:
+        pod._grace = grace
         pod._stop.set()
-    for pod in pods:
-        if pod._thread.is_alive():
-            pod._thread.join(timeout=60)
     with contextlib.ExitStack() as locked:
         for pod in pods:
             locked.enter_context(pod._lock)
         running = [s.process for pod in pods for s in pod.containers.values() if s.process is not None]
         process.stop_all(running, timeout=grace)
+    for pod in pods:
+        if pod._thread.is_alive():
+            pod._thread.join(timeout=60)
