@@ -32,6 +32,7 @@ test-fast: bootstrap
 # Static checks, no tests run: ruff, the import layers (.importlinter) and mypy over the runtime packages.
 lint: bootstrap
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/lint-imports
 	.venv/bin/mypy
 

@@ -139,9 +139,7 @@ def test_a_container_that_cannot_start_fails_the_pod_at_once(tmp_path: pathlib.P
             assert reasons == {"sidecar": "RunContainerError", "server": "RunContainerError"}
 
 
-def test_the_stop_does_not_wait_for_a_probe_that_hangs(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_stop_does_not_wait_for_a_probe_that_hangs(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM accepts connections before it answers them, so a probe can hang for its whole timeout; Ctrl-C on the local
     # stack must not wait behind it before the containers get their SIGTERM.
     probing, release = threading.Event(), threading.Event()
