@@ -1,0 +1,23 @@
+#!/bin/bash
+# The device bundle, .bundle/ (ignored by git, so a fresh checkout lacks it), rebuilt from the kit and the latest
+# runs' scripts. The kit's vLLM archive and the tree do not fit one carry together, so it travels in halves:
+#   a: the archive's first half and call1.sh (parks the half in /tmp, runs the capture-pin GPU tests);
+#   b: the second half, the kit, names.sh (serves the H200's tables under another GPU's name);
+#   q: the call scripts (qwen3_h100.sh: Qwen3, STAGE=cold then STAGE=second, QWEN3_LAYERS=48 for the whole model on
+#      an H200; gptoss_startup.sh and gptoss_uniform2.sh: GPT-OSS, experts drawn uniformly).
+# Device calls: carry [".bundle/a"] `bash .bundle/a/call1.sh`, then carry [".bundle/b", ".bundle/q"] and a script.
+# Usage, from the repo root: bash benchmarks/vllm_e2e/make_bundle.sh [KIT_DIR] (default ../shared/tools/vllm-h200;
+# about 4 minutes when the archive is built, which an existing .bundle/a and .bundle/b skip).
+set -euo pipefail
+KIT=$(cd "${1:-../shared/tools/vllm-h200}" && pwd); B=.bundle; RES=benchmarks/vllm_e2e/results
+mkdir -p $B/a $B/b/kit $B/q
+if [ ! -f $B/a/part.aa ] || [ ! -f $B/b/part.ab ]; then
+  W=$(mktemp -d); bash "$KIT/build_bundle.sh" "$W" > "$W/build.log" 2>&1 || { tail -20 "$W/build.log"; exit 3; }
+  split -b 32M "$W/vllm-site.tar.xz" "$W/part."; mv "$W/part.aa" $B/a/; mv "$W/part.ab" $B/b/; rm -rf "$W"
+fi
+cp "$KIT"/*.py "$KIT"/*.sh "$KIT/pins.txt" $B/b/kit/
+cp $RES/2026-12-05-h100-c/call1.sh $B/a/
+cp $RES/2026-12-05-h100-b/names.sh $B/b/
+cp $RES/2026-12-06-h100-i/qwen3_h100.sh $RES/2026-12-06-h100-h/gptoss_uniform2.sh $B/q/
+cp $RES/2026-12-06-h100-g/call2.sh $B/q/gptoss_startup.sh
+du -sh $B/a $B/b $B/q
