@@ -1,6 +1,6 @@
 """vLLM's base fused-MoE GEMMs on this GPU at decode sizes: vLLM's own choice (no tuned folder) against the entry of
 the shipped H200 file that names.sh serves under this GPU's name. Same inputs, timing and check as tune_moe.
-Run: PYTHONPATH=kernels:$SITE python3 .bundle/q/base_cfg.py"""
+Run: PYTHONPATH=kernels:image:operator:$SITE python3 base_cfg.py [M ...] (call8.sh: as it ran)"""
 
 import json
 import math
