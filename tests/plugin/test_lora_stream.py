@@ -94,3 +94,71 @@ def test_a_changed_signature_is_left_alone(monkeypatch) -> None:
     monkeypatch.setattr(TritonExperts, "apply", changed)
     assert lora_stream.install_lora_stream(Patches()) == "TritonExperts.apply is not the pinned one"
     assert TritonExperts.__dict__["apply"] is changed
+
+
+# ---- the stream's priority ----
+
+
+@pytest.fixture
+def lora_layers(monkeypatch):
+    """vLLM's LoRA-stream module with no stream made yet, on a CUDA-like platform with the dual stream on, and
+    `new_stream` recording each stream it makes (torch here has no CUDA)."""
+    from vllm.lora.layers import base_linear, fused_moe, utils
+
+    made: list[object] = []
+
+    def new_stream() -> SimpleNamespace:
+        made.append(SimpleNamespace(priority=-5))
+        return made[-1]
+
+    monkeypatch.setattr(utils, "_lora_aux_cuda_stream", None)
+    monkeypatch.setattr(utils, "current_platform", SimpleNamespace(is_cuda_alike=lambda: True))
+    monkeypatch.setenv("VLLM_LORA_ENABLE_DUAL_STREAM", "1")
+    monkeypatch.setattr(lora_stream, "new_stream", new_stream)
+    monkeypatch.delenv(lora_stream.PRIORITY_ENV, raising=False)
+    return SimpleNamespace(utils=utils, modules=(utils, base_linear, fused_moe), made=made)
+
+
+def test_vllms_layers_get_the_stream_made_at_the_highest_priority_once(lora_layers) -> None:
+    vllms = lora_layers.utils._get_lora_aux_cuda_stream
+    patches = Patches()
+    assert lora_stream.install_stream_priority(patches) is None
+    try:
+        assert lora_layers.made == []  # made where vLLM makes it: when the first LoRA layer asks
+        getters = [module._get_lora_aux_cuda_stream for module in lora_layers.modules]
+        streams = [get() for get in getters]
+        assert lora_layers.made and streams == [lora_layers.made[0]] * 3
+        assert lora_layers.utils._lora_aux_cuda_stream is lora_layers.made[0]
+    finally:
+        patches.undo()
+    assert all(module._get_lora_aux_cuda_stream is vllms for module in lora_layers.modules)
+
+
+def test_without_the_dual_stream_no_stream_is_made(lora_layers, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_LORA_ENABLE_DUAL_STREAM", "0")
+    patches = Patches()
+    assert lora_stream.install_stream_priority(patches) is None
+    try:
+        assert lora_layers.utils._get_lora_aux_cuda_stream() is None and lora_layers.made == []
+    finally:
+        patches.undo()
+
+
+@pytest.mark.parametrize("case", ["normal", "made before", "bound elsewhere"])
+def test_vllms_stream_stays_where_asked_or_where_the_plugin_is_too_late(lora_layers, monkeypatch, case) -> None:
+    from vllm.lora.layers import fused_moe
+
+    if case == "normal":
+        monkeypatch.setenv(lora_stream.PRIORITY_ENV, "Normal")
+        expected = f"{lora_stream.PRIORITY_ENV}=normal"
+    elif case == "made before":
+        monkeypatch.setattr(lora_layers.utils, "_lora_aux_cuda_stream", "vLLM's")
+        expected = "vLLM's LoRA stream was made before the plugin loaded"
+    else:
+        monkeypatch.setattr(fused_moe, "_get_lora_aux_cuda_stream", lambda: None)
+        expected = "vLLM's _get_lora_aux_cuda_stream is not bound where it was read"
+    before = [module._get_lora_aux_cuda_stream for module in lora_layers.modules]
+    patches = Patches()
+    assert lora_stream.install_stream_priority(patches) == expected
+    assert patches.done == []
+    assert [module._get_lora_aux_cuda_stream for module in lora_layers.modules] == before
