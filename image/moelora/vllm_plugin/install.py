@@ -96,12 +96,11 @@ def install(*, backend: str | None = None) -> Installed:
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above the op
     (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), a MoE layer's LoRA on the
-    main stream in steps of many tokens (lora_stream.py; dense_lora does the same), vLLM's LoRA stream made at the
-    device's highest priority (lora_stream.py), the start-up compile of vLLM's dense LoRA kernels (dense_warmup.py), a
-    warm-up of the whole model at every token-count class (model_warmup.py), each loaded adapter pinned in one host
-    buffer (adapter_pinning.py), adapters merged at load, the last kept for a reload of its files and others read
-    ahead off the engine thread (host_adapters.py), and, when asked, the start-up's heap kept frozen for vLLM's full
-    collections (startup_gc.py)."""
+    main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
+    LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
+    loaded adapter pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a
+    reload of its files and others read ahead off the engine thread (host_adapters.py), and, when asked, the start-up's
+    heap kept frozen for vLLM's full collections (startup_gc.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -121,11 +120,6 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         from .lora_stream import install_lora_stream
 
         return install_lora_stream(_PATCHES)
-
-    def stream_priority() -> str | None:
-        from .lora_stream import install_stream_priority
-
-        return install_stream_priority(_PATCHES)
 
     def dense_warmup() -> str | None:
         from .dense_warmup import install_dense_warmup, reset
@@ -160,7 +154,6 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         ("MoE LoRA from topk_ids", moe_hooks),
         ("dense LoRA in one launch at 2-64 tokens", dense_lora),
         ("MoE LoRA on the main stream above the bound", lora_stream),
-        ("the LoRA stream at the device's highest priority", stream_priority),
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),
         ("each adapter pinned in one buffer", adapter_pinning),

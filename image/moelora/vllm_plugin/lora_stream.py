@@ -10,12 +10,6 @@ LoRA runs as vLLM runs it without the second stream: on the main stream, added s
 MoE layers: `TritonExperts.apply` reads `lora_context.aux_stream` to choose; the wrapper hides the stream (and its
 events) from a call with more tokens and puts them back after it. Dense layers: dense_lora.apply_async calls
 `in_place` and then vLLM's `_apply_sync`. `MOELORA_STREAM_MAX_TOKENS=N` moves the bound (0: never the second stream).
-
-The stream's priority: vLLM makes its LoRA stream at the default priority, so the block scheduler hands SMs freed
-by a base kernel to the base and LoRA kernels alike. At decode sizes the LoRA is the longer path of a dense layer's
-fork (several dependent launches against one GEMM), so the main stream waits at the join for LoRA kernels that
-started late. `install_stream_priority` has vLLM make the stream at the GPU's highest priority instead (a CUDA graph
-captured on it keeps the priority on its kernel nodes); `MOELORA_LORA_STREAM_PRIORITY=normal` keeps vLLM's.
 """
 
 from __future__ import annotations
@@ -30,24 +24,11 @@ from typing import Any
 from .contract import EXPERTS_APPLY_PARAMETERS
 from .patches import Patches
 
-__all__ = [
-    "ENV",
-    "MAX_TOKENS",
-    "PRIORITY_ENV",
-    "in_place",
-    "install_lora_stream",
-    "install_stream_priority",
-    "max_tokens",
-    "new_stream",
-]
+__all__ = ["ENV", "MAX_TOKENS", "in_place", "install_lora_stream", "max_tokens"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 ENV = "MOELORA_STREAM_MAX_TOKENS"
-PRIORITY_ENV = "MOELORA_LORA_STREAM_PRIORITY"
-# The modules of vLLM that bind its LoRA-stream getter by name: a replacement must reach each of them.
-_GETTER = "_get_lora_aux_cuda_stream"
-_GETTER_USERS = ("vllm.lora.layers.base_linear", "vllm.lora.layers.fused_moe")
 # Far above a decode batch (vLLM's captured sizes, up to 512 by default), below a prompt chunk of the sizes served.
 MAX_TOKENS = 1024
 
@@ -94,44 +75,4 @@ def install_lora_stream(patches: Patches) -> str | None:
     _original["apply"] = fn
     patches.set(TritonExperts, "apply", experts_apply)
     patches.on_undo(_original.clear)
-    return None
-
-
-def new_stream() -> Any:
-    """A CUDA stream at the current device's highest priority (the lowest number of torch's range)."""
-    import torch
-
-    greatest = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]  # static; torch's stub says otherwise
-    return torch.cuda.Stream(priority=greatest)
-
-
-def install_stream_priority(patches: Patches) -> str | None:
-    """Have vLLM make its LoRA stream with `new_stream`, through `patches`; None when done, else why not (nothing
-    changed). The stream is still made where and when vLLM makes it: on first use, only with the dual stream on."""
-    import importlib
-
-    from vllm.lora.layers import utils
-
-    choice = os.environ.get(PRIORITY_ENV, "high").strip().lower()
-    if choice != "high":
-        return f"{PRIORITY_ENV}={choice}"
-    original = utils.__dict__.get(_GETTER)
-    users = [importlib.import_module(name) for name in _GETTER_USERS]
-    if original is None or any(vars(module).get(_GETTER) is not original for module in users):
-        return f"vLLM's {_GETTER} is not bound where it was read"
-    if utils._lora_aux_cuda_stream is not None:
-        return "vLLM's LoRA stream was made before the plugin loaded"
-
-    def lora_aux_stream() -> Any:
-        if (
-            utils._lora_aux_cuda_stream is None
-            and utils.envs.VLLM_LORA_ENABLE_DUAL_STREAM
-            and utils.current_platform.is_cuda_alike()
-        ):
-            utils._lora_aux_cuda_stream = stream = new_stream()
-            log.info("moelora: vLLM's LoRA stream made at priority %d, the device's highest", stream.priority)
-        return original()
-
-    for module in (utils, *users):
-        patches.set(module, _GETTER, lora_aux_stream)
     return None

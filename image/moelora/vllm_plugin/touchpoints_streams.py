@@ -1,7 +1,6 @@
 """Where the plugin meets vLLM's second LoRA stream, as data (touchpoints.py says how each kind is checked):
-dense_lora's own fork for linear layers and its path without the fork, lora_stream's choice per MoE call (the
-parameters of the TritonExperts.apply it wraps are cpu_moe's touchpoint too, listed once in touchpoints.py) and where
-vLLM makes the stream (lora_stream.install_stream_priority).
+dense_lora's own fork for linear layers and its path without the fork, and lora_stream's choice per MoE call (the
+parameters of the TritonExperts.apply it wraps are cpu_moe's touchpoint too, listed once in touchpoints.py).
 Stdlib only, like contract.py.
 """
 
@@ -17,7 +16,6 @@ from .contract import (
 __all__ = ["STREAMS"]
 
 _TRITON_EXPERTS = "model_executor/layers/fused_moe/experts/triton_moe.py"
-_PRIORITY = "lora_stream.install_stream_priority"
 
 STREAMS: tuple[Touchpoint, ...] = (
     Touchpoint(
@@ -72,29 +70,5 @@ STREAMS: tuple[Touchpoint, ...] = (
         "MoELoRAContext",
         ("aux_stream", "events"),
         "lora_stream",
-    ),
-    Touchpoint(
-        "the LoRA stream, made on first use",
-        "text",
-        ("lora/layers/utils.py",),
-        "_get_lora_aux_cuda_stream makes it once, with the dual stream on, on a CUDA-like platform, into a global",
-        (
-            "_lora_aux_cuda_stream: torch.cuda.Stream | None = None",
-            "def _get_lora_aux_cuda_stream() -> torch.cuda.Stream | None:",
-            "if not envs.VLLM_LORA_ENABLE_DUAL_STREAM:",
-            "if _lora_aux_cuda_stream is None and current_platform.is_cuda_alike():",
-        ),
-        _PRIORITY,
-    ),
-    *(
-        Touchpoint(
-            f"{layer} binds the LoRA-stream getter",
-            "text",
-            (f"lora/layers/{layer}.py",),
-            "a relative import of _get_lora_aux_cuda_stream, called when a layer is made",
-            ("from .utils import _get_lora_aux_cuda_stream", "self._lora_stream = _get_lora_aux_cuda_stream()"),
-            _PRIORITY,
-        )
-        for layer in ("base_linear", "fused_moe")
     ),
 )
