@@ -4,7 +4,8 @@
 #   a: the archive's first half and call1.sh (parks the half in /tmp, runs the capture-pin GPU tests);
 #   b: the second half, the kit, names.sh (serves the H200's tables under another GPU's name);
 #   q: the call scripts (qwen3_h100.sh: Qwen3, STAGE=cold then STAGE=second, QWEN3_LAYERS=48 for the whole model on
-#      an H200; gptoss_startup.sh and gptoss_uniform2.sh: GPT-OSS, experts drawn uniformly).
+#      an H200, where a cold plugin server takes about 7 minutes: cold no LoRA in the next call, as in
+#      results/2026-12-06-h200-q/calls.txt; gptoss_startup.sh and gptoss_uniform2.sh: GPT-OSS, experts drawn uniformly).
 # Device calls: carry [".bundle/a"] `bash .bundle/a/call1.sh`, then carry [".bundle/b", ".bundle/q"] and a script.
 # Usage, from the repo root: bash benchmarks/vllm_e2e/make_bundle.sh [KIT_DIR] (default ../shared/tools/vllm-h200;
 # about 4 minutes when the archive is built, which an existing .bundle/a and .bundle/b skip).
