@@ -13,7 +13,8 @@
 # --enable-logging-iteration-details), PASS_S (timeout per pass), CAPTURE_MAX (the largest CUDA-graph batch, default 64:
 # a decode step of 16 or 64 sequences replays a graph; the operator leaves vLLM's default, 2 x max-num-seqs), AHEAD=0
 # (plugin servers without the plugin's read-ahead of the adapters, which the operator turns on), PROFILE_STARTUP=1
-# (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile),
+# (plugin servers: engine init, LoRA manager to graph capture, under cProfile in OUTPUT_DIR/NAME/startup_profile;
+# PROFILE_STARTUP=graph-capture: from the first capture phase, so a cold start's compile is not profiled),
 # ITERATIONS=0 (no per-step lines: by default vLLM logs each step's token counts and time, kept in iterations.txt
 # for iterations.py), SERVED_CHECK=1 (greedy answers of the base model and each adapter in OUTPUT_DIR/NAME/served.json,
 # before the passes: served_check.py), BASE_PASS=1 (a server with adapters: one more pass asking the base model
@@ -56,7 +57,8 @@ case $MODE in
   plugin) PP=$R/image:$R/kernels:$R/operator:/tmp/moelora-ep:$SITE; ENVS="VLLM_PLUGINS=moelora MOELORA_KERNEL=moelora VLLM_TUNED_CONFIG_FOLDER=$CFG"
           # The adapters' directory for the plugin's read-ahead, as the operator renders it (AHEAD=0: none).
           [ "${AHEAD:-1}" = 0 ] || ENVS="$ENVS MOELORA_ADAPTERS_AHEAD_DIR=$L"
-          [ "${PROFILE_STARTUP:-0}" = 1 ] && ENVS="$ENVS MOELORA_PROFILE_STARTUP=$OUTD/startup_profile" ;;
+          [ "${PROFILE_STARTUP:-0}" = 0 ] || ENVS="$ENVS MOELORA_PROFILE_STARTUP=$OUTD/startup_profile"
+          [ "${PROFILE_STARTUP:-0}" = graph-capture ] && ENVS="$ENVS MOELORA_PROFILE_STARTUP_FROM=graph-capture" ;;
   tuned)  ENVS="VLLM_TUNED_CONFIG_FOLDER=$CFG" ;;
   stock)  ;;
   nolora) SRV_LORA=""; BENCH_LORA="" ;;

@@ -3,6 +3,7 @@ creation to the end of graph capture, written to a file and summed up in a log l
 
 from __future__ import annotations
 
+import pstats
 import re
 from types import SimpleNamespace
 
@@ -42,8 +43,9 @@ def test_a_profile_writes_its_functions_and_logs_the_costliest(monkeypatch, tmp_
     phase_work(200_000)
     startup_profile.stop()
     startup_profile.stop()  # nothing left to stop
-    (written,) = (tmp_path / "prof").iterdir()
-    assert written.name.startswith("engine-init-") and written.suffix == ".txt"
+    written, raw = sorted((tmp_path / "prof").iterdir(), key=lambda path: path.suffix != ".txt")
+    assert written.name.startswith("engine-init-") and written.suffix == ".txt" and raw == written.with_suffix(".prof")
+    assert any(name == "busy_helper" for _, _, name in pstats.Stats(str(raw)).stats)  # type: ignore[attr-defined]
     text = written.read_text()
     assert text.startswith("engine-init: ") and "busy_helper" in text and "phase_work" in text
     assert text.count("Ordered by") == 2  # cumulative, then own time
@@ -88,9 +90,57 @@ def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monk
             runner_module.GPUModelRunner.capture_model(object())
     finally:
         patches.undo()
-    (written,) = tmp_path.iterdir()
+    (written,) = tmp_path.glob("*.txt")
     text = written.read_text()
     assert written.name.startswith("engine-init-") and "create_lora_manager" in text and "phase_work" in text
+
+
+def test_from_graph_capture_the_profile_leaves_out_what_comes_before_it(monkeypatch, tmp_path, plugin_log):
+    from vllm.lora import worker_manager
+    from vllm.v1.worker import gpu_model_runner as runner_module
+
+    from moelora.vllm_plugin import host_adapters
+
+    def create_lora_manager(self, model, vllm_config):
+        busy_helper(1000)
+        return "lora model"
+
+    def profile_cudagraph_memory(self):
+        phase_work(1000)
+
+    def capture_model(self):
+        sum(range(1000))
+
+    monkeypatch.setattr(worker_manager.LRUCacheWorkerLoRAManager, "create_lora_manager", create_lora_manager)
+    monkeypatch.setattr(runner_module.GPUModelRunner, "profile_cudagraph_memory", profile_cudagraph_memory)
+    monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
+    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
+    monkeypatch.setenv(startup_profile.FROM_ENV, "graph-capture")
+    monkeypatch.delenv(host_adapters.AHEAD_ENV, raising=False)
+    patches = Patches()
+    assert host_adapters.install_host_adapters(patches) is None
+    try:
+        worker_manager.LRUCacheWorkerLoRAManager.create_lora_manager(object(), None, None)
+        runner_module.GPUModelRunner.profile_cudagraph_memory(object())
+        assert list(tmp_path.iterdir()) == []  # from the first capture phase to the end of the last
+        runner_module.GPUModelRunner.capture_model(object())
+    finally:
+        patches.undo()
+    (written,) = tmp_path.glob("*.txt")
+    text = written.read_text()
+    assert written.name.startswith("graph-capture-") and "phase_work" in text and "capture_model" in text
+    assert "create_lora_manager" not in text
+
+
+def test_an_unknown_starting_phase_is_warned_of_and_profiles_from_the_first(monkeypatch, tmp_path, plugin_log):
+    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
+    monkeypatch.setenv(startup_profile.FROM_ENV, "capture")  # not a phase's name
+    startup_profile.start("graph-capture")
+    assert list(tmp_path.iterdir()) == [] and not startup_profile._running
+    startup_profile.start("engine-init")
+    startup_profile.stop()
+    assert [path.name.split("-")[1] for path in tmp_path.glob("*.txt")] == ["init"]
+    assert any("MOELORA_PROFILE_STARTUP_FROM='capture' is none of" in line for line in plugin_log)
 
 
 def test_without_graph_capture_the_profile_ends_after_vllms_kernel_warm_up(monkeypatch, tmp_path):
@@ -112,7 +162,7 @@ def test_without_graph_capture_the_profile_ends_after_vllms_kernel_warm_up(monke
         gpu_worker.kernel_warmup(SimpleNamespace(model_config=SimpleNamespace(enforce_eager=True)))
     finally:
         patches.undo()
-    (written,) = tmp_path.iterdir()
+    (written,) = tmp_path.glob("*.txt")
     assert written.name.startswith("engine-init-")
 
 

@@ -261,6 +261,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
 
     def capture_model(self):
         with capturing:
+            startup_profile.start("graph-capture")  # with MOELORA_PROFILE_STARTUP_FROM=graph-capture
             try:
                 return capture(self)
             finally:
@@ -268,6 +269,7 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
 
     def profile_cudagraph_memory(self):
         with capturing:
+            startup_profile.start("graph-capture")
             return profile_graphs(self)
 
     _load_adapter.__qualname__ = "moelora_load_adapter"

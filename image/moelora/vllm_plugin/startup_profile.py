@@ -4,6 +4,9 @@ warm-up where nothing is captured (`--enforce-eager`): torch.compile's cache, th
 plugin's and vLLM's warm-ups and the capture. It writes DIR/<phase>-<pid>.txt (functions by cumulative and by own
 time) and logs the three costliest by own time. Up to Python 3.11 it sees the engine's thread only; from 3.12
 (cProfile on sys.monitoring) every thread, the plugin's adapter read-ahead included.
+With `MOELORA_PROFILE_STARTUP_FROM=graph-capture` the profile starts at vLLM's first CUDA-graph capture phase instead,
+so a cold start's compile stays outside it. Beside the text goes the raw profile (<phase>-<pid>.prof, pstats' format),
+for questions the two listings do not answer (callers of a function, say).
 
 A second pod's engine init is where a LoRA server loses most against one without LoRA; this tells host Python (the
 plugin's and vLLM's per-call work, multiplied by every captured size) from waits on the GPU (time inside
@@ -28,11 +31,13 @@ import pathlib
 import pstats
 import time
 
-__all__ = ["GC_ENV", "PROFILE_ENV", "start", "stop"]
+__all__ = ["FROM_ENV", "GC_ENV", "PHASES", "PROFILE_ENV", "start", "stop"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 PROFILE_ENV = "MOELORA_PROFILE_STARTUP"
+FROM_ENV = "MOELORA_PROFILE_STARTUP_FROM"
+PHASES = ("engine-init", "graph-capture")  # where a profile may start, in the order a start-up reaches them
 ROWS = 60  # functions listed per ordering: enough to reach past vLLM's wrappers to the calls they make
 GC_ENV = "MOELORA_STARTUP_GC"
 SLOW_MS = 20.0  # a collection logged: well above a young generation's, near what a full one over a large heap costs
@@ -87,14 +92,21 @@ class _GcWatch:
 _gc_watch: list[_GcWatch] = []  # at most one, from start to stop
 
 
+def _first_phase() -> str:
+    raw = os.environ.get(FROM_ENV, "").strip()
+    if raw and raw not in PHASES:
+        log.warning("moelora: %s=%r is none of %s; profiling from %s", FROM_ENV, raw, PHASES, PHASES[0])
+    return raw if raw in PHASES else PHASES[0]
+
+
 def start(phase: str) -> None:
-    """Start profiling this thread as `phase` when PROFILE_ENV names a folder and no profile runs yet; watch the
-    garbage collector when GC_ENV is 1."""
+    """Start profiling this thread as `phase` when PROFILE_ENV names a folder, no profile runs yet and `phase` is the
+    one FROM_ENV picks (a phase outside PHASES always may); watch the garbage collector when GC_ENV is 1."""
     if os.environ.get(GC_ENV) == "1" and not _gc_watch:
         _gc_watch.append(_GcWatch())
         gc.callbacks.append(_gc_watch[0])
     root = os.environ.get(PROFILE_ENV, "")
-    if not root or _running:
+    if not root or _running or (phase in PHASES and phase != _first_phase()):
         return
     profile = cProfile.Profile()
     try:
@@ -130,6 +142,7 @@ def _write(profile: cProfile.Profile, phase: str, seconds: float, root: pathlib.
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{phase}-{os.getpid()}.txt"
         path.write_text(out.getvalue())
+        profile.dump_stats(path.with_suffix(".prof"))
         top = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:3]  # type: ignore[attr-defined]
         costliest = ", ".join(f"{_name(func)} {row[2]:.2f} s in {row[1]} calls" for func, row in top)
         log.info("moelora: %s took %.2f s under cProfile (%s); costliest: %s", phase, seconds, path, costliest)
