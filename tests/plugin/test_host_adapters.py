@@ -169,7 +169,7 @@ def test_adapters_under_the_directory_are_read_ahead_and_the_load_takes_them(ada
     part = Installed(monkeypatch, ahead=str(adapters))
     try:
         deadline = time.monotonic() + 30
-        while len([line for line in plugin_log if "ahead in" in line]) < 2 and time.monotonic() < deadline:
+        while len([line for line in plugin_log if "after its read" in line]) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)  # both read, merged and pinned
         assert sorted(part.reads) == sorted(str(adapters / n) for n in ("lora1", "lora2"))
         model = part.add(adapters / "lora2", 21, "adapter-2")
@@ -271,14 +271,16 @@ def test_adapters_read_ahead_are_pinned_only_outside_cuda_graph_capture(adapters
     part = Installed(monkeypatch, ahead=str(adapters), capture=phase)
     try:
         deadline = time.monotonic() + 30
-        while len(part.reads) < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # the first adapter is read and merged by now, and waits for the capture to end
-        assert part.reads and not any("pinned" in line for line in plugin_log)
-        part.captured.set()
+        # The reader goes on while the first adapter's pin waits for the capture to end: both are read meanwhile.
         while len([line for line in plugin_log if "ahead in" in line]) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len([line for line in plugin_log if "ahead in" in line and "pinned in" in line]) == 2
+        time.sleep(0.3)  # a pin would have run by now
+        assert sorted(part.reads) == sorted(str(adapters / n) for n in ("lora1", "lora2"))
+        assert not any("pinned" in line for line in plugin_log) and part.capturing.is_set()
+        part.captured.set()
+        while len([line for line in plugin_log if "after its read" in line]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len([line for line in plugin_log if "after its read" in line]) == 2
         assert len([line for line in plugin_log if "pinned in one buffer" in line]) == 2
         model = part.add(adapters / "lora1", 31)
         assert len({t.untyped_storage().data_ptr() for t in tensors(model).values()}) == 1
@@ -339,3 +341,23 @@ def test_overlapping_reads_restore_the_interval_that_was_there_before_the_first(
     first_out.set()
     b.join(timeout=30)
     assert during == [host_adapters.SWITCH_S] and sys.getswitchinterval() == before
+
+
+def test_a_copy_waiting_for_its_pin_is_taken_once_pinned_and_dropped_unpinned():
+    """The store's future for a copy read ahead resolves to its pin's future: a load waits for the pin, and a copy
+    dropped before its pin ran is never pinned."""
+    key = lambda name: (name, (), False)  # noqa: E731
+    store = host_adapters.HostAdapters()
+    read_a, pin_a, read_b, pin_b = (concurrent.futures.Future() for _ in range(4))
+    for future, result in ((read_a, pin_a), (read_b, pin_b)):
+        future.set_running_or_notify_cancel()
+        future.set_result(result)
+    store.ahead(key("a"), read_a)
+    store.ahead(key("b"), read_b)
+    pin_a.set_running_or_notify_cancel()
+    taker = concurrent.futures.ThreadPoolExecutor(1).submit(store.take, key("a"))
+    time.sleep(0.1)
+    assert not taker.done()  # read, not pinned yet
+    pin_a.set_result("model a")
+    assert taker.result(timeout=30) == ("model a", "the copy read ahead")
+    assert store.drop_ahead() == 1 and pin_b.cancelled()

@@ -13,12 +13,13 @@ time while the engine warms up, the newest adapter directories there, up to the 
 first load; a load of one of them takes that copy. Nothing read ahead is served unless vLLM is asked for the same
 files; copies not asked for within `KEEP_S` of the first load are dropped.
 
-The thread reads and merges with no CUDA call (vLLM's merge with its pinning off: adapter_pinning.py, or a platform
-without pinned memory), then pins the adapter in one buffer outside CUDA-graph capture: a capture forbids pinned host
-allocations from any thread (it invalidates the capture, and the engine fails to start), so each of vLLM's two capture
-phases, `profile_cudagraph_memory` and `capture_model`, and each pin take one lock. vLLM's V2 model runner captures
-in methods of its own, out of the lock's reach, so there nothing is read ahead. A copy not pinned yet (the pin
-failed) is pinned on the engine thread when taken.
+A reader thread reads and merges with no CUDA call (vLLM's merge with its pinning off: adapter_pinning.py, or a
+platform without pinned memory) and hands each adapter to a pinning thread, which pins it in one buffer outside
+CUDA-graph capture: a capture forbids pinned host allocations from any thread (it invalidates the capture, and the
+engine fails to start), so each of vLLM's two capture phases, `profile_cudagraph_memory` and `capture_model`, and each
+pin take one lock. The reader goes on while a pin waits out a capture (with 3.38 GB adapters a capture outlasts
+several reads). vLLM's V2 model runner captures in methods of its own, out of the lock's reach, so there nothing is
+read ahead. A copy not pinned yet (the pin failed) is pinned on the engine thread when taken.
 While a read runs, the interpreter's thread switch interval is cut to `SWITCH_S`: the engine thread lets go of the GIL
 in every torch call and waits up to that interval to take it back from a reader running Python (the read-ahead made
 a GPT-OSS second pod's engine init 5 s longer on 2026-12-05, docs/benchmarks.md).
@@ -123,6 +124,8 @@ class HostAdapters:
             return None
         try:
             model = future.result()
+            if isinstance(model, concurrent.futures.Future):  # read, and handed to the pinning thread
+                model = model.result()
         except Exception as exc:  # noqa: BLE001  (the engine thread's own read raises vLLM's error for it)
             log.warning("moelora: reading %s ahead failed: %r", key[0], exc)
             return None
@@ -133,7 +136,10 @@ class HostAdapters:
         with self._lock:
             futures, self._ahead = list(self._ahead.values()), {}
         for future in futures:
-            future.cancel()
+            if not future.cancel() and future.done() and future.exception() is None:
+                pinning = future.result()
+                if isinstance(pinning, concurrent.futures.Future):
+                    pinning.cancel()  # not pinned yet: a copy nobody takes need not be
         return len(futures)
 
 
@@ -159,13 +165,26 @@ def _short_switch(read: Callable[[str], Any], path: str) -> Any:
 
 
 def _read_ahead(
-    store: HostAdapters, root: str, capacity: int, read: Callable[[str], Any], on_start: Callable[[], None]
+    store: HostAdapters,
+    root: str,
+    capacity: int,
+    read: Callable[[str], Any],
+    on_start: Callable[[], None],
+    pin: Callable[[Any, str, float], Any] | None = None,
 ) -> None:
     """The thread's loop: submit each new adapter directory under `root` to one reader (which runs `on_start` first)
-    until the first load, the manager's capacity or the window's end; then drop what was not taken within KEEP_S."""
-    reader = concurrent.futures.ThreadPoolExecutor(
-        max_workers=1, thread_name_prefix="moelora-adapters-ahead", initializer=on_start
+    until the first load, the manager's capacity or the window's end; then drop what was not taken within KEEP_S.
+    With `pin`, what the reader returns goes on to one pinning thread (`on_start` first too) as pin(model, path, when
+    read), in order, and the reader's result is that pin's future, so the reader does not wait for a pin."""
+    reader, pinner = (
+        concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=on_start)
+        for name in ("moelora-adapters-ahead", "moelora-adapters-pin")
     )
+
+    def job(path: str) -> Any:
+        model = _short_switch(read, path)
+        return model if pin is None else pinner.submit(pin, model, path, time.monotonic())
+
     seen: set[Key] = set()
     deadline = time.monotonic() + WINDOW_S
     while not store.loading.is_set() and len(seen) < capacity and time.monotonic() < deadline:
@@ -173,12 +192,13 @@ def _read_ahead(
             key = identity(path, False)
             if key is not None and key not in seen and len(seen) < capacity:
                 seen.add(key)
-                store.ahead(key, reader.submit(_short_switch, read, path))
+                store.ahead(key, reader.submit(job, path))
         store.loading.wait(POLL_S)
     store.loading.wait(max(0.0, deadline - time.monotonic()))
     time.sleep(KEEP_S)
     dropped = store.drop_ahead()
     reader.shutdown(wait=False)
+    pinner.shutdown(wait=False)
     if dropped:
         log.info("moelora: dropped %d adapter(s) read ahead and not loaded", dropped)
 
@@ -249,8 +269,9 @@ def install_host_adapters(patches: Patches, *, start: Callable[[Callable[[], Non
         root = os.environ.get(AHEAD_ENV)
         v2 = bool(getattr(vllm_config, "use_v2_model_runner", False))
         if root and not vllm_pins and not v2:
-            read = _reader(self, load, unpinned, lambda model: _outside(capturing, pin, model), LoRARequest)
-            loop = lambda: _read_ahead(store, root, self._adapter_manager.capacity, read, _on_device(self))  # noqa: E731
+            read, pin_read = _reader(self, load, unpinned, lambda model: _outside(capturing, pin, model), LoRARequest)
+            capacity = self._adapter_manager.capacity
+            loop = lambda: _read_ahead(store, root, capacity, read, _on_device(self), pin_read)  # noqa: E731
             (start or _daemon)(loop)
         elif root:
             why = (
@@ -294,21 +315,29 @@ def _on_device(worker: Any) -> Callable[[], None]:
     return lambda: None
 
 
-def _reader(worker: Any, load: Callable, merge: Callable, pin: Callable, request_cls: type) -> Callable[[str], Any]:
-    """Read, merge and pin the adapter at a path as the engine would (vLLM's own read and merge, with a placeholder
-    id that each load's clone replaces; the plugin's pinning)."""
+def _reader(
+    worker: Any, load: Callable, merge: Callable, pin: Callable, request_cls: type
+) -> tuple[Callable[[str], Any], Callable[[Any, str, float], Any]]:
+    """Read and merge the adapter at a path as the engine would (vLLM's own read and merge, with a placeholder id that
+    each load's clone replaces), and pin what was read (the plugin's pinning, outside capture): the reader's and
+    the pinning thread's steps."""
 
     def read(path: str) -> Any:
         t0 = time.monotonic()
         model = load(worker, request_cls(lora_name=os.path.basename(path), lora_int_id=1, lora_path=path))
         merge(worker._adapter_manager, model)
         setattr(model, MERGED, True)
-        t1 = time.monotonic()
-        pin(model)
-        log.info("moelora: read %s ahead in %.2f s, pinned in %.2f s", path, t1 - t0, time.monotonic() - t1)
+        log.info("moelora: read %s ahead in %.2f s", path, time.monotonic() - t0)
         return model
 
-    return read
+    def pin_read(model: Any, path: str, read_at: float) -> Any:
+        t0 = time.monotonic()
+        pin(model)
+        done = time.monotonic()
+        log.info("moelora: pinned %s in %.2f s, %.2f s after its read", path, done - t0, done - read_at)
+        return model
+
+    return read, pin_read
 
 
 def _daemon(loop: Callable[[], None]) -> None:
