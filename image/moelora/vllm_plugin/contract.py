@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ADD_DUMMY_LORA_PARAMETERS",
     "ADD_LORA_LINEAR_PARAMETERS",
     "APPLY_ASYNC_PARAMETERS",
     "APPLY_SYNC_PARAMETERS",
@@ -41,6 +42,7 @@ __all__ = [
     "Touchpoint",
     "W13_PARAMETERS",
     "W2_PARAMETERS",
+    "WARM_UP_PARAMETERS",
     "check_function",
     "check_schema",
     "check_version",
@@ -201,6 +203,9 @@ CLONE_PARAMETERS = ("self", "lora_model_id")
 # host_adapters holds a lock around each of vLLM's CUDA-graph capture phases (capture_model and
 # profile_cudagraph_memory take the same parameters), so its thread never pins memory during one.
 CAPTURE_PARAMETERS = ("self",)
+# dummy_loras wraps the worker manager's warm-up dummy and the GPU worker's start-up warm-up (whose end drops them).
+ADD_DUMMY_LORA_PARAMETERS = ("self", "lora_request", "rank")
+WARM_UP_PARAMETERS = ("self",)
 
 
 # How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).

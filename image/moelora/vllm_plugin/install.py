@@ -99,8 +99,9 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
     LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
     loaded adapter pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a
-    reload of its files and others read ahead off the engine thread (host_adapters.py), and, when asked, the start-up's
-    heap kept frozen for vLLM's full collections (startup_gc.py)."""
+    reload of its files and others read ahead off the engine thread (host_adapters.py), when asked, the start-up's
+    heap kept frozen for vLLM's full collections (startup_gc.py), and vLLM's warm-up dummy adapter made once per
+    start-up rather than once per warm-up phase (dummy_loras.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -149,6 +150,11 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_startup_gc(_PATCHES)
 
+    def dummy_loras() -> str | None:
+        from .dummy_loras import install_dummy_loras
+
+        return install_dummy_loras(_PATCHES)
+
     parts = []
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
@@ -159,6 +165,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         ("each adapter pinned in one buffer", adapter_pinning),
         ("adapters merged at load, the last one kept, read ahead where asked", host_adapters),
         ("start-up heap frozen before the profile run and kept frozen across captures", startup_gc),
+        ("the warm-up's dummy adapter made once per start-up", dummy_loras),
     ):
         try:
             reason = part()

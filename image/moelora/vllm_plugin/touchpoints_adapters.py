@@ -1,16 +1,19 @@
 """Where the plugin meets vLLM's loading of adapters into host memory, as data (touchpoints.py says how each kind is
-checked): adapter_pinning's two pinning passes and the merge they follow, and host_adapters' load, manager and clone.
+checked): adapter_pinning's two pinning passes and the merge they follow, host_adapters' load, manager and clone, and
+dummy_loras' warm-up dummy and the start-up warm-up whose end drops it.
 Stdlib only, like contract.py.
 """
 
 from __future__ import annotations
 
 from .contract import (
+    ADD_DUMMY_LORA_PARAMETERS,
     CAPTURE_PARAMETERS,
     CLONE_PARAMETERS,
     CREATE_LORA_MANAGER_PARAMETERS,
     LOAD_ADAPTER_PARAMETERS,
     MERGE_PARAMETERS,
+    WARM_UP_PARAMETERS,
     Touchpoint,
 )
 
@@ -24,6 +27,7 @@ _TORCH_UTILS = ("vllm.utils.torch_utils",)
 _A_B = frozenset({"lora_a", "lora_b"})
 _PINNING = "adapter_pinning"
 _HOST = "host_adapters"
+_DUMMY = "dummy_loras"
 
 ADAPTERS: tuple[Touchpoint, ...] = (
     # ---- adapter_pinning (CUDA): vLLM's two pinning passes over a loaded adapter, and the merge it follows ----
@@ -141,5 +145,36 @@ ADAPTERS: tuple[Touchpoint, ...] = (
     ),
     Touchpoint(
         "get_adapter_absolute_path", "params", ("lora/utils.py",), "get_adapter_absolute_path", ("lora_path",), _HOST
+    ),
+    # ---- dummy_loras (CUDA): the warm-up dummy, vLLM's per-phase cache of it, and the end of the start-up ----
+    Touchpoint(
+        "WorkerLoRAManager.add_dummy_lora",
+        "params",
+        (_WORKER_MANAGER,),
+        "WorkerLoRAManager.add_dummy_lora",
+        ADD_DUMMY_LORA_PARAMETERS,
+        _DUMMY,
+    ),
+    Touchpoint(
+        "a phase's dummy cache: None inside it, the first dummy made, its clones",
+        "text",
+        (_WORKER_MANAGER,),
+        "WorkerLoRAManager.dummy_lora_cache and add_dummy_lora",
+        (
+            "self._cached_dummy_lora = None",
+            "if isinstance(self._cached_dummy_lora, LoRAModel):",
+            "dummy_lora = self._cached_dummy_lora.clone(lora_request.lora_int_id)",
+            "if self._cached_dummy_lora is None:",
+            "self._cached_dummy_lora = dummy_lora",
+        ),
+        _DUMMY,
+    ),
+    Touchpoint(
+        "Worker.compile_or_warm_up_model (the start-up's warm-ups and capture)",
+        "params",
+        ("v1/worker/gpu_worker.py",),
+        "Worker.compile_or_warm_up_model",
+        WARM_UP_PARAMETERS,
+        _DUMMY,
     ),
 )
