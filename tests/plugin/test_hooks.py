@@ -3,6 +3,7 @@ start-up compile of vLLM's dense LoRA kernels (its plan and its pinned contract)
 
 from __future__ import annotations
 
+import pathlib
 from types import SimpleNamespace
 
 import pytest
@@ -487,7 +488,8 @@ def test_model_warmup_runs_once_per_compile_cache(plugin_log, monkeypatch, tmp_p
 def test_the_warm_up_marker_follows_what_picks_the_kernels_and_survives_a_read_only_cache(
     plugin_log, monkeypatch, tmp_path
 ):
-    """The marker's name changes with the tuned-config folder's files, the token counts and the MOELORA_ switches;
+    """The marker's name changes with the tuned-config folder's files, the token counts and the MOELORA_ switches
+    that can pick a kernel variant, not with those that only diagnose or act on the host;
     a cache that cannot be written leaves the warm-up to run (and say so), never fails it."""
     from moelora.vllm_plugin import warm_marker
     from moelora.vllm_plugin.model_warmup import warm_model
@@ -502,6 +504,13 @@ def test_the_warm_up_marker_follows_what_picks_the_kernels_and_survives_a_read_o
     assert warm_marker.digest(worker, [65, 96, 128], 8) != name
     (tuned / "E=32.json").write_text('{"16": {"BLOCK_SIZE_M": 32}}')
     assert warm_marker.digest(worker, [65, 96], 8) != name
+    name = warm_marker.digest(worker, [65, 96], 8)
+    monkeypatch.setenv("MOELORA_PROFILE_STARTUP", str(tmp_path / "profile"))  # a diagnostic picks no kernel
+    monkeypatch.setenv("MOELORA_ADAPTERS_AHEAD_DIR", str(tmp_path / "adapters"))
+    assert warm_marker.digest(worker, [65, 96], 8) == name
+    plugin = pathlib.Path(warm_marker.__file__).parent
+    source = "".join(path.read_text() for path in plugin.glob("*.py") if path.name != "warm_marker.py")
+    assert all(f'"{switch}"' in source for switch in warm_marker.HOST_SWITCHES)  # each one a switch the plugin reads
     monkeypatch.setenv("MOELORA_ROUTING", "decode")
     assert warm_marker.digest(worker, [65, 96], 8) not in (name, None)
     blocker = tmp_path / "not-a-directory"

@@ -5,7 +5,9 @@ variant that warm-up compiles, and a variant a request meets later is read from 
 The marker is a file in Triton's cache directory named by a digest of what picks the variants a warm-up meets:
 vLLM's own config hash (the one that names its torch.compile cache: model, LoRA, compilation, parallelism and the
 environment vLLM hashes), the warm-up's token counts and LoRA slots, the vLLM, torch and Triton versions, the GPU,
-moelora's kernels and tables, the tuned-config folder and the MOELORA_* switches. A marker missed costs a warm-up;
+moelora's kernels and tables, the tuned-config folder and the MOELORA_* switches but those that only diagnose or
+act on the host (HOST_SWITCHES: profiling the start-up for where it goes must not make it run the warm-up it would
+skip, as it did on 2026-12-06, docs/benchmarks.md). A marker missed costs a warm-up;
 one matched wrongly costs a compile under a request, as without the plugin, never a wrong result (Triton keys each
 cached kernel by its own content).
 """
@@ -19,11 +21,25 @@ import os
 import pathlib
 from typing import Any
 
-__all__ = ["MARKER_DIR", "digest", "is_marked", "mark"]
+__all__ = ["HOST_SWITCHES", "MARKER_DIR", "digest", "is_marked", "mark"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 MARKER_DIR = "moelora-warm-up"  # inside Triton's cache directory, beside its own hash-named entries
+# Switches that pick no kernel variant: diagnostics, and the handling of adapters and of the heap in host memory.
+HOST_SWITCHES = frozenset(
+    {
+        "MOELORA_PROFILE_STARTUP",
+        "MOELORA_PROFILE_STARTUP_FROM",
+        "MOELORA_STARTUP_GC",
+        "MOELORA_LOG_COMPILES",
+        "MOELORA_GC_FREEZE",
+        "MOELORA_ADAPTERS_AHEAD_DIR",
+        "MOELORA_HOST_ADAPTERS",
+        "MOELORA_ADAPTER_PINNING",
+        "MOELORA_DUMMY_ONCE",
+    }
+)
 
 
 def digest(worker: Any, counts: list[int], active: int) -> str | None:
@@ -46,7 +62,9 @@ def digest(worker: Any, counts: list[int], active: int) -> str | None:
         "device": _device(torch),
         "moelora": _files_digest(pathlib.Path(__file__).parent, pathlib.Path(moelora.kernels.__file__).parent),
         "tuned_configs": _files_digest(*_tuned_folder()),
-        "switches": sorted((k, v) for k, v in os.environ.items() if k.startswith("MOELORA_")),
+        "switches": sorted(
+            (k, v) for k, v in os.environ.items() if k.startswith("MOELORA_") and k not in HOST_SWITCHES
+        ),
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
