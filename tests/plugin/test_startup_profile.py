@@ -63,7 +63,9 @@ def test_an_unwritable_folder_costs_a_warning_not_the_start_up(monkeypatch, tmp_
     assert any("profile of engine-init not written" in line for line in plugin_log)
 
 
-def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monkeypatch, tmp_path):
+def install_over(monkeypatch, tmp_path, **phases) -> Patches:
+    """host_adapters installed over stand-ins for vLLM's LoRA manager creation and the capture phases named, with
+    the profile written to tmp_path; the caller undoes the patches."""
     from vllm.lora import worker_manager
     from vllm.v1.worker import gpu_model_runner as runner_module
 
@@ -73,16 +75,31 @@ def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monk
         busy_helper(1000)
         return "lora model"
 
-    def capture_model(self):
-        phase_work(1000)
-        raise RuntimeError("capture failed")  # the profile is written all the same
-
     monkeypatch.setattr(worker_manager.LRUCacheWorkerLoRAManager, "create_lora_manager", create_lora_manager)
-    monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
+    for name, stand_in in phases.items():
+        monkeypatch.setattr(runner_module.GPUModelRunner, name, stand_in)
     monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
     monkeypatch.delenv(host_adapters.AHEAD_ENV, raising=False)
     patches = Patches()
     assert host_adapters.install_host_adapters(patches) is None
+    return patches
+
+
+def the_profile(folder) -> tuple[str, str]:
+    """The one profile written into `folder`: its file's name and text."""
+    (written,) = folder.glob("*.txt")
+    return written.name, written.read_text()
+
+
+def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monkeypatch, tmp_path):
+    from vllm.lora import worker_manager
+    from vllm.v1.worker import gpu_model_runner as runner_module
+
+    def capture_model(self):
+        phase_work(1000)
+        raise RuntimeError("capture failed")  # the profile is written all the same
+
+    patches = install_over(monkeypatch, tmp_path, capture_model=capture_model)
     try:
         assert worker_manager.LRUCacheWorkerLoRAManager.create_lora_manager(object(), None, None) == "lora model"
         assert list(tmp_path.iterdir()) == []  # still running
@@ -90,20 +107,13 @@ def test_the_profile_runs_from_the_lora_manager_to_the_end_of_graph_capture(monk
             runner_module.GPUModelRunner.capture_model(object())
     finally:
         patches.undo()
-    (written,) = tmp_path.glob("*.txt")
-    text = written.read_text()
-    assert written.name.startswith("engine-init-") and "create_lora_manager" in text and "phase_work" in text
+    name, text = the_profile(tmp_path)
+    assert name.startswith("engine-init-") and "create_lora_manager" in text and "phase_work" in text
 
 
 def test_from_graph_capture_the_profile_leaves_out_what_comes_before_it(monkeypatch, tmp_path, plugin_log):
     from vllm.lora import worker_manager
     from vllm.v1.worker import gpu_model_runner as runner_module
-
-    from moelora.vllm_plugin import host_adapters
-
-    def create_lora_manager(self, model, vllm_config):
-        busy_helper(1000)
-        return "lora model"
 
     def profile_cudagraph_memory(self):
         phase_work(1000)
@@ -111,14 +121,10 @@ def test_from_graph_capture_the_profile_leaves_out_what_comes_before_it(monkeypa
     def capture_model(self):
         sum(range(1000))
 
-    monkeypatch.setattr(worker_manager.LRUCacheWorkerLoRAManager, "create_lora_manager", create_lora_manager)
-    monkeypatch.setattr(runner_module.GPUModelRunner, "profile_cudagraph_memory", profile_cudagraph_memory)
-    monkeypatch.setattr(runner_module.GPUModelRunner, "capture_model", capture_model)
-    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
     monkeypatch.setenv(startup_profile.FROM_ENV, "graph-capture")
-    monkeypatch.delenv(host_adapters.AHEAD_ENV, raising=False)
-    patches = Patches()
-    assert host_adapters.install_host_adapters(patches) is None
+    patches = install_over(
+        monkeypatch, tmp_path, profile_cudagraph_memory=profile_cudagraph_memory, capture_model=capture_model
+    )
     try:
         worker_manager.LRUCacheWorkerLoRAManager.create_lora_manager(object(), None, None)
         runner_module.GPUModelRunner.profile_cudagraph_memory(object())
@@ -126,9 +132,8 @@ def test_from_graph_capture_the_profile_leaves_out_what_comes_before_it(monkeypa
         runner_module.GPUModelRunner.capture_model(object())
     finally:
         patches.undo()
-    (written,) = tmp_path.glob("*.txt")
-    text = written.read_text()
-    assert written.name.startswith("graph-capture-") and "phase_work" in text and "capture_model" in text
+    name, text = the_profile(tmp_path)
+    assert name.startswith("graph-capture-") and "phase_work" in text and "capture_model" in text
     assert "create_lora_manager" not in text
 
 
