@@ -58,7 +58,7 @@ def install_dummy_loras(patches: Patches) -> str | None:
             self._cached_dummy_lora = _kept[key]
         added = add(self, lora_request, rank)
         made = self._cached_dummy_lora
-        if key not in _kept and made is not None and made is not False and getattr(made, "rank", None) == rank:
+        if key not in _kept and getattr(made, "rank", None) == rank:  # a dummy made in this phase (not None/False)
             _kept[key] = made
             log.info("moelora: the warm-up's dummy adapter of rank %d kept for the start-up's other phases", rank)
         return added

@@ -21,6 +21,8 @@ import os
 import pathlib
 from typing import Any
 
+from . import COMPILE_LOG_ENV, adapter_pinning, dummy_loras, host_adapters, startup_gc, startup_profile
+
 __all__ = ["HOST_SWITCHES", "MARKER_DIR", "digest", "is_marked", "mark"]
 
 log = logging.getLogger("vllm.moelora_plugin")
@@ -29,15 +31,15 @@ MARKER_DIR = "moelora-warm-up"  # inside Triton's cache directory, beside its ow
 # Switches that pick no kernel variant: diagnostics, and the handling of adapters and of the heap in host memory.
 HOST_SWITCHES = frozenset(
     {
-        "MOELORA_PROFILE_STARTUP",
-        "MOELORA_PROFILE_STARTUP_FROM",
-        "MOELORA_STARTUP_GC",
-        "MOELORA_LOG_COMPILES",
-        "MOELORA_GC_FREEZE",
-        "MOELORA_ADAPTERS_AHEAD_DIR",
-        "MOELORA_HOST_ADAPTERS",
-        "MOELORA_ADAPTER_PINNING",
-        "MOELORA_DUMMY_ONCE",
+        startup_profile.PROFILE_ENV,
+        startup_profile.FROM_ENV,
+        startup_profile.GC_ENV,
+        COMPILE_LOG_ENV,
+        startup_gc.ENV,
+        host_adapters.AHEAD_ENV,
+        host_adapters.ENV,
+        adapter_pinning.ENV,
+        dummy_loras.ENV,
     }
 )
 
