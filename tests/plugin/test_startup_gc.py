@@ -1,4 +1,4 @@
-"""startup_gc (MOELORA_GC_FREEZE=1): off by default; when on, the heap is frozen before vLLM's profile run, a capture
+"""startup_gc (on by default, MOELORA_GC_FREEZE=0 off): when on, the heap is frozen before vLLM's profile run, a capture
 phase keeps frozen what it froze (vLLM's own context unfreezes it, so every later full collection walks the whole heap
 again) with the collector off while capturing, and vLLM's profiling cleanup walks the whole heap once, so what was
 dropped since a freeze is freed before vLLM measures the memory left."""
@@ -42,8 +42,8 @@ def runner_cls():
 
 @contextlib.contextmanager
 def installed(monkeypatch):
-    """startup_gc installed as a server with MOELORA_GC_FREEZE=1 has it, undone afterwards."""
-    monkeypatch.setenv(startup_gc.ENV, "1")
+    """startup_gc installed as a server has it by default, undone afterwards."""
+    monkeypatch.delenv(startup_gc.ENV, raising=False)
     monkeypatch.delenv(startup_gc.CAPTURE_GC_ENV, raising=False)
     patches = Patches()
     assert startup_gc.install_startup_gc(patches) is None
@@ -53,13 +53,13 @@ def installed(monkeypatch):
         patches.undo()
 
 
-def test_off_by_default_when_vllm_collects_during_capture_and_for_an_unknown_context(monkeypatch, runner_cls):
+def test_off_when_asked_when_vllm_collects_during_capture_and_for_an_unknown_context(monkeypatch, runner_cls):
     names = ("_freeze_gc", "profile_run", "_cleanup_profiling_kv_cache")
     before = [runner_cls.__dict__[name] for name in names]
-    monkeypatch.delenv(startup_gc.ENV, raising=False)
+    monkeypatch.setenv(startup_gc.ENV, "0")
     patches = Patches()
-    assert startup_gc.install_startup_gc(patches) == "MOELORA_GC_FREEZE is not 1"
-    monkeypatch.setenv(startup_gc.ENV, "1")
+    assert startup_gc.install_startup_gc(patches) == "MOELORA_GC_FREEZE is 0"
+    monkeypatch.delenv(startup_gc.ENV)
     monkeypatch.setenv(startup_gc.CAPTURE_GC_ENV, "1")
     assert "VLLM_ENABLE_CUDAGRAPH_GC" in startup_gc.install_startup_gc(patches)
     monkeypatch.delenv(startup_gc.CAPTURE_GC_ENV)

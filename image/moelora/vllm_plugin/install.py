@@ -99,7 +99,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
     LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
     loaded adapter pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a
-    reload of its files and others read ahead off the engine thread (host_adapters.py), when asked, the start-up's
+    reload of its files and others read ahead off the engine thread (host_adapters.py), the start-up's
     heap kept frozen for vLLM's full collections (startup_gc.py), and vLLM's warm-up dummy adapter made once per
     start-up rather than once per warm-up phase (dummy_loras.py)."""
 

@@ -1,5 +1,5 @@
-"""Keep vLLM's start-up garbage collections off the heap that outlives them (`MOELORA_GC_FREEZE=1`; off by default:
-on the one GPU host that measured it the start-up was no faster, docs/benchmarks.md).
+"""Keep vLLM's start-up garbage collections off the heap that outlives them (on by default; `MOELORA_GC_FREEZE=0`
+leaves vLLM's collections as they are).
 
 vLLM's V1 model runner collects in full around its profile run, the KV-cache sizing and on both sides of each
 CUDA-graph capture phase (`_freeze_gc`: collect, freeze, capture, unfreeze, collect), and each full collection walks
@@ -55,8 +55,8 @@ def capture_phase() -> Iterator[None]:
 def install_startup_gc(patches: Patches) -> str | None:
     """Wrap the V1 model runner's profile run and profiling cleanup and replace its capture-phase context through
     `patches`; None when done, else why not (nothing changed)."""
-    if os.environ.get(ENV, "0") != "1":
-        return f"{ENV} is not 1"
+    if os.environ.get(ENV, "1").strip() == "0":
+        return f"{ENV} is 0"
     if os.environ.get(CAPTURE_GC_ENV, "0") not in ("", "0"):
         return f"{CAPTURE_GC_ENV} asks vLLM to collect during capture"
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
