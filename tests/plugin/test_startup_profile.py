@@ -217,3 +217,41 @@ def test_without_the_gc_variable_the_collector_is_not_watched(monkeypatch, plugi
     gc.collect()
     startup_profile.stop()
     assert not any("gc" in line for line in plugin_log)
+
+
+def test_by_samples_the_engine_thread_alone_is_profiled(monkeypatch, tmp_path, plugin_log):
+    import threading
+
+    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path / "prof"))
+    monkeypatch.setenv(startup_profile.BY_ENV, "samples")
+    stop = threading.Event()
+
+    def busy_beside() -> None:
+        while not stop.is_set():
+            busy_helper(1000)
+
+    beside = threading.Thread(target=busy_beside)
+    beside.start()
+    try:
+        startup_profile.start("engine-init")
+        phase_work(3_000_000)
+        startup_profile.stop()
+    finally:
+        stop.set()
+        beside.join()
+    (written,) = (tmp_path / "prof").iterdir()  # text only: no raw profile
+    text = written.read_text()
+    assert text.startswith("engine-init: ") and "the engine's thread sampled" in text and "phase_work" in text
+    assert "busy_beside" not in text  # the thread beside it, busy all along
+    (line,) = [line for line in plugin_log if ", sampled (" in line]
+    assert "engine-init took" in line and str(written) in line and "costliest:" in line
+
+
+def test_an_unknown_profiler_is_warned_of_and_cprofile_runs(monkeypatch, tmp_path, plugin_log):
+    monkeypatch.setenv(startup_profile.PROFILE_ENV, str(tmp_path))
+    monkeypatch.setenv(startup_profile.BY_ENV, "perf")
+    startup_profile.start("engine-init")
+    phase_work(1000)
+    startup_profile.stop()
+    assert any("MOELORA_PROFILE_STARTUP_BY='perf' is none of" in line for line in plugin_log)
+    assert sorted(path.suffix for path in tmp_path.iterdir()) == [".prof", ".txt"]

@@ -21,12 +21,13 @@ vLLM's OpenAI server process, whose engine runs in a spawned process that loads 
 does (front_end_only): no model runs there.
 `MOELORA_LOG_COMPILES=1` logs every Triton compile of the process; `MOELORA_PROFILE_STARTUP=DIR` profiles the engine's
 start-up from the LoRA manager (or, with `MOELORA_PROFILE_STARTUP_FROM=graph-capture`, from the first capture phase)
-to the end of graph capture, `MOELORA_STARTUP_GC=1` logs its slow garbage collections (startup_profile.py), and
-startup_gc.py keeps vLLM's start-up collections off the heap that outlives them (`MOELORA_GC_FREEZE=0` turns it off).
-Modules: contract (what is pinned), touchpoints and surface (every place moelora meets vLLM, as data) and source_check
-(that list checked against a vLLM source tree: docs/vllm-contract.md), install (the swap), patches (the record of what
-it patched, for undoing it), op (vLLM's arguments -> ours), layout (routing inversion; its Triton kernel is
-moelora.kernels.topk_ids_from_blocks), triton_path / torch_path (the two backends).
+to the end of graph capture (`MOELORA_PROFILE_STARTUP_BY=samples`: the engine's thread alone, stack_sampler.py),
+`MOELORA_STARTUP_GC=1` logs its slow garbage collections (startup_profile.py), and startup_gc.py keeps vLLM's start-up
+collections off the heap that outlives them (`MOELORA_GC_FREEZE=0` turns it off). Modules: contract (what is pinned),
+touchpoints and surface (every place moelora meets vLLM, as data) and source_check (that list checked against a vLLM
+source tree: docs/vllm-contract.md), install (the swap), patches (the record of what it patched, for undoing it), op
+(vLLM's arguments -> ours), layout (routing inversion; its Triton kernel is moelora.kernels.topk_ids_from_blocks),
+triton_path / torch_path (the two backends).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ creation of vLLM's LoRA manager (right after the weights load) to the end of CUD
 warm-up where nothing is captured (`--enforce-eager`): torch.compile's cache, the profile run, the KV cache, the
 plugin's and vLLM's warm-ups and the capture. It writes DIR/<phase>-<pid>.txt (functions by cumulative and by own
 time) and logs the three costliest by own time. Up to Python 3.11 it sees the engine's thread only; from 3.12
-(cProfile on sys.monitoring) every thread, the plugin's adapter read-ahead included.
+(cProfile on sys.monitoring) every thread, the plugin's adapter read-ahead included. With
+`MOELORA_PROFILE_STARTUP_BY=samples` the engine's thread alone is sampled instead (stack_sampler.py): the same
+listings by samples, at full speed between them, and no raw profile.
 With `MOELORA_PROFILE_STARTUP_FROM=graph-capture` the profile starts at vLLM's first CUDA-graph capture phase instead,
 so a cold start's compile stays outside it. Beside the text goes the raw profile (<phase>-<pid>.prof, pstats' format),
 for questions the two listings do not answer (callers of a function, say).
@@ -29,14 +31,19 @@ import logging
 import os
 import pathlib
 import pstats
+import threading
 import time
 
-__all__ = ["FROM_ENV", "GC_ENV", "PHASES", "PROFILE_ENV", "start", "stop"]
+from .stack_sampler import StackSampler, name
+
+__all__ = ["BY_ENV", "FROM_ENV", "GC_ENV", "PHASES", "PROFILE_ENV", "start", "stop"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 PROFILE_ENV = "MOELORA_PROFILE_STARTUP"
 FROM_ENV = "MOELORA_PROFILE_STARTUP_FROM"
+BY_ENV = "MOELORA_PROFILE_STARTUP_BY"
+PROFILERS = ("cprofile", "samples")
 PHASES = ("engine-init", "graph-capture")  # where a profile may start, in the order a start-up reaches them
 ROWS = 60  # functions listed per ordering: enough to reach past vLLM's wrappers to the calls they make
 GC_ENV = "MOELORA_STARTUP_GC"
@@ -44,7 +51,7 @@ SLOW_MS = 20.0  # a collection logged: well above a young generation's, near wha
 CENSUSES, TOP_TYPES = 3, 8  # each census walks the heap once: a few suffice
 
 
-_running: list[tuple[cProfile.Profile, str, float, pathlib.Path]] = []  # at most one; started, stopped on one thread
+_running: list[tuple[cProfile.Profile | StackSampler, str, float, pathlib.Path]] = []  # at most one, on one thread
 
 
 class _GcWatch:
@@ -99,6 +106,13 @@ def _first_phase() -> str:
     return raw if raw in PHASES else PHASES[0]
 
 
+def _profiler() -> str:
+    raw = os.environ.get(BY_ENV, "").strip()
+    if raw and raw not in PROFILERS:
+        log.warning("moelora: %s=%r is none of %s; profiling by %s", BY_ENV, raw, PROFILERS, PROFILERS[0])
+    return raw if raw in PROFILERS else PROFILERS[0]
+
+
 def start(phase: str) -> None:
     """Start profiling this thread as `phase` when PROFILE_ENV names a folder, no profile runs yet and `phase` is the
     one FROM_ENV picks (a phase outside PHASES always may); watch the garbage collector when GC_ENV is 1."""
@@ -107,6 +121,12 @@ def start(phase: str) -> None:
         gc.callbacks.append(_gc_watch[0])
     root = os.environ.get(PROFILE_ENV, "")
     if not root or _running or (phase in PHASES and phase != _first_phase()):
+        return
+    if _profiler() == "samples":
+        sampler = StackSampler(threading.get_ident())
+        sampler.start()
+        _running.append((sampler, phase, time.monotonic(), pathlib.Path(root)))
+        log.info("moelora: sampling %s's thread into %s", phase, root)
         return
     profile = cProfile.Profile()
     try:
@@ -127,6 +147,10 @@ def stop() -> None:
     if not _running:
         return
     profile, phase, t0, root = _running.pop()
+    if isinstance(profile, StackSampler):
+        profile.stop()
+        _write_samples(profile, phase, time.monotonic() - t0, root)
+        return
     profile.disable()
     _write(profile, phase, time.monotonic() - t0, root)
 
@@ -150,6 +174,19 @@ def _write(profile: cProfile.Profile, phase: str, seconds: float, root: pathlib.
         log.warning("moelora: profile of %s not written: %r", phase, exc)
 
 
+def _write_samples(sampler: StackSampler, phase: str, seconds: float, root: pathlib.Path) -> None:
+    """The samples' two orderings to a file, the top three by own samples to the log; never raises."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{phase}-{os.getpid()}.txt"
+        path.write_text(f"{phase}: {seconds:.2f} s, the engine's thread sampled\n\n" + sampler.report(ROWS))
+        costliest = ", ".join(
+            f"{name(function)} {n * sampler.interval:.2f} s" for function, n in sampler.own.most_common(3)
+        )
+        log.info("moelora: %s took %.2f s, sampled (%s); costliest: %s", phase, seconds, path, costliest)
+    except Exception as exc:  # noqa: BLE001  (a diagnostic must not stop a start-up)
+        log.warning("moelora: profile of %s not written: %r", phase, exc)
+
+
 def _name(func: tuple[str, int, str]) -> str:
-    filename, line, name = func
-    return name if filename == "~" else f"{pathlib.Path(filename).name}:{line}({name})"
+    return func[2] if func[0] == "~" else name(func)

@@ -33,6 +33,7 @@ HOST_SWITCHES = frozenset(
     {
         startup_profile.PROFILE_ENV,
         startup_profile.FROM_ENV,
+        startup_profile.BY_ENV,
         startup_profile.GC_ENV,
         COMPILE_LOG_ENV,
         startup_gc.ENV,
