@@ -73,13 +73,18 @@ def test_a_recursing_function_counts_once_a_sample():
 
 def test_the_report_lists_both_orderings_with_shares_and_seconds():
     sampler = StackSampler(threading.get_ident(), interval=0.5)
+    assert sampler.report(rows=5, seconds=1.0).startswith("0 samples over 1.00 s")  # nothing sampled: no rows
+    other = sys._getframe(1)
     frame = sys._getframe()
     for _ in range(4):
         sampler.take(frame)
     sampler.take(None)  # a thread that has ended: no sample
-    text = sampler.report(rows=5)
-    assert text.startswith("4 samples, one every 500 ms")
+    text = sampler.report(rows=5, seconds=2.0)
+    assert text.startswith("4 samples over 2.00 s, one asked every 500 ms")
     on_stack, at_top = text.split("by samples at the top (own):")
     code = frame.f_code
-    row = f"        4 100.0%     2.00  {name((code.co_filename, code.co_firstlineno, code.co_name))}"
+    this = name((code.co_filename, code.co_firstlineno, code.co_name))
+    row = f"        4 100.0%     2.00  {this}"
     assert row in on_stack and row in at_top
+    sampler.take(other)  # a fifth sample, with the caller at the top: the shares and seconds follow
+    assert f"        4  80.0%     1.60  {this}" in sampler.report(rows=5, seconds=2.0)

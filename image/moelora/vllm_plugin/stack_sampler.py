@@ -4,8 +4,9 @@ by function, without the other threads' work.
 cProfile runs on sys.monitoring from Python 3.12, which is process-wide: a profile of the engine's start-up then
 also holds the adapter read-ahead's reads (docs/benchmarks.md), and nothing in it tells the two apart. A sample of
 one thread's frames sees only that thread. It counts, per function, the samples with the function on the stack
-(cumulative) and at its top (own: its Python, or a C call it made, a wait on the GPU included). Time is the samples
-times the interval, within the interval's grain; the sampled thread runs at full speed between samples.
+(cumulative) and at its top (own: its Python, or a C call it made, a wait on the GPU included). A function's time is
+its share of the samples times the time sampled: the sampler waits for the GIL like any thread, so its samples come
+less often than asked when others hold it. The sampled thread runs at full speed between samples.
 """
 
 from __future__ import annotations
@@ -65,14 +66,17 @@ class StackSampler:
                 self.cumulative[function] += 1
             frame = frame.f_back
 
-    def report(self, rows: int) -> str:
-        """The `rows` commonest functions on the stack, then at its top, with their samples, share and seconds."""
-        lines = [f"{self.samples:,} samples, one every {self.interval * 1e3:g} ms"]
+    def share(self, n: int) -> float:
+        return n / self.samples if self.samples else 0.0
+
+    def report(self, rows: int, seconds: float) -> str:
+        """The `rows` commonest functions on the stack, then at its top, with their samples, share and share of
+        `seconds` (the time sampled)."""
+        lines = [f"{self.samples:,} samples over {seconds:.2f} s, one asked every {self.interval * 1e3:g} ms"]
         for title, counter in (("on the stack (cumulative)", self.cumulative), ("at the top (own)", self.own)):
             lines += ["", f"by samples {title}:", "  samples  share        s  function"]
             for function, n in counter.most_common(rows):
-                share = n / self.samples if self.samples else 0.0
-                lines.append(f"{n:9,} {share:6.1%} {n * self.interval:8.2f}  {name(function)}")
+                lines.append(f"{n:9,} {self.share(n):6.1%} {self.share(n) * seconds:8.2f}  {name(function)}")
         return "\n".join(lines) + "\n"
 
 

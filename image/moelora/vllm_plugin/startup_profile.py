@@ -179,9 +179,9 @@ def _write_samples(sampler: StackSampler, phase: str, seconds: float, root: path
     try:
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{phase}-{os.getpid()}.txt"
-        path.write_text(f"{phase}: {seconds:.2f} s, the engine's thread sampled\n\n" + sampler.report(ROWS))
+        path.write_text(f"{phase}: {seconds:.2f} s, the engine's thread sampled\n\n" + sampler.report(ROWS, seconds))
         costliest = ", ".join(
-            f"{name(function)} {n * sampler.interval:.2f} s" for function, n in sampler.own.most_common(3)
+            f"{name(function)} {sampler.share(n) * seconds:.2f} s" for function, n in sampler.own.most_common(3)
         )
         log.info("moelora: %s took %.2f s, sampled (%s); costliest: %s", phase, seconds, path, costliest)
     except Exception as exc:  # noqa: BLE001  (a diagnostic must not stop a start-up)
