@@ -99,18 +99,12 @@ class _GcWatch:
 _gc_watch: list[_GcWatch] = []  # at most one, from start to stop
 
 
-def _first_phase() -> str:
-    raw = os.environ.get(FROM_ENV, "").strip()
-    if raw and raw not in PHASES:
-        log.warning("moelora: %s=%r is none of %s; profiling from %s", FROM_ENV, raw, PHASES, PHASES[0])
-    return raw if raw in PHASES else PHASES[0]
-
-
-def _profiler() -> str:
-    raw = os.environ.get(BY_ENV, "").strip()
-    if raw and raw not in PROFILERS:
-        log.warning("moelora: %s=%r is none of %s; profiling by %s", BY_ENV, raw, PROFILERS, PROFILERS[0])
-    return raw if raw in PROFILERS else PROFILERS[0]
+def _choice(env: str, choices: tuple[str, ...], preposition: str) -> str:
+    """The value of `env` among `choices`; unset or unknown (warned of), the first."""
+    raw = os.environ.get(env, "").strip()
+    if raw and raw not in choices:
+        log.warning("moelora: %s=%r is none of %s; profiling %s %s", env, raw, choices, preposition, choices[0])
+    return raw if raw in choices else choices[0]
 
 
 def start(phase: str) -> None:
@@ -120,9 +114,9 @@ def start(phase: str) -> None:
         _gc_watch.append(_GcWatch())
         gc.callbacks.append(_gc_watch[0])
     root = os.environ.get(PROFILE_ENV, "")
-    if not root or _running or (phase in PHASES and phase != _first_phase()):
+    if not root or _running or (phase in PHASES and phase != _choice(FROM_ENV, PHASES, "from")):
         return
-    if _profiler() == "samples":
+    if _choice(BY_ENV, PROFILERS, "by") == "samples":
         sampler = StackSampler(threading.get_ident())
         sampler.start()
         _running.append((sampler, phase, time.monotonic(), pathlib.Path(root)))
@@ -149,41 +143,36 @@ def stop() -> None:
     profile, phase, t0, root = _running.pop()
     if isinstance(profile, StackSampler):
         profile.stop()
-        _write_samples(profile, phase, time.monotonic() - t0, root)
-        return
-    profile.disable()
+    else:
+        profile.disable()
     _write(profile, phase, time.monotonic() - t0, root)
 
 
-def _write(profile: cProfile.Profile, phase: str, seconds: float, root: pathlib.Path) -> None:
-    """The profile's two orderings to a file, its top three by own time to the log; never raises."""
+def _write(profile: cProfile.Profile | StackSampler, phase: str, seconds: float, root: pathlib.Path) -> None:
+    """The profile's two orderings (cumulative, own) to a file, cProfile's raw profile beside it, the top three by own
+    time to the log; never raises."""
     try:
-        out = io.StringIO()
-        stats = pstats.Stats(profile, stream=out)
-        out.write(f"{phase}: {seconds:.2f} s (under cProfile)\n\n")
-        stats.sort_stats("cumulative").print_stats(ROWS)
-        stats.sort_stats("tottime").print_stats(ROWS)
+        if isinstance(profile, StackSampler):
+            text = f"{phase}: {seconds:.2f} s, the engine's thread sampled\n\n" + profile.report(ROWS, seconds)
+            how = ", sampled"
+            costliest = ", ".join(
+                f"{name(function)} {profile.share(n) * seconds:.2f} s" for function, n in profile.own.most_common(3)
+            )
+        else:
+            out = io.StringIO()
+            stats = pstats.Stats(profile, stream=out)
+            out.write(f"{phase}: {seconds:.2f} s (under cProfile)\n\n")
+            stats.sort_stats("cumulative").print_stats(ROWS)
+            stats.sort_stats("tottime").print_stats(ROWS)
+            text, how = out.getvalue(), " under cProfile"
+            top = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:3]  # type: ignore[attr-defined]
+            costliest = ", ".join(f"{_name(func)} {row[2]:.2f} s in {row[1]} calls" for func, row in top)
         root.mkdir(parents=True, exist_ok=True)
         path = root / f"{phase}-{os.getpid()}.txt"
-        path.write_text(out.getvalue())
-        profile.dump_stats(path.with_suffix(".prof"))
-        top = sorted(stats.stats.items(), key=lambda item: item[1][2], reverse=True)[:3]  # type: ignore[attr-defined]
-        costliest = ", ".join(f"{_name(func)} {row[2]:.2f} s in {row[1]} calls" for func, row in top)
-        log.info("moelora: %s took %.2f s under cProfile (%s); costliest: %s", phase, seconds, path, costliest)
-    except Exception as exc:  # noqa: BLE001  (a diagnostic must not stop a start-up)
-        log.warning("moelora: profile of %s not written: %r", phase, exc)
-
-
-def _write_samples(sampler: StackSampler, phase: str, seconds: float, root: pathlib.Path) -> None:
-    """The samples' two orderings to a file, the top three by own samples to the log; never raises."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / f"{phase}-{os.getpid()}.txt"
-        path.write_text(f"{phase}: {seconds:.2f} s, the engine's thread sampled\n\n" + sampler.report(ROWS, seconds))
-        costliest = ", ".join(
-            f"{name(function)} {sampler.share(n) * seconds:.2f} s" for function, n in sampler.own.most_common(3)
-        )
-        log.info("moelora: %s took %.2f s, sampled (%s); costliest: %s", phase, seconds, path, costliest)
+        path.write_text(text)
+        if isinstance(profile, cProfile.Profile):
+            profile.dump_stats(path.with_suffix(".prof"))
+        log.info("moelora: %s took %.2f s%s (%s); costliest: %s", phase, seconds, how, path, costliest)
     except Exception as exc:  # noqa: BLE001  (a diagnostic must not stop a start-up)
         log.warning("moelora: profile of %s not written: %r", phase, exc)
 
