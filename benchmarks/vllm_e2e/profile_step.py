@@ -119,6 +119,31 @@ def steps_of(events: list[dict]) -> list[tuple[str, list[dict]]]:
     return [(label, s) for (_, label), s in zip(marks, steps) if s]
 
 
+NO_WAIT = "nothing ended in the gap (launch gaps, the profiler)"
+
+
+def main_waits(main_kernels: list[dict], side_kernels: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """The main stream's gaps between two of its kernels, by category and by name of the other stream's kernel that
+    ended last inside the gap (the one an event wait held it for); a gap where none ended is NO_WAIT's."""
+    by_cat: dict[str, float] = collections.Counter()
+    by_name: dict[str, float] = collections.Counter()
+    ends = sorted((k["ts"] + k["dur"], k["name"]) for k in side_kernels)
+    keys = [end for end, _ in ends]
+    ordered = sorted(main_kernels, key=lambda k: k["ts"])
+    for before, after in zip(ordered, ordered[1:]):
+        gap_start, gap_end = before["ts"] + before["dur"], after["ts"]
+        if gap_end <= gap_start:
+            continue
+        i = bisect.bisect_right(keys, gap_end) - 1
+        if i >= 0 and keys[i] > gap_start:
+            name = ends[i][1]
+            by_cat[category(name)] += gap_end - gap_start
+            by_name[name[:90]] += gap_end - gap_start
+        else:
+            by_cat[NO_WAIT] += gap_end - gap_start
+    return dict(by_cat), dict(by_name)
+
+
 def step_figures(kernels: list[dict]) -> dict:
     by_cat: dict[str, float] = collections.Counter()
     by_name: dict[str, float] = collections.Counter()
@@ -140,6 +165,10 @@ def step_figures(kernels: list[dict]) -> dict:
             on_side[cat] += k["dur"]
         hidden[cat] += intersect((k["ts"], k["ts"] + k["dur"]), beside[stream])
     busy = length(union(spans))
+    waits, waits_by_name = main_waits(
+        [k for k in kernels if k.get("args", {}).get("stream") == main],
+        [k for k in kernels if k.get("args", {}).get("stream") != main],
+    )
     return {
         "span": max(e for _, e in spans) - min(s for s, _ in spans),
         "sum": sum(k["dur"] for k in kernels),
@@ -151,6 +180,8 @@ def step_figures(kernels: list[dict]) -> dict:
         "on_side": dict(on_side),
         "hidden": dict(hidden),
         "by_name": dict(by_name),
+        "waits": waits,
+        "waits_by_name": waits_by_name,
     }
 
 
@@ -198,6 +229,20 @@ def print_prefill(rows: list[dict]) -> None:
         )
 
 
+def print_waits(waits: dict[str, float], by_name: dict[str, float], top: int) -> None:
+    """The decode step's main-stream gaps by what ended in them (main_waits)."""
+    print(f"\nthe main stream's gaps in a decode step, µs ({sum(waits.values()):.0f} in all), by the other stream's")
+    print("kernel that ended last inside each (what the main stream waited for)\n")
+    print("| waited for | µs per step |")
+    print("|---|---|")
+    for label, us in sorted(waits.items(), key=lambda kv: -kv[1]):
+        print(f"| {label} | {us:.0f} |")
+    print("\n| kernel waited for | category | µs per step |")
+    print("|---|---|---|")
+    for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"| `{name}` | {category(name)} | {us:.1f} |")
+
+
 def mean_of(figs: list[dict], key: str) -> dict[str, float]:
     names = {n for f in figs for n in f[key]}
     return {n: statistics.fmean(f[key].get(n, 0.0) for f in figs) for n in names}
@@ -223,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     mean = {k: statistics.fmean(f[k] for f in figs) for k in ("span", "sum", "busy", "main_busy", "kernels", "streams")}
     cats, side, hidden = mean_of(figs, "by_cat"), mean_of(figs, "on_side"), mean_of(figs, "hidden")
     names = mean_of(figs, "by_name")
+    waits, waits_by_name = mean_of(figs, "waits"), mean_of(figs, "waits_by_name")
     print(
         f"{len(steps)} steps; {len(figs)} decode steps ({decode or 'by kernel count'}) of {modal} kernels "
         f"(their other kernel counts: {dict(sorted((k, v) for k, v in counts.items() if k != modal))})"
@@ -244,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|")
     for name, us in sorted(names.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| `{name}` | {category(name)} | {us:.1f} |")
+    print_waits(waits, waits_by_name, args.top)
     prefill = prefill_steps(steps)
     print_prefill(prefill)
     if args.json:
@@ -258,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                     "on_side": side,
                     "hidden": hidden,
                     "by_name": names,
+                    "waits": waits,
+                    "waits_by_name": waits_by_name,
                     "prefill": prefill,
                 },
                 indent=1,

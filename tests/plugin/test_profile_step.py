@@ -67,3 +67,28 @@ def test_prefill_steps_get_a_row_with_their_lora_time(tmp_path, capsys):
     assert (row["span_ms"], row["busy_ms"]) == pytest.approx((4.99, 4.8))  # 10..4010, 4100..4600, 4700..5000
     printed = capsys.readouterr().out
     assert "| 2 (3200) + 14 | 4 | 4.99 | 4.80 | 1.50 | 1.00 | 1.00 | 4.00 | 0.30 | 0.00 |" in printed
+
+
+def test_main_stream_gaps_go_to_the_side_kernel_that_ended_last_in_them(tmp_path, capsys):
+    trace = Trace()
+    for t0 in (10_000, 20_000):
+        trace.step("execute_context_0(0)_generation_16(16)", t0)
+        trace.kernel("nvjet_qkv", t0 + 1, t0 + 10, 8)  # main 10..18
+        trace.kernel("_route_finish_kernel", t0 + 2, t0 + 10, 4, stream=9)  # ends 14, while the main stream is busy
+        trace.kernel("_dense_splitk_kernel", t0 + 3, t0 + 14, 16, stream=9)  # ends 30, inside the gap 18..33
+        trace.kernel("flash_attn_fwd", t0 + 4, t0 + 33, 20)  # main 33..53
+        trace.kernel("fused_moe_kernel", t0 + 5, t0 + 60, 100)  # main 60..160: a gap of 7 where nothing ended
+        trace.kernel("_expand_kernel", t0 + 6, t0 + 70, 50, stream=9)  # ends 120, beside the base MoE
+        trace.kernel("_shrink_kernel", t0 + 7, t0 + 121, 60, stream=9)  # ends 181, inside the gap 160..185
+        trace.kernel("triton_poi_fused_0", t0 + 8, t0 + 150, 15, stream=11)  # ends 165: in the gap, not last
+        trace.kernel("act_and_mul_kernel", t0 + 9, t0 + 185, 5)  # main 185..190
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": trace.events}))
+    assert profile_step.main([str(path), "--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["waits"] == pytest.approx(
+        {"dense LoRA (moelora split K)": 15, "MoE-LoRA (moelora)": 25, profile_step.NO_WAIT: 7}
+    )
+    assert out["waits_by_name"] == pytest.approx({"_dense_splitk_kernel": 15, "_shrink_kernel": 25})
+    printed = capsys.readouterr().out
+    assert "(47 in all)" in printed and "| MoE-LoRA (moelora) | 25 |" in printed
