@@ -237,7 +237,13 @@ def print_waits(waits: dict[str, float], by_name: dict[str, float], top: int) ->
     print("|---|---|")
     for label, us in sorted(waits.items(), key=lambda kv: -kv[1]):
         print(f"| {label} | {us:.0f} |")
-    print("\n| kernel waited for | category | µs per step |")
+    print()
+    print_kernels("kernel waited for", by_name, top)
+
+
+def print_kernels(heading: str, by_name: dict[str, float], top: int) -> None:
+    """The `top` kernels by µs per step, with their categories."""
+    print(f"| {heading} | category | µs per step |")
     print("|---|---|---|")
     for name, us in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]:
         print(f"| `{name}` | {category(name)} | {us:.1f} |")
@@ -286,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         if cats.get(label):
             print(f"| {label} | {cats[label]:.0f} | {side.get(label, 0.0):.0f} | {hidden.get(label, 0.0):.0f} |")
     print(f"\nkernels per step {mean['kernels']:.0f}, streams per step {mean['streams']:.1f}\n")
-    print("| kernel | category | µs per step |")
-    print("|---|---|---|")
-    for name, us in sorted(names.items(), key=lambda kv: -kv[1])[: args.top]:
-        print(f"| `{name}` | {category(name)} | {us:.1f} |")
+    print_kernels("kernel", names, args.top)
     print_waits(waits, waits_by_name, args.top)
     prefill = prefill_steps(steps)
     print_prefill(prefill)
