@@ -114,5 +114,7 @@ def fresh_bound() -> Iterator[None]:
     from moelora.vllm_plugin import lora_stream
 
     lora_stream.max_tokens.cache_clear()
+    lora_stream.dense_max_tokens.cache_clear()
     yield
     lora_stream.max_tokens.cache_clear()
+    lora_stream.dense_max_tokens.cache_clear()

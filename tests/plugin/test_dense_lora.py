@@ -355,19 +355,22 @@ def test_fewer_groups_than_slots_when_vllm_specialises_on_active_adapters(vllm_c
     torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("variable", [lora_stream.ENV, lora_stream.DENSE_ENV])
 def test_above_the_bound_the_lora_is_added_on_the_current_stream_without_a_fork(
-    vllm_calls, monkeypatch, fresh_bound
+    vllm_calls, monkeypatch, fresh_bound, variable
 ) -> None:
     """A step of more tokens than lora_stream's bound runs vLLM's own path without the second stream: the base output,
     then the LoRA added into it (routed here, so dense_splitk adding); no fork, no LoRA-only output. At the bound
-    itself the fork runs."""
+    itself the fork runs. The dense layers' own bound moves theirs and leaves the MoE layers' where it was."""
     from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
 
     forks: list[int] = []
     fork = dense_lora._original["fork"]
     monkeypatch.setitem(dense_lora._original, "fork", lambda *args: forks.append(1) or fork(*args))
     monkeypatch.setitem(dense_lora._original, "apply_sync", BaseLinearLayerWithLoRA._apply_sync)  # as installed
-    monkeypatch.setenv(lora_stream.ENV, "18")
+    monkeypatch.delenv(lora_stream.ENV, raising=False)
+    monkeypatch.setenv(variable, "18")
+    assert lora_stream.in_place(19) == (variable == lora_stream.ENV)
     layer, mapping = _layer(19, seed=19), [0, 2, -1, 1] * 4 + [1, 0, 2]
     linear = _linear(layer, _wrapper(mapping))
     linear.punica_wrapper.add_lora_linear = lambda *args, **kwargs: dense_lora.add_lora_linear(

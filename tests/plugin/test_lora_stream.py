@@ -71,6 +71,17 @@ def test_the_bound_comes_from_the_variable_read_once(monkeypatch, fresh_bound, v
     assert lora_stream.in_place(bound + 1) and not lora_stream.in_place(bound)
 
 
+def test_the_dense_bound_is_the_bound_unless_set(monkeypatch, fresh_bound) -> None:
+    monkeypatch.setenv(lora_stream.ENV, "300")
+    monkeypatch.delenv(lora_stream.DENSE_ENV, raising=False)
+    assert lora_stream.dense_max_tokens() == 300
+    lora_stream.max_tokens.cache_clear()
+    lora_stream.dense_max_tokens.cache_clear()
+    monkeypatch.setenv(lora_stream.DENSE_ENV, "0")
+    assert (lora_stream.max_tokens(), lora_stream.dense_max_tokens()) == (300, 0)
+    assert lora_stream.dense_in_place(1) and not lora_stream.in_place(1)
+
+
 def test_installs_on_vllms_triton_experts_and_comes_off() -> None:
     from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, APPLY_SYNC_PARAMETERS, PARALLEL_PARAMETERS
-from .lora_stream import in_place
+from .lora_stream import dense_in_place
 from .patches import Patches
 
 __all__ = ["ENV", "apply_async", "install_dense_lora", "route"]
@@ -162,9 +162,10 @@ def route(
             fits = _layer_fits(lora_a, lora_b, output_slices)
             _layers[key] = _Layer(dense_layout(lora_a, lora_b), len(lora_a)) if fits else None
         layer = _layers[key]
-        # Above lora_stream's bound the LoRA is added in place; with the window below the bound, such a call's
+        # Above lora_stream's dense bound the LoRA is added in place; with the window below the bound, such a call's
         # epilogue is never served, so it prepares nothing (asked last: only a layer not yet prepared asks).
-        if layer is not None and add not in layer.prepared and not (in_place(m) and not in_place(MAX_SERVED_M)):
+        never = dense_in_place(m) and not dense_in_place(MAX_SERVED_M)
+        if layer is not None and add not in layer.prepared and not never:
             _prepare(layer, x, meta_args[4].numel() - 1, add)
     layer = _layers.get(key)
     config = served_config(m, len(output_slices))
@@ -211,11 +212,11 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     LoRA stream into an output of its own, that output added once both are done; the output is left unfilled where
     `route` takes the call (dense_splitk writes every row, rows past the tokens vLLM grouped included). A 3-D input
     (the transformers backend) and `specialize_active_lora` (graphs per adapter count, whose group count a replay may
-    outgrow) stay vLLM's, filled. Above lora_stream's bound the LoRA runs as without the second stream (`_apply_sync`:
-    added into the base output on the current stream)."""
+    outgrow) stay vLLM's, filled. Above lora_stream's dense bound the LoRA runs as without the second stream
+    (`_apply_sync`: added into the base output on the current stream)."""
     if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
-    if "apply_sync" in _original and in_place(x.size(0)):
+    if "apply_sync" in _original and dense_in_place(x.size(0)):
         return self._apply_sync(x, bias)
     wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices
 

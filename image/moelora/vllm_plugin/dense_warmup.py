@@ -9,9 +9,9 @@ measurements).
 We keep vLLM's implementation and register a thin wrapper as the ops' CUDA kernel: on the first eager call per
 weight shape it runs vLLM's own function on scratch buffers at every token bucket of the tuned file (both classes),
 then every call goes straight to vLLM's function. The adding expand (`add_inputs=True`) is split at lora_stream's
-bound: with vLLM's second stream on, only steps above the bound run it (the LoRA added in place; at or below, the
-stream's expand writes), so an adding call warms the buckets on its own side of the bound and the first eager adding
-call on the other side (vLLM's one-stream path) warms the rest.
+dense bound: with vLLM's second stream on, only steps above the bound run it (the LoRA added in place; at or below,
+the stream's expand writes), so an adding call warms the buckets on its own side of the bound and the first eager
+adding call on the other side (vLLM's one-stream path) warms the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 
 from . import warmups_on
 from .contract import EXPAND_PARAMETERS, SHRINK_PARAMETERS
-from .lora_stream import in_place, max_tokens
+from .lora_stream import dense_in_place, dense_max_tokens
 
 __all__ = ["EXPAND_PARAMETERS", "SHRINK_PARAMETERS", "install_dense_warmup", "warm_ms"]
 
@@ -50,12 +50,12 @@ def warm_ms(file_ms: set[int], cap: int = MAX_WARM_M) -> list[int]:
 
 
 def side_ms(ms: list[int], m: int, cap: int = MAX_WARM_M) -> list[int]:
-    """The token counts of `ms` on the side of lora_stream's bound where a call of m tokens is, and next to the bound
-    on that side one count of each class: vLLM takes the nearest bucket's configuration, so one bucket's counts can
-    lie on both sides."""
-    bound, above = max_tokens(), in_place(m)
+    """The token counts of `ms` on the side of lora_stream's dense bound where a call of m tokens is, and next to the
+    bound on that side one count of each class: vLLM takes the nearest bucket's configuration, so one bucket's counts
+    can lie on both sides."""
+    bound, above = dense_max_tokens(), dense_in_place(m)
     edge = (bound + 1, bound + 2, (bound // 16 + 1) * 16) if above else (bound, bound - 1, bound // 16 * 16)
-    return sorted({n for n in (*ms, *edge) if 1 <= n <= cap and in_place(n) == above})
+    return sorted({n for n in (*ms, *edge) if 1 <= n <= cap and dense_in_place(n) == above})
 
 
 def _file_ms(op_type: str, add_inputs: bool | None) -> set[int]:
@@ -182,7 +182,7 @@ def make_expand(original: Callable[..., None]) -> Callable[..., None]:
             offset_start,
             bool(add_inputs),
             lora_ids.size(0),
-            in_place(inputs.size(1)) if add_inputs else None,  # the adding expand warms one side at a time
+            dense_in_place(inputs.size(1)) if add_inputs else None,  # the adding expand warms one side at a time
         )
         if _should_warm(key, inputs, no_lora_flag_cpu):
             dev, n = inputs.device, output_tensor.size(-1)

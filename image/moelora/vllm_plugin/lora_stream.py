@@ -9,7 +9,9 @@ LoRA runs as vLLM runs it without the second stream: on the main stream, added s
 
 MoE layers: `TritonExperts.apply` reads `lora_context.aux_stream` to choose; the wrapper hides the stream (and its
 events) from a call with more tokens and puts them back after it. Dense layers: dense_lora.apply_async calls
-`in_place` and then vLLM's `_apply_sync`. `MOELORA_STREAM_MAX_TOKENS=N` moves the bound (0: never the second stream).
+`dense_in_place` and then vLLM's `_apply_sync`. `MOELORA_STREAM_MAX_TOKENS=N` moves the bound (0: never the second
+stream); `MOELORA_DENSE_STREAM_MAX_TOKENS=N` moves the dense layers' bound alone (by default the same): a dense LoRA
+in place at decode adds its one launch to the main stream but saves the fork's two events and the add.
 """
 
 from __future__ import annotations
@@ -24,31 +26,56 @@ from typing import Any
 from .contract import EXPERTS_APPLY_PARAMETERS
 from .patches import Patches
 
-__all__ = ["ENV", "MAX_TOKENS", "in_place", "install_lora_stream", "max_tokens"]
+__all__ = [
+    "DENSE_ENV",
+    "ENV",
+    "MAX_TOKENS",
+    "dense_in_place",
+    "dense_max_tokens",
+    "in_place",
+    "install_lora_stream",
+    "max_tokens",
+]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 ENV = "MOELORA_STREAM_MAX_TOKENS"
+DENSE_ENV = "MOELORA_DENSE_STREAM_MAX_TOKENS"
 # Far above a decode batch (vLLM's captured sizes, up to 512 by default), below a prompt chunk of the sizes served.
 MAX_TOKENS = 1024
 
 _original: dict[str, Callable[..., Any]] = {}
 
 
+def _bound(env: str, default: int) -> int:
+    raw = os.environ.get(env, "")
+    try:
+        return max(0, int(raw)) if raw.strip() else default
+    except ValueError:
+        log.warning("moelora: %s=%r is not a whole number; the bound stays %d tokens", env, raw, default)
+        return default
+
+
 @functools.cache  # read once a process (install starts afresh): it is asked on every layer's call
 def max_tokens() -> int:
     """The most tokens a step may have for its LoRA to run on the second stream."""
-    raw = os.environ.get(ENV, "")
-    try:
-        return max(0, int(raw)) if raw.strip() else MAX_TOKENS
-    except ValueError:
-        log.warning("moelora: %s=%r is not a whole number; the bound stays %d tokens", ENV, raw, MAX_TOKENS)
-        return MAX_TOKENS
+    return _bound(ENV, MAX_TOKENS)
+
+
+@functools.cache
+def dense_max_tokens() -> int:
+    """The most tokens a step may have for a dense layer's LoRA to run on the second stream (max_tokens unless set)."""
+    return _bound(DENSE_ENV, max_tokens())
 
 
 def in_place(num_tokens: int) -> bool:
     """Whether a call of this many tokens runs its LoRA on the main stream, into the layer's output."""
     return num_tokens > max_tokens()
+
+
+def dense_in_place(num_tokens: int) -> bool:
+    """The same for a dense layer's call."""
+    return num_tokens > dense_max_tokens()
 
 
 def experts_apply(self: Any, output: Any, hidden_states: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,6 +99,7 @@ def install_lora_stream(patches: Patches) -> str | None:
     if fn is None or tuple(inspect.signature(fn).parameters) != EXPERTS_APPLY_PARAMETERS:
         return "TritonExperts.apply is not the pinned one"
     max_tokens.cache_clear()
+    dense_max_tokens.cache_clear()
     _original["apply"] = fn
     patches.set(TritonExperts, "apply", experts_apply)
     patches.on_undo(_original.clear)
