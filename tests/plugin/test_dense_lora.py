@@ -89,6 +89,63 @@ def test_served_window_and_configs() -> None:
         assert picked == set(dense.served_configs(slices))
 
 
+def test_a_served_table_replaces_its_kinds_and_refuses_what_cannot_launch() -> None:
+    table = dense.parse_served("several=16:4/128/4, 48:8/64/8/2")
+    assert table["several"] == ((16, dense.SplitKConfig(4, 128, 4)), (48, dense.SplitKConfig(8, 64, 8, num_warps=2)))
+    assert table["one"] == dense.SERVED["one"]
+    assert dense.served_config(20, 3, table) == dense.SplitKConfig(8, 64, 8, num_warps=2)
+    assert dense.served_config(49, 3, table) is None  # past the table's largest M: vLLM's
+    assert dense.served_configs(3, table) == tuple(c for _, c in table["several"])
+    for text, why in (
+        ("all=16:4/64/4", "'several' or 'one'"),
+        ("one=16:4/96/4", "power of two"),
+        ("one=16:4/64/4/3", "num_warps"),
+        ("one=16:4/64", "each at least 1"),
+        ("one=16:0/64/4", "each at least 1"),
+        ("one=16:four/64/4", "whole numbers"),
+        ("one=32:4/64/4,16:4/64/4", "rise"),
+        (f"one={dense.MAX_SERVED_M + 1}:4/64/4", "rise"),
+        ("one=1:4/64/4", "rise"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            dense.parse_served(text)
+
+
+def test_the_route_launches_the_served_tables_config(vllm_calls, monkeypatch) -> None:
+    monkeypatch.setattr(dense_lora, "_served", dense.parse_served("several=64:4/16/2"))
+    launched: list[tuple] = []
+    real = splitk.dense_splitk
+
+    def recording(*args, **kwargs):
+        launched.append((kwargs["split_k"], kwargs["block_k"], kwargs["n_chunks"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(splitk, "dense_splitk", recording)
+    layer = _layer(18, seed=18)
+    y = layer.base.clone()
+    _call(_wrapper(MAPPING), y, layer)
+    assert launched == [(4, 16, 2)] and not vllm_calls
+    want = _vllm_reference(layer, MAPPING, 0.5).double() + layer.base.double()
+    torch.testing.assert_close(y.double(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_the_served_table_is_read_at_install(monkeypatch, caplog, valid) -> None:
+    from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
+
+    monkeypatch.delenv(dense_lora.ENV, raising=False)
+    monkeypatch.setenv(dense_lora.CONFIGS_ENV, "one=64:8/128/8" if valid else "one=64:8/100/8")
+    patches = Patches()
+    assert dense_lora.install_dense_lora(PunicaWrapperGPU, patches) is None
+    try:
+        want = ((64, dense.SplitKConfig(8, 128, 8)),) if valid else dense.SERVED["one"]
+        assert dense_lora._served["one"] == want and dense_lora._served["several"] == dense.SERVED["several"]
+        assert valid or "MOELORA_DENSE_SPLITK_CONFIGS ignored" in caplog.text
+    finally:
+        patches.undo()
+    assert not dense_lora._served
+
+
 def test_grid_arithmetic_matches_the_launch() -> None:
     config = dense.SplitKConfig(8, 64, 16)
     # K 2880 in 45 tiles of 64: 8 splits; 9 groups of one row block each at M = 16, 3 slices: 27 units.

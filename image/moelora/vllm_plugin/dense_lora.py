@@ -16,7 +16,8 @@ a zeroed output of its own). The rule, `route`, is decided from what is known be
   warm-up, so graphs captured before any batch with adapters keep vLLM's kernels;
 - the grid for this M and group count fits in that room (an arithmetic check; `dense_splitk` raising ValueError
   anyway also falls back, before anything is launched).
-`MOELORA_DENSE_SPLITK=0` keeps vLLM's kernels for every call.
+`MOELORA_DENSE_SPLITK=0` keeps vLLM's kernels for every call; `MOELORA_DENSE_SPLITK_CONFIGS` replaces the served
+launch parameters (`dense_config.parse_served`'s format), so that a device call can compare tables end to end.
 
 On vLLM's LoRA stream (`VLLM_LORA_ENABLE_DUAL_STREAM=1`, as the operator deploys it) vLLM zero-fills the LoRA's
 output before computing into it, because its expand leaves rows without an adapter unwritten. dense_splitk writes
@@ -42,11 +43,12 @@ from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, APPLY_
 from .lora_stream import dense_in_place
 from .patches import Patches
 
-__all__ = ["ENV", "apply_async", "install_dense_lora", "route"]
+__all__ = ["CONFIGS_ENV", "ENV", "apply_async", "install_dense_lora", "route"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
 ENV = "MOELORA_DENSE_SPLITK"  # "0": vLLM's dense LoRA kernels for every call
+CONFIGS_ENV = "MOELORA_DENSE_SPLITK_CONFIGS"
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -65,6 +67,7 @@ class _Layer:
 _layers: dict[tuple, _Layer | None] = {}  # None: this layer's weights do not fit the kernel (vLLM's, always)
 _original: dict[str, Callable[..., Any]] = {}
 _logged: set[tuple] = set()
+_served: dict[str, Any] = {}  # the table served (dense_config.Served), read at install
 
 
 def _weights_key(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> tuple:
@@ -105,7 +108,7 @@ def _layer_fits(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor], 
 def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     """Compile each config the layer may launch with this `add` at the largest M and group count, on scratch
     buffers, and record its room (the counter words grow to that grid now). Outside capture only."""
-    from moelora.kernels.dense_config import MAX_SERVED_M, served_configs
+    from moelora.kernels.dense_config import MAX_SERVED_M, SERVED, served_configs
     from moelora.kernels.dense_splitk import splitk_prepare
 
     from .dense_warmup import _meta
@@ -117,13 +120,13 @@ def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     width = int(layer.layout.slice_n.sum().item())
     scratch_x = torch.zeros(m, layer.layout.k, device=dev, dtype=x.dtype)
     scratch_y = torch.zeros(m, width, device=dev, dtype=x.dtype)
-    for config in served_configs(layer.slices):
+    for config in served_configs(layer.slices, _served or SERVED):
         layer.rooms[(config, add)] = splitk_prepare(scratch_y, scratch_x, layer.layout, meta, add=add, config=config)
     layer.prepared.add(add)
     shape = (layer.layout.k, width, layer.slices, add)
     if shape not in _logged:  # once per shape: the first layer of a shape compiles, the others find it compiled
         _logged.add(shape)
-        rooms = [layer.rooms[(c, add)] for c in served_configs(layer.slices)]
+        rooms = [layer.rooms[(c, add)] for c in served_configs(layer.slices, _served or SERVED)]
         log.info(
             "moelora: dense LoRA in one launch ready for K=%d, N=%d (%d slices), add=%s: rooms %s, in %.2f s",
             *shape,
@@ -147,7 +150,14 @@ def route(
     add: bool,
 ) -> bool:
     """Run this add_lora_linear call as dense_splitk and return True, or return False (nothing done) for vLLM's."""
-    from moelora.kernels.dense_config import MAX_SERVED_M, dense_layout, served_config, served_kwargs, splitk_programs
+    from moelora.kernels.dense_config import (
+        MAX_SERVED_M,
+        SERVED,
+        dense_layout,
+        served_config,
+        served_kwargs,
+        splitk_programs,
+    )
     from moelora.kernels.dense_splitk import dense_splitk
 
     if not _supported(y, x, lora_a, lora_b, output_slices):
@@ -168,7 +178,7 @@ def route(
         if layer is not None and add not in layer.prepared and not never:
             _prepare(layer, x, meta_args[4].numel() - 1, add)
     layer = _layers.get(key)
-    config = served_config(m, len(output_slices))
+    config = served_config(m, len(output_slices), _served or SERVED)
     if layer is None or config is None or (config, add) not in layer.rooms:
         return False
     groups = int(meta_args[6].item())
@@ -248,7 +258,15 @@ def install_dense_lora(cls: type, patches: Patches) -> str | None:
     if os.environ.get(ENV, "1") == "0":
         return f"{ENV}=0"
     import moelora.kernels.dense_splitk  # noqa: F401  (fail here, at start-up, rather than on the first request)
+    from moelora.kernels.dense_config import SERVED, parse_served
 
+    _served.update(SERVED)
+    if raw := os.environ.get(CONFIGS_ENV, "").strip():
+        try:
+            _served.update(parse_served(raw))
+            log.info("moelora: dense LoRA launch parameters from %s: %s", CONFIGS_ENV, raw)
+        except ValueError as e:
+            log.warning("moelora: %s ignored, the built-in table served: %s", CONFIGS_ENV, e)
     _original["add_lora_linear"] = fn
     patches.set(cls, "add_lora_linear", add_lora_linear)
     patches.on_undo(_forget)
@@ -282,5 +300,6 @@ def _install_apply_async(patches: Patches) -> None:
 
 def _forget() -> None:
     _original.clear()
+    _served.clear()
     _layers.clear()
     _logged.clear()

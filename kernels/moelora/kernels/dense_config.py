@@ -13,9 +13,11 @@ import triton
 
 __all__ = [
     "MAX_SERVED_M",
+    "SERVED",
     "DenseLayout",
     "SplitKConfig",
     "dense_layout",
+    "parse_served",
     "served_config",
     "served_configs",
     "served_kwargs",
@@ -92,20 +94,55 @@ _SEVERAL_SLICES = ((16, SplitKConfig(split_k=8, block_k=64, n_chunks=16)), (64, 
 _ONE_SLICE = ((16, SplitKConfig(split_k=16, block_k=128, n_chunks=16)), (64, SplitKConfig(32, 64, 16)))
 
 
-def served_config(m: int, slices: int) -> SplitKConfig | None:
+# A table: (largest M, config) pairs, M ascending, for calls of several slices (q/k/v) and of one slice (o).
+Served = dict[str, tuple[tuple[int, SplitKConfig], ...]]
+SERVED: Served = {"several": _SEVERAL_SLICES, "one": _ONE_SLICE}
+_FIELDS = ("split_k", "block_k", "n_chunks", "num_warps")
+
+
+def parse_served(text: str) -> Served:
+    """SERVED with kinds replaced as `text` says, e.g. `several=16:4/128/4,64:8/64/8;one=64:8/128/8/2`: per kind,
+    its largest M and split_k/block_k/n_chunks[/num_warps] for each M class. ValueError saying what is wrong."""
+    served = dict(SERVED)
+    for part in filter(None, text.replace(" ", "").split(";")):
+        kind, _, classes = part.partition("=")
+        if kind not in SERVED:
+            raise ValueError(f"{part!r}: the kind is 'several' or 'one'")
+        table = []
+        for item in classes.split(","):
+            bound, _, values = item.partition(":")
+            try:
+                numbers = [int(bound), *(int(v) for v in values.split("/"))]
+            except ValueError:
+                raise ValueError(f"{item!r}: M:split_k/block_k/n_chunks[/num_warps], whole numbers") from None
+            if not 4 <= len(numbers) <= 5 or min(numbers) < 1:
+                raise ValueError(f"{item!r}: M:split_k/block_k/n_chunks[/num_warps], each at least 1")
+            m, *fields = numbers
+            config = SplitKConfig(**dict(zip(_FIELDS, fields, strict=False)))
+            if config.block_k < 16 or config.block_k & (config.block_k - 1) or config.num_warps not in (1, 2, 4, 8):
+                raise ValueError(f"{item!r}: block_k is a power of two from 16, num_warps 1, 2, 4 or 8")
+            table.append((m, config))
+        bounds = [m for m, _ in table]
+        if bounds != sorted(set(bounds)) or not 2 <= bounds[0] or bounds[-1] > MAX_SERVED_M:
+            raise ValueError(f"{part!r}: the M bounds rise, from 2 to at most {MAX_SERVED_M}")
+        served[kind] = tuple(table)
+    return served
+
+
+def served_config(m: int, slices: int, served: Served = SERVED) -> SplitKConfig | None:
     """The launch parameters for M tokens and this many slices, or None where vLLM's own launches are faster or
-    not measured against (M = 1, M > MAX_SERVED_M)."""
+    not measured against (M = 1, M > MAX_SERVED_M, or past the table's largest M)."""
     if not 2 <= m <= MAX_SERVED_M:
         return None
-    for bound, config in _SEVERAL_SLICES if slices > 1 else _ONE_SLICE:
+    for bound, config in served["several" if slices > 1 else "one"]:
         if m <= bound:
             return config
     return None
 
 
-def served_configs(slices: int) -> tuple[SplitKConfig, ...]:
+def served_configs(slices: int, served: Served = SERVED) -> tuple[SplitKConfig, ...]:
     """Every config `served_config` can pick for this many slices, with the largest M it is picked for."""
-    return tuple(config for _, config in (_SEVERAL_SLICES if slices > 1 else _ONE_SLICE))
+    return tuple(config for _, config in served["several" if slices > 1 else "one"])
 
 
 def splitk_grid(*, k: int, block_k: int, split_k: int) -> tuple[int, int]:
