@@ -105,3 +105,15 @@ def test_padded_rows_start_after_every_grouped_token_even_past_the_groups_launch
     torch.testing.assert_close(y[computed].double(), want[computed], atol=2e-2, rtol=2e-2)
     assert torch.isnan(y[[1, 3, 6]]).all()  # slot 1's group was not launched for: untouched, not zeroed
     assert torch.equal(y[7:], torch.zeros_like(y[7:]))
+
+
+def test_bench_dense_beside_prints_a_table_the_plugin_accepts() -> None:
+    """The configs `bench_dense --beside` picks, printed for MOELORA_DENSE_SPLITK_CONFIGS, parse back to the same
+    served table (M outside the served window left out, each kind's M rising whatever the order measured)."""
+    from moelora.kernels.dense_config import SERVED, SplitKConfig, parse_served
+    from moelora.kernels.tools.bench_dense import configs_text
+
+    a, b, c, d = (SplitKConfig(4, 128, 4), SplitKConfig(8, 64, 8, num_warps=2), SplitKConfig(16, 64, 4), SplitKConfig())
+    text = configs_text([(3, 64, b), (3, 1, d), (3, 16, a), (1, 16, c), (1, 64, d), (1, 65, a)])
+    assert parse_served(text) == {"several": ((16, a), (64, b)), "one": ((16, c), (64, d))}
+    assert parse_served(configs_text([(1, 32, c)])) == {"several": SERVED["several"], "one": ((32, c),)}

@@ -17,6 +17,13 @@ replay divided by that count, so that the gaps between kernels count as they do 
 The error column: the largest difference from vLLM's result (both kernels in both epilogues, and every timed split-K
 config writing its own output), over the largest LoRA value.
 Only on CUDA, with vLLM importable (its ops and its token grouping, `LoRAKernelMeta`).
+
+`--beside`: instead, the split-K kernel as the dual stream serves it, beside the layer's base GEMM: per layer a fork,
+the base GEMM (the projection's weight, cuBLAS as vLLM's unquantized linear runs it) on the main stream and
+`dense_splitk` writing its own output on a second stream, the join and the add. Its cost is the time over the same
+layer without the LoRA (GEMM, fork, join, add); per model, projection and M the served config's and the best of the
+candidates', each beside and alone, then `MOELORA_DENSE_SPLITK_CONFIGS` with the best (dense_config.parse_served):
+the kernel's configs were picked alone, where a grid filling the GPU wins.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import sys
 
 import torch
 
-from ..dense_config import dense_layout
+from ..dense_config import MAX_SERVED_M, SplitKConfig, dense_layout, served_config, served_kwargs
 from ..dense_splitk import dense_splitk
 from .bench import time_graph
 from .dense_one_launch import dense_lora
@@ -136,6 +143,115 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
     return row
 
 
+def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
+    """µs per layer of the dual stream's split-K side beside the base GEMM, over the same layer without it. Each of
+    the graph's layers has weights of its own, as a served step has: one layer's replayed would sit in L2."""
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    k, slices = projections(DENSE_MODELS[model])[proj]
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(m)
+
+    def randn(*shape: int, scale: float) -> torch.Tensor:
+        return (torch.randn(*shape, device=dev, generator=g) * scale).to(dt)
+
+    layouts = [
+        dense_layout(
+            [randn(max_loras, 1, rank, k, scale=k**-0.5) for _ in slices],
+            [randn(max_loras, 1, n, rank, scale=0.05) for n in slices],
+        )
+        for _ in range(layers)
+    ]
+    weights = [randn(sum(slices), k, scale=k**-0.5) for _ in range(layers)]
+    x = randn(m, k, scale=1.0)
+    out, own = torch.empty(m, sum(slices), device=dev, dtype=dt), torch.zeros(m, sum(slices), device=dev, dtype=dt)
+    meta = LoRAKernelMeta.make(max_loras, m, device=dev)
+    meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)  # every adapter busy
+    args = meta.meta_args(m, False)
+    ours = (args[1], args[2], args[3], args[4], int(args[6].item()))
+    side = torch.cuda.Stream()
+
+    def step(config: SplitKConfig | None, *, base: bool = True) -> float:
+        """µs per layer of `layers` layers in one CUDA graph: the base GEMM and, with a config, the LoRA beside it;
+        without the base, the LoRA alone."""
+
+        def run() -> None:
+            for weight, layout in zip(weights, layouts, strict=True):
+                lora = (
+                    None
+                    if config is None
+                    else functools.partial(dense_splitk, own, x, layout, ours, add=False, **served_kwargs(config))
+                )
+                if not base:  # the LoRA alone
+                    assert lora is not None
+                    lora()
+                    continue
+                main = torch.cuda.current_stream()
+                side.wait_stream(main)
+                torch.mm(x, weight.t(), out=out)
+                if lora is not None:
+                    with torch.cuda.stream(side):
+                        lora()
+                main.wait_stream(side)
+                out.add_(own)
+
+        return time_graph(run) / layers
+
+    plain = step(None)
+    rows = []
+    served = served_config(m, len(slices))
+    candidates = [SplitKConfig(s, bk, chunks, num_warps=w) for s, bk, chunks, w in SPLIT_CANDIDATES]
+    for config in candidates + ([served] if served is not None and served not in candidates else []):
+        try:
+            rows.append((step(config) - plain, step(config, base=False), config))
+        except ValueError:  # more programs than the GPU holds at once
+            continue
+    best = min(rows, key=lambda r: r[0])
+    at_served = next((r for r in rows if r[2] == served), None)
+    return {"plain": plain, "best": best, "served": at_served}
+
+
+def _config_text(config: SplitKConfig) -> str:
+    return f"{config.split_k}/{config.block_k}/{config.n_chunks}/{config.num_warps}"
+
+
+def configs_text(picked: list[tuple[int, int, SplitKConfig]]) -> str:
+    """`MOELORA_DENSE_SPLITK_CONFIGS` for (slices, M, config) picks: the served window's M only, each kind's rising."""
+    kinds: dict[str, list[tuple[int, SplitKConfig]]] = {}
+    for slices, m, config in picked:
+        if 2 <= m <= MAX_SERVED_M:
+            kinds.setdefault("several" if slices > 1 else "one", []).append((m, config))
+    return ";".join(
+        f"{kind}={','.join(f'{m}:{_config_text(c)}' for m, c in sorted(classes, key=lambda mc: mc[0]))}"
+        for kind, classes in kinds.items()
+    )
+
+
+def main_beside(args: argparse.Namespace) -> int:
+    print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer")
+    print(
+        "| model | proj | M | GEMM, fork, join, add | served (split/k/chunks/w): beside, alone "
+        "| best beside (split/k/chunks/w): beside, alone |"
+    )
+    print("|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        picked = []
+        for proj in args.projections.split(","):
+            for m in args.m:
+                r = bench_beside(model, proj, m, rank=args.rank, max_loras=args.max_loras, layers=args.layers)
+                served = r["served"]
+                at_served = "-" if served is None else f"({_config_text(served[2])}) +{served[0]:.1f}, {served[1]:.1f}"
+                beside, alone, config = r["best"]
+                print(
+                    f"| {model} | {proj} | {m} | {r['plain']:.1f} | {at_served} | "
+                    f"({_config_text(config)}) +{beside:.1f}, {alone:.1f} |",
+                    flush=True,
+                )
+                picked.append((len(projections(DENSE_MODELS[model])[proj][1]), m, config))
+        print(f"\n{model}: MOELORA_DENSE_SPLITK_CONFIGS={configs_text(picked)}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="gpt-oss-20b,qwen3-30b-a3b")
@@ -144,10 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=32)
     p.add_argument("--max-loras", type=int, default=8)
     p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--beside", action="store_true", help="the served side beside the base GEMM (module docstring)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
         return 2
+    if args.beside:
+        return main_beside(args)
     print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer call")
     print(
         "| model | proj | M | vllm add | fused add (n x tiles/k/warps/st.) | split add (split/k/chunks/w) | vllm own "
