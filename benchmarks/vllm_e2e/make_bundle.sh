@@ -7,7 +7,8 @@
 #      an H200, where a cold plugin server takes about 7 minutes: cold no LoRA in the next call, as in
 #      results/2026-12-06-h200-q/calls.txt; gptoss_startup.sh and gptoss_uniform2.sh: GPT-OSS, experts drawn uniformly;
 #      capture_probe.sh and one_graph.sh: Qwen3 at 8 layers, start-ups profiled and one CUDA graph per size;
-#      auto.sh: qwen3_h100.sh at the whole depth on an H200, half on an H100).
+#      auto.sh: qwen3_h100.sh at the whole depth on an H200, half on an H100; bench_beside.sh: the machine set up,
+#      then `bench_dense --beside`).
 # Device calls: carry [".bundle/a"] `bash .bundle/a/call1.sh`, then carry [".bundle/b", ".bundle/q"] and a script.
 # Usage, from the repo root: bash benchmarks/vllm_e2e/make_bundle.sh [KIT_DIR] (default ../shared/tools/vllm-h200;
 # about 4 minutes when the archive is built, which an existing .bundle/a and .bundle/b skip).
@@ -24,4 +25,5 @@ cp $RES/2026-12-05-h100-b/names.sh $B/b/
 cp $RES/2026-12-06-h100-i/qwen3_h100.sh $RES/2026-12-06-h100-h/gptoss_uniform2.sh $B/q/
 cp $RES/2026-12-06-h100-g/call2.sh $B/q/gptoss_startup.sh
 cp $RES/2026-12-06-h100-j/capture_probe.sh $RES/2026-12-06-h100-j/one_graph.sh $RES/2026-12-06-h100-k/auto.sh $B/q/
+cp $RES/2026-12-06-h100-l/bench_beside.sh $B/q/
 du -sh $B/a $B/b $B/q
