@@ -124,11 +124,12 @@ NO_WAIT = "nothing ended in the gap (launch gaps, the profiler)"
 
 def main_waits(main_kernels: list[dict], side_kernels: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
     """The main stream's gaps between two of its kernels, by category and by name of the other stream's kernel that
-    ended last inside the gap (the one an event wait held it for); a gap where none ended is NO_WAIT's."""
+    ended last inside the gap (the one an event wait held it for), with its launch grid where the trace has one (one
+    kernel serves layers of several shapes: q/k/v and o); a gap where none ended is NO_WAIT's."""
     by_cat: dict[str, float] = collections.Counter()
     by_name: dict[str, float] = collections.Counter()
-    ends = sorted((k["ts"] + k["dur"], k["name"]) for k in side_kernels)
-    keys = [end for end, _ in ends]
+    ends = sorted((k["ts"] + k["dur"], k["name"], k.get("args", {}).get("grid")) for k in side_kernels)
+    keys = [end for end, _, _ in ends]
     ordered = sorted(main_kernels, key=lambda k: k["ts"])
     for before, after in zip(ordered, ordered[1:]):
         gap_start, gap_end = before["ts"] + before["dur"], after["ts"]
@@ -136,9 +137,9 @@ def main_waits(main_kernels: list[dict], side_kernels: list[dict]) -> tuple[dict
             continue
         i = bisect.bisect_right(keys, gap_end) - 1
         if i >= 0 and keys[i] > gap_start:
-            name = ends[i][1]
+            _, name, grid = ends[i]
             by_cat[category(name)] += gap_end - gap_start
-            by_name[name[:90]] += gap_end - gap_start
+            by_name[name[:90] + ("" if grid is None else f" {list(grid)}")] += gap_end - gap_start
         else:
             by_cat[NO_WAIT] += gap_end - gap_start
     return dict(by_cat), dict(by_name)
@@ -238,7 +239,7 @@ def print_waits(waits: dict[str, float], by_name: dict[str, float], top: int) ->
     for label, us in sorted(waits.items(), key=lambda kv: -kv[1]):
         print(f"| {label} | {us:.0f} |")
     print()
-    print_kernels("kernel waited for", by_name, top)
+    print_kernels("kernel waited for (its grid)", by_name, top)
 
 
 def print_kernels(heading: str, by_name: dict[str, float], top: int) -> None:

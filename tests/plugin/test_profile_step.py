@@ -21,11 +21,13 @@ class Trace:
     def step(self, label: str, ts: float) -> None:
         self.events.append({"ph": "X", "cat": "user_annotation", "name": label, "ts": ts, "dur": 1})
 
-    def kernel(self, name: str, launched: float, start: float, dur: float, stream: int = 7) -> None:
+    def kernel(
+        self, name: str, launched: float, start: float, dur: float, stream: int = 7, grid: list | None = None
+    ) -> None:
         self.correlation += 1
         args = {"correlation": self.correlation}
         self.events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": launched, "args": args})
-        kernel_args = {**args, "stream": stream}
+        kernel_args = {**args, "stream": stream, **({} if grid is None else {"grid": grid})}
         self.events.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": dur, "args": kernel_args})
 
 
@@ -71,11 +73,11 @@ def test_prefill_steps_get_a_row_with_their_lora_time(tmp_path, capsys):
 
 def test_main_stream_gaps_go_to_the_side_kernel_that_ended_last_in_them(tmp_path, capsys):
     trace = Trace()
-    for t0 in (10_000, 20_000):
+    for t0, grid in ((10_000, [648, 1, 1]), (20_000, [288, 1, 1])):  # one kernel, two layers' shapes
         trace.step("execute_context_0(0)_generation_16(16)", t0)
         trace.kernel("nvjet_qkv", t0 + 1, t0 + 10, 8)  # main 10..18
         trace.kernel("_route_finish_kernel", t0 + 2, t0 + 10, 4, stream=9)  # ends 14, while the main stream is busy
-        trace.kernel("_dense_splitk_kernel", t0 + 3, t0 + 14, 16, stream=9)  # ends 30, inside the gap 18..33
+        trace.kernel("_dense_splitk_kernel", t0 + 3, t0 + 14, 16, stream=9, grid=grid)  # ends 30, in the gap 18..33
         trace.kernel("flash_attn_fwd", t0 + 4, t0 + 33, 20)  # main 33..53
         trace.kernel("fused_moe_kernel", t0 + 5, t0 + 60, 100)  # main 60..160: a gap of 7 where nothing ended
         trace.kernel("_expand_kernel", t0 + 6, t0 + 70, 50, stream=9)  # ends 120, beside the base MoE
@@ -89,6 +91,7 @@ def test_main_stream_gaps_go_to_the_side_kernel_that_ended_last_in_them(tmp_path
     assert out["waits"] == pytest.approx(
         {"dense LoRA (moelora split K)": 15, "MoE-LoRA (moelora)": 25, profile_step.NO_WAIT: 7}
     )
-    assert out["waits_by_name"] == pytest.approx({"_dense_splitk_kernel": 15, "_shrink_kernel": 25})
+    split = {"_dense_splitk_kernel [648, 1, 1]": 7.5, "_dense_splitk_kernel [288, 1, 1]": 7.5}  # a step each
+    assert out["waits_by_name"] == pytest.approx({**split, "_shrink_kernel": 25})
     printed = capsys.readouterr().out
     assert "(47 in all)" in printed and "| MoE-LoRA (moelora) | 25 |" in printed
