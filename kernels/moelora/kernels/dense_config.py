@@ -16,11 +16,13 @@ __all__ = [
     "SERVED",
     "DenseLayout",
     "SplitKConfig",
+    "config_text",
     "dense_layout",
     "parse_served",
     "served_config",
     "served_configs",
     "served_kwargs",
+    "served_text",
     "splitk_grid",
     "splitk_programs",
 ]
@@ -127,6 +129,16 @@ def parse_served(text: str) -> Served:
             raise ValueError(f"{part!r}: the M bounds rise, from 2 to at most {MAX_SERVED_M}")
         served[kind] = tuple(table)
     return served
+
+
+def config_text(config: SplitKConfig) -> str:
+    """A config as parse_served reads it: split_k/block_k/n_chunks/num_warps."""
+    return f"{config.split_k}/{config.block_k}/{config.n_chunks}/{config.num_warps}"
+
+
+def served_text(served: Served) -> str:
+    """The kinds of a table as parse_served reads them."""
+    return ";".join(f"{kind}=" + ",".join(f"{m}:{config_text(c)}" for m, c in table) for kind, table in served.items())
 
 
 def served_config(m: int, slices: int, served: Served = SERVED) -> SplitKConfig | None:

@@ -35,7 +35,15 @@ import sys
 
 import torch
 
-from ..dense_config import MAX_SERVED_M, SplitKConfig, dense_layout, served_config, served_kwargs
+from ..dense_config import (
+    MAX_SERVED_M,
+    SplitKConfig,
+    config_text,
+    dense_layout,
+    served_config,
+    served_kwargs,
+    served_text,
+)
 from ..dense_splitk import dense_splitk
 from .bench import time_graph
 from .dense_one_launch import dense_lora
@@ -52,9 +60,18 @@ def time_per_call(fn, *, layers: int) -> float:
     return time_graph(lambda: [fn() for _ in range(layers)]) / layers
 
 
+def _grouping(max_loras: int, m: int, dev: torch.device) -> tuple[tuple, tuple]:
+    """vLLM's token grouping of M tokens with every adapter busy: (its `meta_args`, dense_splitk's five of them)."""
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+
+    meta = LoRAKernelMeta.make(max_loras, m, device=dev)
+    meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)
+    args = meta.meta_args(m, False)
+    return args, (args[1], args[2], args[3], args[4], int(args[6].item()))
+
+
 def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
     from vllm.lora.ops.triton_ops import lora_expand, lora_shrink
-    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
 
     k, slices = projections(DENSE_MODELS[model])[proj]
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -63,10 +80,7 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
     lora_b = [(torch.randn(max_loras, 1, n, rank, device=dev, generator=g) * 0.05).to(dt) for n in slices]
     x = torch.randn(m, k, device=dev, generator=g).to(dt)
     base = torch.randn(m, sum(slices), device=dev, generator=g).to(dt)
-    meta = LoRAKernelMeta.make(max_loras, m, device=dev)
-    meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)  # every adapter busy
-    args = meta.meta_args(m, False)
-    ours = (args[1], args[2], args[3], args[4], int(args[6].item()))
+    args, ours = _grouping(max_loras, m, dev)
     layout = dense_layout(lora_a, lora_b)
     y_vllm, y_ours, own, own_vllm = base.clone(), base.clone(), torch.empty_like(base), torch.empty_like(base)
 
@@ -146,8 +160,6 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
 def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
     """µs per layer of the dual stream's split-K side beside the base GEMM, over the same layer without it. Each of
     the graph's layers has weights of its own, as a served step has: one layer's replayed would sit in L2."""
-    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
-
     k, slices = projections(DENSE_MODELS[model])[proj]
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(m)
@@ -165,45 +177,38 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
     weights = [randn(sum(slices), k, scale=k**-0.5) for _ in range(layers)]
     x = randn(m, k, scale=1.0)
     out, own = torch.empty(m, sum(slices), device=dev, dtype=dt), torch.zeros(m, sum(slices), device=dev, dtype=dt)
-    meta = LoRAKernelMeta.make(max_loras, m, device=dev)
-    meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)  # every adapter busy
-    args = meta.meta_args(m, False)
-    ours = (args[1], args[2], args[3], args[4], int(args[6].item()))
+    _, ours = _grouping(max_loras, m, dev)
     side = torch.cuda.Stream()
 
-    def step(config: SplitKConfig | None, *, base: bool = True) -> float:
-        """µs per layer of `layers` layers in one CUDA graph: the base GEMM and, with a config, the LoRA beside it;
-        without the base, the LoRA alone."""
+    def lora(config: SplitKConfig, layout) -> functools.partial:
+        return functools.partial(dense_splitk, own, x, layout, ours, add=False, **served_kwargs(config))
+
+    def beside(config: SplitKConfig | None) -> float:
+        """µs per layer of `layers` layers in one CUDA graph: the base GEMM, and the LoRA beside it (None: none)."""
 
         def run() -> None:
             for weight, layout in zip(weights, layouts, strict=True):
-                lora = (
-                    None
-                    if config is None
-                    else functools.partial(dense_splitk, own, x, layout, ours, add=False, **served_kwargs(config))
-                )
-                if not base:  # the LoRA alone
-                    assert lora is not None
-                    lora()
-                    continue
                 main = torch.cuda.current_stream()
                 side.wait_stream(main)
                 torch.mm(x, weight.t(), out=out)
-                if lora is not None:
+                if config is not None:
                     with torch.cuda.stream(side):
-                        lora()
+                        lora(config, layout)()
                 main.wait_stream(side)
                 out.add_(own)
 
         return time_graph(run) / layers
 
-    plain = step(None)
+    def alone(config: SplitKConfig) -> float:
+        return time_graph(lambda: [lora(config, layout)() for layout in layouts]) / layers
+
+    plain = beside(None)
     rows = []
     served = served_config(m, len(slices))
     candidates = [SplitKConfig(s, bk, chunks, num_warps=w) for s, bk, chunks, w in SPLIT_CANDIDATES]
     for config in candidates + ([served] if served is not None and served not in candidates else []):
         try:
-            rows.append((step(config) - plain, step(config, base=False), config))
+            rows.append((beside(config) - plain, alone(config), config))
         except ValueError:  # more programs than the GPU holds at once
             continue
     best = min(rows, key=lambda r: r[0])
@@ -211,20 +216,13 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
     return {"plain": plain, "best": best, "served": at_served}
 
 
-def _config_text(config: SplitKConfig) -> str:
-    return f"{config.split_k}/{config.block_k}/{config.n_chunks}/{config.num_warps}"
-
-
 def configs_text(picked: list[tuple[int, int, SplitKConfig]]) -> str:
     """`MOELORA_DENSE_SPLITK_CONFIGS` for (slices, M, config) picks: the served window's M only, each kind's rising."""
     kinds: dict[str, list[tuple[int, SplitKConfig]]] = {}
-    for slices, m, config in picked:
+    for slices, m, config in sorted(picked, key=lambda p: p[1]):
         if 2 <= m <= MAX_SERVED_M:
             kinds.setdefault("several" if slices > 1 else "one", []).append((m, config))
-    return ";".join(
-        f"{kind}={','.join(f'{m}:{_config_text(c)}' for m, c in sorted(classes, key=lambda mc: mc[0]))}"
-        for kind, classes in kinds.items()
-    )
+    return served_text({kind: tuple(classes) for kind, classes in kinds.items()})
 
 
 def main_beside(args: argparse.Namespace) -> int:
@@ -240,11 +238,11 @@ def main_beside(args: argparse.Namespace) -> int:
             for m in args.m:
                 r = bench_beside(model, proj, m, rank=args.rank, max_loras=args.max_loras, layers=args.layers)
                 served = r["served"]
-                at_served = "-" if served is None else f"({_config_text(served[2])}) +{served[0]:.1f}, {served[1]:.1f}"
+                at_served = "-" if served is None else f"({config_text(served[2])}) +{served[0]:.1f}, {served[1]:.1f}"
                 beside, alone, config = r["best"]
                 print(
                     f"| {model} | {proj} | {m} | {r['plain']:.1f} | {at_served} | "
-                    f"({_config_text(config)}) +{beside:.1f}, {alone:.1f} |",
+                    f"({config_text(config)}) +{beside:.1f}, {alone:.1f} |",
                     flush=True,
                 )
                 picked.append((len(projections(DENSE_MODELS[model])[proj][1]), m, config))
