@@ -44,6 +44,7 @@ class DenseLayout:
     stride_al: int
     stride_ar: int
     stride_bn: int
+    widths: tuple[int, ...]  # each slice's N
 
 
 def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
@@ -69,6 +70,7 @@ def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor])
         stride_al=lora_a[0].stride(0),
         stride_ar=lora_a[0].stride(-2),
         stride_bn=lora_b[0].stride(-2),
+        widths=tuple(widths),
     )
 
 

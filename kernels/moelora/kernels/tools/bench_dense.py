@@ -23,7 +23,10 @@ the base GEMM (the projection's weight, cuBLAS as vLLM's unquantized linear runs
 `dense_splitk` writing its own output on a second stream, the join and the add. Its cost is the time over the same
 layer without the LoRA (GEMM, fork, join, add); per model, projection and M the served config's and the best of the
 candidates', each beside and alone, then `MOELORA_DENSE_SPLITK_CONFIGS` with the best (dense_config.parse_served):
-the kernel's configs were picked alone, where a grid filling the GPU wins.
+the kernel's configs were picked alone, where a grid filling the GPU wins. Beside them, the shrink folded into the
+base GEMM (dense_folded: every adapter's lora_a stacked under the weight, then one expand launch on the same stream)
+over the GEMM alone, its best block_n and warps, and its error against the GEMM plus split K over the largest LoRA
+value.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from ..dense_config import (
     served_kwargs,
     served_text,
 )
+from ..dense_folded import fold_weight, folded_expand
 from ..dense_splitk import dense_splitk
 from .bench import time_graph
 from .dense_one_launch import dense_lora
@@ -158,8 +162,9 @@ def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: i
 
 
 def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
-    """µs per layer of the dual stream's split-K side beside the base GEMM, over the same layer without it. Each of
-    the graph's layers has weights of its own, as a served step has: one layer's replayed would sit in L2."""
+    """µs per layer of the dual stream's split-K side beside the base GEMM, over the same layer without it, and of
+    the shrink folded into the base GEMM (dense_folded) over the GEMM alone. Each of the graph's layers has weights of
+    its own, as a served step has: one layer's replayed would sit in L2."""
     k, slices = projections(DENSE_MODELS[model])[proj]
     dev, dt = torch.device("cuda"), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(m)
@@ -167,16 +172,19 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
     def randn(*shape: int, scale: float) -> torch.Tensor:
         return (torch.randn(*shape, device=dev, generator=g) * scale).to(dt)
 
-    layouts = [
-        dense_layout(
+    loras = [
+        (
             [randn(max_loras, 1, rank, k, scale=k**-0.5) for _ in slices],
             [randn(max_loras, 1, n, rank, scale=0.05) for n in slices],
         )
         for _ in range(layers)
     ]
+    layouts = [dense_layout(a, b) for a, b in loras]
     weights = [randn(sum(slices), k, scale=k**-0.5) for _ in range(layers)]
+    folded_weights = [fold_weight(w, a) for w, (a, _) in zip(weights, loras, strict=True)]
     x = randn(m, k, scale=1.0)
     out, own = torch.empty(m, sum(slices), device=dev, dtype=dt), torch.zeros(m, sum(slices), device=dev, dtype=dt)
+    folded = torch.empty(m, folded_weights[0].shape[0], device=dev, dtype=dt)
     _, ours = _grouping(max_loras, m, dev)
     side = torch.cuda.Stream()
 
@@ -202,6 +210,12 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
     def alone(config: SplitKConfig) -> float:
         return time_graph(lambda: [lora(config, layout)() for layout in layouts]) / layers
 
+    def fold(block_n: int, warps: int) -> None:
+        for wp, layout in zip(folded_weights, layouts, strict=True):
+            torch.mm(x, wp.t(), out=folded)
+            folded_expand(out, folded, layout, ours, max_loras=max_loras, block_n=block_n, num_warps=warps)
+
+    gemm = time_graph(lambda: [torch.mm(x, w.t(), out=out) for w in weights]) / layers
     plain = beside(None)
     rows = []
     served = served_config(m, len(slices))
@@ -213,7 +227,18 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
             continue
     best = min(rows, key=lambda r: r[0])
     at_served = next((r for r in rows if r[2] == served), None)
-    return {"plain": plain, "best": best, "served": at_served}
+    folds = [
+        (time_graph(functools.partial(fold, bn, w)) / layers - gemm, bn, w)
+        for bn, w in itertools.product((32, 64, 128), (2, 4))
+        if not any(n % bn for n in slices)
+    ]
+    # The folded result against the GEMM and the split-K LoRA (the last layer's, both in `out` and `own`).
+    fold(*min(folds)[1:])
+    want = out.float().clone()
+    torch.mm(x, weights[-1].t(), out=out)
+    lora(SplitKConfig(4, 64, 4), layouts[-1])()
+    error = (want - out.float() - own.float()).abs().max().item() / max(own.float().abs().max().item(), 1e-6)
+    return {"gemm": gemm, "plain": plain, "best": best, "served": at_served, "folded": min(folds), "error": error}
 
 
 def configs_text(picked: list[tuple[int, int, SplitKConfig]]) -> str:
@@ -228,10 +253,10 @@ def configs_text(picked: list[tuple[int, int, SplitKConfig]]) -> str:
 def main_beside(args: argparse.Namespace) -> int:
     print(f"# {torch.cuda.get_device_name()}, rank {args.rank}, {args.max_loras} adapters, µs per layer")
     print(
-        "| model | proj | M | GEMM, fork, join, add | served (split/k/chunks/w): beside, alone "
-        "| best beside (split/k/chunks/w): beside, alone |"
+        "| model | proj | M | GEMM | GEMM, fork, join, add | served (split/k/chunks/w): beside, alone "
+        "| best beside (split/k/chunks/w): beside, alone | folded (block_n/w): over GEMM | folded error / max LoRA |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         picked = []
         for proj in args.projections.split(","):
@@ -240,9 +265,11 @@ def main_beside(args: argparse.Namespace) -> int:
                 served = r["served"]
                 at_served = "-" if served is None else f"({config_text(served[2])}) +{served[0]:.1f}, {served[1]:.1f}"
                 beside, alone, config = r["best"]
+                over, bn, warps = r["folded"]
                 print(
-                    f"| {model} | {proj} | {m} | {r['plain']:.1f} | {at_served} | "
-                    f"({config_text(config)}) +{beside:.1f}, {alone:.1f} |",
+                    f"| {model} | {proj} | {m} | {r['gemm']:.1f} | {r['plain']:.1f} | {at_served} | "
+                    f"({config_text(config)}) +{beside:.1f}, {alone:.1f} | ({bn}/{warps}) +{over:.1f} | "
+                    f"{r['error']:.1e} |",
                     flush=True,
                 )
                 picked.append((len(projections(DENSE_MODELS[model])[proj][1]), m, config))
