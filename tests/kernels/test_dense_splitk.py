@@ -117,3 +117,17 @@ def test_bench_dense_beside_prints_a_table_the_plugin_accepts() -> None:
     text = configs_text([(3, 64, b), (3, 1, d), (3, 16, a), (1, 16, c), (1, 64, d), (1, 65, a)])
     assert parse_served(text) == {"several": ((16, a), (64, b)), "one": ((16, c), (64, d))}
     assert parse_served(configs_text([(1, 32, c)])) == {"several": SERVED["several"], "one": ((32, c),)}
+
+
+@pytest.mark.parametrize(("max_loras", "m"), [(8, 16), (8, 64), (8, 5), (4, 4)])
+def test_bench_dense_beside_groups_tokens_as_vllm_does(max_loras: int, m: int) -> None:
+    """`--beside` runs without vLLM: its grouping gives the tensors vLLM's LoRAKernelMeta gives for the same tokens."""
+    pytest.importorskip("vllm")
+    from moelora.kernels.tools.bench_dense import _grouping, torch_grouping
+
+    _, want = _grouping(max_loras, m, torch.device("cpu"))
+    got = torch_grouping(max_loras, m, torch.device("cpu"))
+    assert got[4] == want[4]
+    for g, w in zip(got[:4], want[:4], strict=True):
+        assert g.dtype == w.dtype
+        assert g.tolist() == w.tolist()

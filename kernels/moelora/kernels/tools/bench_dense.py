@@ -16,7 +16,7 @@ replay divided by that count, so that the gaps between kernels count as they do 
   to the expand programs inside the launch); configs whose grid the GPU cannot hold at once are skipped.
 The error column: the largest difference from vLLM's result (both kernels in both epilogues, and every timed split-K
 config writing its own output), over the largest LoRA value.
-Only on CUDA, with vLLM importable (its ops and its token grouping, `LoRAKernelMeta`).
+Only on CUDA, with vLLM importable (its ops and its token grouping, `LoRAKernelMeta`); `--beside` needs no vLLM.
 
 `--beside`: instead, the split-K kernel as the dual stream serves it, beside the layer's base GEMM: per layer a fork,
 the base GEMM (the projection's weight, cuBLAS as vLLM's unquantized linear runs it) on the main stream and
@@ -72,6 +72,20 @@ def _grouping(max_loras: int, m: int, dev: torch.device) -> tuple[tuple, tuple]:
     meta.prepare_tensors(torch.arange(m, device=dev, dtype=torch.int32) % max_loras)
     args = meta.meta_args(m, False)
     return args, (args[1], args[2], args[3], args[4], int(args[6].item()))
+
+
+def torch_grouping(max_loras: int, m: int, dev: torch.device) -> tuple:
+    """dense_splitk's five of `_grouping`, the same tensors made with PyTorch alone: `--beside` needs no vLLM, so a
+    device call can run it without unpacking vLLM's archive."""
+    mapping = torch.arange(m, device=dev) % max_loras
+    used = torch.unique(mapping)
+    counts = torch.bincount(mapping, minlength=max_loras)[used]
+    pad = torch.zeros(max_loras + 1 - used.numel(), device=dev, dtype=torch.long)  # one slot or more: -1, no tokens
+    starts = torch.cat([torch.zeros(1, device=dev, dtype=torch.long), counts.cumsum(0), pad])
+    ids = torch.cat([used, pad - 1])
+    as32 = functools.partial(torch.Tensor.to, dtype=torch.int32)
+    order = torch.argsort(mapping, stable=True)
+    return as32(order), as32(torch.cat([counts, pad])), as32(starts), as32(ids), max_loras + 1
 
 
 def bench(model: str, proj: str, m: int, *, rank: int, max_loras: int, layers: int) -> dict:
@@ -185,7 +199,7 @@ def bench_beside(model: str, proj: str, m: int, *, rank: int, max_loras: int, la
     x = randn(m, k, scale=1.0)
     out, own = torch.empty(m, sum(slices), device=dev, dtype=dt), torch.zeros(m, sum(slices), device=dev, dtype=dt)
     folded = torch.empty(m, folded_weights[0].shape[0], device=dev, dtype=dt)
-    _, ours = _grouping(max_loras, m, dev)
+    ours = torch_grouping(max_loras, m, dev)
     side = torch.cuda.Stream()
 
     def lora(config: SplitKConfig, layout) -> functools.partial:
