@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from moelora.kernels import dense_config, dense_splitk, expand, onepass, routing, shrink
+from moelora.kernels import dense_config, dense_folded, dense_splitk, expand, onepass, routing, shrink
 
 TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {
@@ -46,8 +46,9 @@ POINTERS = {
     "rank_ptr": "*i32",
     "group_end_ptr": "*i32",
     "count_ptr": "*i32",
-    # dense_splitk
+    # dense_splitk, dense_folded
     "y_ptr": "*bf16",
+    "yp_ptr": "*bf16",
     "a_ptrs": "*i64",
     "b_ptrs": "*i64",
     "slice_n_ptr": "*i32",
@@ -238,6 +239,11 @@ def main() -> None:
                 f"dense add={add:d} slices={slices} split_k={config.split_k} block_k={config.block_k} "
                 f"block_n={config.block_n}: " + describe(compiled)
             )
+    # The expand after the shrink folded into the base GEMM, at the block sizes bench_dense --beside tries.
+    for slices, block_n, warps in itertools.product((3, 1), (32, 64, 128), (2, 4)):
+        consts = {"NUM_SLICES": slices, "BLOCK_M": 16, "BLOCK_N": block_n, "RANK_PAD": 32}
+        compiled = compile_sm90(dense_folded._folded_expand_kernel, consts, warps, 1)
+        print(f"folded slices={slices} block_n={block_n} warps={warps}: " + describe(compiled))
 
 
 if __name__ == "__main__":

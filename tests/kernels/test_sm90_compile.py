@@ -35,6 +35,8 @@ def test_all_kernels_compile_for_sm90_without_spills_in_the_op():
         "onepass per_pair=1",
         "dense add=0",
         "dense add=1",
+        "folded slices=3",
+        "folded slices=1",
     } <= kinds, kinds
     # The op's kernels must not spill to the stack (the tiny routing's comparison matrices do, by design).
     spilled = [

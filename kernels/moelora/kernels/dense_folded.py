@@ -69,10 +69,9 @@ def _folded_expand_kernel(
     col0 = tl.load(slice_col_ptr + s)
     cols = n0 + tl.arange(0, BLOCK_N)
     ranks = tl.arange(0, RANK_PAD)
-    if lora >= 0:
-        b_ptr = tl.load(b_ptrs + s).to(tl.pointer_type(out_ptr.dtype.element_ty))
-        b_rows = lora * tl.load(b_lora_stride_ptr + s) + (cols - col0)[None, :] * stride_bn + ranks[:, None]
-        b_t = tl.load(b_ptr + b_rows, mask=ranks[:, None] < rank, other=0.0)  # (RANK_PAD, BLOCK_N)
+    b_ptr = tl.load(b_ptrs + s).to(tl.pointer_type(out_ptr.dtype.element_ty))
+    b_rows = tl.maximum(lora, 0) * tl.load(b_lora_stride_ptr + s) + (cols - col0)[None, :] * stride_bn + ranks[:, None]
+    b_t = tl.load(b_ptr + b_rows, mask=ranks[:, None] < tl.where(lora >= 0, rank, 0), other=0.0)  # (RANK_PAD, BLOCK_N)
     for r0 in range(0, count, BLOCK_M):
         at = r0 + tl.arange(0, BLOCK_M)
         ok = at < count
