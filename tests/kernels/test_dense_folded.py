@@ -10,8 +10,7 @@ from moelora.kernels.dense_config import dense_layout
 from moelora.kernels.dense_folded import fold_weight, folded_expand
 
 from .test_dense_one_launch import _meta, _reference
-
-MIXED = [2, -1, 0, 2, 2, -1, 1, 0] + [2] * 15  # 18 rows of slot 2: two row blocks of 16
+from .test_dense_splitk import MIXED
 
 
 def _case(widths: tuple[int, ...], k: int = 40, rank: int = 8, loras: int = 3):

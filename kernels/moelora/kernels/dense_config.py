@@ -40,11 +40,14 @@ class DenseLayout:
     b_lora_strides: torch.Tensor  # (S,) int64
     rank: int
     k: int
-    widest: int
     stride_al: int
     stride_ar: int
     stride_bn: int
     widths: tuple[int, ...]  # each slice's N
+
+    @property
+    def widest(self) -> int:
+        return max(self.widths)
 
 
 def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
@@ -66,7 +69,6 @@ def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor])
         b_lora_strides=table([b.stride(0) for b in lora_b], torch.int64),
         rank=rank,
         k=k,
-        widest=max(widths),
         stride_al=lora_a[0].stride(0),
         stride_ar=lora_a[0].stride(-2),
         stride_bn=lora_b[0].stride(-2),
