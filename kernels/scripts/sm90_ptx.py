@@ -241,7 +241,7 @@ def main() -> None:
             )
     # The expand after the shrink folded into the base GEMM, at the block sizes bench_dense --beside tries.
     for slices, block_n, warps in itertools.product((3, 1), (32, 64, 128), (2, 4)):
-        consts = {"NUM_SLICES": slices, "BLOCK_M": 16, "BLOCK_N": block_n, "RANK_PAD": 32}
+        consts = {"NUM_SLICES": slices, "TABLE": 9, "GROUPS_PAD": 16, "BLOCK_M": 16, "BLOCK_N": block_n, "RANK_PAD": 32}
         compiled = compile_sm90(dense_folded._folded_expand_kernel, consts, warps, 1)
         print(f"folded slices={slices} block_n={block_n} warps={warps}: " + describe(compiled))
 

@@ -48,3 +48,20 @@ def test_folded_refuses_tiles_across_slices_and_the_wrong_width() -> None:
         folded_expand(out, folded, layout, _meta(mapping), max_loras=3, block_n=16)
     with pytest.raises(ValueError, match="columns in"):
         folded_expand(out, folded[:, :-1], layout, _meta(mapping), max_loras=3, block_n=8)
+
+
+@pytest.mark.parametrize("grouped", [18, 0])
+def test_rows_past_the_grouped_tokens_get_the_base_columns(grouped: int) -> None:
+    """vLLM pads a batch to a captured graph's size and groups only the tokens it scheduled, the first ones: the
+    rows past them (5 here, or every row when no token is grouped) must hold the base output, not garbage."""
+    x, weight, lora_a, lora_b, mapping = _case((32, 16))
+    sorted_ids, counts, starts, ids, groups = _meta(mapping[:grouped])
+    if not grouped:  # vLLM's table still has its entries, all counting zero tokens
+        counts, ids, groups = torch.zeros(4, dtype=torch.long), torch.full((4,), -1), 0
+    folded = x @ fold_weight(weight, lora_a).T
+    out = torch.full((x.shape[0], 48), float("nan"), dtype=x.dtype)
+    meta = (sorted_ids, counts, starts, ids, groups)
+    folded_expand(out, folded, dense_layout(lora_a, lora_b), meta, max_loras=3, block_n=16)
+    torch.testing.assert_close(out[grouped:], folded[grouped:, :48], atol=0, rtol=0)
+    want = (x[:grouped] @ weight.T).double() + _reference(x[:grouped], lora_a, lora_b, mapping[:grouped], 1.0)
+    torch.testing.assert_close(out[:grouped].double(), want, atol=2e-2, rtol=2e-2)

@@ -11,8 +11,9 @@ at 8 adapters of rank 32), so a server would fold only for decode batches.
 
 The shrink's result is rounded to the weights' dtype by the GEMM's output, as vLLM's expand rounds its float32 buffer
 on reading it. One program per (column tile, adapter group), looping over the group's row blocks of BLOCK_M; rows
-whose group has no adapter (id -1) get the base columns copied. Column tiles do not straddle slices: every slice's N
-is a multiple of BLOCK_N.
+whose group has no adapter (id -1) get the base columns copied, and so do rows in no group: vLLM pads a batch to a
+captured graph's size and groups only the tokens it scheduled, the first ones, so every row of the output is written.
+Column tiles do not straddle slices: every slice's N is a multiple of BLOCK_N.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def _folded_expand_kernel(
     start_ptr,  # (G + 1,) first position of each group in sorted_ptr
     ids_ptr,  # (G,) adapter slot per group, -1 for rows without one
     num_tokens,
+    groups,
     N,
     rank,
     max_loras,
@@ -53,6 +55,8 @@ def _folded_expand_kernel(
     stride_om,
     stride_bn,
     NUM_SLICES: tl.constexpr,
+    TABLE: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     RANK_PAD: tl.constexpr,
@@ -60,7 +64,7 @@ def _folded_expand_kernel(
     tile = tl.program_id(0)
     group = tl.program_id(1)
     lora = tl.load(ids_ptr + group)
-    count = tl.load(count_ptr + group)
+    count = tl.where(group < groups, tl.load(count_ptr + group), 0)  # one program row even with no group
     first = tl.load(start_ptr + group)
     n0 = tile * BLOCK_N
     s = 0
@@ -88,6 +92,16 @@ def _folded_expand_kernel(
             )
             out += scale * tl.dot(sv, b_t)
         tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out.to(base.dtype), mask=ok[:, None])
+    if group == 0:
+        # Rows past the grouped tokens start at the whole count table's sum (vLLM zeroes it every step), not at the
+        # sum over the groups a CUDA graph was captured with, which a replay may outgrow.
+        g = tl.arange(0, GROUPS_PAD)
+        grouped = tl.sum(tl.load(count_ptr + g, mask=g < TABLE, other=0))
+        for r0 in range(grouped, num_tokens, BLOCK_M):
+            rows = r0 + tl.arange(0, BLOCK_M)
+            ok = rows < num_tokens
+            base = tl.load(yp_ptr + rows[:, None] * stride_ym + cols[None, :], mask=ok[:, None], other=0.0)
+            tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], base, mask=ok[:, None])
 
 
 def folded_expand(
@@ -110,9 +124,7 @@ def folded_expand(
         raise ValueError(f"folded_expand: slice widths {layout.widths} are not multiples of block_n {block_n}")
     if out.shape[1] != n or folded.shape[1] != n + len(layout.widths) * max_loras * layout.rank:
         raise ValueError(f"folded_expand: {folded.shape[1]} columns in, {out.shape[1]} out, for slices {layout.widths}")
-    if groups == 0:
-        return
-    _folded_expand_kernel[(n // block_n, groups)](
+    _folded_expand_kernel[(n // block_n, max(groups, 1))](
         folded,
         out,
         layout.b_ptrs,
@@ -123,6 +135,7 @@ def folded_expand(
         starts,
         ids,
         out.shape[0],
+        groups,
         n,
         layout.rank,
         max_loras,
@@ -131,6 +144,8 @@ def folded_expand(
         out.stride(0),
         layout.stride_bn,
         NUM_SLICES=len(layout.widths),
+        TABLE=ids.numel(),
+        GROUPS_PAD=triton.next_power_of_2(ids.numel()),
         BLOCK_M=16,
         BLOCK_N=block_n,
         RANK_PAD=max(16, triton.next_power_of_2(layout.rank)),
