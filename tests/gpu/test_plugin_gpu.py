@@ -305,3 +305,78 @@ def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_repl
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out.double(), oracle(static_x), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("widths, bias", [((4096, 512, 512), True), ((2880,), True)], ids=["qkv", "o"])
+def test_the_folded_layer_matches_the_oracle_eager_replayed_and_after_a_new_adapter(monkeypatch, widths, bias):
+    """dense_fold on GPT-OSS-20B's q/k/v and o (with their biases), bf16: 13 tokens scheduled of a batch padded to
+    16, eagerly and replayed from a CUDA graph; then an adapter set into a slot by vLLM's own set_lora after the
+    capture, which the replay must read (its lora_a is a view into the folded weight the graph reads)."""
+    from vllm.lora.layers.base_linear import BaseLinearLayerWithLoRA
+    from vllm.lora.ops.triton_ops.lora_kernel_metadata import LoRAKernelMeta
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    from moelora.vllm_plugin import dense_fold, dense_lora
+
+    def unreached(*args, **kwargs):
+        raise AssertionError("the folded call reached vLLM's fork or kernels")
+
+    monkeypatch.setitem(dense_lora._original, "add_lora_linear", unreached)
+    monkeypatch.setitem(dense_lora._original, "fork", unreached)
+    monkeypatch.setattr(dense_fold, "_window", [64])
+    monkeypatch.setattr(dense_fold, "_folded", {})
+    dev, dt, m, loras, rank, k = "cuda", torch.bfloat16, 16, 8, 32, 2880
+    g = torch.Generator(device=dev).manual_seed(1)
+    n = sum(widths)
+    base = SimpleNamespace(
+        weight=torch.nn.Parameter((torch.randn(n, k, generator=g, device=dev) / 64).to(dt), requires_grad=False),
+        bias=torch.nn.Parameter(torch.randn(n, generator=g, device=dev).to(dt), requires_grad=False) if bias else None,
+        quant_method=UnquantizedLinearMethod(),
+    )
+    mapping = torch.tensor([3, -1, 0, 7, 7, -1, 1, 0, 2, 2, 5, -1, 4], device=dev, dtype=torch.int32)  # 13 of 16
+    meta = LoRAKernelMeta.make(loras, 64, device=dev)
+    meta.prepare_tensors(mapping)
+    layer = SimpleNamespace(
+        base_layer=base,
+        tp_size=1,
+        n_slices=len(widths),
+        lora_a_stacked=tuple((torch.randn(loras, 1, rank, k, generator=g, device=dev) / 16).to(dt) for _ in widths),
+        lora_b_stacked=tuple((torch.randn(loras, 1, w, rank, generator=g, device=dev) / 16).to(dt) for w in widths),
+        output_slices=widths,
+        device=torch.device(dev),
+        punica_wrapper=SimpleNamespace(
+            token_mapping_meta=meta, lora_config=SimpleNamespace(specialize_active_lora=False)
+        ),
+    )
+    layer.reset_lora = lambda index: BaseLinearLayerWithLoRA.reset_lora(layer, index)
+    groups = int(meta.default_num_active_loras_cpu.item())
+    assert dense_fold.fold_layer(layer, groups) is None
+
+    def oracle(x: torch.Tensor) -> torch.Tensor:
+        out = x.double() @ base.weight.double().T + (0.0 if base.bias is None else base.bias.double())
+        for t, lora in enumerate(mapping.tolist()):
+            cols = 0
+            for a_s, b_s, w in zip(layer.lora_a_stacked, layer.lora_b_stacked, widths, strict=True):
+                if lora >= 0:
+                    out[t, cols : cols + w] += (x[t].double() @ a_s[lora, 0].double().T) @ b_s[lora, 0].double().T
+                cols += w
+        return out
+
+    x = torch.randn(m, k, generator=g, device=dev).to(dt)
+    torch.testing.assert_close(dense_lora.apply_async(layer, x, base.bias).double(), oracle(x), atol=3e-2, rtol=3e-2)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = dense_lora.apply_async(layer, static_x, base.bias)
+    static_x.copy_(torch.randn(m, k, generator=g, device=dev).to(dt))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out.double(), oracle(static_x), atol=3e-2, rtol=3e-2)
+    if len(widths) == 1:  # a new adapter in slot 0, as an adapter's load runs vLLM's set_lora
+        new_a = (torch.randn(rank, k, generator=g, device=dev) / 16).to(dt)
+        new_b = (torch.randn(n, rank, generator=g, device=dev) / 16).to(dt)
+        BaseLinearLayerWithLoRA.set_lora(layer, 0, new_a, new_b)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(layer.lora_a_stacked[0][0, 0], new_a)
+        torch.testing.assert_close(static_out.double(), oracle(static_x), atol=3e-2, rtol=3e-2)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from . import dense_fold
 from .contract import ADD_LORA_LINEAR_PARAMETERS, APPLY_ASYNC_PARAMETERS, APPLY_SYNC_PARAMETERS, PARALLEL_PARAMETERS
 from .lora_stream import dense_in_place
 from .patches import Patches
@@ -222,10 +223,13 @@ def apply_async(self: Any, x: torch.Tensor, bias: torch.Tensor | None = None) ->
     LoRA stream into an output of its own, that output added once both are done; the output is left unfilled where
     `route` takes the call (dense_splitk writes every row, rows past the tokens vLLM grouped included). A 3-D input
     (the transformers backend) and `specialize_active_lora` (graphs per adapter count, whose group count a replay may
-    outgrow) stay vLLM's, filled. Above lora_stream's dense bound the LoRA runs as without the second stream
-    (`_apply_sync`: added into the base output on the current stream)."""
+    outgrow) stay vLLM's, filled. A layer dense_fold folded is served on the current stream at decode sizes. Above
+    lora_stream's dense bound the LoRA runs as without the second stream (`_apply_sync`: added into the base output
+    on the current stream)."""
     if x.ndim != 2 or getattr(getattr(self.punica_wrapper, "lora_config", None), "specialize_active_lora", True):
         return _original["apply_async"](self, x, bias)
+    if (folded := dense_fold.serve(self, x, bias)) is not None:
+        return folded
     if "apply_sync" in _original and dense_in_place(x.size(0)):
         return self._apply_sync(x, bias)
     wrapper, a, b, slices = self.punica_wrapper, self.lora_a_stacked, self.lora_b_stacked, self.output_slices

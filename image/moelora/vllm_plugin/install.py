@@ -95,13 +95,14 @@ def install(*, backend: str | None = None) -> Installed:
 
 def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> str:
     """Optional parts on CUDA, each kept out (and said so) when what it pins does not match: the MoE hooks above the op
-    (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py), a MoE layer's LoRA on the
-    main stream in steps of many tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense
-    LoRA kernels (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each
-    loaded adapter pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a
-    reload of its files and others read ahead off the engine thread (host_adapters.py), the start-up's
-    heap kept frozen for vLLM's full collections (startup_gc.py), and vLLM's warm-up dummy adapter made once per
-    start-up rather than once per warm-up phase (dummy_loras.py)."""
+    (moe_hooks.py), a linear layer's LoRA in one launch at small token counts (dense_lora.py) or, where switched on,
+    with its shrink folded into the base GEMM (dense_fold.py), a MoE layer's LoRA on the main stream in steps of many
+    tokens (lora_stream.py; dense_lora does the same), the start-up compile of vLLM's dense LoRA kernels
+    (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each loaded adapter
+    pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a reload of its files
+    and others read ahead off the engine thread (host_adapters.py), the start-up's heap kept frozen for vLLM's full
+    collections (startup_gc.py), and vLLM's warm-up dummy adapter made once per start-up rather than once per warm-up
+    phase (dummy_loras.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -116,6 +117,12 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         from .dense_lora import install_dense_lora
 
         return install_dense_lora(PunicaWrapperGPU, _PATCHES)
+
+    def dense_fold() -> str | None:
+        from . import dense_lora
+        from .dense_fold import install_dense_fold
+
+        return install_dense_fold(_PATCHES, apply_async_installed="apply_async" in dense_lora._original)
 
     def lora_stream() -> str | None:
         from .lora_stream import install_lora_stream
@@ -159,6 +166,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     for label, part in (
         ("MoE LoRA from topk_ids", moe_hooks),
         ("dense LoRA in one launch at 2-64 tokens", dense_lora),
+        ("dense LoRA's shrink folded into the base GEMM at decode sizes", dense_fold),
         ("MoE LoRA on the main stream above the bound", lora_stream),
         ("dense LoRA kernels compiled at start-up", dense_warmup),
         ("model warm-up at every token-count class", model_warmup),

@@ -1,6 +1,8 @@
 """Where the plugin meets vLLM's second LoRA stream, as data (touchpoints.py says how each kind is checked):
-dense_lora's own fork for linear layers and its path without the fork, and lora_stream's choice per MoE call (the
-parameters of the TritonExperts.apply it wraps are cpu_moe's touchpoint too, listed once in touchpoints.py).
+dense_lora's own fork for linear layers and its path without the fork, dense_fold's weights folded at the LoRA
+manager's start (vLLM must keep writing lora_a in place and reading the base weight through the layer), and
+lora_stream's choice per MoE call (the parameters of the TritonExperts.apply it wraps are cpu_moe's touchpoint too,
+listed once in touchpoints.py).
 Stdlib only, like contract.py.
 """
 
@@ -54,6 +56,48 @@ STREAMS: tuple[Touchpoint, ...] = (
         "BaseLinearLayerWithLoRA._apply_sync",
         APPLY_SYNC_PARAMETERS,
         "dense_lora.apply_async (above lora_stream's bound)",
+    ),
+    Touchpoint(
+        "LoRAModelManager._create_lora_modules",
+        "params",
+        ("lora/model_manager.py",),
+        "LoRAModelManager._create_lora_modules",
+        ("self",),
+        "dense_fold (folds the layers it made)",
+    ),
+    Touchpoint(
+        "lora_a written in place",
+        "text",
+        ("lora/layers/base_linear.py",),
+        "reset_lora and set_lora write into lora_a_stacked, never rebind it",
+        (
+            "self.lora_a_stacked[s_index][index] = 0",
+            "self.lora_a_stacked[0][index, 0, : lora_a.shape[0], : lora_a.shape[1]].copy_(",
+        ),
+        "dense_fold (lora_a are views into the folded weight)",
+    ),
+    Touchpoint(
+        "sliced layers' lora_a written in place",
+        "text",
+        ("lora/layers/column_parallel_linear.py",),
+        "MergedColumnParallelLinearWithLoRA.set_lora writes each slice's lora_a in place",
+        ("self.lora_a_stacked[i][", "].copy_(lora_a_i, non_blocking=True)"),
+        "dense_fold (lora_a are views into the folded weight)",
+    ),
+    Touchpoint(
+        "the unquantized GEMM reads the layer's weight",
+        "text",
+        ("model_executor/layers/linear.py",),
+        "UnquantizedLinearMethod.apply passes layer.weight to its GEMM",
+        ("(layer, x, layer.weight, bias)",),
+        "dense_fold (the weight is a view into the folded weight)",
+    ),
+    Touchpoint(
+        "env VLLM_BATCH_INVARIANT",
+        "env",
+        ("envs.py",),
+        "VLLM_BATCH_INVARIANT",
+        used_by="dense_fold (off in batch-invariant mode)",
     ),
     Touchpoint(
         "the MoE LoRA's stream, chosen per call",
