@@ -116,7 +116,6 @@ def test_calls_the_fold_does_not_serve_go_the_callers_way(folding) -> None:
     assert dense_fold.serve(layer, x, None) is None  # not folded
     assert dense_fold.fold_layer(layer, groups=4) is None
     assert dense_fold.serve(layer, x, torch.zeros(128).half()) is None  # a bias that is not the layer's own
-    big, _ = _linear(65)
     assert dense_fold.serve(layer, torch.randn(65, 48).half(), None) is None  # above the window
     layer.punica_wrapper = _wrapper([-1] * len(MAPPING))
     assert dense_fold.serve(layer, x, None) is None  # no adapter in the batch
