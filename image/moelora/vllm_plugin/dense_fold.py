@@ -76,6 +76,8 @@ def _why_not(layer: Any) -> str | None:
     """None when the layer can be folded, else why not (a short reason, counted in the start-up log)."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
+    from moelora.kernels.dense_config import layout_fits
+
     base = getattr(layer, "base_layer", None)
     if getattr(layer, "tp_size", None) != 1:
         return "tensor parallel"
@@ -94,13 +96,11 @@ def _why_not(layer: Any) -> str | None:
         return "dtype"
     if bias is not None and (bias.shape != (n,) or bias.dtype != dtype or not bias.is_contiguous()):
         return "bias layout"
-    a0 = a[0]
-    if a0.ndim != 4 or a0.shape[1] != 1 or a0.shape[-1] != k or any(t.shape != a0.shape for t in a):
+    # Rows of W': each lora_a whole (contiguous), of the weight's K; then the kernels' own layout rule.
+    if a[0].ndim != 4 or a[0].shape[1] != 1 or a[0].shape[-1] != k or not all(t.is_contiguous() for t in a):
         return "lora_a layout"
-    if not all(t.is_contiguous() for t in a):
-        return "lora_a layout"
-    if any(t.ndim != 4 or t.shape[-2:] != (w, a0.shape[-2]) or t.stride(-1) != 1 for t, w in zip(b, slices)):
-        return "lora_b layout"
+    if not layout_fits(a, b, slices):
+        return "lora layout"
     return None
 
 

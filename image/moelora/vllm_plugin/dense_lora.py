@@ -93,19 +93,6 @@ def _supported(
     return x.device == y.device == lora_a[0].device
 
 
-def _layer_fits(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor], output_slices: Sequence[int]) -> bool:
-    """vLLM's stacked weights: lora_a (max_loras, 1, rank, K) alike across slices, lora_b (max_loras, 1, N_s, rank),
-    last dimensions contiguous."""
-    a0 = lora_a[0]
-    if a0.ndim != 4 or any(a.shape != a0.shape or a.stride() != a0.stride() or a.stride(-1) != 1 for a in lora_a):
-        return False
-    rank = a0.shape[-2]
-    return all(
-        b.ndim == 4 and b.shape[-1] == rank and b.shape[-2] == n and b.stride(-1) == 1
-        for b, n in zip(lora_b, output_slices, strict=True)
-    )
-
-
 def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     """Compile each config the layer may launch with this `add` at the largest M and group count, on scratch
     buffers, and record its room (the counter words grow to that grid now). Outside capture only."""
@@ -155,6 +142,7 @@ def route(
         MAX_SERVED_M,
         SERVED,
         dense_layout,
+        layout_fits,
         served_config,
         served_kwargs,
         splitk_programs,
@@ -170,7 +158,7 @@ def route(
     key = _weights_key(lora_a, lora_b)
     if not _capturing(x.device):
         if key not in _layers:
-            fits = _layer_fits(lora_a, lora_b, output_slices)
+            fits = layout_fits(lora_a, lora_b, output_slices)
             _layers[key] = _Layer(dense_layout(lora_a, lora_b), len(lora_a)) if fits else None
         layer = _layers[key]
         # Above lora_stream's dense bound the LoRA is added in place; with the window below the bound, such a call's

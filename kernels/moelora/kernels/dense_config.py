@@ -18,6 +18,7 @@ __all__ = [
     "SplitKConfig",
     "config_text",
     "dense_layout",
+    "layout_fits",
     "parse_served",
     "served_config",
     "served_configs",
@@ -48,6 +49,19 @@ class DenseLayout:
     @property
     def widest(self) -> int:
         return max(self.widths)
+
+
+def layout_fits(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor], widths: Sequence[int]) -> bool:
+    """The weights are as `dense_layout` needs them: vLLM's stacked lora_a (max_loras, 1, rank, K) alike across slices
+    and lora_b (max_loras, 1, N_s, rank) of each slice's width, last dimensions contiguous."""
+    a0 = lora_a[0]
+    if a0.ndim != 4 or any(a.shape != a0.shape or a.stride() != a0.stride() or a.stride(-1) != 1 for a in lora_a):
+        return False
+    rank = a0.shape[-2]
+    return all(
+        b.ndim == 4 and b.shape[-1] == rank and b.shape[-2] == n and b.stride(-1) == 1
+        for b, n in zip(lora_b, widths, strict=True)
+    )
 
 
 def dense_layout(lora_a: Sequence[torch.Tensor], lora_b: Sequence[torch.Tensor]) -> DenseLayout:
