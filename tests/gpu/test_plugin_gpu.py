@@ -241,6 +241,19 @@ def test_after_the_warm_up_serving_compiles_nothing(method, monkeypatch):
     assert variants() == before
 
 
+def _dense_oracle(x, weight, bias, lora_a, lora_b, mapping) -> torch.Tensor:
+    """A dense layer with its LoRA in float64: x @ W.T (+ bias), each token's adapter's slices added (id -1: none)."""
+    out = x.double() @ weight.double().T + (0.0 if bias is None else bias.double())
+    for t, lora in enumerate(mapping.tolist()):
+        cols = 0
+        for a_s, b_s in zip(lora_a, lora_b, strict=True):
+            n = b_s.shape[-2]
+            if lora >= 0:
+                out[t, cols : cols + n] += (x[t].double() @ a_s[lora, 0].double().T) @ b_s[lora, 0].double().T
+            cols += n
+    return out
+
+
 def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_replayed(monkeypatch):
     """dense_lora.apply_async on a real second stream, GPT-OSS-20B's q/k/v: 13 tokens scheduled (rows without an
     adapter among them) in a batch padded to 16, as vLLM pads to a captured size. Its LoRA output is never
@@ -281,15 +294,7 @@ def test_the_lora_stream_fork_without_its_fill_matches_the_oracle_eager_and_repl
     )
 
     def oracle(x: torch.Tensor) -> torch.Tensor:
-        out = (x.double() @ weight.double().T).clone()
-        for t, lora in enumerate(mapping.tolist()):
-            if lora < 0:
-                continue
-            cols = 0
-            for a_s, b_s, n in zip(a, b, widths, strict=True):
-                out[t, cols : cols + n] += (x[t].double() @ a_s[lora, 0].double().T) @ b_s[lora, 0].double().T
-                cols += n
-        return out
+        return _dense_oracle(x, weight, None, a, b, mapping)
 
     x = torch.randn(m, k, generator=g, device=dev).to(dt)
     dense_lora.apply_async(layer, x)  # the first eager call with adapters prepares the layer
@@ -353,14 +358,7 @@ def test_the_folded_layer_matches_the_oracle_eager_replayed_and_after_a_new_adap
     assert dense_fold.fold_layer(layer, groups) is None
 
     def oracle(x: torch.Tensor) -> torch.Tensor:
-        out = x.double() @ base.weight.double().T + (0.0 if base.bias is None else base.bias.double())
-        for t, lora in enumerate(mapping.tolist()):
-            cols = 0
-            for a_s, b_s, w in zip(layer.lora_a_stacked, layer.lora_b_stacked, widths, strict=True):
-                if lora >= 0:
-                    out[t, cols : cols + w] += (x[t].double() @ a_s[lora, 0].double().T) @ b_s[lora, 0].double().T
-                cols += w
-        return out
+        return _dense_oracle(x, base.weight, base.bias, layer.lora_a_stacked, layer.lora_b_stacked, mapping)
 
     x = torch.randn(m, k, generator=g, device=dev).to(dt)
     torch.testing.assert_close(dense_lora.apply_async(layer, x, base.bias).double(), oracle(x), atol=3e-2, rtol=3e-2)
