@@ -109,7 +109,7 @@ def fold_layer(layer: Any, groups: int) -> str | None:
     (then nothing changed). groups: the group count serving launches with (vLLM's default active-adapter count, the
     length of its id table), which the compile launch matches so that serving finds the same kernel variant."""
     from moelora.kernels.dense_config import dense_layout
-    from moelora.kernels.dense_folded import folded_expand
+    from moelora.kernels.dense_folded import fold_weight, folded_expand
 
     if (why := _why_not(layer)) is not None:
         return why
@@ -118,16 +118,12 @@ def fold_layer(layer: Any, groups: int) -> str | None:
     base = layer.base_layer
     weight, bias = base.weight, base.bias
     (n, k), dev, dtype = weight.shape, weight.device, weight.dtype
+    folded = fold_weight(weight.data, layer.lora_a_stacked)
     rows = [t.numel() // k for t in layer.lora_a_stacked]
-    folded = torch.empty(n + sum(rows), k, dtype=dtype, device=dev)
-    folded[:n].copy_(weight.data)
-    views, at = [], n
-    for t, r in zip(layer.lora_a_stacked, rows, strict=True):
-        views.append(folded[at : at + r].view(t.shape).copy_(t))
-        at += r
+    views = [v.view(t.shape) for v, t in zip(folded[n:].split(rows), layer.lora_a_stacked, strict=True)]
     padded = None
     if bias is not None:
-        padded = torch.zeros(n + sum(rows), dtype=dtype, device=dev)
+        padded = torch.zeros(folded.shape[0], dtype=dtype, device=dev)
         padded[:n].copy_(bias.data)
         bias.data = padded[:n]
     weight.data = folded[:n]
@@ -136,7 +132,7 @@ def fold_layer(layer: Any, groups: int) -> str | None:
     # Compile now, outside any capture, on one scratch row in no group (tables as vLLM's: int32, no token counted).
     table = torch.zeros(groups + 1, dtype=torch.int32, device=dev)
     meta = (table[:1], table[:groups], table, torch.full((groups,), -1, dtype=torch.int32, device=dev), groups)
-    scratch = torch.zeros(1, n + sum(rows), dtype=dtype, device=dev)
+    scratch = torch.zeros(1, folded.shape[0], dtype=dtype, device=dev)
     folded_expand(
         torch.empty(1, n, dtype=dtype, device=dev), scratch, layout, meta, max_loras=max_loras, block_n=block_n
     )
