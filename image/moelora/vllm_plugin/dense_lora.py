@@ -105,7 +105,7 @@ def _prepare(layer: _Layer, x: torch.Tensor, max_loras: int, add: bool) -> None:
     dev, m = x.device, MAX_SERVED_M
     args = _meta(max_loras, m, dev)
     meta = (args[1], args[2], args[3], args[4], int(args[6].item()))
-    width = int(layer.layout.slice_n.sum().item())
+    width = sum(layer.layout.widths)
     scratch_x = torch.zeros(m, layer.layout.k, device=dev, dtype=x.dtype)
     scratch_y = torch.zeros(m, width, device=dev, dtype=x.dtype)
     for config in served_configs(layer.slices, _served or SERVED):
