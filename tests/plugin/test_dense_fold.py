@@ -183,6 +183,10 @@ def test_install_reads_the_window_and_comes_off(monkeypatch) -> None:
     for raw, why in (("0", "=0"), ("abc", "token count"), ("-1", "token count")):
         monkeypatch.setenv(dense_fold.ENV, raw)
         assert why in dense_fold.install_dense_fold(patches, apply_async_installed=True)
+    monkeypatch.delenv(dense_fold.ENV)
+    assert dense_fold.install_dense_fold(patches, apply_async_installed=True) is None  # on by default
+    assert dense_fold.window() == dense_fold.DEFAULT_WINDOW == 64
+    patches.undo()
     monkeypatch.setenv(dense_fold.ENV, "48")
     assert "not installed" in dense_fold.install_dense_fold(patches, apply_async_installed=False)
     assert not patches.done

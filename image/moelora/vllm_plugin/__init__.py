@@ -7,9 +7,9 @@ replaces (contract.py); on any mismatch, or any error, it keeps vLLM's own kerne
 server. `MOELORA_KERNEL=moelora-torch` forces the torch implementation on any device (a debugging aid).
 On CUDA these extras, each pinned and skipped (with the reason logged) on a mismatch: moe_hooks (MoE LoRA straight
 from topk_ids, one level above the op), dense_lora (a linear layer's LoRA in one launch of moelora's dense_splitk at
-2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_fold (`MOELORA_DENSE_FOLD=N`: each linear LoRA
-layer's lora_a stacked under its base weight at start-up, calls of up to N tokens served as one GEMM and one expand
-on the main stream; off by default), dense_warmup (vLLM's dense LoRA kernels compiled at
+2 to 64 tokens; `MOELORA_DENSE_SPLITK=0` keeps vLLM's), dense_fold (each linear LoRA layer's lora_a stacked
+under its base weight at start-up, calls of up to 64 tokens served as one GEMM and one expand on the main stream;
+`MOELORA_DENSE_FOLD=N` moves the bound, 0 keeps the LoRA stream), dense_warmup (vLLM's dense LoRA kernels compiled at
 start-up), lora_stream (steps of more than 1024 tokens run the LoRA on the main stream, into the layer's output: no
 fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound), model_warmup (vLLM's dummy forward
 pass at every token-count class before graph capture, once per compile cache: warm_marker), adapter_pinning

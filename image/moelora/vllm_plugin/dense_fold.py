@@ -32,11 +32,12 @@ import torch
 
 from .patches import Patches
 
-__all__ = ["ENV", "fold_layer", "install_dense_fold", "serve", "window"]
+__all__ = ["DEFAULT_WINDOW", "ENV", "fold_layer", "install_dense_fold", "serve", "window"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
-ENV = "MOELORA_DENSE_FOLD"  # the largest token count served folded; "0" (the default) folds nothing
+ENV = "MOELORA_DENSE_FOLD"  # the largest token count served folded; "0" folds nothing
+DEFAULT_WINDOW = 64  # dense_lora's one-launch window: decode batches up to concurrency 64
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -194,7 +195,7 @@ def create_lora_modules(self: Any) -> None:
 
 def install_dense_fold(patches: Patches, *, apply_async_installed: bool) -> str | None:
     """Hook the LoRA manager's module creation through `patches`; None when done, else why not (nothing changed)."""
-    raw = os.environ.get(ENV, "0").strip()
+    raw = os.environ.get(ENV, str(DEFAULT_WINDOW)).strip()
     if not raw.isdigit():
         return f"{ENV}={raw!r} is not a token count"
     if int(raw) == 0:
