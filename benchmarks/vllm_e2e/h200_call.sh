@@ -12,6 +12,9 @@ set -u
 T0=$(date +%s); R=$(pwd); OUT=${1:?usage: h200_call.sh OUTPUT_DIR}; SITE=${SITE:-/tmp/vllm-site}; mkdir -p "$OUT/r"
 export KIT=${KIT:-$R/.bundle/b/kit} VLLM_ARCHIVE=${VLLM_ARCHIVE:-$R/.bundle/c/vllm-site.tar.xz} SITE
 export CACHE_ROOT=${CACHE_ROOT:-/tmp/cc}
+# Every call, not once a machine: each call carries a fresh tree, so tables served under another GPU's name by
+# names.sh (make_bundle.sh) are gone unless made again, and a call without them measures other kernel configs.
+[ -f "$R/.bundle/b/names.sh" ] && bash "$R/.bundle/b/names.sh" > /dev/null 2>&1
 { date -u +"%F %T UTC"; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
   git rev-parse HEAD 2>/dev/null; git status --short benchmarks image kernels 2>/dev/null | head -20
   echo "routing: ${VLLM_MOE_ROUTING_SIMULATION_STRATEGY:-as the model routes}"; } > "$OUT/r/info.txt"
