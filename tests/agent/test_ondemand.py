@@ -221,6 +221,46 @@ def test_after_an_agent_restart_what_vllm_got_from_the_resolver_is_held_not_unlo
     assert loop.metric("moelora_adapter_on_demand", adapter="a") == 1
 
 
+def test_an_adapter_being_unloaded_is_not_answered_at_once_to_the_resolver(loop: Loop) -> None:
+    """A deleted adapter's name asked for while the loop unloads it waits for the loop, which refuses it: the
+    answer left from the last pass must not let vLLM load it back (seen in a fresh-clone CI, 2026-12-07)."""
+    loop.put("a", placed=True)
+    for _ in range(3):
+        loop.step()
+    assert loop.record("a").stage is Stage.LOADED
+    asked_during: list[Answer] = []
+    unload = loop.vllm.unload
+
+    def unload_and_ask(*, name: str) -> bool:
+        asked_during.append(loop.agent.resolutions.ask(name, timeout=0.01))  # vLLM's resolver, mid-unload
+        return unload(name=name)
+
+    loop.vllm.unload = unload_and_ask  # type: ignore[method-assign]
+    loop.placed.delete("a")
+    loop.server.delete("a")
+    loop.step()
+    assert [a.status for a in asked_during] == [503] and "a" not in loop.vllm.served
+    answer = loop.answer(loop.ask("a"))
+    assert answer.status == 404, answer  # then refused: no LoRAAdapter of this server
+
+
+def test_files_from_the_agents_cache_under_a_deleted_name_are_unloaded_without_a_foreign_event(loop: Loop) -> None:
+    """What vLLM's resolver got just before the LoRAAdapter went is unloaded quietly; files from anywhere else, or
+    a path that climbs out of the cache, are a finding."""
+    loop.put("a")
+    path = loop.answer(loop.ask("a")).path or ""
+    assert path.startswith(str(loop.agent.settings.cache_dir))
+    loop.server.delete("a")
+    loop.step()  # its record goes: nothing explains the name any more
+    loop.vllm.served.update({"a": path, "x": "/elsewhere/x", "y": f"{loop.agent.settings.cache_dir}/../y"})
+    loop.step()
+    assert loop.vllm.served == {}
+    assert loop.metric("moelora_foreign_adapters_total", action="unloaded") == 2  # counted as they are found
+    eventually(lambda: len(loop.kube.events) == 2, timeout=5)  # the Events are written on the reporter's pool
+    assert sorted(e["message"].split("'")[1] for e in loop.kube.events) == ["x", "y"]
+    assert all(e["reason"] == "ForeignAdapterUnloaded" for e in loop.kube.events)
+
+
 # ---- pure parts ----
 
 

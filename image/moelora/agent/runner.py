@@ -168,12 +168,13 @@ class Agent:
         if self._prune_partials:  # deleted adapters' partials, kept by a kill or a transient failure
             self._prune_partials = False
             self.preparer.prune_partials(set(by_uid))
+        self.resolutions.withdraw([*plan.unload, *plan.foreign])
         for name in plan.unload:
             if self._unload(name) and loaded is not None:
                 del loaded[name]
         for name in plan.foreign:
             if self._unload(name) and loaded is not None:
-                self.foreign.unloaded(name=name, path=loaded.pop(name).path)
+                self._unloaded_unexplained(name, loaded.pop(name).path)
         self._protect(loaded)  # before the downloads start: they may evict what was just unloaded
         for uid in plan.prepare:
             self._start_prepare(by_uid[uid], refresh=False)
@@ -210,6 +211,14 @@ class Agent:
 
     def _unload(self, served_name: str) -> bool:
         return self.loader.unload(served_name)
+
+    def _unloaded_unexplained(self, name: str, path: str) -> None:
+        """Files from this agent's own cache came through its resolver (one that answered just before the adapter's
+        LoRAAdapter was deleted): unloaded as any deleted adapter is. Anything else is a finding."""
+        if self.holding.from_cache(path):
+            logger.info("unloaded adapter %s: its LoRAAdapter went after vLLM's resolver got it", foreign.escape(name))
+        else:
+            self.foreign.unloaded(name=name, path=path)
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
         adapters = self.poller.poll()

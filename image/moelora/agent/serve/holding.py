@@ -8,6 +8,7 @@ treats alike) and `answer` at its end; the records stay the runner's, read here 
 from __future__ import annotations
 
 import logging
+import os
 import pathlib
 from collections.abc import Callable, Collection, Mapping
 
@@ -57,9 +58,7 @@ class Holding:
         asked = self.resolutions.asked()
         explained = {d.served_name for d in placed} | {r.served_name for r in records.values()}
         handed = [
-            name
-            for name, adapter in (loaded or {}).items()
-            if name not in explained and pathlib.Path(adapter.path).is_relative_to(self.cache_dir)
+            name for name, adapter in (loaded or {}).items() if name not in explained and self.from_cache(adapter.path)
         ]
         if not asked and not self.held and not handed:
             self.room_coming = set()
@@ -88,6 +87,11 @@ class Holding:
             logger.info("dropping adapter %s, held on demand, to make room", self.held[uid][0])
             self._drop(uid)
         return placed + [by_uid[uid] for uid in self.held]
+
+    def from_cache(self, path: str) -> bool:
+        """Files in this agent's cache: vLLM got them from this agent (its loads, or its resolver's answers). Normalized
+        first, so that a path climbing out of the cache with `..` is not taken for one inside it."""
+        return pathlib.Path(os.path.normpath(path)).is_relative_to(os.path.normpath(self.cache_dir))
 
     def _drop(self, uid: str) -> None:
         name, _ = self.held.pop(uid)
