@@ -96,6 +96,7 @@ class Agent:
             fail=self._fail,
             monotonic=monotonic,
             checked=self.resolutions.serve,
+            withdrawn=self.resolutions.withdraw,
         )
         self.holding = holding.Holding(
             model_server=settings.model_server,
@@ -107,7 +108,12 @@ class Agent:
             cache=self.cache,
         )
         self.foreign = foreign.Reporter(
-            events=kube, metrics=metrics, pod=settings.pod_name, pod_uid=settings.pod_uid, pool=self.status_pool
+            events=kube,
+            metrics=metrics,
+            pod=settings.pod_name,
+            pod_uid=settings.pod_uid,
+            pool=self.status_pool,
+            own=self.holding.from_cache,
         )
 
     def run(self) -> None:
@@ -168,18 +174,17 @@ class Agent:
         if self._prune_partials:  # deleted adapters' partials, kept by a kill or a transient failure
             self._prune_partials = False
             self.preparer.prune_partials(set(by_uid))
-        self.resolutions.withdraw([*plan.unload, *plan.foreign])
         for name in plan.unload:
-            if self._unload(name) and loaded is not None:
+            if self.loader.unload(name) and loaded is not None:
                 del loaded[name]
         for name in plan.foreign:
-            if self._unload(name) and loaded is not None:
-                self._unloaded_unexplained(name, loaded.pop(name).path)
+            if self.loader.unload(name) and loaded is not None:
+                self.foreign.unloaded(name=name, path=loaded.pop(name).path)
         self._protect(loaded)  # before the downloads start: they may evict what was just unloaded
         for uid in plan.prepare:
             self._start_prepare(by_uid[uid], refresh=False)
         for uid in plan.adopt:  # files handed to vLLM's resolver were loaded now, as far as anyone waited
-            self._mark_loaded(self.records[uid], observe=self.records[uid].handed_at is not None)
+            self.loader.mark_loaded(self.records[uid], observe=self.records[uid].handed_at is not None)
         for load in plan.load:
             self._load(self.records[load.uid], load, loaded)
         if self.usage is not None:  # only placement's copiesMode Auto reads the load
@@ -205,20 +210,6 @@ class Agent:
         if record.handed_at is not None and self.monotonic() - record.handed_at < holding.HAND_OVER_SECONDS:
             return  # vLLM is registering what its resolver got: the next look at /v1/models adopts it
         self.loader.load(record, load, current=loaded.get(load.served_name) if loaded is not None else None)
-
-    def _mark_loaded(self, record: Record, *, observe: bool) -> None:
-        self.loader.mark_loaded(record, observe=observe)
-
-    def _unload(self, served_name: str) -> bool:
-        return self.loader.unload(served_name)
-
-    def _unloaded_unexplained(self, name: str, path: str) -> None:
-        """Files from this agent's own cache came through its resolver (one that answered just before the adapter's
-        LoRAAdapter was deleted): unloaded as any deleted adapter is. Anything else is a finding."""
-        if self.holding.from_cache(path):
-            logger.info("unloaded adapter %s: its LoRAAdapter went after vLLM's resolver got it", foreign.escape(name))
-        else:
-            self.foreign.unloaded(name=name, path=path)
 
     def _vllm_adapters(self) -> dict[str, LoadedAdapter] | None:
         adapters = self.poller.poll()

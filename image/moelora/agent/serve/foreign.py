@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from moelora.agent.report.metrics import Metrics
@@ -40,14 +41,21 @@ class Reporter:
         pod: str,
         pod_uid: str,
         pool: concurrent.futures.Executor,
+        own: Callable[[str], bool] = lambda path: False,
     ) -> None:
         self.events = events
+        self.own = own
         self.metrics = metrics
         self.pod = pod
         self.pod_uid = pod_uid
         self.pool = pool
 
     def unloaded(self, *, name: str, path: str) -> None:
+        """`own` files came from this agent (its resolver answered just before their LoRAAdapter was deleted): no
+        finding, an info line. Anything else is one."""
+        if self.own(path):
+            logger.info("unloaded adapter %s: its LoRAAdapter went after vLLM's resolver got it", escape(name))
+            return
         message = (
             f"unloaded adapter {escape(name)} (from {escape(path)}): vLLM served it, but this agent did not load it"
         )

@@ -42,9 +42,10 @@ class Loader:
         fail: Fail,
         monotonic: Callable[[], float],
         checked: Callable[[str, str], None] = lambda name, path: None,
+        withdrawn: Callable[[str], None] = lambda name: None,
     ) -> None:
         self.vllm, self.metrics, self.cache, self.preparer = vllm, metrics, cache, preparer
-        self.fail, self.monotonic, self.checked = fail, monotonic, checked
+        self.fail, self.monotonic, self.checked, self.withdrawn = fail, monotonic, checked, withdrawn
 
     def load(self, record: Record, load: Load, *, current: LoadedAdapter | None, hand_over: bool = False) -> None:
         """Serve `record`'s files under its name (`current`: what vLLM serves under it now), or fail it.
@@ -151,7 +152,9 @@ class Loader:
                 self.preparer.remember(record.uid, version=record.version, path=record.path)
 
     def unload(self, served_name: str) -> bool:
-        """True once vLLM no longer has the adapter because of this call."""
+        """True once vLLM no longer has the adapter because of this call. The name goes from the resolver's answers
+        first (`withdrawn`), so that vLLM's resolver cannot load it back meanwhile."""
+        self.withdrawn(served_name)
         try:
             unloaded = self.vllm.unload(name=served_name)
             logger.info("unloaded adapter %s", foreign.escape(served_name))

@@ -165,12 +165,11 @@ class Resolutions:
             ticket.answer = answer
             ticket.done.set()
 
-    def withdraw(self, names: Iterable[str]) -> None:
-        """No answer at once for these names: the loop is unloading them, and vLLM's resolver must not load them back
-        from the last pass's answer before the next pass refreshes it."""
+    def withdraw(self, name: str) -> None:
+        """No answer at once for `name`: the loop is unloading it, and vLLM's resolver must not load it back from the
+        last pass's answer before the next pass refreshes it."""
         with self._lock:
-            for name in names:
-                self._servable.pop(name, None)
+            self._servable.pop(name, None)
 
     def servable(self, paths: Mapping[str, str]) -> None:
         """What may be answered at once from now on (served name -> path): what the agent serves or has handed over."""
