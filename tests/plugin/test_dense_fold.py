@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from moelora.kernels.dense_config import MAX_SERVED_M
 from moelora.vllm_plugin import dense_fold, dense_lora
 from moelora.vllm_plugin.patches import Patches
 
@@ -185,7 +186,7 @@ def test_install_reads_the_window_and_comes_off(monkeypatch) -> None:
         assert why in dense_fold.install_dense_fold(patches, apply_async_installed=True)
     monkeypatch.delenv(dense_fold.ENV)
     assert dense_fold.install_dense_fold(patches, apply_async_installed=True) is None  # on by default
-    assert dense_fold.window() == dense_fold.DEFAULT_WINDOW == 64
+    assert dense_fold.window() == MAX_SERVED_M == 64  # dense_lora's one-launch window
     patches.undo()
     monkeypatch.setenv(dense_fold.ENV, "48")
     assert "not installed" in dense_fold.install_dense_fold(patches, apply_async_installed=False)

@@ -32,12 +32,11 @@ import torch
 
 from .patches import Patches
 
-__all__ = ["DEFAULT_WINDOW", "ENV", "fold_layer", "install_dense_fold", "serve", "window"]
+__all__ = ["ENV", "fold_layer", "install_dense_fold", "serve", "window"]
 
 log = logging.getLogger("vllm.moelora_plugin")
 
-ENV = "MOELORA_DENSE_FOLD"  # the largest token count served folded; "0" folds nothing
-DEFAULT_WINDOW = 64  # dense_lora's one-launch window: decode batches up to concurrency 64
+ENV = "MOELORA_DENSE_FOLD"  # the largest token count served folded (default: dense_lora's window); "0" folds nothing
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -195,7 +194,9 @@ def create_lora_modules(self: Any) -> None:
 
 def install_dense_fold(patches: Patches, *, apply_async_installed: bool) -> str | None:
     """Hook the LoRA manager's module creation through `patches`; None when done, else why not (nothing changed)."""
-    raw = os.environ.get(ENV, str(DEFAULT_WINDOW)).strip()
+    from moelora.kernels.dense_config import MAX_SERVED_M
+
+    raw = os.environ.get(ENV, str(MAX_SERVED_M)).strip()
     if not raw.isdigit():
         return f"{ENV}={raw!r} is not a token count"
     if int(raw) == 0:
