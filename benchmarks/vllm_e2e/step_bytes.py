@@ -7,7 +7,10 @@ experts a step reads depend on the routing: `uniform` draws each token's top-k e
 experts a layer the router sends every token to (the kit's dummy weights send nearly every token to the same few).
 A step's time is not its bytes over the bandwidth; the ratio says how much more a step with LoRA must read.
 
-Usage: python benchmarks/vllm_e2e/step_bytes.py [--tokens 16] [--adapters 8] [--rank 32] [--context 1900]
+`--prompt 1600` adds a step with a new request's 1600 prompt tokens beside the decodes (one adapter's prefill), where
+the LoRA's activation traffic (each routed row read and written again beside the GEMMs) outweighs its weights.
+
+Usage: python benchmarks/vllm_e2e/step_bytes.py [--tokens 16] [--adapters 8] [--rank 32] [--context 1900] [--prompt N]
 """
 
 from __future__ import annotations
@@ -60,9 +63,12 @@ def distinct(draws: float, choices: int) -> float:
     return choices * (1.0 - (1.0 - 1.0 / choices) ** draws)
 
 
-def step_bytes(shape: Shape, tokens: int, adapters: int, rank: int, context: int, experts: float | None) -> dict:
-    """Bytes one decode step reads, by part; experts=None means uniform routing, else experts read a layer, every
-    token routed among them."""
+def step_bytes(
+    shape: Shape, tokens: int, adapters: int, rank: int, context: int, experts: float | None, prompt: int = 0
+) -> dict:
+    """Bytes one step reads, by part: `tokens` sequences decoding and, with `prompt`, that many prompt tokens of one
+    more sequence on one adapter (the benchmark's steady state: a new request's prefill beside the decodes).
+    experts=None means uniform routing, else experts read a layer, every token routed among them."""
     s = shape
     q, kv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
     expert = 3 * s.hidden * s.moe_intermediate * BF16  # gate and up (w13) and down (w2)
@@ -71,11 +77,14 @@ def step_bytes(shape: Shape, tokens: int, adapters: int, rank: int, context: int
     attention_lora = adapters * rank * (3 * s.hidden + (q + 2 * kv) + q + s.hidden) * BF16  # q/k/v A each, o's A
     per_adapter = tokens / adapters
     if experts is None:
-        read = distinct(tokens * s.top_k, s.experts)
+        read = distinct((tokens + prompt) * s.top_k, s.experts)
         pairs = adapters * distinct(per_adapter * s.top_k, s.experts)
+        # The prompt's adapter: its experts beyond those its decoding sequences already touch.
+        both = distinct((per_adapter + prompt) * s.top_k, s.experts)
+        pairs += both - distinct(per_adapter * s.top_k, s.experts)
     else:
         read = experts
-        pairs = adapters * min(experts, per_adapter * s.top_k)
+        pairs = adapters * min(experts, per_adapter * s.top_k) + (min(experts, prompt * s.top_k) if prompt else 0)
     sliding = s.layers - s.full_attention_layers
     kv_tokens = tokens * (s.full_attention_layers * context + sliding * min(context, s.window))
     base = {
@@ -84,7 +93,20 @@ def step_bytes(shape: Shape, tokens: int, adapters: int, rank: int, context: int
         "lm_head": s.vocab * s.hidden * BF16,
         "KV cache": kv_tokens * 2 * kv * BF16,
     }
-    lora = {"MoE LoRA": s.layers * pairs * pair, "attention LoRA": s.layers * attention_lora}
+    # Activations a routed pair moves through the expert GEMMs: the base reads its token's row and writes w13's
+    # output, the activation reads that and writes its half, w2 reads that and writes its row. The LoRA op, apart
+    # from the GEMMs, reads the token's row again (w13 shrink), reads and writes w13's output (expand), reads the
+    # activation's output (w2 shrink) and reads and writes w2's output (expand); the attention LoRA's expands read
+    # and write the q/k/v and o outputs. Negligible at decode, not at prefill.
+    routed = (tokens + prompt) * s.top_k
+    h, i = s.hidden, s.moe_intermediate
+    base["MoE activations"] = s.layers * routed * (h + 2 * i + 2 * i + i + i + h) * BF16
+    lora = {
+        "MoE LoRA": s.layers * pairs * pair,
+        "attention LoRA": s.layers * attention_lora,
+        "MoE LoRA activations": s.layers * routed * (h + 2 * (2 * i) + i + 2 * h) * BF16,
+        "attention LoRA activations": s.layers * (tokens + prompt) * 2 * (q + 2 * kv + s.hidden) * BF16,
+    }
     return {"experts a layer": read, "pairs a layer": pairs, "base": base, "lora": lora}
 
 
@@ -109,12 +131,15 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=32)
     ap.add_argument("--context", type=int, default=1900, help="tokens a sequence attends over")
     ap.add_argument("--experts", type=float, action="append", help="experts a layer, collapsed router")
+    ap.add_argument("--prompt", type=int, action="append", help="also a step with this many prompt tokens")
     a = ap.parse_args()
     rows = []
     for shape in (GPT_OSS, QWEN3):
         for experts in [None, *(a.experts or [])]:
             routing = "uniform" if experts is None else f"{experts:g} experts"
-            rows.append((shape, routing, step_bytes(shape, a.tokens, a.adapters, a.rank, a.context, experts)))
+            for prompt in [0, *(a.prompt or [])]:
+                label = routing + (f", {prompt} prompt tokens" if prompt else "")
+                rows.append((shape, label, step_bytes(shape, a.tokens, a.adapters, a.rank, a.context, experts, prompt)))
     print(table(rows))
 
 

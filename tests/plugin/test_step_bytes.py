@@ -22,12 +22,27 @@ def test_distinct_matches_sampling(draws, choices):
 
 
 @pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
-def test_lora_bytes_follow_the_rank_and_base_bytes_do_not(shape):
+def test_lora_weights_follow_the_rank_and_nothing_else_does(shape):
     r16 = step_bytes.step_bytes(shape, 16, 8, 16, 1900, None)
     r32 = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
     assert r32["base"] == r16["base"]
-    for part in r32["lora"]:
+    for part in ("MoE LoRA", "attention LoRA"):
         assert r32["lora"][part] == pytest.approx(2 * r16["lora"][part])
+    for part in ("MoE LoRA activations", "attention LoRA activations"):
+        assert r32["lora"][part] == r16["lora"][part] > 0
+
+
+@pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
+def test_a_prompt_beside_the_decodes_makes_the_lora_weigh_more(shape):
+    decode = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
+    mixed = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None, prompt=1600)
+    share = {name: sum(r["lora"].values()) / sum(r["base"].values()) for name, r in [("d", decode), ("m", mixed)]}
+    assert share["m"] > 2 * share["d"]
+    # The prompt's adapter adds at most every expert it did not touch yet; the step reads every expert once.
+    assert decode["pairs a layer"] < mixed["pairs a layer"] <= decode["pairs a layer"] + shape.experts
+    assert mixed["experts a layer"] == pytest.approx(shape.experts, rel=1e-3)
+    # At prefill the rows the LoRA moves again outweigh its weights.
+    assert mixed["lora"]["MoE LoRA activations"] > mixed["lora"]["MoE LoRA"]
 
 
 @pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
