@@ -185,7 +185,7 @@ def probe(model: str, m: int, *, rank: int = 32, adapters: int = 8, sets: int = 
         out = torch.empty(m * top_k, n, device="cuda", dtype=torch.bfloat16)
         s = torch.randn(m * top_k, slices, rank, device="cuda").to(torch.bfloat16)
         lora_b = torch.stack(inp.w13_b)  # (slices, adapters, E, width, rank)
-        layer = default_layer_config(inp)
+        layer = default_layer_config(inp, route_method="grouped")  # as the plugin serves it
         prepared.append((inp, sorted_ids, block_expert, out, (s, lora_b, inp.lora_map), layer))
 
     def gemm(cfg: GemmConfig, fold: bool):
