@@ -14,6 +14,8 @@ out, and within an expert by adapter, so a prefill block sees few adapters), wit
     folded    the GEMM with the expand in its epilogue, reading each pair's rank-r shrink from a buffer
     +shrink   folded, after our routing and served shrink (which writes split-K partials in its own block order,
               not the per-pair rows folded reads: the bytes are the same, the layout would need a change)
+    vLLM      vLLM's own fused-MoE GEMM on the same inputs with its tuned config, where vLLM imports (the probe's
+              GEMM has to be as fast as it for a fold to pay)
 
     python -m moelora.kernels.tools.moe_fold_probe                 # both models, M = 16, 64, 1600, 8192
     python -m moelora.kernels.tools.moe_fold_probe --models qwen3 --m 16,1600
@@ -218,6 +220,7 @@ def probe(model: str, m: int, *, rank: int = 32, adapters: int = 8, sets: int = 
         return run
 
     per = float(calls)
+    vllm_gemm = _vllm_gemm(prepared, w, inter, top_k, m, calls // sets)
     timed = {}
     for bn, bk, warps, stages in CANDIDATES:
         if (n // slices) % bn or h % bk:
@@ -237,8 +240,36 @@ def probe(model: str, m: int, *, rank: int = 32, adapters: int = 8, sets: int = 
     err = ((out[pairs].float() - want).abs().max() / want.abs().max()).item()
     return {
         "model": model, "m": m, "config": best, "base": base, "op": op, "folded": folded, "shrink": shrink,
-        "rel_err": err,
+        "rel_err": err, "vllm": time_graph(vllm_gemm) / per if vllm_gemm else None,
     }  # fmt: skip
+
+
+def _vllm_gemm(prepared, w, inter: int, top_k: int, m: int, rounds: int):
+    """vLLM's fused-MoE GEMM (w13, no routed weight) over the prepared sets, or None where vLLM does not import."""
+    try:
+        from vllm.model_executor.layers.fused_moe.fused_moe import (
+            invoke_fused_moe_triton_kernel,
+            try_get_optimal_moe_config,
+        )
+        from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+    except (ImportError, OSError, RuntimeError):  # no vLLM, or one without its compiled ops
+        return None
+    e, _, h = w.shape
+    config = try_get_optimal_moe_config(tuple(w.shape), (e, h, inter), top_k, None, m)
+    sets = []
+    for inp, _, _, out, _, _ in prepared:
+        sorted_ids, expert_ids, post = moe_align_block_size(inp.topk_ids, config["BLOCK_SIZE_M"], e)
+        sets.append((inp.hidden, out.view(m, top_k, -1), sorted_ids, expert_ids, post))
+
+    def run() -> None:
+        for _ in range(rounds):
+            for x, out, sorted_ids, expert_ids, post in sets:
+                invoke_fused_moe_triton_kernel(
+                    x, w, out, None, None, None, sorted_ids, expert_ids, post, False, top_k, config, tl.bfloat16,
+                    False, False, False, False, False,
+                )  # fmt: skip
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,17 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--m", default="16,64,1600,8192")
     args = ap.parse_args(argv)
     print(f"{torch.cuda.get_device_name()}; rank 32, 8 adapters, gate_up (w13) only; µs a layer")
-    print("| model | M | base GEMM | + LoRA op | folded GEMM | + shrink | LoRA apart -> folded | config | err |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| model | M | base GEMM | + LoRA op | folded GEMM | + shrink | LoRA apart -> folded | config | err | vLLM |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model in args.models.split(","):
         for m in (int(v) for v in args.m.split(",")):
             r = probe(model, m)
             c = r["config"]
             apart, fold = r["op"], r["folded"] - r["base"] + r["shrink"]
+            vllm = "-" if r["vllm"] is None else f"{r['vllm']:.1f}"
             print(
                 f"| {model} | {m} | {r['base']:.1f} | {r['base'] + apart:.1f} | {r['folded']:.1f} | "
                 f"{r['folded'] + r['shrink']:.1f} | {apart:.1f} -> {fold:.1f} | "
-                f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} | {r['rel_err']:.1e} |",
+                f"{c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps} s{c.num_stages} | {r['rel_err']:.1e} | "
+                f"{vllm} |",
                 flush=True,
             )
     return 0
