@@ -84,7 +84,8 @@ def step_bytes(
         pairs += both - distinct(per_adapter * s.top_k, s.experts)
     else:
         read = experts
-        pairs = adapters * min(experts, per_adapter * s.top_k) + (min(experts, prompt * s.top_k) if prompt else 0)
+        pairs = adapters * min(experts, per_adapter * s.top_k)
+        pairs += min(experts, (per_adapter + prompt) * s.top_k) - min(experts, per_adapter * s.top_k)
     sliding = s.layers - s.full_attention_layers
     kv_tokens = tokens * (s.full_attention_layers * context + sliding * min(context, s.window))
     base = {
@@ -93,11 +94,8 @@ def step_bytes(
         "lm_head": s.vocab * s.hidden * BF16,
         "KV cache": kv_tokens * 2 * kv * BF16,
     }
-    # Activations a routed pair moves through the expert GEMMs: the base reads its token's row and writes w13's
-    # output, the activation reads that and writes its half, w2 reads that and writes its row. The LoRA op, apart
-    # from the GEMMs, reads the token's row again (w13 shrink), reads and writes w13's output (expand), reads the
-    # activation's output (w2 shrink) and reads and writes w2's output (expand); the attention LoRA's expands read
-    # and write the q/k/v and o outputs. Negligible at decode, not at prefill.
+    # Rows each routed pair moves: the base GEMMs and activation read and write each once; the LoRA, apart from the
+    # GEMMs, reads the inputs again (shrinks) and reads and writes the outputs again (expands). Small at decode only.
     routed = (tokens + prompt) * s.top_k
     h, i = s.hidden, s.moe_intermediate
     base["MoE activations"] = s.layers * routed * (h + 2 * i + 2 * i + i + i + h) * BF16
