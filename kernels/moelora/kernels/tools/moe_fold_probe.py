@@ -14,8 +14,8 @@ out, and within an expert by adapter, so a prefill block sees few adapters), wit
     folded    the GEMM with the expand in its epilogue, reading each pair's rank-r shrink from a buffer
     +shrink   folded, after our routing and served shrink (which writes split-K partials in its own block order,
               not the per-pair rows folded reads: the bytes are the same, the layout would need a change)
-    vLLM      vLLM's own fused-MoE GEMM on the same inputs with its tuned config, where vLLM imports (the probe's
-              GEMM has to be as fast as it for a fold to pay)
+    vLLM      vLLM's own fused-MoE GEMM on the same inputs with the config it would serve (its table, else its
+              default), where vLLM imports (the probe's GEMM has to be as fast as it for a fold to pay)
 
     python -m moelora.kernels.tools.moe_fold_probe                 # both models, M = 16, 64, 1600, 8192
     python -m moelora.kernels.tools.moe_fold_probe --models qwen3 --m 16,1600
