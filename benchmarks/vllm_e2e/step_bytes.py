@@ -75,17 +75,15 @@ def step_bytes(
     pair = rank * 3 * (s.hidden + s.moe_intermediate) * BF16  # one adapter's A and B on one expert's three projections
     attention = (s.hidden * (q + 2 * kv) + q * s.hidden) * BF16
     attention_lora = adapters * rank * (3 * s.hidden + (q + 2 * kv) + q + s.hidden) * BF16  # q/k/v A each, o's A
+
+    def reach(draws: float) -> float:
+        """Experts that this many routed slots touch."""
+        return distinct(draws, s.experts) if experts is None else min(experts, draws)
+
+    read = reach((tokens + prompt) * s.top_k)
+    # Each adapter's decoding tokens reach their experts; the prompt's adapter reaches more with its prompt.
     per_adapter = tokens / adapters
-    if experts is None:
-        read = distinct((tokens + prompt) * s.top_k, s.experts)
-        pairs = adapters * distinct(per_adapter * s.top_k, s.experts)
-        # The prompt's adapter: its experts beyond those its decoding sequences already touch.
-        both = distinct((per_adapter + prompt) * s.top_k, s.experts)
-        pairs += both - distinct(per_adapter * s.top_k, s.experts)
-    else:
-        read = experts
-        pairs = adapters * min(experts, per_adapter * s.top_k)
-        pairs += min(experts, (per_adapter + prompt) * s.top_k) - min(experts, per_adapter * s.top_k)
+    pairs = (adapters - 1) * reach(per_adapter * s.top_k) + reach((per_adapter + prompt) * s.top_k)
     sliding = s.layers - s.full_attention_layers
     kv_tokens = tokens * (s.full_attention_layers * context + sliding * min(context, s.window))
     base = {
