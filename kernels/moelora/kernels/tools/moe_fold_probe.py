@@ -129,8 +129,11 @@ def moe_gemm(x, w, out, sorted_ids, block_expert, *, top_k, cfg: GemmConfig, fol
     """out[pair] = x[token] @ w[expert].T for every routed pair; with fold=(s, lora_b, lora_map), plus each pair's
     s @ B[lora, expert].T on its slice's columns."""
     e, n, k = w.shape
-    s, lora_b, lora_map = fold if fold is not None else (out, out, sorted_ids)
-    slices, loras, _, _, rank = lora_b.shape if fold is not None else (1, 1, e, n, 16)
+    if fold is None:  # the LoRA arguments are never read with FOLD off: any pointers do
+        s, lora_b, lora_map, slices, loras, rank = out, out, sorted_ids, 1, 1, 16
+    else:
+        s, lora_b, lora_map = fold
+        slices, loras, _, _, rank = lora_b.shape
     assert k % cfg.block_k == 0 and (n // slices) % cfg.block_n == 0
     grid = (block_expert.numel(), n // cfg.block_n)
     _moe_gemm[grid](
