@@ -31,7 +31,7 @@ import torch
 
 from moelora.api.kernel_table import TableEntry
 from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing, plan_op
-from moelora.kernels.routing import method_takes, resolve_method
+from moelora.kernels.routing import MoeLoraRouting, method_takes, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
     "gpt-oss": (2880, 2880, 32, 4),
@@ -153,22 +153,26 @@ def w13_ops(inp: LayerInputs, cfg: LayerConfig) -> list[dict]:
     ]
 
 
+def layer_routing(inp: LayerInputs, cfg: LayerConfig) -> MoeLoraRouting:
+    """The routing both ops of the layer share, as cfg asks for it."""
+    return moe_lora_routing(
+        topk_ids=inp.topk_ids,
+        token_lora_mapping=inp.lora_map,
+        num_experts=inp.w13_a[0].shape[1],
+        max_loras=inp.w13_a[0].shape[0],
+        block_m=cfg.block_m,
+        pdl=cfg.pdl,
+        method=cfg.route_method,
+    )
+
+
 def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
     """One MoE layer's LoRA work: routing once, then the gate_up and the down op.
 
     stages < 5 stops early (for the time breakdown): 1 routing, 2 + gate_up shrink (the first slice's, with one op
     per slice), 3 + gate_up expand (every slice), 4 + down shrink, 5 + down expand.
     """
-    e = inp.w13_a[0].shape[1]
-    routing = moe_lora_routing(
-        topk_ids=inp.topk_ids,
-        token_lora_mapping=inp.lora_map,
-        num_experts=e,
-        max_loras=inp.w13_a[0].shape[0],
-        block_m=cfg.block_m,
-        pdl=cfg.pdl,
-        method=cfg.route_method,
-    )
+    routing = layer_routing(inp, cfg)
     if stages == 5:
         for op in w13_ops(inp, cfg):
             fused_moe_lora(x=inp.hidden, routing=routing, config=cfg.w13, **op)

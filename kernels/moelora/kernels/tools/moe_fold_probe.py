@@ -34,8 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from moelora.kernels import fused_moe_lora, moe_lora_routing, plan_op
-from moelora.kernels.tools.bench import MODELS, W13_SLICES, default_layer_config, make_inputs, time_graph
+from moelora.kernels import fused_moe_lora, plan_op
+from moelora.kernels.tools.bench import (
+    MODELS,
+    W13_SLICES,
+    default_layer_config,
+    layer_routing,
+    make_inputs,
+    time_graph,
+)
 
 
 @triton.jit
@@ -203,17 +210,11 @@ def probe(model: str, m: int, *, rank: int = 32, adapters: int = 8, sets: int = 
 
         return run
 
-    def routing(inp, layer):
-        return moe_lora_routing(
-            topk_ids=inp.topk_ids, token_lora_mapping=inp.lora_map, num_experts=e, max_loras=adapters,
-            block_m=layer.block_m, method=layer.route_method,
-        )  # fmt: skip
-
     def lora(shrink_only: bool):
         def run() -> None:
             for _ in range(calls // sets):
                 for inp, *_, layer in prepared:
-                    r = routing(inp, layer)
+                    r = layer_routing(inp, layer)
                     kw = dict(x=inp.hidden, lora_a=inp.w13_a, lora_b=inp.w13_b, routing=r, config=layer.w13)
                     if shrink_only:
                         plan_op(output=inp.gate_up_out, **kw).shrink()
