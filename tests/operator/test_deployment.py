@@ -200,6 +200,18 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream(settings: Settings) -> 
     assert caught.value.reason == "ManagedEnvVar"
 
 
+def test_vllm_drains_running_requests_and_exits_before_the_kubelets_sigkill(settings: Settings) -> None:
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
+    grace = obj["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    vllm = containers(obj)["vllm"]
+    args = vllm["args"]
+    assert args.count("--shutdown-timeout") == 1  # vLLM's default, 0, aborts every running request on SIGTERM
+    drain = int(args[args.index("--shutdown-timeout") + 1])
+    # No preStop hook takes its share of the grace period first; a few seconds are left for vLLM's own teardown.
+    assert "lifecycle" not in vllm
+    assert 60 <= drain <= grace - 5
+
+
 def test_refused_engine_args_raise(settings: Settings) -> None:
     with pytest.raises(SpecProblem):
         dep.deployment(make_spec(engineArgs=["--bogus"]), name="srv", namespace="ns", settings=settings)

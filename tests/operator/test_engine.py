@@ -27,6 +27,8 @@ def test_default_args_enable_runtime_lora_with_the_limits() -> None:
         "16",
         "--middleware",
         "moelora.vllm_plugin.admin_guard.AdminGuard",
+        "--shutdown-timeout",
+        str(engine.SHUTDOWN_TIMEOUT_SECONDS),
     ]
 
 
@@ -142,6 +144,25 @@ def test_unknown_flags_are_refused(flag: str) -> None:
 )
 def test_known_flags_pass_in_any_spelling_vllm_accepts(args: list[str]) -> None:
     assert engine.vllm_args(make_spec(engineArgs=args), name="srv")[-len(args) :] == args
+
+
+@pytest.mark.parametrize(
+    "args", [["--shutdown-timeout", "30"], ["--shutdown_timeout=0"], ["--shutdown-timeout", "5", "--enforce-eager"]]
+)
+def test_the_users_shutdown_timeout_replaces_ours(args: list[str]) -> None:
+    rendered = engine.vllm_args(make_spec(engineArgs=args), name="srv")
+    assert rendered[-len(args) :] == args
+    assert [engine.flag_name(token) for token in rendered].count("--shutdown-timeout") == 1
+
+
+@pytest.mark.parametrize(
+    "value", [str(engine.SHUTDOWN_TIMEOUT_SECONDS + 1), str(engine.TERMINATION_GRACE_SECONDS), "-1", "1.5", "ten"]
+)
+def test_a_shutdown_timeout_the_grace_period_cannot_hold_is_refused(value: str) -> None:
+    for args in (["--shutdown-timeout", value], [f"--shutdown-timeout={value}"]):
+        with pytest.raises(SpecProblem) as caught:
+            engine.vllm_args(make_spec(engineArgs=args), name="srv")
+        assert caught.value.reason == "EngineArgValue" and repr(value) in caught.value.message
 
 
 def test_env_has_ours_then_the_users() -> None:

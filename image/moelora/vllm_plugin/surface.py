@@ -32,6 +32,7 @@ _RENDERED_FLAGS = (
     "--max-cpu-loras",
     "--fully-sharded-loras",
     "--tensor-parallel-size",
+    "--shutdown-timeout",
 )
 
 

@@ -274,8 +274,8 @@ def deployment(
         "automountServiceAccountToken": False,
         "containers": [vllm, agent],
         "volumes": volumes,
-        # vLLM drains in-flight requests on SIGTERM; give long generations time to finish.
-        "terminationGracePeriodSeconds": 120,
+        # vLLM drains running requests on SIGTERM for its --shutdown-timeout, which ends inside this.
+        "terminationGracePeriodSeconds": engine.TERMINATION_GRACE_SECONDS,
     }
     if init_containers:
         pod_spec["initContainers"] = init_containers

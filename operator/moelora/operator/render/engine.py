@@ -79,6 +79,12 @@ MANAGED_ENV = frozenset(
         "HOME",  # a writable emptyDir under a read-only root filesystem (security.py)
     }
 )
+# The pod's terminationGracePeriodSeconds (deployment.py renders it): how long a rollout lets generations finish.
+TERMINATION_GRACE_SECONDS = 120
+# vLLM aborts running requests on SIGTERM unless told how long to drain them; the drain ends a margin before the
+# kubelet's SIGKILL so that vLLM can tear its engine down and exit (the pod has no preStop hook to allow for).
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 10
 # vLLM's loader that streams safetensors from object storage (model.loadFormat: streamer).
 LOAD_FORMAT_FLAG = "--load-format"
 STREAMER_LOAD_FORMAT = "runai_streamer"
@@ -280,7 +286,26 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
                 "ManagedEngineFlag", f"engineArgs may not set {LOAD_FORMAT_FLAG}: model.loadFormat sets it"
             )
         args += [LOAD_FORMAT_FLAG, STREAMER_LOAD_FORMAT]
-    return args + list(spec.engine_args)
+    return args + shutdown_timeout(spec.engine_args) + list(spec.engine_args)
+
+
+def shutdown_timeout(engine_args: list[str]) -> list[str]:
+    """`--shutdown-timeout SHUTDOWN_TIMEOUT_SECONDS`, or nothing when engineArgs sets its own; theirs must be whole
+    seconds and no longer (EngineArgValue), since the kubelet would kill vLLM mid-drain."""
+    given = [
+        token.partition("=")[2] if "=" in token else next(iter(engine_args[index + 1 :]), "")
+        for index, token in enumerate(engine_args)
+        if flag_name(token) == SHUTDOWN_TIMEOUT_FLAG
+    ]
+    for value in given:
+        if not re.fullmatch(r"[0-9]+", value) or int(value) > SHUTDOWN_TIMEOUT_SECONDS:
+            raise SpecProblem(
+                "EngineArgValue",
+                f"engineArgs: {SHUTDOWN_TIMEOUT_FLAG} must be whole seconds from 0 to {SHUTDOWN_TIMEOUT_SECONDS} "
+                f"(the pod's {TERMINATION_GRACE_SECONDS} s grace period less the time vLLM needs to exit), "
+                f"not {value!r}",
+            )
+    return [] if given else [SHUTDOWN_TIMEOUT_FLAG, str(SHUTDOWN_TIMEOUT_SECONDS)]
 
 
 def lora_target_modules(names: list[str]) -> list[str]:
