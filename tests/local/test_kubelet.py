@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import signal
 import time
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import pytest
 
 from moelora.local import process
 from moelora.local.apiserver import KubeAPI, Rest
-from moelora.local.kubelet import LocalKubelet
+from moelora.local.kubelet import GRACE, LocalKubelet
 
 # An HTTP server on the port of its argument; ready once its first argument's file exists (a volume file).
 SERVER = """
@@ -129,6 +130,40 @@ def test_kubelet_lifecycle(api: KubeAPI, tmp_path: pathlib.Path) -> None:
         rest.request(method="DELETE", path="/apis/apps/v1/namespaces/default/deployments/web")
         _until(lambda: not kubelet.pods_of("web") and not api.list("v1/pods", "default"))
         assert all(p.containers["web"].process.poll() is not None for p in running)
+
+
+# Notes the time of its SIGTERM in argv[1] and keeps running, as vLLM does while it drains; argv[1].up once it can.
+DRAINING = """
+import pathlib, signal, sys, time
+out = pathlib.Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: out.write_text(repr(time.monotonic())))
+out.with_suffix(".up").write_text("")
+time.sleep(600)
+"""
+
+
+def test_a_deleted_pod_gets_its_grace_period_from_sigterm_to_sigkill(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+    rest = Rest(url=api.url)
+    noted = tmp_path / "sigterm"
+    body = _deployment(1)
+    body["spec"]["template"]["spec"] = {
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "drain", "command": ["python3", "-c", DRAINING], "args": [str(noted)]}],
+    }
+    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=body)
+    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path / "kubelet") as kubelet:
+        (pod,) = _until(lambda: kubelet.pods_of("web"))
+        _until(lambda: noted.with_suffix(".up").exists())
+        container = pod.containers["drain"].process
+        assert container is not None
+        rest.request(
+            method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web", body={"spec": {"replicas": 0}}
+        )
+        _until(lambda: container.poll() is not None, timeout=GRACE + 10)
+        waited = time.monotonic() - float(noted.read_text())
+    # SIGTERM first, SIGKILL once the pod's own grace period has passed: not at once, nor after the node's GRACE.
+    assert container.returncode == -signal.SIGKILL
+    assert 1.5 <= waited < GRACE / 2
 
 
 def test_missing_secret_key_fails_the_pod(api: KubeAPI, tmp_path: pathlib.Path) -> None:

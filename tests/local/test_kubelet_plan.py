@@ -69,6 +69,18 @@ def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: path
     assert plan.volumes["adapters"] == tmp_path / "volumes" / "adapters"
 
 
+def test_the_plan_keeps_the_pods_grace_period_or_kubernetes_default(tmp_path: pathlib.Path) -> None:
+    def grace(pod: dict) -> float:
+        return kubelet_plan.plan_pod(
+            pod=pod, root=tmp_path, ports={8000: 41000, 8081: 41001}, secret=lambda name, key: SECRETS.get((name, key))
+        ).grace
+
+    rendered = _pod()
+    assert grace(rendered) == rendered["spec"]["terminationGracePeriodSeconds"]
+    del rendered["spec"]["terminationGracePeriodSeconds"]
+    assert grace(rendered) == 30
+
+
 def test_missing_required_secret_key_is_an_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="AWS_ACCESS_KEY_ID"):
         kubelet_plan.plan_pod(pod=_pod(), root=tmp_path, ports={8000: 1, 8081: 2}, secret=lambda name, key: None)

@@ -183,12 +183,10 @@ class LocalKubelet:
         want = int(spec.get("replicas", 1))
         if deployment.get("kind") == "StatefulSet":
             ordinals = [f"{name}-{ordinal}" for ordinal in range(want)]
-            for pod_name in [p for p in pods if p not in ordinals]:
-                self._delete_pod(name, pod_name)
+            self._delete_pods(name, [p for p in pods if p not in ordinals])
             for pod_name in [p for p in ordinals if p not in pods]:
                 self._create_pod(name, deployment, digest, pod_name=pod_name)
-        while len(pods) > want:
-            self._delete_pod(name, max(pods))
+        self._delete_pods(name, sorted(pods)[want:])
         while len(pods) < want:
             self._create_pod(name, deployment, digest)
         for pod in pods.values():
@@ -211,8 +209,7 @@ class LocalKubelet:
             self._written[f"deployment/{name}"] = status
 
     def _scale_to(self, deployment: str, keep: list[str]) -> None:
-        for pod_name in [p for p in self.pods.get(deployment, {}) if p not in keep]:
-            self._delete_pod(deployment, pod_name)
+        self._delete_pods(deployment, [p for p in self.pods.get(deployment, {}) if p not in keep])
 
     def _create_pod(
         self, deployment_name: str, deployment: dict[str, Any], digest: str, *, pod_name: str | None = None
@@ -268,12 +265,16 @@ class LocalKubelet:
         self.pods[deployment_name][pod_name] = pod
         log.info("pod %s started (ports %s, files in %s)", pod_name, ports, root)
 
-    def _delete_pod(self, deployment: str, pod_name: str) -> None:
-        pod = self.pods[deployment].pop(pod_name)
-        pod.stop()
-        self.rest.request(method="DELETE", path=f"/api/v1/namespaces/{self.namespace}/pods/{pod_name}")
-        self._written.pop(f"pod/{pod_name}", None)
-        shutil.rmtree(pod.root / "volumes", ignore_errors=True)  # emptyDirs go with the pod; logs stay
+    def _delete_pods(self, deployment: str, names: list[str]) -> None:
+        """Stop the pods together, then delete their objects. A kubelet sends a deleted pod's containers SIGTERM and
+        SIGKILLs them once its terminationGracePeriodSeconds has passed; one workload's pods share theirs."""
+        pods = [self.pods[deployment].pop(name) for name in names]
+        if pods:
+            stop_pods(pods, grace=max(pod.plan.grace for pod in pods))
+        for pod in pods:
+            self.rest.request(method="DELETE", path=f"/api/v1/namespaces/{self.namespace}/pods/{pod.name}")
+            self._written.pop(f"pod/{pod.name}", None)
+            shutil.rmtree(pod.root / "volumes", ignore_errors=True)  # emptyDirs go with the pod; logs stay
 
     def _write_pod_status(self, pod: LocalPod) -> None:
         containers = [

@@ -15,6 +15,7 @@ pod to one machine:
   (named or numbered ports). Containers of one pod share 127.0.0.1 as they share a network namespace in a cluster.
 - `extra_env` adds variables per container (the stack gives the agent `KUBECONFIG`, standing in for the in-cluster
   service account).
+The pod's `terminationGracePeriodSeconds` (Kubernetes' 30 when absent) is kept as the plan's `grace`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 LOCAL_NODE = "moelora-local"
+DEFAULT_GRACE = 30.0  # the API server's default terminationGracePeriodSeconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,7 @@ class PodPlan:
     containers: tuple[ContainerPlan, ...]
     volumes: Mapping[str, pathlib.Path]  # volume name -> directory
     ports: Mapping[int, int]  # containerPort -> local port
+    grace: float = DEFAULT_GRACE  # seconds from SIGTERM to SIGKILL when the pod is deleted
 
 
 def _field_value(path: str, *, pod: Mapping[str, Any]) -> str:
@@ -197,6 +200,7 @@ def plan_pod(
         containers=tuple(container_plan(c) for c in spec.get("containers") or []),
         volumes=volumes,
         ports=dict(ports),
+        grace=float(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE)),
     )
 
 

@@ -27,8 +27,9 @@ from moelora.local.kubelet.plan import ContainerPlan, PodPlan
 log = logging.getLogger("moelora.local.kubelet")
 
 PROBE_INTERVAL = 0.5
-# Seconds from SIGTERM to SIGKILL when a pod is deleted (the rendered terminationGracePeriodSeconds is longer, but
-# vLLM exits within a few seconds of SIGTERM once it serves, and it ignores SIGTERM while it loads).
+# Seconds from SIGTERM to SIGKILL when the whole local node stops (a deleted pod gets its own grace, `PodPlan.grace`):
+# shorter than the rendered one, as vLLM exits within a few seconds of SIGTERM once it serves and ignores it while
+# it loads.
 GRACE = 20.0
 
 
