@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from moelora.api.__main__ import rendered_files
-from moelora.operator.settings import Settings
+from moelora.operator.settings import MAX_DRAIN_DELAY_SECONDS, Settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moelora"
@@ -76,6 +76,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/read-adapters"},
             },
             "namespaces": ["serving", "serving-canary"],
+            "drainDelaySeconds": 0,
         },
     },
     "crds-not-kept": {"crds": {"keep": False}},
@@ -221,6 +222,8 @@ def test_schema_rejects_typos(typo: dict[str, Any]) -> None:
         {"operator": {"replicas": -1}},
         {"operator": {"image": {"repository": "x", "pullPolicy": "Sometimes"}}},
         {"server": {"image": {"repository": "x", "digest": "sha256:short"}}},
+        {"server": {"drainDelaySeconds": -1}},
+        {"server": {"drainDelaySeconds": 61}},
     ],
 )
 def test_schema_rejects_bad_values(bad: dict[str, Any]) -> None:
@@ -338,7 +341,8 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     for value_set in VALUE_SETS:
         assert not [name for name, value in operator_env(render(value_set)).items() if value == ""], value_set
     assert not {"MOELORA_NAMESPACES", "MOELORA_PEERING", "MOELORA_ALLOWED_SERVICE_ACCOUNTS"} & env.keys()
-    assert Settings.from_env({k: v for k, v in env.items() if isinstance(v, str)}).namespaces == ()
+    from_chart = Settings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert from_chart.namespaces == () and from_chart.drain_delay_seconds == Settings().drain_delay_seconds
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     # The liveness probe asks the endpoint the operator is told to serve (parsed the operator's own way).
     container = one(render("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
@@ -352,6 +356,12 @@ def test_operator_settings_follow_the_architecture_contract() -> None:
     assert env["MOELORA_AGENT_IMAGE"] == "registry.example.com/moelora/agent:0.1.0-vllm0.26.0"
     assert env["MOELORA_SERVER_SERVICE_ACCOUNT"] == "llm"
     assert env["HTTPS_PROXY"] == "http://proxy.example.com:3128"
+    assert (
+        Settings.from_env({"MOELORA_DRAIN_DELAY_SECONDS": env["MOELORA_DRAIN_DELAY_SECONDS"]}).drain_delay_seconds == 0
+    )
+    # The schema refuses at install what the operator would refuse at start.
+    delay = json.loads((CHART / "values.schema.json").read_text())["properties"]["server"]["properties"]
+    assert delay["drainDelaySeconds"]["maximum"] == MAX_DRAIN_DELAY_SECONDS
     assert operator_env(render("ha-namespaced"))["MOELORA_NAMESPACES"] == "ml-a,ml-b"
 
 

@@ -1,16 +1,20 @@
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+import kubernetes_validate
 import pytest
 
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import deployment as dep
 from moelora.operator.render import naming, service
 from moelora.operator.render.kernel_configs import KernelConfigVolume
-from moelora.operator.settings import Settings
+from moelora.operator.settings import MAX_DRAIN_DELAY_SECONDS, Settings
 
 from .conftest import k8s_valid, make_spec
+
+OLDEST_KUBERNETES = "1.31.0"  # charts/moelora/Chart.yaml's kubeVersion floor
 
 
 def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -200,16 +204,43 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream(settings: Settings) -> 
     assert caught.value.reason == "ManagedEnvVar"
 
 
-def test_vllm_drains_running_requests_and_exits_before_the_kubelets_sigkill(settings: Settings) -> None:
-    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
-    grace = obj["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+def _termination(obj: dict[str, Any]) -> tuple[int, dict[str, Any] | None, int]:
+    """(the pod's grace period, the vLLM container's lifecycle, its --shutdown-timeout)."""
     vllm = containers(obj)["vllm"]
     args = vllm["args"]
     assert args.count("--shutdown-timeout") == 1  # vLLM's default, 0, aborts every running request on SIGTERM
     drain = int(args[args.index("--shutdown-timeout") + 1])
-    # No preStop hook takes its share of the grace period first; a few seconds are left for vLLM's own teardown.
-    assert "lifecycle" not in vllm
-    assert 60 <= drain <= grace - 5
+    return obj["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], vllm.get("lifecycle"), drain
+
+
+def test_vllm_keeps_serving_for_the_drain_delay_then_drains_and_exits_before_the_sigkill(settings: Settings) -> None:
+    assert settings.drain_delay_seconds == 5  # the default
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    kubernetes_validate.validate(obj, OLDEST_KUBERNETES, strict=True)
+    grace, lifecycle, drain = _termination(obj)
+    assert lifecycle == {"preStop": {"sleep": {"seconds": 5}}}
+    # The kubelet runs the hook, then sends SIGTERM: both and a few seconds of vLLM's own teardown fit the grace period.
+    assert 60 <= drain <= grace - 5 - 5
+
+
+def test_no_drain_delay_renders_no_hook_and_gives_vllm_its_time(settings: Settings) -> None:
+    delayed = _termination(dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings))
+    settings = dataclasses.replace(settings, drain_delay_seconds=0)
+    obj = dep.deployment(make_spec(), name="srv", namespace="ns", settings=settings)
+    k8s_valid(obj)
+    grace, lifecycle, drain = _termination(obj)
+    assert lifecycle is None
+    assert drain == delayed[2] + 5 and drain < grace
+
+
+def test_the_shutdown_timeout_shrinks_by_the_drain_delay(settings: Settings) -> None:
+    def drain(delay: int) -> int:
+        changed = dataclasses.replace(settings, drain_delay_seconds=delay)
+        return _termination(dep.deployment(make_spec(), name="srv", namespace="ns", settings=changed))[2]
+
+    assert drain(0) - drain(30) == 30
+    assert drain(0) - drain(MAX_DRAIN_DELAY_SECONDS) == MAX_DRAIN_DELAY_SECONDS and drain(MAX_DRAIN_DELAY_SECONDS) > 0
 
 
 def test_refused_engine_args_raise(settings: Settings) -> None:

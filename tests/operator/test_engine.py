@@ -5,6 +5,7 @@ import pytest
 from moelora.api.agent_env import ADAPTER_CACHE_DIR
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import engine
+from moelora.operator.settings import DEFAULT_DRAIN_DELAY_SECONDS
 
 from .conftest import make_spec
 
@@ -28,7 +29,7 @@ def test_default_args_enable_runtime_lora_with_the_limits() -> None:
         "--middleware",
         "moelora.vllm_plugin.admin_guard.AdminGuard",
         "--shutdown-timeout",
-        str(engine.SHUTDOWN_TIMEOUT_SECONDS),
+        str(engine.shutdown_timeout_seconds(DEFAULT_DRAIN_DELAY_SECONDS)),
     ]
 
 
@@ -156,13 +157,30 @@ def test_the_users_shutdown_timeout_replaces_ours(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [str(engine.SHUTDOWN_TIMEOUT_SECONDS + 1), str(engine.TERMINATION_GRACE_SECONDS), "-1", "1.5", "ten"]
+    "value",
+    [
+        str(engine.shutdown_timeout_seconds(DEFAULT_DRAIN_DELAY_SECONDS) + 1),
+        str(engine.TERMINATION_GRACE_SECONDS),
+        "-1",
+        "1.5",
+        "ten",
+    ],
 )
 def test_a_shutdown_timeout_the_grace_period_cannot_hold_is_refused(value: str) -> None:
     for args in (["--shutdown-timeout", value], [f"--shutdown-timeout={value}"]):
         with pytest.raises(SpecProblem) as caught:
             engine.vllm_args(make_spec(engineArgs=args), name="srv")
         assert caught.value.reason == "EngineArgValue" and repr(value) in caught.value.message
+
+
+def test_the_users_shutdown_timeout_is_bounded_by_what_the_drain_delay_leaves() -> None:
+    longest = engine.TERMINATION_GRACE_SECONDS - engine.EXIT_MARGIN_SECONDS
+    args = ["--shutdown-timeout", str(longest)]
+    assert engine.vllm_args(make_spec(engineArgs=args), name="srv", drain_delay=0)[-2:] == args
+    with pytest.raises(SpecProblem, match="20 s preStop delay"):
+        engine.vllm_args(make_spec(engineArgs=args), name="srv", drain_delay=20)
+    args = ["--shutdown-timeout", str(longest - 20)]
+    assert engine.vllm_args(make_spec(engineArgs=args), name="srv", drain_delay=20)[-2:] == args
 
 
 def test_env_has_ours_then_the_users() -> None:

@@ -9,6 +9,9 @@ from collections.abc import Mapping
 
 DEFAULT_SERVER_IMAGE = "ghcr.io/moelora/moelora-server:0.1.0"
 DEFAULT_SERVICE_ACCOUNT = "moelora-server"
+DEFAULT_DRAIN_DELAY_SECONDS = 5
+# A longer delay only takes time from vLLM's drain, as both share the pod's grace period (render/engine.py).
+MAX_DRAIN_DELAY_SECONDS = 60
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -25,6 +28,9 @@ class Settings:
     resync_seconds: float = 60.0  # how often every ModelServer is reconciled even without events (drift, Secrets)
     # How long a model cache's claim may stay unbound before it is reported (ModelCacheUnbound).
     model_cache_unbound_seconds: float = 600.0
+    # How long a terminating server pod keeps serving before vLLM gets SIGTERM (its preStop hook; 0: none), so that
+    # Services, gateways and the endpoint picker stop routing to it before vLLM refuses new requests.
+    drain_delay_seconds: int = DEFAULT_DRAIN_DELAY_SECONDS
     kubeconfig: str | None = None  # None: in-cluster service account, else $KUBECONFIG / ~/.kube/config
     kernel_configs_dir: str | None = None  # a folder laid out like moelora.kernels' configs/; None: the bundled one
     # kopf's health endpoint for the pod's liveness probe, e.g. http://0.0.0.0:8080/healthz; None: not served.
@@ -62,6 +68,7 @@ class Settings:
             peering=(env.get("MOELORA_PEERING") or "").strip() or None,
             peering_priority=_optional_int(env, "MOELORA_PEERING_PRIORITY"),
             resync_seconds=resync_seconds,
+            drain_delay_seconds=_drain_delay(env),
             kubeconfig=env.get("KUBECONFIG") or None,
             kernel_configs_dir=env.get("MOELORA_KERNEL_CONFIGS_DIR") or None,
             liveness_endpoint=_liveness_endpoint(env),
@@ -94,6 +101,17 @@ def _optional_int(env: Mapping[str, str], key: str) -> int | None:
         return int(value)
     except ValueError:
         raise ValueError(f"{key} must be an integer, got {value!r}") from None
+
+
+def _drain_delay(env: Mapping[str, str]) -> int:
+    value = _optional_int(env, "MOELORA_DRAIN_DELAY_SECONDS")
+    if value is None:
+        return DEFAULT_DRAIN_DELAY_SECONDS
+    if not 0 <= value <= MAX_DRAIN_DELAY_SECONDS:
+        raise ValueError(
+            f"MOELORA_DRAIN_DELAY_SECONDS must be whole seconds from 0 to {MAX_DRAIN_DELAY_SECONDS}, got {value}"
+        )
+    return value
 
 
 def _liveness_endpoint(env: Mapping[str, str]) -> str | None:

@@ -235,7 +235,7 @@ def deployment(
         "name": VLLM_CONTAINER,
         "image": image,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
-        "args": engine.vllm_args(spec, name=name),
+        "args": engine.vllm_args(spec, name=name, drain_delay=settings.drain_delay_seconds),
         "env": engine.vllm_env(spec, kernel_configs=kernel_configs is not None) + _streamer_s3_env(spec),
         "ports": [{"name": "http", "containerPort": engine.VLLM_PORT, "protocol": "TCP"}],
         "volumeMounts": vllm_mounts,
@@ -245,6 +245,11 @@ def deployment(
         "readinessProbe": _http_probe(path="/health", port="http", period=5, failures=3),
         "livenessProbe": _http_probe(path="/health", port="http", period=_PROBE_PERIOD, failures=6),
     }
+    if settings.drain_delay_seconds:
+        # A terminating pod leaves the endpoints as it gets SIGTERM, but proxies, gateways and the endpoint picker
+        # learn of it seconds later, and vLLM refuses new requests once it drains: it keeps serving until they do.
+        # The native sleep action, on by default in every Kubernetes the chart supports, needs no binary in the image.
+        vllm["lifecycle"] = {"preStop": {"sleep": {"seconds": settings.drain_delay_seconds}}}
     if env_from := engine.vllm_env_from(spec):
         vllm["envFrom"] = env_from
     if resources := _resources(spec):
@@ -274,7 +279,7 @@ def deployment(
         "automountServiceAccountToken": False,
         "containers": [vllm, agent],
         "volumes": volumes,
-        # vLLM drains running requests on SIGTERM for its --shutdown-timeout, which ends inside this.
+        # The preStop delay, then vLLM's drain of running requests (its --shutdown-timeout), both end inside this.
         "terminationGracePeriodSeconds": engine.TERMINATION_GRACE_SECONDS,
     }
     if init_containers:

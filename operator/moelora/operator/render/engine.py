@@ -16,6 +16,7 @@ from moelora.api import KernelImplementation, LoadFormat, ModelServerSpec
 from moelora.api.agent_env import ADAPTER_CACHE_DIR, ADMIN_KEY_FILE, VLLM_PORT, AgentEnv
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import engine_flags
+from moelora.operator.settings import DEFAULT_DRAIN_DELAY_SECONDS
 
 MODELS_DIR = "/models"
 KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
@@ -81,10 +82,10 @@ MANAGED_ENV = frozenset(
 )
 # The pod's terminationGracePeriodSeconds (deployment.py renders it): how long a rollout lets generations finish.
 TERMINATION_GRACE_SECONDS = 120
-# vLLM aborts running requests on SIGTERM unless told how long to drain them; the drain ends a margin before the
-# kubelet's SIGKILL so that vLLM can tear its engine down and exit (the pod has no preStop hook to allow for).
+# vLLM aborts running requests on SIGTERM unless told how long to drain them (shutdown_timeout_seconds).
 SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
-SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 10
+# What vLLM needs after its drain to tear its engine down and exit before the kubelet's SIGKILL.
+EXIT_MARGIN_SECONDS = 10
 # vLLM's loader that streams safetensors from object storage (model.loadFormat: streamer).
 LOAD_FORMAT_FLAG = "--load-format"
 STREAMER_LOAD_FORMAT = "runai_streamer"
@@ -251,8 +252,9 @@ def served_model_name(spec: ModelServerSpec, *, name: str) -> str:
     return spec.model.served_name or name
 
 
-def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
-    """The vLLM OpenAI server's arguments. Checks engineArgs first (raises SpecProblem)."""
+def vllm_args(spec: ModelServerSpec, *, name: str, drain_delay: int = DEFAULT_DRAIN_DELAY_SECONDS) -> list[str]:
+    """The vLLM OpenAI server's arguments; `drain_delay`: the pod's preStop delay (Settings.drain_delay_seconds).
+    Checks engineArgs first (raises SpecProblem)."""
     check_engine_args(spec.engine_args)
     lora = spec.lora
     args = [
@@ -286,26 +288,33 @@ def vllm_args(spec: ModelServerSpec, *, name: str) -> list[str]:
                 "ManagedEngineFlag", f"engineArgs may not set {LOAD_FORMAT_FLAG}: model.loadFormat sets it"
             )
         args += [LOAD_FORMAT_FLAG, STREAMER_LOAD_FORMAT]
-    return args + shutdown_timeout(spec.engine_args) + list(spec.engine_args)
+    return args + shutdown_timeout(spec.engine_args, drain_delay=drain_delay) + list(spec.engine_args)
 
 
-def shutdown_timeout(engine_args: list[str]) -> list[str]:
-    """`--shutdown-timeout SHUTDOWN_TIMEOUT_SECONDS`, or nothing when engineArgs sets its own; theirs must be whole
-    seconds and no longer (EngineArgValue), since the kubelet would kill vLLM mid-drain."""
+def shutdown_timeout_seconds(drain_delay: int) -> int:
+    """How long vLLM may drain after SIGTERM: the pod's grace period less the preStop hook's delay, which the kubelet
+    runs first within it, and the exit margin."""
+    return TERMINATION_GRACE_SECONDS - drain_delay - EXIT_MARGIN_SECONDS
+
+
+def shutdown_timeout(engine_args: list[str], *, drain_delay: int) -> list[str]:
+    """`--shutdown-timeout` of `shutdown_timeout_seconds`, or nothing when engineArgs sets its own; theirs must be
+    whole seconds and no longer (EngineArgValue), since the kubelet would kill vLLM mid-drain."""
+    longest = shutdown_timeout_seconds(drain_delay)
     given = [
         token.partition("=")[2] if "=" in token else next(iter(engine_args[index + 1 :]), "")
         for index, token in enumerate(engine_args)
         if flag_name(token) == SHUTDOWN_TIMEOUT_FLAG
     ]
     for value in given:
-        if not re.fullmatch(r"[0-9]+", value) or int(value) > SHUTDOWN_TIMEOUT_SECONDS:
+        if not re.fullmatch(r"[0-9]+", value) or int(value) > longest:
             raise SpecProblem(
                 "EngineArgValue",
-                f"engineArgs: {SHUTDOWN_TIMEOUT_FLAG} must be whole seconds from 0 to {SHUTDOWN_TIMEOUT_SECONDS} "
-                f"(the pod's {TERMINATION_GRACE_SECONDS} s grace period less the time vLLM needs to exit), "
-                f"not {value!r}",
+                f"engineArgs: {SHUTDOWN_TIMEOUT_FLAG} must be whole seconds from 0 to {longest} (the pod's "
+                f"{TERMINATION_GRACE_SECONDS} s grace period less its {drain_delay} s preStop delay and the time "
+                f"vLLM needs to exit), not {value!r}",
             )
-    return [] if given else [SHUTDOWN_TIMEOUT_FLAG, str(SHUTDOWN_TIMEOUT_SECONDS)]
+    return [] if given else [SHUTDOWN_TIMEOUT_FLAG, str(longest)]
 
 
 def lora_target_modules(names: list[str]) -> list[str]:
