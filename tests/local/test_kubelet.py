@@ -166,6 +166,42 @@ def test_a_deleted_pod_gets_its_grace_period_from_sigterm_to_sigkill(api: KubeAP
     assert 1.5 <= waited < GRACE / 2
 
 
+def test_a_deleted_pods_prestop_sleep_comes_before_sigterm_within_its_grace_period(
+    api: KubeAPI, tmp_path: pathlib.Path
+) -> None:
+    rest = Rest(url=api.url)
+    noted = tmp_path / "sigterm"
+    body = _deployment(1)
+    body["spec"]["template"]["spec"] = {
+        "terminationGracePeriodSeconds": 4,
+        "containers": [
+            {
+                "name": "drain",
+                "command": ["python3", "-c", DRAINING],
+                "args": [str(noted)],
+                "lifecycle": {"preStop": {"sleep": {"seconds": 2}}},
+            }
+        ],
+    }
+    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=body)
+    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path / "kubelet") as kubelet:
+        (pod,) = _until(lambda: kubelet.pods_of("web"))
+        _until(lambda: noted.with_suffix(".up").exists())
+        container = pod.containers["drain"].process
+        assert container is not None
+        deleted = time.monotonic()
+        rest.request(
+            method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web", body={"spec": {"replicas": 0}}
+        )
+        _until(lambda: container.poll() is not None, timeout=GRACE + 10)
+        killed = time.monotonic()
+    sigterm = float(noted.read_text())
+    # The hook's sleep, then SIGTERM; then SIGKILL once the grace period, which counts the sleep, is over.
+    assert sigterm - deleted >= 2
+    assert container.returncode == -signal.SIGKILL
+    assert 1.5 <= killed - sigterm < 3
+
+
 def test_missing_secret_key_fails_the_pod(api: KubeAPI, tmp_path: pathlib.Path) -> None:
     rest = Rest(url=api.url)
     rest.request(

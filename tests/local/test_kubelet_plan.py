@@ -69,6 +69,20 @@ def test_plan_translates_python_mounts_ports_downward_and_secrets(tmp_path: path
     assert plan.volumes["adapters"] == tmp_path / "volumes" / "adapters"
 
 
+def test_the_plan_keeps_a_prestop_sleep_and_refuses_other_hooks(tmp_path: pathlib.Path) -> None:
+    def plan(pod: dict) -> kubelet_plan.PodPlan:
+        return kubelet_plan.plan_pod(
+            pod=pod, root=tmp_path, ports={8000: 41000, 8081: 41001}, secret=lambda name, key: SECRETS.get((name, key))
+        )
+
+    rendered = _pod()
+    vllm, agent = plan(rendered).containers
+    assert vllm.pre_stop_sleep == Settings().drain_delay_seconds > 0 and agent.pre_stop_sleep == 0
+    rendered["spec"]["containers"][0]["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    with pytest.raises(ValueError, match="preStop"):
+        plan(rendered)
+
+
 def test_the_plan_keeps_the_pods_grace_period_or_kubernetes_default(tmp_path: pathlib.Path) -> None:
     def grace(pod: dict) -> float:
         return kubelet_plan.plan_pod(

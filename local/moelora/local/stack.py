@@ -28,6 +28,8 @@ from moelora.local.operator_thread import OperatorThread
 
 log = logging.getLogger("moelora.local.stack")
 KUBECTL = find_kubectl()
+# Clients reach the local pods directly, with no proxy to learn of a removal late: a deleted pod need not serve on.
+LOCAL_DRAIN_DELAY_SECONDS = 0
 
 
 class Stack:
@@ -126,6 +128,7 @@ class Stack:
                 **os.environ,
                 "KUBECONFIG": str(self.api.kubeconfig),
                 "MOELORA_ALLOWED_S3_ENDPOINTS": ",".join(self.allowed_s3_endpoints),
+                "MOELORA_DRAIN_DELAY_SECONDS": str(LOCAL_DRAIN_DELAY_SECONDS),
             }
             self._operator = process.spawn(
                 argv=[sys.executable, "-m", "moelora.operator"], env=env, log_path=self.root / "operator.log"
@@ -139,7 +142,11 @@ class Stack:
             logging.getLogger(name).addHandler(handler)
         self._operator_log = handler
         # Cluster-wide: with a namespace list kopf also lists /api/v1/namespaces, a path kmock 0.8 cannot parse.
-        settings = Settings(kubeconfig=str(self.api.kubeconfig), allowed_s3_endpoints=self.allowed_s3_endpoints)
+        settings = Settings(
+            kubeconfig=str(self.api.kubeconfig),
+            allowed_s3_endpoints=self.allowed_s3_endpoints,
+            drain_delay_seconds=LOCAL_DRAIN_DELAY_SECONDS,
+        )
         self._operator = OperatorThread(settings=settings)  # kept before it starts, so an interrupted start stops it
         self._operator.start()
 

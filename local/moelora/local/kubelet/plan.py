@@ -15,7 +15,8 @@ pod to one machine:
   (named or numbered ports). Containers of one pod share 127.0.0.1 as they share a network namespace in a cluster.
 - `extra_env` adds variables per container (the stack gives the agent `KUBECONFIG`, standing in for the in-cluster
   service account).
-The pod's `terminationGracePeriodSeconds` (Kubernetes' 30 when absent) is kept as the plan's `grace`.
+The pod's `terminationGracePeriodSeconds` (Kubernetes' 30 when absent) is kept as the plan's `grace`, a container's
+preStop `sleep` action as its `pre_stop_sleep` (the other preStop actions are not emulated).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ContainerPlan:
     env: Mapping[str, str]
     startup: Probe | None = None
     readiness: Probe | None = None
+    pre_stop_sleep: float = 0.0  # seconds its preStop hook waits before the container gets SIGTERM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +192,16 @@ def plan_pod(
                 failure_threshold=int(spec_probe.get("failureThreshold", 3)),
             )
 
+        pre_stop = (container.get("lifecycle") or {}).get("preStop") or {}
+        if set(pre_stop) - {"sleep"}:
+            raise ValueError(f"container {container['name']}: preStop: only the sleep action is emulated")
         return ContainerPlan(
-            name=container["name"], argv=argv, env=env, startup=probe("startupProbe"), readiness=probe("readinessProbe")
+            name=container["name"],
+            argv=argv,
+            env=env,
+            startup=probe("startupProbe"),
+            readiness=probe("readinessProbe"),
+            pre_stop_sleep=float((pre_stop.get("sleep") or {}).get("seconds", 0)),
         )
 
     return PodPlan(

@@ -3,14 +3,16 @@
 Init containers run first, one after another, and must exit 0. Containers that exit are restarted (the
 restartPolicy Always of a Deployment), counted in `restarts`. Each container leads a session of its own; before one
 restarts, whatever is left in its session is killed (vLLM's engine core and workers, which a container runtime kills
-with the container's PID namespace), and stopping the pod stops every process of every session. Probes: the
-startupProbe must pass before the readinessProbe is polled; readiness turns true on the first success and false after
-`failureThreshold` consecutive failures. Probes are polled every `PROBE_INTERVAL` s rather than `periodSeconds`, so
-tests are fast; liveness probes are not acted on (a crash is what restarts a container here).
+with the container's PID namespace), and stopping the pod stops every process of every session, each container's
+once its preStop sleep is over. Probes: the startupProbe must pass before the readinessProbe is polled; readiness
+turns true on the first success and false after `failureThreshold` consecutive failures. Probes are polled every
+`PROBE_INTERVAL` s rather than `periodSeconds`, so tests are fast; liveness probes are not acted on (a crash is what
+restarts a container here).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -19,6 +21,7 @@ import pathlib
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from moelora.local import process
@@ -31,6 +34,8 @@ PROBE_INTERVAL = 0.5
 # shorter than the rendered one, as vLLM exits within a few seconds of SIGTERM once it serves and ignores it while
 # it loads.
 GRACE = 20.0
+# What a kubelet still gives a container from SIGTERM to SIGKILL when its preStop hook took the whole grace period.
+MIN_GRACE_AFTER_PRE_STOP = 2.0
 
 
 @dataclasses.dataclass
@@ -184,8 +189,8 @@ class LocalPod:
 
 
 def stop_pods(pods: Sequence[LocalPod], *, grace: float = GRACE) -> None:
-    """Stop pods together: every container of every pod at once (SIGTERM, SIGKILL after `grace` s), so stopping many
-    pods takes one grace period, not one each, then their supervisors.
+    """Stop pods together: every container of every pod at once (SIGTERM after its preStop sleep, SIGKILL once
+    `grace` s have passed), so stopping many pods takes one grace period, not one each, then their supervisors.
 
     The supervisors are told first but not waited for: one may be inside a probe of a server that accepts
     connections and does not answer yet (vLLM while it loads), which would hold the stop for the probe's timeout
@@ -197,8 +202,30 @@ def stop_pods(pods: Sequence[LocalPod], *, grace: float = GRACE) -> None:
     with contextlib.ExitStack() as locked:
         for pod in pods:
             locked.enter_context(pod._lock)
-        running = [s.process for pod in pods for s in pod.containers.values() if s.process is not None]
-        process.stop_all(running, timeout=grace)
+        running = [
+            (s.plan.pre_stop_sleep, s.process) for pod in pods for s in pod.containers.values() if s.process is not None
+        ]
+        _stop_containers(running, grace=grace)
     for pod in pods:
         if pod._thread.is_alive():
             pod._thread.join(timeout=60)
+
+
+def _stop_containers(containers: Sequence[tuple[float, subprocess.Popen[bytes]]], *, grace: float) -> None:
+    """Stop (preStop sleep, process) pairs together: each gets SIGTERM once its sleep has passed and SIGKILL once the
+    rest of `grace` has, as a kubelet runs a container's preStop hook first and then sends SIGTERM, both within the
+    pod's grace period. `grace` 0 kills them all at once, hooks unrun."""
+    groups: dict[float, list[subprocess.Popen[bytes]]] = {}
+    for sleep, proc in containers:
+        groups.setdefault(min(sleep, grace) if grace > 0 else 0.0, []).append(proc)
+
+    def stop_after(sleep: float, processes: list[subprocess.Popen[bytes]]) -> None:
+        time.sleep(sleep)
+        process.stop_all(processes, timeout=max(grace - sleep, MIN_GRACE_AFTER_PRE_STOP) if sleep else grace)
+
+    if set(groups) <= {0.0}:
+        process.stop_all(groups.get(0.0, []), timeout=grace)
+        return
+    with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="pre-stop") as pool:
+        for done in [pool.submit(stop_after, sleep, processes) for sleep, processes in groups.items()]:
+            done.result()
