@@ -453,8 +453,9 @@ def _hashed(worker, vllm_hash="server A"):
 
 
 def test_model_warmup_runs_once_per_compile_cache(plugin_log, monkeypatch, tmp_path):
-    """A finished warm-up marks Triton's cache, and a second pod of the same server on that cache skips the passes;
-    another server, MOELORA_WARMUP=always, several ranks or a warm-up that failed half-way mean the passes run."""
+    """A finished warm-up marks Triton's cache, and a second pod of the same server on that cache runs only the
+    largest count's pass and the logits (loading what the first prompts would); another server, MOELORA_WARMUP=always,
+    several ranks or a warm-up that failed half-way mean every pass runs."""
     from moelora.vllm_plugin import model_warmup
     from moelora.vllm_plugin.model_warmup import warm_model
     from moelora.vllm_plugin.warm_marker import MARKER_DIR
@@ -464,8 +465,15 @@ def test_model_warmup_runs_once_per_compile_cache(plugin_log, monkeypatch, tmp_p
     warm_model(_hashed(_worker(first)))
     assert first.calls and first.removed == 1 and len(list((tmp_path / MARKER_DIR).iterdir())) == 1
     warm_model(_hashed(_worker(second)))
-    assert second.calls == [] and second.removed == 0
-    assert any("model warm-up skipped: Triton's cache was warmed" in line for line in plugin_log)
+    largest = max(m for m, _ in first.calls)
+    assert [m for m, _ in second.calls] == [largest] and len(first.calls) > 1
+    assert second.calls[0][1] == {"skip_eplb": True, "remove_lora": False, "num_active_loras": 8}
+    rows = min(largest, second.max_num_seqs)
+    assert second.events == [("pass", largest), ("logits", (rows, 4), True), ("removed",)]
+    assert any(
+        "model warm-up skipped: Triton's cache was warmed" in line and f"one pass of {largest} tokens" in line
+        for line in plugin_log
+    )
     other = _Runner()
     warm_model(_hashed(_worker(other), "server B"))
     assert other.calls

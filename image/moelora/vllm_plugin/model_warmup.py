@@ -13,8 +13,9 @@ vLLM's own dummy forward pass, `_dummy_run`, the call vLLM's compile_sizes warm-
 active, at token counts next to each configuration boundary in each class, then computes logits once with those
 slots still active (an adapter on lm_head); then vLLM's own warm-up. Any failure is logged and serving starts as
 before. A finished warm-up leaves a marker in Triton's cache (warm_marker.py): a later pod of the same server on the
-same cache (a second pod through compileCache) finds every variant there and skips the passes, unless
-`MOELORA_WARMUP=always`.
+same cache (a second pod through compileCache) finds every variant there and runs only the largest count's pass
+and the logits, unless `MOELORA_WARMUP=always`: a variant found on disk still has to be loaded into the process,
+and without that pass the first prompts would load the dense LoRA kernels and vLLM's eager-size variants.
 """
 
 from __future__ import annotations
@@ -77,14 +78,25 @@ def warm_model(worker: Any) -> None:
         lora_config = getattr(runner, "lora_config", None)
         active = lora_config.max_loras if lora_config is not None else 0
         marker = _marker(worker, counts, active)
-        if marker is not None and warm_marker.is_marked(marker):
+        marked = marker is not None and warm_marker.is_marked(marker)
+        if marked and not counts:
             log.info("moelora: model warm-up skipped: Triton's cache was warmed for this server (marker %s)", marker)
             return
         ran = True
         last = None
-        for m in reversed(counts):  # largest first, as vLLM's own warm-up: the allocator's pool is sized once
+        for m in reversed(counts[-1:] if marked else counts):  # largest first: the allocator's pool is sized once
             last = runner._dummy_run(m, skip_eplb=True, remove_lora=False, num_active_loras=active)
         logits = _warm_logits(runner, last, active)
+        if marked:
+            log.info(
+                "moelora: model warm-up skipped: Triton's cache was warmed for this server (marker %s); "
+                "one pass of %d tokens and logits %s loaded its kernels in %.1f s",
+                marker,
+                counts[-1],
+                logits,
+                time.monotonic() - t0,
+            )
+            return
         log.info(
             "moelora: model warm-up ran %d token counts (%d..%d, %d LoRA slots), logits %s, in %.1f s",
             len(counts),
