@@ -142,47 +142,18 @@ time.sleep(600)
 """
 
 
-def test_a_deleted_pod_gets_its_grace_period_from_sigterm_to_sigkill(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+def _scale_a_draining_pod_to_zero(
+    api: KubeAPI, tmp_path: pathlib.Path, *, grace: int, lifecycle: dict | None = None
+) -> tuple[int | None, float, float, float]:
+    """One pod of DRAINING with `grace` (and `lifecycle`), scaled to zero: its exit status and the monotonic times of
+    the scale-down, its SIGTERM and its exit."""
     rest = Rest(url=api.url)
     noted = tmp_path / "sigterm"
+    container_spec: dict = {"name": "drain", "command": ["python3", "-c", DRAINING], "args": [str(noted)]}
+    if lifecycle:
+        container_spec["lifecycle"] = lifecycle
     body = _deployment(1)
-    body["spec"]["template"]["spec"] = {
-        "terminationGracePeriodSeconds": 2,
-        "containers": [{"name": "drain", "command": ["python3", "-c", DRAINING], "args": [str(noted)]}],
-    }
-    rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=body)
-    with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path / "kubelet") as kubelet:
-        (pod,) = _until(lambda: kubelet.pods_of("web"))
-        _until(lambda: noted.with_suffix(".up").exists())
-        container = pod.containers["drain"].process
-        assert container is not None
-        rest.request(
-            method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web", body={"spec": {"replicas": 0}}
-        )
-        _until(lambda: container.poll() is not None, timeout=GRACE + 10)
-        waited = time.monotonic() - float(noted.read_text())
-    # SIGTERM first, SIGKILL once the pod's own grace period has passed: not at once, nor after the node's GRACE.
-    assert container.returncode == -signal.SIGKILL
-    assert 1.5 <= waited < GRACE / 2
-
-
-def test_a_deleted_pods_prestop_sleep_comes_before_sigterm_within_its_grace_period(
-    api: KubeAPI, tmp_path: pathlib.Path
-) -> None:
-    rest = Rest(url=api.url)
-    noted = tmp_path / "sigterm"
-    body = _deployment(1)
-    body["spec"]["template"]["spec"] = {
-        "terminationGracePeriodSeconds": 4,
-        "containers": [
-            {
-                "name": "drain",
-                "command": ["python3", "-c", DRAINING],
-                "args": [str(noted)],
-                "lifecycle": {"preStop": {"sleep": {"seconds": 2}}},
-            }
-        ],
-    }
+    body["spec"]["template"]["spec"] = {"terminationGracePeriodSeconds": grace, "containers": [container_spec]}
     rest.request(method="POST", path="/apis/apps/v1/namespaces/default/deployments", body=body)
     with LocalKubelet(api_url=api.url, namespace="default", root=tmp_path / "kubelet") as kubelet:
         (pod,) = _until(lambda: kubelet.pods_of("web"))
@@ -194,11 +165,25 @@ def test_a_deleted_pods_prestop_sleep_comes_before_sigterm_within_its_grace_peri
             method="PATCH", path="/apis/apps/v1/namespaces/default/deployments/web", body={"spec": {"replicas": 0}}
         )
         _until(lambda: container.poll() is not None, timeout=GRACE + 10)
-        killed = time.monotonic()
-    sigterm = float(noted.read_text())
+        exited = time.monotonic()
+    return container.returncode, deleted, float(noted.read_text()), exited
+
+
+def test_a_deleted_pod_gets_its_grace_period_from_sigterm_to_sigkill(api: KubeAPI, tmp_path: pathlib.Path) -> None:
+    status, _, sigterm, exited = _scale_a_draining_pod_to_zero(api, tmp_path, grace=2)
+    # SIGTERM first, SIGKILL once the pod's own grace period has passed: not at once, nor after the node's GRACE.
+    assert status == -signal.SIGKILL
+    assert 1.5 <= exited - sigterm < GRACE / 2
+
+
+def test_a_deleted_pods_prestop_sleep_comes_before_sigterm_within_its_grace_period(
+    api: KubeAPI, tmp_path: pathlib.Path
+) -> None:
+    hook = {"preStop": {"sleep": {"seconds": 2}}}
+    status, deleted, sigterm, killed = _scale_a_draining_pod_to_zero(api, tmp_path, grace=4, lifecycle=hook)
     # The hook's sleep, then SIGTERM; then SIGKILL once the grace period, which counts the sleep, is over.
     assert sigterm - deleted >= 2
-    assert container.returncode == -signal.SIGKILL
+    assert status == -signal.SIGKILL
     assert 1.5 <= killed - sigterm < 3
 
 
