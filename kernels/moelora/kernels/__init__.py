@@ -9,6 +9,7 @@ counts). The tuner and the benchmark live in moelora.kernels.tools, which this r
 from .block_layout import topk_ids_from_blocks
 from .fused import OpPlan, fused_moe_lora, plan_op
 from .launch_config import KernelConfig, default_block_m, default_config, table_token_counts
+from .quant import quantize_expert_lora
 from .reference import moe_lora_layer_reference, moe_lora_reference
 from .routing import MoeLoraRouting, moe_lora_routing, routing_switches
 
@@ -23,6 +24,7 @@ __all__ = [
     "moe_lora_reference",
     "moe_lora_routing",
     "plan_op",
+    "quantize_expert_lora",
     "routing_switches",
     "table_token_counts",
     "topk_ids_from_blocks",

@@ -31,6 +31,7 @@ def _expand_kernel(
     topk_ptr,  # (P,) expert ids, read when DIRECT
     lora_ptr,  # (M,) adapter slots, read when DIRECT
     ready_ptr,  # (max_blocks,) int32 readiness counters, when READY
+    scale_ptr,  # (slices, max_loras, E, rank) float32 int8 weights' scales, when SCALED
     # sizes
     N,
     rank,
@@ -60,6 +61,7 @@ def _expand_kernel(
     READY: tl.constexpr,
     USE_PDL: tl.constexpr,
     NUM_SLICES: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -70,6 +72,8 @@ def _expand_kernel(
             b_ptr = b1_ptr
         out_ptr += slice_id * N * stride_on
         part_ptr += slice_id * SPLIT_K * num_pairs * RANK_PAD
+        if SCALED:
+            scale_ptr += slice_id * max_loras * num_experts * rank
     if USE_PDL and READY:
         # The next kernel waits for this whole grid before it reads anything of ours; starting it now lets its
         # CTAs take free SMs and fetch what does not depend on us (the down op's shrink: routing and A).
@@ -85,6 +89,10 @@ def _expand_kernel(
         b_ptr + adapter * stride_bl + expert * stride_be + offs_n[None, :] * stride_bn + offs_r[:, None] * stride_br
     )
     bt = load_b_tile(b_ptrs, offs_n, offs_r, N, rank, EVEN_N, EVEN_R)
+    # The intermediate is rounded to the output's dtype (the weights' own when they are not int8, as vLLM does).
+    svec = tl.zeros((RANK_PAD,), dtype=tl.float32)
+    if SCALED:
+        svec = tl.load(scale_ptr + (adapter * num_experts + expert) * rank + offs_r, mask=offs_r < rank, other=0.0)
     if USE_PDL and not READY:
         # Everything above depends only on the routing, complete before the shrink let this grid start.
         tl.extra.cuda.gdc_wait()
@@ -114,6 +122,8 @@ def _expand_kernel(
                     MUL_ROUTED_WEIGHT,
                     RANK_PAD,
                     SPLIT_K,
+                    svec,
+                    SCALED,
                 )
             if t + 1 < N_TILES:
                 bt = bt_next
@@ -140,11 +150,16 @@ def _expand_kernel(
                 other=0.0,
                 cache_modifier=".cg" if READY else "",
             )
-        inter = inter.to(bt.dtype)
+        if SCALED:
+            inter = (inter * svec[None, :]).to(out_ptr.dtype.element_ty)
+        else:
+            inter = inter.to(bt.dtype)
         w = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if MUL_ROUTED_WEIGHT:
             w = tl.load(topk_w_ptr + pair * stride_w, mask=mask_m, other=0.0).to(tl.float32)
-        store_out_tile(out_ptrs, old, tl.dot(inter, bt), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N)
+        store_out_tile(
+            out_ptrs, old, tl.dot(inter, bt.to(inter.dtype)), w, offs_n, mask_m, N, MUL_ROUTED_WEIGHT, EVEN_N
+        )
         # A loop, not unrolled: with num_stages > 1 Triton pipelines its B loads (cp.async into shared memory).
         for t in range(1, N_TILES):
             offs_t = offs_n + t * BLOCK_N
@@ -153,7 +168,7 @@ def _expand_kernel(
             store_out_tile(
                 out_ptrs + t * BLOCK_N * stride_on,
                 old,
-                tl.dot(inter, bt),
+                tl.dot(inter, bt.to(inter.dtype)),
                 w,
                 offs_t,
                 mask_m,
@@ -181,6 +196,7 @@ def launch_expand(p: OpPlan, partials: torch.Tensor) -> None:
         r.topk_ids,
         r.token_lora,
         p.ready if p.ready is not None else r.num_blocks,
+        p.scale if p.scale is not None else partials,
         p.n,
         p.rank,
         r.num_experts,
@@ -204,6 +220,7 @@ def launch_expand(p: OpPlan, partials: torch.Tensor) -> None:
         READY=p.ready is not None,
         USE_PDL=p.pdl,
         NUM_SLICES=p.slices,
+        SCALED=p.scale is not None,
         num_warps=cfg.expand_warps,
         num_stages=cfg.expand_stages,
         **launch_options(p.pdl, cfg.expand_maxnreg),

@@ -27,6 +27,9 @@ output columns [s * N, (s + 1) * N). One slice compiles to the same code as befo
 At decode sizes the routing may ask for one kernel per op instead (`onepass` routing, onepass.py): direct routing's
 pairs, each split over several CTAs that hand the rank intermediate to each other inside the kernel.
 
+The experts' LoRA weights may be int8 with a scale per rank (quant.py): the shrink reads A as integers, and the
+expand multiplies the intermediate by the scales before rounding it, then multiplies by B as integers.
+
 `fused_moe_lora` runs one op; `plan_op` validates the same arguments and returns an `OpPlan` whose `shrink()` and
 `expand()` launch the two kernels one at a time (the benchmark times them apart), and `run()` the whole op.
 """
@@ -74,17 +77,18 @@ class OpPlan:
     lora_a1: torch.Tensor | None = None  # slice 1's lora_a, None with one slice
     lora_b1: torch.Tensor | None = None  # slice 1's lora_b
     partials: torch.Tensor | None = None  # (slices, split_k, P, rank_pad) float32, written by shrink()
+    scale: torch.Tensor | None = None  # (slices, max_loras, E, rank) float32 when A and B are int8 (quant.py)
 
     def run(self) -> None:
         """The whole op: one kernel when the routing asks for it (one_pass) and its CTAs fit on the GPU at once,
         else the shrink and the expand."""
-        if not (self.routing.one_pass and launch_onepass(self)):
+        if not (self.routing.one_pass and self.scale is None and launch_onepass(self)):
             self.shrink()
             self.expand()
 
     def launches(self) -> tuple[Callable[[], None], Callable[[], None]]:
         """The op as two steps, for timing them apart: (shrink, expand), or (run, nothing) for a one-pass op."""
-        if self.routing.one_pass:
+        if self.routing.one_pass and self.scale is None:
             return self.run, lambda: None
         return self.shrink, self.expand
 
@@ -109,6 +113,7 @@ def fused_moe_lora(
     topk_weights: torch.Tensor | None = None,
     mul_routed_weight: bool = False,
     config: KernelConfig | None = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
     """Add the MoE-LoRA contribution into `output`, in place; capturable in a CUDA graph (no host sync).
 
@@ -124,6 +129,9 @@ def fused_moe_lora(
         Ops that share a routing run on the stream it was made on: each takes the next of its readiness-counter
         slots (see `wait_per_block`).
     topk_weights: (M, top_k) float, multiplied into the contribution when mul_routed_weight (vLLM: the down op).
+    scale: with lora_a and lora_b in int8 (`quantize_expert_lora`), their scales' product per rank, (slices,
+        max_loras, E, r) float32 contiguous; the intermediate is multiplied by it and rounded to the output's dtype.
+        The one-pass kernel does not take it: such an op runs as shrink and expand.
     Pairs whose token has adapter -1 are left untouched. Results are deterministic (no atomics on the data path).
     """
     plan = plan_op(
@@ -135,6 +143,7 @@ def fused_moe_lora(
         topk_weights=topk_weights,
         mul_routed_weight=mul_routed_weight,
         config=config,
+        scale=scale,
     )
     if plan is not None:
         plan.run()
@@ -150,6 +159,7 @@ def plan_op(
     topk_weights: torch.Tensor | None = None,
     mul_routed_weight: bool = False,
     config: KernelConfig | None = None,
+    scale: torch.Tensor | None = None,
 ) -> OpPlan | None:
     """Check the arguments of `fused_moe_lora` (same meaning) and plan the op without launching anything; None when
     there are no tokens. Takes the op's slot of the routing's readiness counters, like a call of the op does."""
@@ -183,6 +193,7 @@ def plan_op(
         raise ValueError(f"rank {rank} > 128 is not supported")
     if output.stride(0) != top_k * output.stride(1):
         raise ValueError("output's first two dims must collapse into one (stride(0) == top_k * stride(1))")
+    _check_scale(scale, lora_a, lora_b, (slices, max_loras, num_experts, rank))
     if m == 0:
         return None
     cfg = config or default_config(routing=routing, k=k, n=n, rank=rank, device=x_rows.device)
@@ -214,7 +225,18 @@ def plan_op(
         slices=slices,
         lora_a1=lora_a1,
         lora_b1=lora_b1,
+        scale=scale,
     )
+
+
+def _check_scale(
+    scale: torch.Tensor | None, lora_a: torch.Tensor, lora_b: torch.Tensor, shape: tuple[int, ...]
+) -> None:
+    """int8 weights come with their scales and only with them; the kernels index the scales as contiguous."""
+    if (scale is None) != (lora_a.dtype != torch.int8) or (lora_a.dtype == torch.int8) != (lora_b.dtype == torch.int8):
+        raise ValueError("int8 lora_a and lora_b need a scale, and only they take one")
+    if scale is not None and (tuple(scale.shape) != shape or scale.dtype != torch.float32 or not scale.is_contiguous()):
+        raise ValueError(f"scale must be contiguous float32 of shape {shape}, got {tuple(scale.shape)} {scale.dtype}")
 
 
 def _slices(

@@ -97,9 +97,12 @@ def expand_row(
     MUL_ROUTED_WEIGHT: tl.constexpr,
     RANK_PAD: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    svec,
+    SCALED: tl.constexpr,
 ):
     """Direct pair pos through the (RANK_PAD, BLOCK_N) tile bt: sum its SPLIT_K partials, multiply, scale, and add
-    into its output row; a broadcast multiply and a sum over the rank, not a tl.dot."""
+    into its output row; a broadcast multiply and a sum over the rank, not a tl.dot. SCALED: bt is int8 and svec
+    the rank's scales, applied before the intermediate is rounded to the output's dtype."""
     pair = tl.cast(pos, tl.int64)
     out_ptrs = out_ptr + pair * stride_om + offs_n * stride_on
     old = tl.load(out_ptrs, mask=offs_n < N, other=0.0)
@@ -107,7 +110,10 @@ def expand_row(
     inter = tl.load(part_ptrs)
     for s in tl.static_range(1, SPLIT_K):
         inter += tl.load(part_ptrs + s * num_pairs * RANK_PAD)
-    inter = inter.to(bt.dtype).to(tl.float32)  # rounded like the tile path's (and vLLM's) intermediate
+    if SCALED:
+        inter = (inter * svec).to(old.dtype).to(tl.float32)
+    else:
+        inter = inter.to(bt.dtype).to(tl.float32)  # rounded like the tile path's (and vLLM's) intermediate
     acc = tl.sum(inter[:, None] * bt.to(tl.float32), axis=0)
     if MUL_ROUTED_WEIGHT:
         acc = acc * tl.load(topk_w_ptr + pair * stride_w).to(tl.float32)

@@ -30,7 +30,15 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from moelora.api.kernel_table import TableEntry
-from moelora.kernels import KernelConfig, default_block_m, default_config, fused_moe_lora, moe_lora_routing, plan_op
+from moelora.kernels import (
+    KernelConfig,
+    default_block_m,
+    default_config,
+    fused_moe_lora,
+    moe_lora_routing,
+    plan_op,
+    quantize_expert_lora,
+)
 from moelora.kernels.routing import MoeLoraRouting, method_takes, resolve_method
 
 MODELS = {  # hidden, expert intermediate, experts, top-k
@@ -61,9 +69,12 @@ class LayerInputs:
     topk_ids: torch.Tensor
     topk_weights: torch.Tensor
     lora_map: torch.Tensor
+    # With int8 weights (--weights int8): each op's scales, (slices, adapters, E, r) float32.
+    w13_scale: torch.Tensor | None = None
+    w2_scale: torch.Tensor | None = None
 
     def nbytes(self) -> int:
-        tensors = [t for v in vars(self).values() for t in (v if isinstance(v, tuple) else (v,))]
+        tensors = [t for v in vars(self).values() if v is not None for t in (v if isinstance(v, tuple) else (v,))]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -76,6 +87,7 @@ def make_inputs(
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
+    int8: bool = False,
 ) -> LayerInputs:
     h, inter, e, top_k = MODELS[model]
     g = torch.Generator(device=device).manual_seed(seed)
@@ -87,7 +99,7 @@ def make_inputs(
     topk_w, topk_ids = scores.softmax(-1).topk(top_k, dim=-1)
     lora_map = torch.randint(0, adapters, (m,), generator=g, device=device)
     slices = W13_SLICES[model]
-    return LayerInputs(
+    inp = LayerInputs(
         hidden=rnd(m, h),
         down_in=rnd(m, top_k, inter),
         gate_up_out=rnd(m, top_k, 2 * inter),
@@ -99,6 +111,22 @@ def make_inputs(
         topk_ids=topk_ids.to(device=device, dtype=torch.int32),
         topk_weights=topk_w.to(device),
         lora_map=lora_map.to(device=device, dtype=torch.int32),
+    )
+    return quantized(inp) if int8 else inp
+
+
+def quantized(inp: LayerInputs) -> LayerInputs:
+    """The same inputs with the experts' LoRA weights in int8 and their scales, as the plugin serves them when asked."""
+    w13 = [quantize_expert_lora(a, b) for a, b in zip(inp.w13_a, inp.w13_b, strict=True)]
+    qa2, qb2, s2 = quantize_expert_lora(inp.w2_a, inp.w2_b)
+    return replace(
+        inp,
+        w13_a=tuple(q[0] for q in w13),
+        w13_b=tuple(q[1] for q in w13),
+        w2_a=qa2,
+        w2_b=qb2,
+        w13_scale=torch.stack([q[2] for q in w13]).contiguous(),
+        w2_scale=s2.unsqueeze(0).contiguous(),
     )
 
 
@@ -145,10 +173,15 @@ def routing_method(cfg: LayerConfig, inp: LayerInputs) -> str:
 def w13_ops(inp: LayerInputs, cfg: LayerConfig) -> list[dict]:
     """The gate_up op's arguments: one op over every slice, or one per slice on its columns of the output."""
     if cfg.w13_one_op:
-        return [{"output": inp.gate_up_out, "lora_a": inp.w13_a, "lora_b": inp.w13_b}]
+        return [{"output": inp.gate_up_out, "lora_a": inp.w13_a, "lora_b": inp.w13_b, "scale": inp.w13_scale}]
     n = inp.w13_b[0].shape[2]
     return [
-        {"output": inp.gate_up_out[:, :, s * n : (s + 1) * n], "lora_a": a, "lora_b": b}
+        {
+            "output": inp.gate_up_out[:, :, s * n : (s + 1) * n],
+            "lora_a": a,
+            "lora_b": b,
+            "scale": None if inp.w13_scale is None else inp.w13_scale[s : s + 1],
+        }
         for s, (a, b) in enumerate(zip(inp.w13_a, inp.w13_b, strict=True))
     ]
 
@@ -185,6 +218,7 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
             topk_weights=inp.topk_weights,
             mul_routed_weight=True,
             config=cfg.w2,
+            scale=inp.w2_scale,
         )
         return
     gate_up = [plan_op(x=inp.hidden, routing=routing, config=cfg.w13, **op) for op in w13_ops(inp, cfg)]
@@ -197,6 +231,7 @@ def run_layer(inp: LayerInputs, cfg: LayerConfig, *, stages: int = 5) -> None:
         topk_weights=inp.topk_weights,
         mul_routed_weight=True,
         config=cfg.w2,
+        scale=inp.w2_scale,
     )
     # A one-pass op is one launch: its whole time counts as its "shrink" stage.
     launches = [f for op in gate_up for f in op.launches()] + list(down.launches())
@@ -212,6 +247,8 @@ def min_bytes(inp: LayerInputs) -> int:
     groups = (inp.lora_map[:, None].long() * e + inp.topk_ids.long()).unique().numel()
     weights = (*inp.w13_a, *inp.w13_b, inp.w2_a, inp.w2_b)
     per_group = sum(t[0, 0].numel() * t.element_size() for t in weights)
+    scales = [t for t in (inp.w13_scale, inp.w2_scale) if t is not None]
+    per_group += sum(t.shape[0] * t.shape[-1] * t.element_size() for t in scales)
     acts = inp.hidden.numel() * inp.hidden.element_size() + inp.down_in.numel() * inp.down_in.element_size()
     outs = 2 * (inp.gate_up_out.numel() + inp.down_out.numel()) * inp.down_out.element_size()
     routing = inp.topk_ids.numel() * 4 + inp.topk_weights.numel() * 4 + inp.lora_map.numel() * 4
@@ -290,13 +327,15 @@ class Case:
     """One benchmark point with its rotated input sets: together they touch more than 3x the L2 in weights, so
     every call reads its weights from HBM; the graph cycles through them CALLS_PER_GRAPH times or more."""
 
-    def __init__(self, model: str, rank: int, adapters: int, m: int, *, calls: int = CALLS_PER_GRAPH):
+    def __init__(
+        self, model: str, rank: int, adapters: int, m: int, *, calls: int = CALLS_PER_GRAPH, int8: bool = False
+    ):
         self.model, self.rank, self.adapters, self.m = model, rank, adapters, m
-        first = make_inputs(model, rank, adapters, m, seed=0)
+        first = make_inputs(model, rank, adapters, m, seed=0, int8=int8)
         # At most ~32 GB of sets: at M = 1 a set touches ~4 MB of its 0.2-2 GB of weights.
         cap = max(2, (32 << 30) // first.nbytes())
         n_sets = max(2, min(64, cap, math.ceil(3 * l2_bytes() / min_bytes(first))))
-        self.sets = [first] + [make_inputs(model, rank, adapters, m, seed=i) for i in range(1, n_sets)]
+        self.sets = [first] + [make_inputs(model, rank, adapters, m, seed=i, int8=int8) for i in range(1, n_sets)]
         self.bytes = statistics.mean(min_bytes(s) for s in self.sets)
         self.calls = max(calls, n_sets)
 
@@ -443,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("one-op", "per-slice", "both"),
         help="a model with two w13 slices (Qwen3): one op over both (served), one op per slice, or both rows",
     )
+    p.add_argument(
+        "--weights",
+        default="model",
+        choices=("model", "int8"),
+        help="the experts' LoRA weights in bf16 (served by default) or in int8 with scales per rank",
+    )
     p.add_argument("--json", help="write all rows here")
     p.add_argument(
         "--breakdown",
@@ -476,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write); {vllm_status()}")
-    print(f"# routing {args.route}; {args.calls} or more layer calls per captured graph")
+    print(f"# routing {args.route}; {args.calls} or more layer calls per captured graph; weights {args.weights}")
     header = (
         "| model | w13 ops | rank | adapters | M | our µs | min MB | GB/s | % copy bw | floor µs | vLLM 0.33 µs |"
         + (" default-config µs |" if args.sweep else "")
@@ -496,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         if case is None or (case.model, case.rank, case.adapters, case.m) != (model, rank, n_ad, m):
             del case
             torch.cuda.empty_cache()
-            case = Case(model, rank, n_ad, m, calls=args.calls)
+            case = Case(model, rank, n_ad, m, calls=args.calls, int8=args.weights == "int8")
         cfg = replace(default_layer_config(case.sets[0], route_method=args.route), w13_one_op=one_op)
         w13_label = f"{'1' if one_op else W13_SLICES[model]} of {W13_SLICES[model]} slices"
         us = default_us = case.time(cfg)
