@@ -258,6 +258,24 @@ INVALID = [
         "and only then",
     ),
     (
+        "int8-expert-lora-without-moelora-kernel",
+        server(kernels={"implementation": "vllm", "expertLoraWeights": "int8"}),
+        ".spec.kernels.expertLoraWeights",
+        "expertLoraWeights int8 needs implementation moelora",
+    ),
+    (
+        "int8-expert-lora-with-the-default-kernel",
+        server(kernels={"expertLoraWeights": "int8"}),
+        ".spec.kernels.expertLoraWeights",
+        "expertLoraWeights int8 needs implementation moelora",
+    ),
+    (
+        "expert-lora-weights-unknown",
+        server(kernels={"expertLoraWeights": "fp8"}),
+        ".spec.kernels.expertLoraWeights",
+        "is not one of",
+    ),
+    (
         "bad-quantity",
         server(resources={"limits": {"memory": "lots"}}),
         ".spec.resources.limits.memory",
@@ -406,8 +424,14 @@ def test_defaults_fill_what_the_user_left_out() -> None:
     obj = apply_defaults(copy.deepcopy(server()), schema_of("ModelServer"))
     spec = obj["spec"]
     assert (spec["replicas"], spec["gpus"], spec["lora"]["maxLoras"], spec["lora"]["maxLoraRank"]) == (1, 1, 8, 16)
-    assert spec["kernels"] == {"configs": "none", "implementation": "vllm"}
+    assert spec["kernels"] == {"configs": "none", "implementation": "vllm", "expertLoraWeights": "model"}
     assert spec["adapterCache"] == {"sizeLimit": "20Gi"}
+
+
+def test_int8_expert_lora_weights_are_admitted_with_the_moelora_kernel() -> None:
+    assert errors(server(kernels={"implementation": "moelora", "expertLoraWeights": "int8"})) == []
+    assert errors(server(kernels={"implementation": "moelora", "expertLoraWeights": "model"})) == []
+    assert errors(server(kernels={"implementation": "vllm", "expertLoraWeights": "model"})) == []
 
 
 def test_env_accepts_a_value_or_a_reference() -> None:

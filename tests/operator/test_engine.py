@@ -220,6 +220,34 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
     assert engine.AHEAD_ENV not in cpu
 
 
+def test_int8_expert_lora_weights_are_asked_of_the_plugin_only_when_set() -> None:
+    def env(gpus: int = 1, **kernels: str) -> dict[str, str]:
+        spec = make_spec(gpus=gpus, kernels=kernels)
+        return {e["name"]: e["value"] for e in engine.vllm_env(spec, kernel_configs=False)}
+
+    assert env(implementation="moelora", expertLoraWeights="int8")[engine.EXPERT_LORA_WEIGHTS_ENV] == "int8"
+    # The plugin, not the operator, keeps the model's dtype where int8 does not run: the variable goes to a CPU too.
+    assert env(gpus=0, implementation="moelora", expertLoraWeights="int8")[engine.EXPERT_LORA_WEIGHTS_ENV] == "int8"
+    assert engine.EXPERT_LORA_WEIGHTS_ENV not in env(implementation="moelora")
+    assert engine.EXPERT_LORA_WEIGHTS_ENV not in env(implementation="moelora", expertLoraWeights="model")
+    assert engine.EXPERT_LORA_WEIGHTS_ENV not in env()
+    # The CRD refuses int8 with vLLM's kernel; an object that skipped the API server's rules still gets no variable.
+    assert engine.EXPERT_LORA_WEIGHTS_ENV not in env(implementation="vllm", expertLoraWeights="int8")
+
+
+def test_a_users_expert_lora_weights_variable_points_to_the_field() -> None:
+    spec = make_spec(
+        kernels={"implementation": "moelora"}, env=[{"name": "MOELORA_EXPERT_LORA_WEIGHTS", "value": "int8"}]
+    )
+    with pytest.raises(SpecProblem) as caught:
+        engine.vllm_env(spec, kernel_configs=False)
+    assert caught.value.reason == "ManagedEnvVar"
+    assert (
+        "MOELORA_EXPERT_LORA_WEIGHTS" in caught.value.message
+        and "spec.kernels.expertLoraWeights" in caught.value.message
+    )
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -230,6 +258,7 @@ def test_the_moelora_kernel_runs_lora_on_a_second_stream_on_gpus_only() -> None:
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
         "MOELORA_ADAPTERS_AHEAD_DIR",
+        "MOELORA_EXPERT_LORA_WEIGHTS",
     ],
 )
 def test_env_we_set_is_refused(name: str) -> None:

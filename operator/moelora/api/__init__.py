@@ -7,7 +7,14 @@ agent both import it, and never each other.
 from moelora.api.autoscaling import AutoscalerEngine, AutoscalingSpec, AutoscalingTarget
 from moelora.api.common import API_VERSION, GROUP, VERSION, Condition, ConditionStatus, SecretRef
 from moelora.api.env import EnvFromSource, EnvVar, EnvVarSource, KeySelector, TokenSecret
-from moelora.api.kernel_spec import CompileCacheSpec, KernelConfigMode, KernelImplementation, KernelSpec, MoeShape
+from moelora.api.kernel_spec import (
+    CompileCacheSpec,
+    ExpertLoraWeights,
+    KernelConfigMode,
+    KernelImplementation,
+    KernelSpec,
+    MoeShape,
+)
 from moelora.api.lora_adapter import (
     AdapterPhase,
     AdapterSource,
@@ -61,6 +68,7 @@ __all__ = [
     "EnvFromSource",
     "EnvVar",
     "EnvVarSource",
+    "ExpertLoraWeights",
     "FailureReason",
     "KernelConfigMode",
     "KernelImplementation",

@@ -24,6 +24,13 @@ class KernelImplementation(str, enum.Enum):
     MOELORA = "moelora"
 
 
+class ExpertLoraWeights(str, enum.Enum):
+    """How the moelora kernel keeps the experts' LoRA weights: model (the model's dtype) or int8."""
+
+    MODEL = "model"
+    INT8 = "int8"
+
+
 class MoeShape(ApiModel):
     """The model's MoE layer shape, which picks the bundled kernel configs tuned for it."""
 
@@ -63,7 +70,12 @@ class KernelSpec(ApiModel):
                     "rule": "self.configs == 'configMap' ? has(self.configMapName) : !has(self.configMapName)",
                     "message": "configMapName is required when configs is configMap, and only then",
                     "fieldPath": ".configMapName",
-                }
+                },
+                {
+                    "rule": "self.expertLoraWeights != 'int8' || self.implementation == 'moelora'",
+                    "message": "expertLoraWeights int8 needs implementation moelora",
+                    "fieldPath": ".expertLoraWeights",
+                },
             ]
         }
     )
@@ -93,4 +105,11 @@ class KernelSpec(ApiModel):
         default=None,
         description="Set: Triton's and vLLM's compile caches live on this claim instead of the pod's own disk, so a "
         "new replica or a restarted pod reuses what an earlier pod of the same image compiled.",
+    )
+    expert_lora_weights: ExpertLoraWeights = Field(
+        default=ExpertLoraWeights.MODEL,
+        description="model: the experts' LoRA weights in the model's dtype, as vLLM keeps them. int8 (implementation "
+        "moelora only): the experts' LoRA A and B in int8 with a float32 scale per rank, about half the bytes a "
+        "decode step reads for them; the attention LoRA keeps the model's dtype, and the int8 copy adds half the "
+        "experts' LoRA slot memory on top of vLLM's own. On a CPU the plugin keeps the model's dtype.",
     )

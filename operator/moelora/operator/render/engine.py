@@ -12,7 +12,7 @@ import pathlib
 import re
 from typing import Any
 
-from moelora.api import KernelImplementation, LoadFormat, ModelServerSpec
+from moelora.api import ExpertLoraWeights, KernelImplementation, LoadFormat, ModelServerSpec
 from moelora.api.agent_env import ADAPTER_CACHE_DIR, ADMIN_KEY_FILE, VLLM_PORT, AgentEnv
 from moelora.operator.errors import SpecProblem
 from moelora.operator.render import engine_flags
@@ -24,6 +24,8 @@ KERNEL_CONFIGS_DIR = "/etc/moelora/kernel-configs"
 # root and points Triton there once it compiles; Triton's own variable covers kernels built before that.
 COMPILE_CACHE_DIR = "/var/cache/moelora/compile"
 COMPILE_CACHE_ENV = {"VLLM_CACHE_ROOT": f"{COMPILE_CACHE_DIR}/vllm", "TRITON_CACHE_DIR": f"{COMPILE_CACHE_DIR}/triton"}
+# spec.kernels.expertLoraWeights int8: the plugin's variable asking it to keep the experts' LoRA weights in int8.
+EXPERT_LORA_WEIGHTS_ENV = "MOELORA_EXPERT_LORA_WEIGHTS"
 # The per-pod key the agent writes and vLLM's admin guard reads: an in-memory volume only the two containers mount.
 ADMIN_KEY_DIR = str(pathlib.PurePosixPath(ADMIN_KEY_FILE).parent)
 ADMIN_KEY_FILE_ENV = AgentEnv.variable("admin_key_file")
@@ -60,6 +62,7 @@ _INSTEAD = {
         VLLM_RESOLVER_ENV, "vLLM's own resolver would serve adapters no check has seen; create LoRAAdapters instead"
     ),
     **dict.fromkeys(COMPILE_CACHE_ENV, "spec.kernels.compileCache sets it"),
+    EXPERT_LORA_WEIGHTS_ENV: "set spec.kernels.expertLoraWeights",
     "--api-key": "set spec.apiKeySecret, which the adapter agent also uses",
     "--lora-target-modules": "set spec.lora.targetModules, which the adapter agent also holds adapters to",
     "VLLM_API_KEY": "set spec.apiKeySecret, which the adapter agent also uses",
@@ -75,6 +78,7 @@ MANAGED_ENV = frozenset(
         "MOELORA_KERNEL",
         "VLLM_LORA_ENABLE_DUAL_STREAM",
         AHEAD_ENV,
+        EXPERT_LORA_WEIGHTS_ENV,
         "VLLM_API_KEY",
         ADMIN_KEY_FILE_ENV,
         "HOME",  # a writable emptyDir under a read-only root filesystem (security.py)
@@ -349,4 +353,7 @@ def vllm_env(spec: ModelServerSpec, *, kernel_configs: bool) -> list[dict[str, A
             env.append({"name": "VLLM_LORA_ENABLE_DUAL_STREAM", "value": "1"})
             # The plugin reads the agent's checked adapters while the engine warms up (vllm_plugin/host_adapters.py).
             env.append({"name": AHEAD_ENV, "value": ADAPTER_CACHE_DIR})
+        if spec.kernels.expert_lora_weights == ExpertLoraWeights.INT8:
+            # With gpus 0 too: the plugin, not the operator, keeps the model's dtype where int8 does not run.
+            env.append({"name": EXPERT_LORA_WEIGHTS_ENV, "value": ExpertLoraWeights.INT8.value})
     return env + token_env(spec) + user_env(spec)
