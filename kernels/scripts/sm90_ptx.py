@@ -41,6 +41,7 @@ POINTERS = {
     "topk_ptr": "*i32",
     "lora_ptr": "*i32",
     "ready_ptr": "*i32",
+    "scale_ptr": "*fp32",
     "topk_ids_ptr": "*i32",
     "counts_ptr": "*i32",
     "rank_ptr": "*i32",
@@ -82,9 +83,10 @@ NOT_DIVISIBLE = {
 CUOBJDUMP = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 
-def compile_sm90(kernel, consts: dict, warps: int, stages: int):
+def compile_sm90(kernel, consts: dict, warps: int, stages: int, pointers: dict | None = None):
     consts = dict(consts, **{n: 1 for n in kernel.arg_names if n in UNIT_STRIDES})
-    signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
+    types = POINTERS | (pointers or {})
+    signature = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, n in enumerate(kernel.arg_names)
@@ -143,12 +145,28 @@ def main() -> None:
                 "DIRECT": direct,
                 "READY": ready,
                 "USE_PDL": True,
+                "SCALED": False,
             }
             print(
                 f"expand direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
                 f"even_n={even_n:d}{tag}: "
                 + describe(compile_sm90(expand._expand_kernel, sliced(consts, "b1_ptr", slices), 4, stages))
             )
+            if (block_n, tiles) == (128, 8):
+                # The experts' LoRA in int8 (expert_int8): B as integers, the intermediate scaled per rank.
+                print(
+                    f"expand int8 direct={direct:d} ready={ready:d} block_n={block_n} tiles={tiles} stages={stages} "
+                    f"even_n={even_n:d}{tag}: "
+                    + describe(
+                        compile_sm90(
+                            expand._expand_kernel,
+                            sliced(consts | {"SCALED": True}, "b1_ptr", slices),
+                            4,
+                            stages,
+                            {"b_ptr": "*i8", "b1_ptr": "*i8"},
+                        )
+                    )
+                )
         # The gate_up op's shrink (x per token), then the down op's (x per pair; the routing is settled, so
         # grouped, it fetches A before its wait), one of them with the whole split's A in one tile.
         for block_k, warps, stages, per_pair in ((128, 2, 4, False), (256, 4, 3, True), (512, 4, 1, True)):
@@ -171,6 +189,15 @@ def main() -> None:
                 f"per_pair={per_pair:d} a_before_wait={early:d}{tag}: "
                 + describe(compile_sm90(shrink._shrink_kernel, sliced(consts, "a1_ptr", slices), warps, stages))
             )
+            if block_k == 256:
+                int8_a = {"a_ptr": "*i8", "a1_ptr": "*i8"}
+                print(
+                    f"shrink int8 direct={direct:d} ready={ready:d} block_k={block_k} warps={warps} stages={stages} "
+                    f"per_pair={per_pair:d} a_before_wait={early:d}{tag}: "
+                    + describe(
+                        compile_sm90(shrink._shrink_kernel, sliced(consts, "a1_ptr", slices), warps, stages, int8_a)
+                    )
+                )
     # The one-kernel op (onepass routing): the gate_up op (x per token, routing not yet settled, one or two slices)
     # and the down op (x per pair, routed weights, settled), GPT-OSS's tiles.
     for slices, per_pair, block_k, block_n, warps, stages in (
