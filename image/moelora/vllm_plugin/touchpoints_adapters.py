@@ -13,6 +13,9 @@ from .contract import (
     CREATE_LORA_MANAGER_PARAMETERS,
     LOAD_ADAPTER_PARAMETERS,
     MERGE_PARAMETERS,
+    MOE_CREATE_PARAMETERS,
+    MOE_RESET_LORA_PARAMETERS,
+    MOE_SET_LORA_PARAMETERS,
     WARM_UP_PARAMETERS,
     Touchpoint,
 )
@@ -28,6 +31,8 @@ _A_B = frozenset({"lora_a", "lora_b"})
 _PINNING = "adapter_pinning"
 _HOST = "host_adapters"
 _DUMMY = "dummy_loras"
+_FUSED_MOE = "lora/layers/fused_moe.py"
+_INT8 = "expert_int8"
 
 ADAPTERS: tuple[Touchpoint, ...] = (
     # ---- adapter_pinning (CUDA): vLLM's two pinning passes over a loaded adapter, and the merge it follows ----
@@ -176,5 +181,35 @@ ADAPTERS: tuple[Touchpoint, ...] = (
         "Worker.compile_or_warm_up_model",
         WARM_UP_PARAMETERS,
         _DUMMY,
+    ),
+    # ---- expert_int8 (CUDA, where asked): the MoE LoRA layers' slots, made once and written in place ----
+    *(
+        Touchpoint(f"{cls}.{fn}", "params", (_FUSED_MOE,), f"{cls}.{fn}", params, _INT8)
+        for cls in ("FusedMoEWithLoRA", "FusedMoE3DWithLoRA")
+        for fn, params in (
+            ("create_lora_weights", MOE_CREATE_PARAMETERS),
+            ("set_lora", MOE_SET_LORA_PARAMETERS),
+        )
+    ),
+    Touchpoint(
+        "FusedMoEWithLoRA.reset_lora",
+        "params",
+        (_FUSED_MOE,),
+        "FusedMoEWithLoRA.reset_lora",
+        MOE_RESET_LORA_PARAMETERS,
+        _INT8,
+    ),
+    Touchpoint(
+        "MoE LoRA slots written in place",
+        "text",
+        (_FUSED_MOE,),
+        "set_lora copies into the stacked slots and reset_lora zeroes them, never rebinding them",
+        (
+            "self.w13_lora_a_stacked[pos][index] = 0",
+            "self.w2_lora_b_stacked[0][index] = 0",
+            "self.w2_lora_a_stacked[0][",
+            "].copy_(sliced_w2_lora_b, non_blocking=True)",
+        ),
+        _INT8,
     ),
 )

@@ -14,6 +14,8 @@ import torch
 
 from moelora.kernels import MoeLoraRouting, default_block_m, default_config, fused_moe_lora, moe_lora_routing
 
+from .expert_int8 import int8_weights
+
 __all__ = ["Router", "route", "run_triton"]
 
 
@@ -82,6 +84,7 @@ def run_triton(
     (s + 1) * N), with the kernel's default launch configuration for one slice's N (the table's tuned shape)."""
     a, b = lora_a[0], lora_b[0]
     config = default_config(routing=routing, k=a.shape[3], n=b.shape[2], rank=a.shape[2], device=x.device)
+    lora_a, lora_b, scale = int8_weights(lora_a, lora_b)  # the layer's int8 copy where expert_int8 made one
     fused_moe_lora(
         output=output,
         x=x,
@@ -91,4 +94,5 @@ def run_triton(
         topk_weights=topk_weights,
         mul_routed_weight=mul_routed_weight,
         config=config,
+        scale=scale,
     )
