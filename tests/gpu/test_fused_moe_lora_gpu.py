@@ -34,16 +34,24 @@ def delta_err(out, ref, base):
     return ((out.double() - ref).norm() / (ref - base.double()).norm()).item()
 
 
-def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"):
+def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto", int8=False):
+    """The layer's two ops against the float64 reference: with int8, against the weights the int8 ones stand for."""
     kernels, bench = k
-    inp = bench.make_inputs(model, rank, adapters, m, seed=seed)
+    inp = bench.make_inputs(model, rank, adapters, m, seed=seed, int8=int8)
     # Base outputs of the LoRA delta's size: a bf16 output of magnitude 1 would round the (routed-weight-scaled,
     # ~1e-2) down delta by more than the kernel's own error.
     inp.gate_up_out.mul_(0.1)
     inp.down_out.mul_(0.01)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     inp.lora_map[torch.rand(m, generator=g, device="cuda") < none_frac] = -1
-    cpu = {n: tuple(s.cpu() for s in t) if isinstance(t, tuple) else t.cpu() for n, t in vars(inp).items()}
+    cpu = {
+        n: tuple(s.cpu() for s in t) if isinstance(t, tuple) else t.cpu() for n, t in vars(inp).items() if t is not None
+    }
+    if int8:
+        cpu["w13_a"] = tuple(a.double() * s.double().unsqueeze(-1) for a, s in zip(cpu["w13_a"], cpu["w13_scale"]))
+        cpu["w13_b"] = tuple(b.double() for b in cpu["w13_b"])
+        cpu["w2_a"] = cpu["w2_a"].double() * cpu["w2_scale"][0].double().unsqueeze(-1)
+        cpu["w2_b"] = cpu["w2_b"].double()
     ref13, ref2 = kernels.moe_lora_layer_reference(
         gate_up_out=cpu["gate_up_out"],
         down_out=cpu["down_out"],
@@ -248,3 +256,19 @@ def test_one_kernel_op_repeats_its_bits_on_every_replay(k, model, m):
     assert not torch.equal(expected[0], base[0]) and not torch.equal(expected[1], base[1])
     replays_give(inp, base, expected, four_layers, replays=5)
     assert all(torch.equal(buf[0::2], buf[1::2]) for buf in _counters.values())  # arrivals == base
+
+
+@pytest.mark.parametrize(
+    "model, m, route",
+    [
+        ("qwen3", 16, "auto"),
+        ("qwen3", 256, "auto"),
+        ("gpt-oss", 64, "auto"),
+        ("gpt-oss", 16, "grouped"),
+        ("qwen3", 4, "decode"),
+    ],
+)
+def test_int8_weights_give_the_lora_of_the_weights_they_stand_for(k, model, m, route):
+    # expert_int8's weights: int8 A and B, the scales' product applied to the intermediate before it is rounded.
+    e13, e2 = layer_check(k, model, 32, 8, m, route=route, int8=True)
+    assert e13 < TOL and e2 < TOL, (e13, e2)

@@ -90,6 +90,9 @@ def add_copies(layer: Any) -> str | None:
                 scale=torch.zeros((len(a), *a[0].shape[:3]), dtype=torch.float32, device=a[0].device),
             )
         )
+    if not _copies:
+        size = sum(t.numel() for c in copies for t in (*c.a, *c.b)) / 2**20
+        log.info("moelora: MoE LoRA adapter slots served from int8 copies (%.0f MiB a layer)", size)
     for copy in copies:
         _copies[copy.source_a[0].data_ptr()] = copy
     for name in SLOT_PARAMETERS:
