@@ -115,3 +115,19 @@ def test_int8_weights_and_scales_come_together_and_in_shape():
         _run(case, qa, qb, scale=scale[:1], **kw)
     with pytest.raises(ValueError, match="disagree"):
         quantize_expert_lora(case["lora_a"][0], case["lora_b"][0][..., :4])
+
+
+def test_the_error_tool_sees_no_error_on_the_int8_grid_and_some_off_it(capsys):
+    from moelora.kernels.tools import int8_error
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 8, 64, generator=g, dtype=torch.float64)
+    on_grid_a = torch.randint(-127, 128, (2, 16, 64), generator=g).float() / 256  # each rank's max is 127 / 256
+    on_grid_a[:, :, 0] = 127 / 256
+    on_grid_b = torch.randint(-127, 128, (2, 32, 16), generator=g).float() / 512
+    on_grid_b[:, 0, :] = 127 / 512
+    assert int8_error.relative_error(on_grid_a, on_grid_b, x) < 1e-12
+    a, b = int8_error.weights("gaussian", 2, 16, 64, 32, g)
+    assert 1e-3 < int8_error.relative_error(a, b, x) < 0.05
+    assert int8_error.main(["--experts", "1", "--tokens", "4"]) == 0
+    assert capsys.readouterr().out.count("%") == 12
