@@ -58,7 +58,12 @@ def int8_weights(
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor | None]:
     """The int8 copy of these stacked weights and its scales, or the weights themselves and None."""
     copy = _copies.get(lora_a[0].data_ptr()) if lora_a and lora_a[0].dtype != torch.int8 else None
-    if copy is None or len(copy.a) != len(lora_a) or copy.source_b[0].data_ptr() != lora_b[0].data_ptr():
+    if (
+        copy is None
+        or len(copy.a) != len(lora_a)
+        or copy.source_a[0].shape != lora_a[0].shape
+        or copy.source_b[0].data_ptr() != lora_b[0].data_ptr()
+    ):
         return lora_a, lora_b, None
     return copy.a, copy.b, copy.scale
 
