@@ -33,6 +33,12 @@ KERNELS_DEFAULT = (
     f'{P}.properties[spec].properties[kernels].default: Invalid value: "object": no such key: configs evaluating '
     "rule: configMapName is required when configs is configMap, and only then"
 )
+# The rule added after b1b3bd0 fails on the same empty default: the server evaluates every rule of a schema node and
+# reports each failure (apiextensions-apiserver's CEL validator appends an error per rule and goes on).
+KERNELS_INT8_DEFAULT = (
+    f'{P}.properties[spec].properties[kernels].default: Invalid value: "object": no such key: expertLoraWeights '
+    "evaluating rule: expertLoraWeights int8 needs implementation moelora"
+)
 GATEWAY_DEFAULT = (
     f'{P}.properties[spec].properties[routing].properties[gateway].default: Invalid value: "object": no such key: '
     "enabled evaluating rule: parentRefs names at least one Gateway when enabled"
@@ -96,7 +102,7 @@ def test_the_old_crds_are_refused_for_their_metadata_schema_first() -> None:
 
 def test_without_the_metadata_description_the_old_defaults_fail_their_own_rules() -> None:
     errors = messages(old_style(current("modelservers"), metadata_description=False))
-    assert sorted(errors) == sorted([KERNELS_DEFAULT, GATEWAY_DEFAULT])
+    assert sorted(errors) == sorted([KERNELS_DEFAULT, KERNELS_INT8_DEFAULT, GATEWAY_DEFAULT])
     assert messages(old_style(current("loraadapters"), metadata_description=False)) == []
 
 
@@ -556,7 +562,7 @@ def test_per_version_schemas_are_checked_at_their_own_paths() -> None:
 def test_several_errors_aggregate_as_the_server_prints_them() -> None:
     errors = definition_errors(old_style(current("modelservers"), metadata_description=False))
     text = aggregate(errors)
-    assert text.startswith("[") and text.endswith("]") and text.count(", spec.validation") == 1
+    assert text.startswith("[") and text.endswith("]") and text.count(", spec.validation") == len(errors) - 1 == 2
     # Objects and arrays print as encoding/json writes them (kubernetes PR #132314), simple values as fmt does.
     assert go_value({"b": [1, "x<y"], "a": None, "c": 2.0}) == '{"a":null,"b":[1,"x\\u003cy"],"c":2}'
     assert [go_value(value) for value in (None, 2.0, 0.5, True, "a<b")] == ["null", "2", "0.5", "true", '"a<b"']
