@@ -64,15 +64,28 @@ def distinct(draws: float, choices: int) -> float:
 
 
 def step_bytes(
-    shape: Shape, tokens: int, adapters: int, rank: int, context: int, experts: float | None, prompt: int = 0
+    shape: Shape,
+    tokens: int,
+    adapters: int,
+    rank: int,
+    context: int,
+    experts: float | None,
+    prompt: int = 0,
+    int8: bool = False,
 ) -> dict:
     """Bytes one step reads, by part: `tokens` sequences decoding and, with `prompt`, that many prompt tokens of one
     more sequence on one adapter (the benchmark's steady state: a new request's prefill beside the decodes).
-    experts=None means uniform routing, else experts read a layer, every token routed among them."""
+    experts=None means uniform routing, else experts read a layer, every token routed among them. int8: the experts'
+    LoRA weights as expert_int8 serves them, a byte each and a float32 scale per rank of each projection."""
     s = shape
     q, kv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
     expert = 3 * s.hidden * s.moe_intermediate * BF16  # gate and up (w13) and down (w2)
-    pair = rank * 3 * (s.hidden + s.moe_intermediate) * BF16  # one adapter's A and B on one expert's three projections
+    # One adapter's A and B on one expert's three projections.
+    pair = (
+        rank * 3 * (s.hidden + s.moe_intermediate) * BF16
+        if not int8
+        else rank * 3 * (s.hidden + s.moe_intermediate + 4)
+    )
     attention = (s.hidden * (q + 2 * kv) + q * s.hidden) * BF16
     attention_lora = adapters * rank * (3 * s.hidden + (q + 2 * kv) + q + s.hidden) * BF16  # q/k/v A each, o's A
 
@@ -128,6 +141,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1900, help="tokens a sequence attends over")
     ap.add_argument("--experts", type=float, action="append", help="experts a layer, collapsed router")
     ap.add_argument("--prompt", type=int, action="append", help="also a step with this many prompt tokens")
+    ap.add_argument("--int8", action="store_true", help="the experts' LoRA weights in int8 (expert_int8)")
     a = ap.parse_args()
     rows = []
     for shape in (GPT_OSS, QWEN3):
@@ -135,7 +149,9 @@ def main() -> None:
             routing = "uniform" if experts is None else f"{experts:g} experts"
             for prompt in [0, *(a.prompt or [])]:
                 label = routing + (f", {prompt} prompt tokens" if prompt else "")
-                rows.append((shape, label, step_bytes(shape, a.tokens, a.adapters, a.rank, a.context, experts, prompt)))
+                rows.append(
+                    (shape, label, step_bytes(shape, a.tokens, a.adapters, a.rank, a.context, experts, prompt, a.int8))
+                )
     print(table(rows))
 
 

@@ -33,6 +33,18 @@ def test_lora_weights_follow_the_rank_and_nothing_else_does(shape):
 
 
 @pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
+def test_int8_expert_lora_halves_its_weights_and_nothing_else(shape):
+    bf16 = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
+    int8 = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None, int8=True)
+    assert int8["base"] == bf16["base"]
+    # A byte a weight plus a float32 scale per rank of each projection: just over half.
+    assert 0.5 < int8["lora"]["MoE LoRA"] / bf16["lora"]["MoE LoRA"] < 0.51
+    assert {k: v for k, v in int8["lora"].items() if k != "MoE LoRA"} == {
+        k: v for k, v in bf16["lora"].items() if k != "MoE LoRA"
+    }
+
+
+@pytest.mark.parametrize("shape", [step_bytes.GPT_OSS, step_bytes.QWEN3])
 def test_a_prompt_beside_the_decodes_makes_the_lora_weigh_more(shape):
     decode = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None)
     mixed = step_bytes.step_bytes(shape, 16, 8, 32, 1900, None, prompt=1600)
