@@ -156,3 +156,62 @@ def test_install_refuses_a_changed_set_lora(monkeypatch):
     patches = Patches()
     assert expert_int8.install_expert_int8(patches) == "FusedMoE3DWithLoRA.set_lora is not the pinned one"
     assert not patches.done
+
+
+def _real_layer(cls, *, loras=2, experts=4, rank=8, hidden=32, inter=16, slices=2):
+    """vLLM's own MoE LoRA class with just what its set_lora and reset_lora read (one tensor-parallel rank)."""
+    layer = object.__new__(cls)
+    torch.nn.Module.__init__(layer)
+    layer.tp_size, layer.tp_rank, layer.fully_sharded, layer._w13_slices = 1, 0, False, slices
+    layer.adapter_enabled = torch.zeros(loras + 1, dtype=torch.int)
+    w13_n = 2 * inter // slices
+    layer.w13_lora_a_stacked = tuple(torch.zeros(loras, experts, rank, hidden) for _ in range(slices))
+    layer.w13_lora_b_stacked = tuple(torch.zeros(loras, experts, w13_n, rank) for _ in range(slices))
+    layer.w2_lora_a_stacked = (torch.zeros(loras, experts, rank, inter),)
+    layer.w2_lora_b_stacked = (torch.zeros(loras, experts, hidden, rank),)
+    return layer
+
+
+def test_vllms_own_set_lora_and_reset_lora_keep_the_copy_current(monkeypatch):
+    # The installed vLLM's FusedMoEWithLoRA (Qwen3's two w13 slices): its set_lora resets the slot first, then
+    # copies each factor in; the copy is rounded once per call, from what vLLM wrote.
+    from vllm.lora.layers import fused_moe
+
+    layer = _real_layer(fused_moe.FusedMoEWithLoRA)
+    assert expert_int8.add_copies(layer) is None
+    rounds = []
+    vllms_round = expert_int8._Copy.requantize
+
+    def counted(copy, index):
+        rounds.append(index)
+        vllms_round(copy, index)
+
+    monkeypatch.setattr(expert_int8._Copy, "requantize", counted)
+    g = torch.Generator().manual_seed(0)
+    w1a, w3a, w2a = (torch.randn(4, 8, k, generator=g) for k in (32, 32, 16))
+    w1b, w3b, w2b = (torch.randn(4, n, 8, generator=g) for n in (16, 16, 32))
+    layer.set_lora(1, [w1a, w2a, w3a], [w1b, w2b, w3b])
+    assert rounds == [1, 1]  # one per op (w13, w2), not again for the reset inside set_lora
+    a, b, scale = expert_int8.int8_weights(layer.w13_lora_a_stacked, layer.w13_lora_b_stacked)
+    assert scale is not None and a[1].dtype == torch.int8
+    for s, (src_a, src_b) in enumerate(((w1a, w1b), (w3a, w3b))):
+        qa, qb, sc = quantize_expert_lora(src_a, src_b)
+        assert torch.equal(a[s][1], qa) and torch.equal(b[s][1], qb) and torch.equal(scale[s, 1], sc)
+        assert not a[s][0].any() and not scale[s, 0].any()  # the other slot untouched
+    layer.reset_lora(1)
+    assert not scale.any() and not a[0].any() and not b[1].any()
+
+
+def test_vllms_3d_layer_gpt_oss_keeps_the_copy_current():
+    # GPT-OSS's fused experts: one w13 slice, vLLM's FusedMoE3DWithLoRA.set_lora takes [w13, w2] factors.
+    from vllm.lora.layers import fused_moe
+
+    layer = _real_layer(fused_moe.FusedMoE3DWithLoRA, slices=1)
+    assert expert_int8.add_copies(layer) is None
+    g = torch.Generator().manual_seed(1)
+    w13a, w2a = torch.randn(4, 8, 32, generator=g), torch.randn(4, 8, 16, generator=g)
+    w13b, w2b = torch.randn(4, 32, 8, generator=g), torch.randn(4, 32, 8, generator=g)
+    layer.set_lora(0, [w13a, w2a], [w13b, w2b])
+    a, b, scale = expert_int8.int8_weights(layer.w2_lora_a_stacked[:1], layer.w2_lora_b_stacked[:1])
+    qa, qb, sc = quantize_expert_lora(w2a, w2b)
+    assert torch.equal(a[0][0], qa) and torch.equal(b[0][0], qb) and torch.equal(scale[0, 0], sc)

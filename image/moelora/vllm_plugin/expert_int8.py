@@ -100,11 +100,18 @@ def add_copies(layer: Any) -> str | None:
         log.info("moelora: MoE LoRA adapter slots served from int8 copies (%.0f MiB a layer)", size)
     for copy in copies:
         _copies[copy.source_a[0].data_ptr()] = copy
+    inside = [False]  # vLLM's set_lora may call reset_lora first: round the slot once, after the outer call
     for name in SLOT_PARAMETERS:
         vllms = getattr(layer, name)
 
         def written(*args: Any, _vllms: Any = vllms, **kwargs: Any) -> Any:
-            result = _vllms(*args, **kwargs)
+            if inside[0]:
+                return _vllms(*args, **kwargs)
+            inside[0] = True
+            try:
+                result = _vllms(*args, **kwargs)
+            finally:
+                inside[0] = False
             index = kwargs["index"] if "index" in kwargs else args[0]
             for copy in copies:
                 copy.requantize(index)
