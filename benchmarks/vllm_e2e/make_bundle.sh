@@ -10,7 +10,8 @@
 #      auto.sh: qwen3_h100.sh at the whole depth on an H200, half on an H100; bench_beside.sh: the machine set up,
 #      then `bench_dense --beside`; bench_bare.sh: the same bench on the bare image, carry [".bundle/q"] alone, with
 #      pydantic's wheels in q/wheels; probe_bare.sh and probe_site.sh: the MoE fold probe, bare and beside vLLM's GEMM;
-#      bench_headline.sh: `bench` on the bare image; gptoss_pair.sh: GPT-OSS, both kinds cold, then as second pods).
+#      bench_headline.sh: `bench` on the bare image; gptoss_pair.sh: GPT-OSS, both kinds cold, then as second pods;
+#      int8_kernels.sh: the int8 GPU tests and `bench --weights int8` beside the bf16 baseline, from call 1's carry).
 # Device calls: carry [".bundle/a"] `bash .bundle/a/call1.sh`, then carry [".bundle/b", ".bundle/q"] and a script.
 # Usage, from the repo root: bash benchmarks/vllm_e2e/make_bundle.sh [KIT_DIR] (default ../shared/tools/vllm-h200;
 # about 4 minutes when the archive is built, which an existing .bundle/a and .bundle/b skip).
@@ -29,7 +30,7 @@ cp $RES/2026-12-06-h100-g/call2.sh $B/q/gptoss_startup.sh
 cp $RES/2026-12-06-h100-j/capture_probe.sh $RES/2026-12-06-h100-j/one_graph.sh $RES/2026-12-06-h100-k/auto.sh $B/q/
 cp $RES/2026-12-06-h100-l/bench_beside.sh $RES/2026-12-07-h100-a/bench_bare.sh $B/q/
 cp $RES/2026-12-07-h100-c/probe_bare.sh $RES/2026-12-07-h100-c/probe_site.sh $B/b/names.sh $B/q/
-cp $RES/2026-12-07-h100-d/bench_headline.sh $RES/2026-12-07-h100-d/gptoss_pair.sh $B/q/
+cp $RES/2026-12-07-h100-d/bench_headline.sh $RES/2026-12-07-h100-d/gptoss_pair.sh $RES/2026-12-07-h100-e/int8_kernels.sh $B/q/
 # The device image's Python (3.12) has no pydantic, which moelora.api (imported by the kernel tools) needs.
 [ -d $B/q/wheels ] || python3 -m pip download -q pydantic==2.14.4 --platform manylinux2014_x86_64 --python-version 3.12 \
   --only-binary=:all: -d $B/q/wheels
