@@ -179,6 +179,7 @@ def test_vllms_own_set_lora_and_reset_lora_keep_the_copy_current(monkeypatch):
 
     layer = _real_layer(fused_moe.FusedMoEWithLoRA)
     assert expert_int8.add_copies(layer) is None
+    assert expert_int8.add_copies(layer) is None and len(expert_int8._copies) == 2  # made once a layer
     rounds = []
     vllms_round = expert_int8._Copy.requantize
 

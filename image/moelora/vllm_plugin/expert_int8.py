@@ -78,6 +78,8 @@ def _ops(layer: Any) -> list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor,
 def add_copies(layer: Any) -> str | None:
     """Give a MoE LoRA layer its int8 copies and quantize after its slot writes; None when done, else why not (the
     layer keeps serving its own weights)."""
+    if getattr(layer, "_moelora_int8", False):  # a subclass's creation that called its base's: copies made once
+        return None
     ops = _ops(layer)
     for a, b in ops:
         if a[0].dim() != 4 or b[0].dim() != 4 or a[0].shape[:2] != b[0].shape[:2] or a[0].shape[2] != b[0].shape[3]:
@@ -118,6 +120,7 @@ def add_copies(layer: Any) -> str | None:
             return result
 
         setattr(layer, name, written)  # this layer only: a subclass's set_lora calling its base's runs once
+    layer._moelora_int8 = True
     return None
 
 
