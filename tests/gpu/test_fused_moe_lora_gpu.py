@@ -48,10 +48,9 @@ def layer_check(k, model, rank, adapters, m, none_frac=0.2, seed=0, route="auto"
         n: tuple(s.cpu() for s in t) if isinstance(t, tuple) else t.cpu() for n, t in vars(inp).items() if t is not None
     }
     if int8:
-        cpu["w13_a"] = tuple(a.double() * s.double().unsqueeze(-1) for a, s in zip(cpu["w13_a"], cpu["w13_scale"]))
-        cpu["w13_b"] = tuple(b.double() for b in cpu["w13_b"])
-        cpu["w2_a"] = cpu["w2_a"].double() * cpu["w2_scale"][0].double().unsqueeze(-1)
-        cpu["w2_b"] = cpu["w2_b"].double()
+        w13 = [kernels.dequantize_expert_lora(*q) for q in zip(cpu["w13_a"], cpu["w13_b"], cpu["w13_scale"])]
+        cpu["w13_a"], cpu["w13_b"] = tuple(w[0] for w in w13), tuple(w[1] for w in w13)
+        cpu["w2_a"], cpu["w2_b"] = kernels.dequantize_expert_lora(cpu["w2_a"], cpu["w2_b"], cpu["w2_scale"][0])
     ref13, ref2 = kernels.moe_lora_layer_reference(
         gate_up_out=cpu["gate_up_out"],
         down_out=cpu["down_out"],

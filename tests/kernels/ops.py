@@ -37,8 +37,10 @@ def run_op(
     mul_routed_weight: bool = False,
     method: str = "auto",
     block_m: int = 16,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The op's result on a copy of the case's output, on `routing` (several ops share one) or a new one."""
+    """The op's result on a copy of the case's output, on `routing` (several ops share one) or a new one; `scale`
+    with int8 weights in the case."""
     out = case["output"].clone()
     fused_moe_lora(
         output=out,
@@ -49,6 +51,7 @@ def run_op(
         topk_weights=case["topk_weights"],
         mul_routed_weight=mul_routed_weight,
         config=config,
+        scale=scale,
     )
     return out
 

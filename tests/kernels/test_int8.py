@@ -7,40 +7,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelora.kernels import KernelConfig, fused_moe_lora, moe_lora_reference, quantize_expert_lora
+from moelora.kernels import KernelConfig, dequantize_expert_lora, moe_lora_reference, quantize_expert_lora
 
-from .ops import routing_of
+from .ops import run_op
 from .test_slices import make_case
 
 
 def _quantized(case):
-    """The case's weights in int8, their stacked scales (slices, L, E, r), and the float weights they stand for:
-    A's rows times the scales' product, B's integers (the same product of sums the kernels compute)."""
+    """The case's weights in int8, their stacked scales (slices, L, E, r), and the float weights they stand for."""
     parts = [quantize_expert_lora(a, b) for a, b in zip(case["lora_a"], case["lora_b"], strict=True)]
     qa = tuple(p[0] for p in parts)
     qb = tuple(p[1] for p in parts)
     scale = torch.stack([p[2] for p in parts]).contiguous()
-    dequant = {
-        "lora_a": tuple(p[0].float() * p[2].unsqueeze(-1) for p in parts),
-        "lora_b": tuple(p[1].float() for p in parts),
-    }
-    return qa, qb, scale, dequant
+    deq = [dequantize_expert_lora(*p, dtype=torch.float32) for p in parts]
+    return qa, qb, scale, {"lora_a": tuple(d[0] for d in deq), "lora_b": tuple(d[1] for d in deq)}
 
 
 def _run(case, lora_a, lora_b, *, scale, method, cfg, mul_routed_weight):
-    out = case["output"].clone()
-    fused_moe_lora(
-        output=out,
-        x=case["x"],
-        lora_a=lora_a,
-        lora_b=lora_b,
-        routing=routing_of(case, method=method),
-        topk_weights=case["topk_weights"],
-        mul_routed_weight=mul_routed_weight,
+    return run_op(
+        case | {"lora_a": lora_a, "lora_b": lora_b},
+        method=method,
         config=cfg,
+        mul_routed_weight=mul_routed_weight,
         scale=scale,
     )
-    return out
 
 
 @pytest.mark.parametrize("slices", [1, 2])

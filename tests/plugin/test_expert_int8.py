@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelora.kernels import moe_lora_reference, quantize_expert_lora
+from moelora.kernels import dequantize_expert_lora, moe_lora_reference, quantize_expert_lora
 from moelora.vllm_plugin import expert_int8
 from moelora.vllm_plugin.patches import Patches
 
@@ -41,8 +41,7 @@ def _forget_copies():
 
 
 def _dequantized(a, b):
-    qa, qb, scale = quantize_expert_lora(a, b)
-    return qa.double() * scale.double().unsqueeze(-1), qb.double()
+    return dequantize_expert_lora(*quantize_expert_lora(a, b))
 
 
 def _want(layer, slices):

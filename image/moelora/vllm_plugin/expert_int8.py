@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from moelora.kernels import quantize_expert_lora
+
 from .contract import MOE_CREATE_PARAMETERS, MOE_RESET_LORA_PARAMETERS, MOE_SET_LORA_PARAMETERS
 from .patches import Patches
 
@@ -40,8 +42,6 @@ class _Copy:
     scale: torch.Tensor
 
     def requantize(self, index: int) -> None:
-        from moelora.kernels import quantize_expert_lora
-
         for s, (src_a, src_b) in enumerate(zip(self.source_a, self.source_b, strict=True)):
             qa, qb, scale = quantize_expert_lora(src_a[index], src_b[index])
             self.a[s][index].copy_(qa)

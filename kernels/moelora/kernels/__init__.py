@@ -9,7 +9,7 @@ counts). The tuner and the benchmark live in moelora.kernels.tools, which this r
 from .block_layout import topk_ids_from_blocks
 from .fused import OpPlan, fused_moe_lora, plan_op
 from .launch_config import KernelConfig, default_block_m, default_config, table_token_counts
-from .quant import quantize_expert_lora
+from .quant import dequantize_expert_lora, quantize_expert_lora
 from .reference import moe_lora_layer_reference, moe_lora_reference
 from .routing import MoeLoraRouting, moe_lora_routing, routing_switches
 
@@ -19,6 +19,7 @@ __all__ = [
     "OpPlan",
     "default_block_m",
     "default_config",
+    "dequantize_expert_lora",
     "fused_moe_lora",
     "moe_lora_layer_reference",
     "moe_lora_reference",

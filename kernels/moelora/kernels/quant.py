@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["quantize_expert_lora"]
+__all__ = ["dequantize_expert_lora", "quantize_expert_lora"]
 
 _LEVELS = 127
 
@@ -29,3 +29,11 @@ def quantize_expert_lora(lora_a: torch.Tensor, lora_b: torch.Tensor) -> tuple[to
     qa = torch.round(a / torch.where(scale_a > 0, scale_a, 1.0).unsqueeze(-1)).clamp_(-_LEVELS, _LEVELS)
     qb = torch.round(b / torch.where(scale_b > 0, scale_b, 1.0).unsqueeze(-2)).clamp_(-_LEVELS, _LEVELS)
     return qa.to(torch.int8), qb.to(torch.int8), scale_a * scale_b
+
+
+def dequantize_expert_lora(
+    qa: torch.Tensor, qb: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights the op computes with on (int8 A, int8 B, scale): A's rows times the scales' product, B's
+    integers; their LoRA is exactly the int8 op's, up to the op's own rounding of the intermediate."""
+    return qa.to(dtype) * scale.to(dtype).unsqueeze(-1), qb.to(dtype)

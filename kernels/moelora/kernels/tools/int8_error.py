@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from moelora.kernels import quantize_expert_lora
+from moelora.kernels import dequantize_expert_lora, quantize_expert_lora
 
 # One expert's (K, N) per op: vLLM's w13 (one gate_up slice for Qwen3, GPT-OSS's fused gate_up) and w2.
 OPS = {
@@ -43,9 +43,9 @@ def weights(dist: str, experts: int, rank: int, k: int, n: int, g: torch.Generat
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> float:
-    qa, qb, scale = quantize_expert_lora(a, b)
+    da, db = dequantize_expert_lora(*quantize_expert_lora(a, b))
     exact = (x @ a.double().transpose(-1, -2)) @ b.double().transpose(-1, -2)
-    rounded = (x @ (qa.double() * scale.double().unsqueeze(-1)).transpose(-1, -2)) @ qb.double().transpose(-1, -2)
+    rounded = (x @ da.transpose(-1, -2)) @ db.transpose(-1, -2)
     return ((rounded - exact).norm() / exact.norm()).item()
 
 
