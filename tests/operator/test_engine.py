@@ -235,6 +235,16 @@ def test_int8_expert_lora_weights_are_asked_of_the_plugin_only_when_set() -> Non
     assert engine.EXPERT_LORA_WEIGHTS_ENV not in env(implementation="vllm", expertLoraWeights="int8")
 
 
+def test_the_variables_the_operator_sets_for_the_plugin_are_the_ones_it_reads() -> None:
+    # The operator and the plugin are separate packages that spell each variable name once each.
+    from moelora import vllm_plugin
+    from moelora.vllm_plugin import expert_int8, host_adapters
+
+    assert engine.EXPERT_LORA_WEIGHTS_ENV == expert_int8.ENV
+    assert engine.AHEAD_ENV == host_adapters.AHEAD_ENV
+    assert "MOELORA_KERNEL" in engine.MANAGED_ENV and vllm_plugin.ENV == "MOELORA_KERNEL"
+
+
 def test_a_users_expert_lora_weights_variable_points_to_the_field() -> None:
     spec = make_spec(
         kernels={"implementation": "moelora"}, env=[{"name": "MOELORA_EXPERT_LORA_WEIGHTS", "value": "int8"}]
